@@ -1,0 +1,24 @@
+"""diffusers_tpu: stock HuggingFace diffusers pipelines on TPU (or any JAX platform) with ``pipe.to("tpu")``.
+
+    import diffusers, diffusers_tpu
+    pipe = diffusers.WanPipeline.from_pretrained(path)
+    pipe.to("tpu")              # or "jax": JAX's default platform, same code path
+    video = pipe(prompt).frames[0]
+    pipe.to("cpu")              # back to plain torch
+"""
+
+__version__ = "0.1.0"
+
+from . import patches
+
+patches.import_torchax()  # torchax must import (through its compat shim) before anything touches it
+patches.apply()
+
+from . import wan  # noqa: E402  (registers the Wan family)
+from .config import TPUConfig  # noqa: E402
+from .families import supported_pipelines  # noqa: E402
+from .runtime import CallStats, stats  # noqa: E402
+from .sharding import sharding_of  # noqa: E402
+from .wan import WanPipeline  # noqa: E402
+
+__all__ = ["CallStats", "TPUConfig", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]

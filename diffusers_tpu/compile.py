@@ -1,0 +1,147 @@
+"""Compile a module method with jax.jit, and account for compilations.
+
+``jit_method(module, "forward", ...)`` installs an instance attribute that shadows the class method, so the
+module stays the same object (its config, hooks and cache contexts keep working) while every call runs one
+compiled XLA program per (non-tensor arguments, input shapes). Weights are arguments of the program, never
+constants baked into it, so sharded weights stay sharded and a dtype change just retraces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+from torch.nn.utils.stateless import _reparametrize_module
+
+from .backend import to_jax_array, wrap
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # fires for persistent-cache loads too
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_COMPILE_PHASES = (_BACKEND_COMPILE, "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+
+
+@dataclasses.dataclass
+class CompileLog:
+    """What JAX compiled while the log was open.
+
+    ``compilations``: XLA programs obtained for new shapes or code (built, or loaded from the persistent
+    cache — ``cache_hits`` of them); a warm call has none. ``seconds``: tracing, lowering and compiling.
+    """
+
+    compilations: int = 0
+    cache_hits: int = 0
+    seconds: float = 0.0
+
+
+_open_logs: list[CompileLog] = []
+_listener_lock = threading.Lock()
+_listening = False
+
+
+def _on_event(event: str, **_) -> None:
+    if event == _CACHE_HIT:
+        for log in list(_open_logs):
+            log.cache_hits += 1
+
+
+def _on_duration(event: str, duration: float, **_) -> None:
+    if event not in _COMPILE_PHASES:
+        return
+    for log in list(_open_logs):
+        log.seconds += duration
+        if event == _BACKEND_COMPILE:
+            log.compilations += 1
+
+
+@contextlib.contextmanager
+def compile_log():
+    """Count compilations inside the block (nested logs all count)."""
+    global _listening
+    with _listener_lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            jax.monitoring.register_event_listener(_on_event)
+            _listening = True
+    log = CompileLog()
+    _open_logs.append(log)
+    try:
+        yield log
+    finally:
+        _open_logs.remove(log)
+
+
+class _TensorSlot:
+    """Marks where a tensor sits among flattened arguments or outputs."""
+
+
+_TENSOR = _TensorSlot()
+
+
+class _Program:
+    """One jitted program for one structure of non-tensor arguments."""
+
+    def __init__(self, module, method: Callable, spec, static):
+        self.out_spec = None
+        self.out_static = None
+
+        def traced(state: dict, dynamic: list):
+            arrays = iter(dynamic)
+            leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
+            args, kwargs = pytree.tree_unflatten(leaves, spec)
+            weights = {name: wrap(value) for name, value in state.items()}
+            with torch.no_grad(), _reparametrize_module(module, weights):
+                out = method(*args, **kwargs)
+            out_leaves, self.out_spec = pytree.tree_flatten(out)
+            self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
+            return [to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
+
+        self.jitted = jax.jit(traced)
+
+    def rebuild(self, arrays):
+        it = iter(arrays)
+        leaves = [wrap(next(it)) if s is _TENSOR else s for s in self.out_static]
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def compiled_method(
+    module: torch.nn.Module,
+    name: str,
+    *,
+    state: Callable[[], dict],
+    activate: Callable[[], contextlib.AbstractContextManager],
+    place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
+) -> Callable:
+    """A compiled version of ``module.<name>``, meant to be installed as an instance attribute.
+
+    ``state()`` returns the module's current weights as {qualified name: jax.Array}; ``activate()`` is the
+    context calls run in (torchax environment, mesh, attention settings); ``place_input`` shards each tensor
+    argument before the call (e.g. the batch over ``dp``).
+    """
+    method = getattr(module, name)
+    programs: dict = {}
+
+    def compiled(*args, **kwargs):
+        with activate():
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+            key = (spec, static)
+            try:
+                program = programs.get(key)
+            except TypeError:
+                raise TypeError(
+                    f"{type(module).__name__}.{name} on JAX takes tensors and hashable values (numbers, strings, "
+                    f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
+                ) from None
+            if program is None:
+                program = programs[key] = _Program(module, method, spec, static)
+            dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+            return program.rebuild(program.jitted(state(), dynamic))
+
+    compiled.__wrapped__ = method
+    compiled.programs = programs
+    return compiled

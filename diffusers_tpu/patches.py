@@ -1,0 +1,181 @@
+"""Every patch this project applies to torch, torchax or diffusers, each with its reason and version guard.
+
+Nothing else in the package modifies a third-party object; family modules and the runtime only install
+per-instance overrides on the pipelines and modules a user moved to JAX (undone by ``pipe.to("cpu")``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_applied: set[str] = set()
+
+
+# --- 1. torchax import on torch >= 2.13 ------------------------------------------------------------------
+# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
+# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
+# environment is first built). During those two steps only, such a missing overload resolves to an inert
+# placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
+# Guard: a no-op when the torch in use still has the overloads.
+_NAMED_TENSOR_MARKERS = ("dimname", "names")
+
+
+class _RemovedOverload:
+    """Stands in for an aten overload that torch no longer has; never called."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"<removed aten overload {self.name}>"
+
+
+def _torch_has_named_overloads() -> bool:
+    return hasattr(torch.ops.aten.prod, "dim_Dimname")
+
+
+@contextlib.contextmanager
+def _tolerate_removed_named_overloads():
+    packet_cls = torch._ops.OpOverloadPacket
+    original = packet_cls.__getattr__
+
+    def getattr_with_placeholders(self, key):
+        try:
+            return original(self, key)
+        except AttributeError:
+            if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
+                return _RemovedOverload(f"{self._qualified_op_name}.{key}")
+            raise
+
+    packet_cls.__getattr__ = getattr_with_placeholders
+    try:
+        yield
+    finally:
+        packet_cls.__getattr__ = original
+
+
+@functools.cache
+def import_torchax():
+    """Import torchax and build its default environment, on any supported torch."""
+    if _torch_has_named_overloads():
+        torchax = importlib.import_module("torchax")
+        torchax.default_env()
+        return torchax
+    with _tolerate_removed_named_overloads():
+        torchax = importlib.import_module("torchax")
+        torchax.default_env()  # loads torchax.decompositions, the second place that needs the shim
+    _applied.add("torchax-named-overloads")
+    return torchax
+
+
+# --- 2. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
+# Reason: stock ``to`` calls ``torch.device(arg)`` (pipeline_utils.py, ``to``), and torch has no "tpu" device;
+# "jax" parses only after torchax renamed the private backend, and moving modules with ``module.to("jax")``
+# leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
+# to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
+# previous JAX placement. A native "tpu" torch device registered by another package is left alone.
+# Guard: diffusers' ``to`` signature ``to(*args, **kwargs)`` (0.30 - 0.42 at least); checked at patch time.
+def _patch_pipeline_to():
+    from diffusers import DiffusionPipeline
+
+    stock_to = DiffusionPipeline.to
+    if getattr(stock_to, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_to)
+    def to(self, *args, **kwargs):
+        from . import runtime
+
+        config = kwargs.pop("config", None)
+        target = runtime.jax_target_of(args, kwargs)
+        if target is not None:
+            return runtime.attach(self, target, config=config, dtype=runtime.dtype_of(args, kwargs))
+        if config is not None:
+            raise ValueError(
+                "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
+                "pipe.to('jax', config=...)."
+            )
+        if runtime.is_attached(self):
+            if runtime.is_dtype_only(args, kwargs):
+                return runtime.cast(self, runtime.dtype_of(args, kwargs))
+            runtime.detach(self)
+        return stock_to(self, *args, **kwargs)
+
+    to._diffusers_tpu = True
+    DiffusionPipeline.to = to
+    _applied.add("DiffusionPipeline.to")
+
+
+# --- 3. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
+# Reason: after a JAX placement every tensor the stock ``__call__`` touches (latents, timesteps, embeddings) is a
+# torchax tensor, which only computes inside the torchax environment. Wrapping ``__call__`` lets the stock body
+# run unchanged. Pipelines never moved to JAX take the original path untouched.
+# Guard: applied once per class; the wrapper only acts on instances the runtime attached to.
+def wrap_pipeline_call(pipeline_cls) -> None:
+    if "__call__" not in vars(pipeline_cls):
+        return  # inherits an already wrapped __call__
+    stock_call = vars(pipeline_cls)["__call__"]
+    if getattr(stock_call, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_call)
+    def __call__(self, *args, **kwargs):
+        from . import runtime
+
+        attached = runtime.runtime_of(self)
+        if attached is None:
+            return stock_call(self, *args, **kwargs)
+        return attached.run_pipeline_call(stock_call, self, args, kwargs)
+
+    __call__._diffusers_tpu = True
+    pipeline_cls.__call__ = __call__
+    _applied.add(f"{pipeline_cls.__name__}.__call__")
+
+
+# --- 4. SDPA on the torchax default environment -----------------------------------------------------------
+# Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
+# nothing about the mesh. Inside a JAX pipeline call the project's attention (kernel under shard_map) must run
+# instead, for every caller: diffusers' native dispatch, processors calling F.scaled_dot_product_attention, and
+# transformers' SDPA path. The override must sit on the *default* environment: ``interop.call_torch`` uses it
+# under jit. Outside a JAX pipeline call the override calls torchax's original implementation.
+# Guard: torchax keeps its op table in ``Environment._ops`` keyed by the torch callable (0.0.10 - 0.0.13).
+_torchax_sdpa_op = None
+
+
+def route_sdpa() -> None:
+    global _torchax_sdpa_op
+    import torch.nn.functional as F
+
+    from .attention import scaled_dot_product_attention
+
+    environment = import_torchax().default_env()
+    current = environment._ops.get(F.scaled_dot_product_attention)
+    if current is None or current.func is scaled_dot_product_attention:
+        return
+    _torchax_sdpa_op = current
+    for op in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention):
+        environment.override_op_definition(op, scaled_dot_product_attention)
+    _applied.add("torchax SDPA override")
+
+
+def torchax_sdpa(*args):
+    """torchax's own SDPA (used outside JAX pipeline calls)."""
+    return _torchax_sdpa_op.func(*args, env=import_torchax().default_env())
+
+
+def apply() -> None:
+    """Apply the global patches (idempotent). Called by ``import diffusers_tpu``."""
+    _patch_pipeline_to()
+    route_sdpa()
+
+
+def applied() -> list[str]:
+    """Names of the patches in effect, for bug reports."""
+    return sorted(_applied)

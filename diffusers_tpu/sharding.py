@@ -1,0 +1,202 @@
+"""Weight placement: sharding rules -> a validated plan -> module tensors replaced by sharded torchax tensors.
+
+A rule is ``(regex, spec)``: the first rule whose regex matches a tensor's qualified name (``re.search``)
+gives its PartitionSpec, written with mesh axis names (a tuple of axis names shards one dimension over
+several axes). Unmatched tensors are replicated. Planning validates every shape against the mesh before a
+single byte moves, so a bad mesh leaves the module untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import jax
+import torch
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .backend import host_to_jax, is_jax_tensor, jax_to_host, wrap
+
+Rule = tuple[str, tuple]
+_SAVED = "_diffusers_tpu_placement"
+
+
+@dataclasses.dataclass
+class _Slot:
+    owner: torch.nn.Module
+    kind: str  # "param", "buffer" or "attr"
+    name: str
+    qualified: str
+    spec: PartitionSpec
+    dtype: torch.dtype  # dtype on the device
+    restore_dtype: torch.dtype  # dtype back on the host: the original one, unless the user asked for a cast
+    keep_original: torch.Tensor | None  # tensors JAX cannot hold exactly (float64), restored as they were
+
+
+def _axis_size(entry, mesh_shape: Mapping[str, int]) -> int:
+    names = entry if isinstance(entry, tuple) else (entry,)
+    size = 1
+    for name in names:
+        size *= mesh_shape.get(name, 1)
+    return size
+
+
+def _keep_in_fp32(qualified: str, patterns: Sequence[str]) -> bool:
+    # Same matching as diffusers' loader: a pattern names a module component of the qualified name.
+    parts = qualified.split(".")
+    return any(pattern in parts for pattern in patterns)
+
+
+def spec_for(qualified: str, shape: Sequence[int], rules: Iterable[Rule], mesh_shape: Mapping[str, int]):
+    for pattern, spec in rules:
+        if re.search(pattern, qualified):
+            if len(spec) > len(shape):
+                raise ValueError(f"Sharding rule {pattern!r} gives {len(spec)} dims to {qualified} of shape {shape}.")
+            for dim, entry in enumerate(spec):
+                size = _axis_size(entry, mesh_shape) if entry is not None else 1
+                if shape[dim] % size != 0:
+                    raise ValueError(
+                        f"{qualified} has shape {tuple(shape)}; its dim {dim} ({shape[dim]}) cannot be split over "
+                        f"{entry}={size} devices. Choose mesh sizes that divide it."
+                    )
+            return PartitionSpec(*spec)
+    return PartitionSpec()
+
+
+def plan(
+    module: torch.nn.Module,
+    mesh_shape: Mapping[str, int],
+    rules: Iterable[Rule] = (),
+    dtype: torch.dtype | None = None,
+    keep_fp32: Sequence[str] = (),
+) -> list[_Slot]:
+    """Every tensor of ``module`` with its spec and device dtype; raises before anything moves."""
+    rules = list(rules)
+    slots, seen = [], set()
+    for prefix, owner in module.named_modules():
+        entries = [("param", n, t) for n, t in owner._parameters.items()]
+        entries += [("buffer", n, t) for n, t in owner._buffers.items()]
+        entries += [
+            ("attr", n, t)
+            for n, t in vars(owner).items()
+            if isinstance(t, torch.Tensor) and not n.startswith("_") and n not in owner._parameters
+        ]
+        for kind, name, tensor in entries:
+            if tensor is None:
+                continue
+            qualified = f"{prefix}.{name}" if prefix else name
+            if is_jax_tensor(tensor):
+                raise ValueError(f"{qualified} is already a JAX tensor; move the pipeline to 'cpu' first.")
+            device_dtype = tensor.dtype
+            if dtype is not None and tensor.is_floating_point() and not _keep_in_fp32(qualified, keep_fp32):
+                device_dtype = dtype
+            restore_dtype = device_dtype
+            if device_dtype == torch.float64:
+                device_dtype = torch.float32
+            elif device_dtype == torch.int64:
+                device_dtype = torch.int32
+            spec = spec_for(qualified, tuple(tensor.shape), rules, mesh_shape) if id(tensor) not in seen else None
+            seen.add(id(tensor))
+            keep = tensor if restore_dtype == tensor.dtype and tensor.dtype in (torch.float64, torch.int64) else None
+            slots.append(_Slot(owner, kind, name, qualified, spec, device_dtype, restore_dtype, keep))
+    return slots
+
+
+def place(module: torch.nn.Module, slots: list[_Slot], mesh) -> None:
+    """Replace the planned tensors by torchax tensors sharded over ``mesh`` (shared tensors stay shared)."""
+    converted: dict[int, torch.Tensor] = {}
+    for slot in slots:
+        tensor = _get(slot)
+        if id(tensor) not in converted:
+            source = tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
+            array = host_to_jax(source, NamedSharding(mesh, slot.spec or PartitionSpec()))
+            converted[id(tensor)] = wrap(array)
+        _set(slot, converted[id(tensor)])
+    setattr(module, _SAVED, slots)
+
+
+def restore(module: torch.nn.Module) -> None:
+    """Bring every placed tensor back to a CPU torch tensor of its original dtype."""
+    slots = getattr(module, _SAVED, None)
+    if slots is None:
+        return
+    restored: dict[int, torch.Tensor] = {}
+    for slot in slots:
+        tensor = _get(slot)
+        if id(tensor) not in restored:
+            if slot.keep_original is not None:
+                restored[id(tensor)] = slot.keep_original
+            else:
+                restored[id(tensor)] = jax_to_host(tensor.jax(), slot.restore_dtype)
+        _set(slot, restored[id(tensor)])
+    delattr(module, _SAVED)
+
+
+def is_placed(module: torch.nn.Module) -> bool:
+    return hasattr(module, _SAVED)
+
+
+def sharding_of(tensor: torch.Tensor):
+    """The NamedSharding of a placed tensor (for users and tests)."""
+    return tensor.jax().sharding
+
+
+def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast placed floating tensors in place on the device (keeps their sharding)."""
+    for slot in getattr(module, _SAVED, ()):
+        tensor = _get(slot)
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            _set(slot, wrap(tensor.jax().astype(_jax_dtype(dtype))))
+            slot.dtype = slot.restore_dtype = dtype
+            slot.keep_original = None
+
+
+def _jax_dtype(dtype: torch.dtype):
+    from torchax.ops import mappings
+
+    return mappings.t2j_dtype(dtype)
+
+
+def _get(slot: _Slot) -> torch.Tensor:
+    if slot.kind == "param":
+        return slot.owner._parameters[slot.name]
+    if slot.kind == "buffer":
+        return slot.owner._buffers[slot.name]
+    return vars(slot.owner)[slot.name]
+
+
+def _set(slot: _Slot, tensor: torch.Tensor) -> None:
+    if slot.kind == "param":
+        slot.owner._parameters[slot.name] = torch.nn.Parameter(tensor, requires_grad=False)
+    elif slot.kind == "buffer":
+        slot.owner._buffers[slot.name] = tensor
+    else:
+        vars(slot.owner)[slot.name] = tensor
+
+
+def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:
+    """``with_sharding_constraint`` on a torchax tensor, dropping axes that do not divide its dims."""
+    if not is_jax_tensor(tensor) or tensor.ndim < len(spec):
+        return tensor
+    mesh_shape = dict(mesh.shape)
+    entries = [e if e is None or tensor.shape[i] % _axis_size(e, mesh_shape) == 0 else None for i, e in enumerate(spec)]
+    sharding = NamedSharding(mesh, PartitionSpec(*entries))
+    return wrap(jax.lax.with_sharding_constraint(tensor.jax(), sharding))
+
+
+def add_activation_constraints(module: torch.nn.Module, rules: Iterable[Rule], mesh) -> list:
+    """Constrain the first positional input of submodules matching a rule (e.g. sequence-parallel blocks)."""
+    handles = []
+    for name, sub in module.named_modules():
+        for pattern, spec in rules:
+            if re.search(pattern, name):
+
+                def hook(_module, args, _spec=spec):
+                    if not args:
+                        return None
+                    return (constrain(args[0], mesh, _spec), *args[1:])
+
+                handles.append(sub.register_forward_pre_hook(hook))
+                break
+    return handles

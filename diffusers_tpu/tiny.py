@@ -1,0 +1,92 @@
+"""Tiny random-weight pipeline components built offline (no hub access): for tests, the CLI default and notebooks.
+
+The tokenizer is a character-level WordLevel model built with the `tokenizers` library, so prompts of different
+lengths pad differently, exactly what masking and padding bugs need to be seen.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+
+# Two transformer shapes: parity is tested on both. "wan-4head" has heads that tp=4 divides (8-device mesh).
+WAN_TRANSFORMERS = {
+    "wan": dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ),
+    "wan-4head": dict(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=64, ffn_dim=48, num_layers=3, cross_attn_norm=False,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ),
+}
+WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+UMT5 = dict(
+    vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+    relative_attention_max_distance=32, dropout_rate=0.0, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
+    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+)
+
+
+def char_tokenizer(model_max_length: int = 512):
+    """A T5-style (pad=0, eos=1, unk=2, eos appended) character tokenizer over printable ASCII."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for char in string.printable:
+        vocab.setdefault(char, len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK, model_max_length=model_max_length
+    )
+
+
+def tiny_umt5(seed: int = 0):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    return UMT5EncoderModel(UMT5Config(**UMT5)).eval()
+
+
+def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
+    """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+    from diffusers import WanTransformer3DModel
+
+    if variant not in WAN_TRANSFORMERS:
+        raise ValueError(f"Unknown tiny Wan variant {variant!r}; choose one of {sorted(WAN_TRANSFORMERS)}.")
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(**WAN_TRANSFORMERS[variant]).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLWan(**WAN_VAE).eval()
+    if scheduler == "flow_match":
+        sched = FlowMatchEulerDiscreteScheduler(shift=7.0)
+    elif scheduler == "unipc":
+        sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    else:
+        raise ValueError(f"Unknown scheduler {scheduler!r}; choose 'flow_match' or 'unipc'.")
+    return dict(
+        transformer=transformer, vae=vae, scheduler=sched, text_encoder=tiny_umt5(seed + 2),
+        tokenizer=char_tokenizer(),
+    )
+
+
+def wan_pipeline(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match", cls=None):
+    """A tiny stock ``diffusers.WanPipeline`` (or ``cls``) on CPU."""
+    if cls is None:
+        from diffusers import WanPipeline as cls
+    return cls(**wan_components(variant, seed, scheduler))
+
+
+def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> str:
+    """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
+    wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)
+    return str(path)

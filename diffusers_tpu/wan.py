@@ -1,0 +1,59 @@
+"""Wan (2.1 text-to-video): sharding rules, CFG pairing and the ``diffusers_tpu.WanPipeline`` class.
+
+Megatron-style tensor parallelism over ``tp``: q/k/v and the first FFN projection are column-parallel (their
+output features, i.e. whole heads, split over tp), the attention output and second FFN projection are
+row-parallel (their input features split, XLA adds the all-reduce). The per-head-dim RMS norms of q and k
+follow their columns. Everything else (embeddings, modulation tables, norms, the output head) is replicated.
+Block inputs are constrained to (dp, sp): batch over dp, tokens over sp.
+"""
+
+from __future__ import annotations
+
+import diffusers
+
+from .families import Family, register
+
+_BLOCK = r"^blocks\.\d+\."
+SHARD_RULES = (
+    (_BLOCK + r"attn[12]\.(to_q|to_k|to_v|add_k_proj|add_v_proj)\.weight$", ("tp", None)),
+    (_BLOCK + r"attn[12]\.(to_q|to_k|to_v|add_k_proj|add_v_proj)\.bias$", ("tp",)),
+    (_BLOCK + r"attn[12]\.(norm_q|norm_k|norm_added_k)\.weight$", ("tp",)),
+    (_BLOCK + r"attn[12]\.to_out\.0\.weight$", (None, "tp")),
+    (_BLOCK + r"ffn\.net\.0\.proj\.weight$", ("tp", None)),
+    (_BLOCK + r"ffn\.net\.0\.proj\.bias$", ("tp",)),
+    (_BLOCK + r"ffn\.net\.2\.weight$", (None, "tp")),
+)
+ACTIVATION_RULES = ((r"^blocks\.\d+$", ("dp", "sp", None)),)
+
+# Real-size transformer architectures (configs of the published checkpoints), buildable on the meta device.
+_WAN21 = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
+              freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+WAN21_1_3B = dict(_WAN21, num_attention_heads=12, ffn_dim=8960, num_layers=30)
+WAN21_14B = dict(_WAN21, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+
+
+def _num_heads(pipe) -> int | None:
+    model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+    return model.config.num_attention_heads if model is not None else None
+
+
+class WanPipeline(diffusers.WanPipeline):
+    """The stock ``diffusers.WanPipeline``, importable from ``diffusers_tpu`` (``from_pretrained`` works as usual).
+
+    After ``import diffusers_tpu`` the stock class itself accepts ``pipe.to("tpu")`` / ``pipe.to("jax")`` too.
+    """
+
+
+FAMILY = register(
+    Family(
+        name="wan",
+        pipelines=(diffusers.WanPipeline,),
+        denoisers=("transformer", "transformer_2"),
+        shard_rules=SHARD_RULES,
+        activation_rules=ACTIVATION_RULES,
+        num_heads=_num_heads,
+        vae_methods=("decode",),
+        cfg_negative=lambda encoded: encoded[1],
+        cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image"),
+    )
+)

@@ -1,0 +1,48 @@
+"""Shared fixtures: offline, a throwaway JAX compilation cache, and stock-vs-JAX comparison helpers."""
+
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DIFFUSERS_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="diffusers-tpu-test-cache-"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import diffusers_tpu  # noqa: E402,F401  (registers the backend before any test builds a pipeline)
+
+# Two prompts of different lengths (and different negative prompts) in one batch: both get padded to
+# max_sequence_length, so padding and batching bugs show.
+CALL = dict(
+    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
+    negative_prompt=["blurry", "low quality, static, deformed"],
+    height=32,
+    width=32,
+    num_frames=9,
+    num_inference_steps=3,
+)
+
+
+def generate(pipe, seed=0, **overrides):
+    kwargs = dict(CALL, **overrides)
+    return pipe(**kwargs, generator=torch.Generator().manual_seed(seed)).frames
+
+
+def pil_array(videos) -> np.ndarray:
+    return np.stack([np.stack([np.asarray(frame) for frame in video]) for video in videos]).astype(np.int16)
+
+
+def assert_np_matches(out, ref, atol=1e-4):
+    out, ref = np.asarray(out), np.asarray(ref)
+    assert out.shape == ref.shape and out.dtype == ref.dtype == np.float32
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() <= atol, f"max abs diff {np.abs(out - ref).max():.3g} > {atol}"
+
+
+def assert_pil_matches(out, ref):
+    """Stock rounding: equal except one level at .5 boundaries, on at most 0.1% of subpixels."""
+    a, b = pil_array(out), pil_array(ref)
+    assert a.shape == b.shape
+    diff = np.abs(a - b)
+    assert diff.max() <= 1, f"a subpixel differs by {diff.max()} levels"
+    assert (diff > 0).mean() <= 1e-3, f"{(diff > 0).mean():.4%} of subpixels differ"

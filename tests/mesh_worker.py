@@ -1,0 +1,102 @@
+"""Runs in a subprocess with 8 simulated CPU devices (the flag must precede JAX's initialization) and prints
+one JSON report; tests/test_mesh.py asserts on it."""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import CALL, generate, pil_array  # noqa: E402
+
+import diffusers_tpu  # noqa: E402
+from diffusers_tpu import TPUConfig, compile as jit, lowering, tiny  # noqa: E402
+
+MESHES = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp2-sp2-tp2": {"dp": 2, "sp": 2, "tp": 2},
+          "tp2-sp4": {"tp": 2, "sp": 4}, "default": None}
+
+
+def weight_layout(pipe):
+    block = pipe.transformer.blocks[0]
+    named = {"to_q": block.attn1.to_q.weight, "to_out": block.attn1.to_out[0].weight,
+             "ffn_in": block.ffn.net[0].proj.weight, "ffn_out": block.ffn.net[2].weight,
+             "cross_k": block.attn2.to_k.weight, "patch": pipe.transformer.patch_embedding.weight}
+    layout = {}
+    for name, tensor in named.items():
+        sharding = diffusers_tpu.sharding_of(tensor)
+        layout[name] = {"spec": [str(s) for s in sharding.spec], "shard": list(sharding.shard_shape(tensor.shape)),
+                        "shape": list(tensor.shape), "devices": len(sharding.device_set)}
+    return layout
+
+
+def compare(out, ref, pil_out, pil_ref):
+    diff = np.abs(pil_array(pil_out) - pil_array(pil_ref))
+    return {"np_max_abs": float(np.abs(out - ref).max()), "finite": bool(np.isfinite(out).all()),
+            "pil_max_levels": int(diff.max()), "pil_fraction": float((diff > 0).mean())}
+
+
+def main():
+    report = {"devices": len(jax.devices()), "runs": {}}
+    pipe = tiny.wan_pipeline("wan-4head")
+    ref, pil_ref = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
+    for name, mesh in MESHES.items():
+        device = "tpu" if name == "dp2-sp1-tp4" else "jax"  # "tpu" rehearses on CPU via the env var
+        os.environ["DIFFUSERS_TPU_PLATFORM"] = "cpu"
+        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=16))
+        runtime = pipe._diffusers_tpu_runtime
+        out, pil_out = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
+        with jit.compile_log() as log:
+            generate(pipe, output_type="np")
+        report["runs"][name] = dict(compare(out, ref, pil_out, pil_ref), mesh=dict(runtime.mesh.shape),
+                                    layout=weight_layout(pipe), warm_compilations=log.compilations,
+                                    batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0)
+        pipe.to("cpu")
+    report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
+
+    errors = {}
+    two_heads = tiny.wan_pipeline("wan")
+    for label, mesh in {"heads": {"dp": 2, "tp": 4}, "product": {"dp": 2}}.items():
+        try:
+            two_heads.to("jax", config=TPUConfig(mesh=mesh))
+            errors[label] = None
+        except ValueError as error:
+            errors[label] = str(error)
+    errors["still_on_torch"] = all(type(p) is torch.nn.Parameter for p in two_heads.transformer.parameters())
+    report["errors"] = errors
+
+    mesh = diffusers_tpu.backend.build_mesh({"dp": 2, "sp": 1, "tp": 4}, jax.devices())
+    report["export"] = export_realistic(mesh)
+    print("REPORT " + json.dumps(report))
+
+
+def export_realistic(mesh):
+    """Wan2.1-1.3B at 480p x 81 frames, sharded dp2-tp4, lowered for TPU on abstract shapes."""
+    import jax.numpy as jnp
+
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers_tpu import wan
+    from diffusers_tpu.lowering import abstract
+
+    with torch.device("meta"):
+        transformer = WanTransformer3DModel(**wan.WAN21_1_3B)
+        vae = AutoencoderKLWan()
+    step = lowering.export_method(
+        transformer, "forward", mesh=mesh, rules=wan.SHARD_RULES, dtype=torch.bfloat16,
+        kwargs=dict(hidden_states=abstract((2, 16, 21, 60, 104), jnp.bfloat16, mesh, ("dp",)),
+                    timestep=abstract((2,), jnp.float32, mesh, ("dp",)),
+                    encoder_hidden_states=abstract((2, 512, 4096), jnp.bfloat16, mesh, ("dp",)), return_dict=False))
+    latents = abstract((1, 16, 3, 60, 104), jnp.float32, mesh, (None, None, None, None, ("dp", "sp", "tp")))
+    decode = lowering.export_method(vae, "decode", (latents,), dict(return_dict=False), mesh=mesh)
+    return {"step_pallas": lowering.uses_pallas_kernel(step), "step_devices": step.nr_devices,
+            "step_out": [list(a.shape) for a in step.out_avals], "decode_devices": decode.nr_devices,
+            "decode_out": [list(a.shape) for a in decode.out_avals]}
+
+
+if __name__ == "__main__":
+    main()

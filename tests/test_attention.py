@@ -1,0 +1,81 @@
+"""The SDPA override: torch semantics, routed to the kernels, sharded by kv length."""
+
+import types
+
+import jax
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from jax.sharding import PartitionSpec as P
+
+from diffusers_tpu import attention, backend
+from diffusers_tpu.backend import host_to_jax, wrap
+
+
+def settings(implementation="splash", threshold=64):
+    mesh = backend.build_mesh({"dp": 1, "sp": 1, "tp": 1}, jax.devices()[:1])
+    return attention.AttentionSettings(mesh, implementation, threshold)
+
+
+def run_on_jax(config, *tensors, **kwargs):
+    with backend.jax_mode(), attention.use(config):
+        args = [wrap(host_to_jax(t)) for t in tensors]
+        mask = kwargs.get("attn_mask")
+        if mask is not None:
+            kwargs["attn_mask"] = wrap(host_to_jax(mask))
+        out = F.scaled_dot_product_attention(*args, **kwargs)
+    return backend.jax_to_host(out.jax())
+
+
+def rand(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+CASES = {
+    "plain": ((2, 3, 40, 16), (2, 3, 90, 16), {}),
+    "key_padding": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": torch.arange(90)[None, None, None, :] < torch.tensor([30, 90])[:, None, None, None]}),
+    "dense_bool": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": torch.rand(2, 3, 40, 90, generator=torch.Generator().manual_seed(0)) > 0.2}),
+    "float_bias": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": rand(1, 3, 40, 90)}),
+    "causal": ((2, 3, 40, 16), (2, 3, 40, 16), {"is_causal": True}),
+    "scale": ((1, 2, 7, 8), (1, 2, 300, 8), {"scale": 0.05}),
+    "gqa": ((2, 4, 20, 8), (2, 2, 70, 8), {"enable_gqa": True}),
+    "three_dims": ((3, 20, 8), (3, 70, 8), {}),
+}
+
+
+@pytest.mark.parametrize("implementation", ["splash", "xla"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_override_matches_torch(case, implementation):
+    q_shape, kv_shape, kwargs = CASES[case]
+    q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape) + 1
+    expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    out = run_on_jax(settings(implementation), q, k, v, **dict(kwargs))
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=3e-6, rtol=1e-5)
+
+
+def test_without_active_settings_torchax_sdpa_runs():
+    q, k, v = rand(1, 2, 10, 8), rand(1, 2, 12, 8), rand(1, 2, 12, 8)
+    with backend.jax_mode():
+        out = F.scaled_dot_product_attention(*(wrap(host_to_jax(t)) for t in (q, k, v)))
+    torch.testing.assert_close(backend.jax_to_host(out.jax()), F.scaled_dot_product_attention(q, k, v), atol=3e-6, rtol=1e-5)
+
+
+def fake_settings(threshold=100, **axes):
+    shape = {"dp": 1, "sp": 1, "tp": 1} | axes
+    return attention.AttentionSettings(types.SimpleNamespace(shape=shape), "xla", threshold)
+
+
+def test_long_kv_shards_heads_short_kv_shards_the_query_sequence():
+    config = fake_settings(dp=2, sp=2, tp=2)
+    q_spec, kv_spec, mask_spec, seq = attention.specs((4, 6, 1000, 64), 1000, config)
+    assert (q_spec, kv_spec, mask_spec, seq) == (P("dp", "tp", "sp", None), P("dp", "tp", None, None), P("dp", None), "sp")
+    q_spec, kv_spec, _, seq = attention.specs((4, 6, 1000, 64), 99, config)
+    assert (q_spec, kv_spec, seq) == (P("dp", None, ("sp", "tp"), None), P("dp", None, None, None), ("sp", "tp"))
+
+
+def test_axes_that_do_not_divide_are_dropped():
+    config = fake_settings(dp=2, tp=4)
+    q_spec, kv_spec, mask_spec, _ = attention.specs((1, 6, 1000, 64), 1000, config)  # batch 1, 6 heads
+    assert q_spec == P(None, None, "sp", None) and kv_spec == P(None, None, None, None) and mask_spec == P(None, None)

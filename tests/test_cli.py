@@ -1,0 +1,65 @@
+"""diffusers-tpu generate: writes a readable mp4 with the requested frame count; bad input exits cleanly."""
+
+import os
+import subprocess
+import sys
+
+import imageio.v3 as iio
+import numpy as np
+
+from diffusers_tpu import cli
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "diffusers_tpu.cli", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_generate_writes_the_requested_frames(tmp_path):
+    out = tmp_path / "videos" / "cat.mp4"
+    result = run_cli("generate", "--frames", "13", "--height", "32", "--width", "48", "--steps", "2",
+                     "--platform", "cpu", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    frames = iio.imread(out)
+    assert frames.shape == (13, 32, 48, 3) and frames.dtype == np.uint8
+    assert "compile" in result.stdout and "run" in result.stdout and "wrote 13 frames" in result.stdout
+    assert [p.name for p in out.parent.iterdir()] == ["cat.mp4"]  # no temp file left behind
+
+
+def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):
+    out = tmp_path / "v.mp4"
+    result = run_cli("generate", "--mesh", "2,1,1", "--output", str(out))
+    assert result.returncode == 2 and "spans 2 devices but there are 1" in result.stderr
+    result = run_cli("generate", "--platform", "tpu", "--output", str(out))
+    assert result.returncode == 2 and "no TPU" in result.stderr
+    assert not out.exists()
+
+
+def test_mesh_argument_parsing():
+    assert cli._mesh("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
+    for bad in ("2,1", "a,b,c", "0,1,1"):
+        try:
+            cli._mesh(bad)
+        except Exception as error:  # argparse.ArgumentTypeError
+            assert "dp,sp,tp" in str(error)
+        else:
+            raise AssertionError(f"--mesh {bad} accepted")
+
+
+def test_a_failed_write_keeps_the_previous_video(tmp_path, monkeypatch):
+    path = tmp_path / "keep.mp4"
+    path.write_bytes(b"previous video")
+
+    def broken(frames, output, fps):
+        open(output, "wb").write(b"half a video")
+        raise OSError("disk full")
+
+    import diffusers.utils
+
+    monkeypatch.setattr(diffusers.utils, "export_to_video", broken)
+    try:
+        cli.write_video_atomically([np.zeros((4, 4, 3))], str(path), fps=8)
+    except OSError:
+        pass
+    assert path.read_bytes() == b"previous video"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.mp4"]

@@ -1,0 +1,147 @@
+"""Stock diffusers.WanPipeline on JAX matches the same pipeline on torch CPU (1 device)."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import CALL, assert_np_matches, assert_pil_matches, generate
+
+import diffusers
+import diffusers_tpu
+from diffusers_tpu import compile as jit
+from diffusers_tpu import tiny
+
+CASES = [("wan", "flow_match"), ("wan", "unipc"), ("wan-4head", "flow_match"), ("wan-4head", "unipc")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+def case(request):
+    variant, scheduler = request.param
+    pipe = tiny.wan_pipeline(variant, scheduler=scheduler)
+    reference = {"np": generate(pipe, output_type="np"), "pil": generate(pipe, output_type="pil")}
+    return pipe, reference
+
+
+@pytest.mark.parametrize("device", ["jax", "tpu"])
+def test_matches_stock_torch(case, device, monkeypatch):
+    pipe, reference = case
+    monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "cpu")  # "tpu" rehearses on CPU; "jax" ignores it
+    pipe.to(device)
+    try:
+        assert pipe.device == torch.device("jax", 0)
+        assert_np_matches(generate(pipe, output_type="np"), reference["np"])
+        assert_pil_matches(generate(pipe, output_type="pil"), reference["pil"])
+    finally:
+        pipe.to("cpu")
+    # back on torch, the pipeline is exactly what it was
+    np.testing.assert_array_equal(generate(pipe, output_type="np"), reference["np"])
+
+
+def test_second_identical_call_compiles_nothing():
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    first = generate(pipe, output_type="np")
+    assert diffusers_tpu.stats(pipe).compilations > 0
+    with jit.compile_log() as log:
+        second = generate(pipe, output_type="np")
+    assert log.compilations == 0, f"{log.compilations} programs compiled on a warm call"
+    assert diffusers_tpu.stats(pipe).compilations == 0
+    np.testing.assert_array_equal(first, second)
+    # the transformer program is shared by all steps: one program per input structure
+    assert len(_compiled(pipe.transformer).programs) == 1
+
+
+def test_weights_are_torchax_tensors_with_named_sharding():
+    from jax.sharding import NamedSharding
+    from torchax.tensor import Tensor
+
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    params = list(pipe.transformer.parameters())
+    assert params and all(isinstance(p, Tensor) for p in params)
+    assert all(isinstance(diffusers_tpu.sharding_of(p), NamedSharding) for p in params)
+    assert isinstance(pipe.transformer, diffusers.WanTransformer3DModel)  # still the stock module
+    assert isinstance(pipe.text_encoder.shared.weight, torch.Tensor) and pipe.text_encoder.device.type == "cpu"
+    pipe.to("cpu")
+    assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in pipe.transformer.parameters())
+
+
+def test_subclass_from_pretrained_and_text_encoder_on_jax(tmp_path):
+    path = tiny.save_wan_pipeline(tmp_path / "tiny-wan", variant="wan-4head")
+    pipe = diffusers_tpu.WanPipeline.from_pretrained(path)
+    assert type(pipe) is diffusers_tpu.WanPipeline
+    reference = generate(pipe, output_type="np")
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
+    from torchax.tensor import Tensor
+
+    assert isinstance(pipe.text_encoder.shared.weight, Tensor)
+    assert_np_matches(generate(pipe, output_type="np"), reference)
+
+
+def test_pt_and_latent_outputs_are_host_tensors():
+    pipe = tiny.wan_pipeline("wan")
+    reference = {kind: generate(pipe, output_type=kind) for kind in ("pt", "latent")}
+    pipe.to("jax")
+    for kind, ref in reference.items():
+        out = generate(pipe, output_type=kind)
+        assert type(out) is torch.Tensor and out.device.type == "cpu" and out.shape == ref.shape
+        assert (out - ref).abs().max().item() <= 1e-4
+
+
+def test_single_prompt_without_guidance_and_several_videos_per_prompt():
+    pipe = tiny.wan_pipeline("wan")
+    calls = [dict(prompt="a cat", guidance_scale=1.0, negative_prompt=None),
+             dict(prompt="a cat", negative_prompt="blurry", num_videos_per_prompt=2)]
+    reference = [generate(pipe, output_type="np", **c) for c in calls]
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
+    for call, ref in zip(calls, reference):
+        assert_np_matches(generate(pipe, output_type="np", **call), ref)
+
+
+def _compiled(module):
+    forward = vars(module)["forward"]
+    while not hasattr(forward, "programs"):
+        forward = forward.__wrapped__
+    return forward
+
+
+def test_cfg_pair_runs_as_one_batch():
+    pipe = tiny.wan_pipeline("wan")
+    reference = generate(pipe, output_type="np")
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
+    generate(pipe, output_type="np")  # compile
+    batches = []
+    for program in _compiled(pipe.transformer).programs.values():
+        jitted = program.jitted
+        program.jitted = lambda state, dynamic, _j=jitted: batches.append(dynamic[0].shape[0]) or _j(state, dynamic)
+    out = generate(pipe, output_type="np")
+    batch = len(CALL["prompt"])
+    # one denoiser program call per step, with cond and uncond in one batch
+    assert batches == [2 * batch] * CALL["num_inference_steps"], batches
+    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == CALL["num_inference_steps"]
+    assert_np_matches(out, reference)
+
+
+def test_cfg_pairing_falls_back_when_a_callback_swaps_embeddings():
+    pipe = tiny.wan_pipeline("wan")
+
+    def swap(pipe_, step, timestep, tensors):
+        return {"negative_prompt_embeds": tensors["negative_prompt_embeds"] * 0.5} if step == 0 else {}
+
+    kwargs = dict(output_type="np", callback_on_step_end=swap,
+                  callback_on_step_end_tensor_inputs=["negative_prompt_embeds"])
+    reference = generate(pipe, **kwargs)
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
+    assert_np_matches(generate(pipe, **kwargs), reference)
+
+
+def test_progress_bar_reports_step_time_and_compile_separately():
+    import io
+
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    stream = io.StringIO()
+    pipe.set_progress_bar_config(file=stream)
+    generate(pipe, output_type="np")
+    text = stream.getvalue()
+    assert "step=" in text and "avg=" in text and "compile=" in text, text
+    stats = diffusers_tpu.stats(pipe)
+    assert len(stats.step_seconds) == CALL["num_inference_steps"]
+    assert stats.compile_seconds > 0 and stats.run_seconds > 0
+    assert stats.total_seconds >= stats.compile_seconds
