@@ -25,6 +25,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from . import patches
 from .backend import to_jax_array, wrap
+from .sharding import axis_size
 from .kernels import dense_mask_attention, reference_attention, splash_attention
 
 KERNELS = {"splash": splash_attention, "xla": reference_attention}
@@ -50,18 +51,7 @@ def use(settings: AttentionSettings):
 
 
 def _fits(size: int, mesh: Mesh, axes) -> bool:
-    names = axes if isinstance(axes, tuple) else (axes,)
-    count = 1
-    for name in names:
-        count *= mesh.shape.get(name, 1)
-    return size % count == 0
-
-
-def _seq_shards(mesh: Mesh, axes) -> int:
-    count = 1
-    for name in axes if isinstance(axes, tuple) else (axes,):
-        count *= mesh.shape.get(name, 1)
-    return count
+    return size % axis_size(axes, mesh.shape) == 0
 
 
 def specs(q_shape, kv_len: int, settings: AttentionSettings):
@@ -82,7 +72,7 @@ def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings):
     kernel = functools.partial(KERNELS[settings.implementation], scale=scale)
     q_spec, kv_spec, mask_spec, seq_axes = specs(q.shape, k.shape[2], settings)
     q_len = q.shape[2]
-    pad = -q_len % _seq_shards(settings.mesh, seq_axes)
+    pad = -q_len % axis_size(seq_axes, settings.mesh.shape)
     if pad:
         q = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
     if kv_mask is None:

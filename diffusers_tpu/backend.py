@@ -228,17 +228,25 @@ def build_mesh(shape: Mapping[str, int], devices: Sequence) -> Mesh:
     return Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
 
 
+_cache_dir_we_set: str | None = None
+
+
 def enable_compile_cache(directory: str | None) -> None:
-    """Point JAX's persistent compilation cache at ``directory`` (None leaves it off)."""
-    if directory is None:
-        return
+    """Point JAX's persistent compilation cache at ``directory``; None turns off a cache this package turned on
+    (a cache the user configured in JAX themselves is left alone)."""
+    global _cache_dir_we_set
     current = jax.config.jax_compilation_cache_dir
-    if current == directory:
+    if directory is None:
+        if current is None or current != _cache_dir_we_set:
+            return
+    elif current == directory:
         return
-    if current is not None:
+    else:
+        os.makedirs(directory, exist_ok=True)
+    if current is not None and directory is not None:
         logger.info("JAX compilation cache moves from %s to %s", current, directory)
-    os.makedirs(directory, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", directory)
+    _cache_dir_we_set = directory
     try:
         from jax.experimental.compilation_cache import compilation_cache
 

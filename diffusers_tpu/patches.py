@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import logging
+import re
 
 import torch
 
@@ -81,9 +83,27 @@ def import_torchax():
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
 # to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
 # previous JAX placement. A native "tpu" torch device registered by another package is left alone.
-# Guard: diffusers' ``to`` signature ``to(*args, **kwargs)`` (0.30 - 0.42 at least); checked at patch time.
+# Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on 0.42; other versions get a warning at patch time.
+TESTED_DIFFUSERS = ((0, 42), (0, 43))  # [from, below)
+
+
+def _check_diffusers_version() -> bool:
+    import diffusers
+
+    version = tuple(int(part) for part in re.findall(r"\d+", diffusers.__version__)[:2])
+    tested = TESTED_DIFFUSERS[0] <= version < TESTED_DIFFUSERS[1]
+    if not tested:
+        logger.warning(
+            "diffusers %s is outside the versions diffusers_tpu is tested with (%s.x); pipe.to('tpu') may misbehave.",
+            diffusers.__version__, ".".join(map(str, TESTED_DIFFUSERS[0])),
+        )
+    return tested
+
+
 def _patch_pipeline_to():
     from diffusers import DiffusionPipeline
+
+    _check_diffusers_version()
 
     stock_to = DiffusionPipeline.to
     if getattr(stock_to, "_diffusers_tpu", False):
@@ -170,10 +190,37 @@ def torchax_sdpa(*args):
     return _torchax_sdpa_op.func(*args, env=import_torchax().default_env())
 
 
+# --- 5. torchax Tensor.type_as returns a new tensor -------------------------------------------------------
+# Reason: torchax's ``Tensor.type_as`` casts the wrapped JAX array *in place* and returns self. The wrapper's C++
+# metadata (dtype fixed when the tensor was made) then disagrees with its ``.dtype`` property, and torch's own
+# checks read the former: Wan's VAE ``WanUpsample`` (``interpolate(x.float()).type_as(x)``) then fails in the next
+# conv with "Input type (float) and bias type (c10::BFloat16)" on bf16 weights. torch's ``type_as`` is not
+# in-place; the patched one returns a new tensor of ``other``'s dtype, as torch does.
+# Guard: only replaces torchax's own in-place implementation (0.0.10 - 0.0.13).
+def _patch_type_as():
+    from torchax.tensor import Tensor
+
+    current = vars(Tensor).get("type_as")
+    if current is None or getattr(current, "_diffusers_tpu", False):
+        return
+    if "self._elem = " not in inspect.getsource(current):
+        return  # a fixed torchax: nothing to do
+
+    def type_as(self, other):
+        if self.dtype == other.dtype:
+            return self
+        return Tensor(self._elem.astype(other.jax().dtype), self._env)
+
+    type_as._diffusers_tpu = True
+    Tensor.type_as = type_as
+    _applied.add("torchax Tensor.type_as")
+
+
 def apply() -> None:
     """Apply the global patches (idempotent). Called by ``import diffusers_tpu``."""
     _patch_pipeline_to()
     route_sdpa()
+    _patch_type_as()
 
 
 def applied() -> list[str]:

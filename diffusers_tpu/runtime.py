@@ -146,6 +146,7 @@ class PipelineRuntime:
         for name, (module, slots) in plans.items():
             sharding.place(module, slots, self.mesh)
             self._undo.append(functools.partial(sharding.restore, module))
+            self._override(module, "state_dict", _host_state_dict(module.state_dict))
             state = functools.partial(_state, slots)
             if name in family.denoisers:
                 handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
@@ -230,6 +231,19 @@ class PipelineRuntime:
 
 def _state(slots) -> dict:
     return {slot.qualified: sharding._get(slot).jax() for slot in slots}
+
+
+def _host_state_dict(state_dict):
+    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX."""
+
+    def host_state_dict(*args, **kwargs):
+        result = state_dict(*args, **kwargs)
+        for key, value in result.items():
+            result[key] = _to_cpu(value)
+        return result
+
+    host_state_dict.__wrapped__ = state_dict
+    return host_state_dict
 
 
 def _on_host(forward):

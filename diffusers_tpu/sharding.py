@@ -34,7 +34,8 @@ class _Slot:
     keep_original: torch.Tensor | None  # tensors JAX cannot hold exactly (float64), restored as they were
 
 
-def _axis_size(entry, mesh_shape: Mapping[str, int]) -> int:
+def axis_size(entry, mesh_shape: Mapping[str, int]) -> int:
+    """Devices a spec entry (an axis name, or a tuple of them) splits a dimension over."""
     names = entry if isinstance(entry, tuple) else (entry,)
     size = 1
     for name in names:
@@ -54,7 +55,7 @@ def spec_for(qualified: str, shape: Sequence[int], rules: Iterable[Rule], mesh_s
             if len(spec) > len(shape):
                 raise ValueError(f"Sharding rule {pattern!r} gives {len(spec)} dims to {qualified} of shape {shape}.")
             for dim, entry in enumerate(spec):
-                size = _axis_size(entry, mesh_shape) if entry is not None else 1
+                size = axis_size(entry, mesh_shape) if entry is not None else 1
                 if shape[dim] % size != 0:
                     raise ValueError(
                         f"{qualified} has shape {tuple(shape)}; its dim {dim} ({shape[dim]}) cannot be split over "
@@ -180,7 +181,7 @@ def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:
     if not is_jax_tensor(tensor) or tensor.ndim < len(spec):
         return tensor
     mesh_shape = dict(mesh.shape)
-    entries = [e if e is None or tensor.shape[i] % _axis_size(e, mesh_shape) == 0 else None for i, e in enumerate(spec)]
+    entries = [e if e is None or tensor.shape[i] % axis_size(e, mesh_shape) == 0 else None for i, e in enumerate(spec)]
     sharding = NamedSharding(mesh, PartitionSpec(*entries))
     return wrap(jax.lax.with_sharding_constraint(tensor.jax(), sharding))
 

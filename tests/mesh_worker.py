@@ -18,8 +18,10 @@ from conftest import CALL, generate, pil_array  # noqa: E402
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig, compile as jit, lowering, tiny  # noqa: E402
 
-MESHES = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp2-sp2-tp2": {"dp": 2, "sp": 2, "tp": 2},
-          "tp2-sp4": {"tp": 2, "sp": 4}, "default": None}
+# (mesh, attention_kv_threshold). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16: both shard
+# heads over tp; 1024 (the default): both shard the query sequence; 100: self shards queries, cross heads.
+MESHES = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 1024),
+          "tp2-sp4": ({"tp": 2, "sp": 4}, 100), "default": (None, 1024)}
 
 
 def weight_layout(pipe):
@@ -45,10 +47,10 @@ def main():
     report = {"devices": len(jax.devices()), "runs": {}}
     pipe = tiny.wan_pipeline("wan-4head")
     ref, pil_ref = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
-    for name, mesh in MESHES.items():
+    for name, (mesh, threshold) in MESHES.items():
         device = "tpu" if name == "dp2-sp1-tp4" else "jax"  # "tpu" rehearses on CPU via the env var
         os.environ["DIFFUSERS_TPU_PLATFORM"] = "cpu"
-        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=16))
+        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
         runtime = pipe._diffusers_tpu_runtime
         out, pil_out = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
         with jit.compile_log() as log:

@@ -33,3 +33,19 @@ def test_patches_are_idempotent_and_listed():
     patches.apply()
     assert patches.applied() == before
     assert "DiffusionPipeline.to" in before and "WanPipeline.__call__" in before
+
+
+def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
+    import torch.nn.functional as F
+
+    from diffusers_tpu import backend
+    from diffusers_tpu.backend import host_to_jax, wrap
+
+    assert "torchax Tensor.type_as" in patches.applied()
+    with backend.jax_mode():
+        weight = wrap(host_to_jax(torch.randn(4, 2, 3, 3).to(torch.bfloat16)))
+        x = wrap(host_to_jax(torch.randn(1, 2, 5, 5)))  # float32
+        y = x.type_as(weight)
+        assert y is not x and y.dtype == torch.bfloat16 and x.dtype == torch.float32
+        out = F.conv2d(y, weight, weight[:, 0, 0, 0])  # failed with the in-place type_as
+        assert out.dtype == torch.bfloat16 and tuple(out.shape) == (1, 4, 3, 3)

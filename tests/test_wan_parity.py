@@ -145,3 +145,41 @@ def test_progress_bar_reports_step_time_and_compile_separately():
     assert len(stats.step_seconds) == CALL["num_inference_steps"]
     assert stats.compile_seconds > 0 and stats.run_seconds > 0
     assert stats.total_seconds >= stats.compile_seconds
+
+
+def test_dtype_casts_follow_stock_semantics():
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    pipe.to(torch.bfloat16)  # dtype only, while on JAX: cast on the devices, keep the sharding
+    weight = pipe.transformer.blocks[0].attn1.to_q.weight
+    assert weight.dtype == torch.bfloat16 and pipe.vae.dtype == torch.bfloat16
+    assert pipe.text_encoder.dtype == torch.bfloat16  # the host text encoder too
+    assert diffusers_tpu.sharding_of(weight) is not None
+    out = generate(pipe, output_type="np")
+    assert np.isfinite(out).all() and out.dtype == np.float32
+    pipe.to("cpu")  # like stock to(dtype): the cast persists on torch
+    assert pipe.transformer.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+
+
+def test_compile_cache_dir_knob(tmp_path):
+    import jax
+
+    pipe = tiny.wan_pipeline("wan").to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=str(tmp_path)))
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=False))
+    assert jax.config.jax_compilation_cache_dir is None
+    pipe.to("jax")  # default: $DIFFUSERS_TPU_CACHE_DIR (set by conftest) or the user cache dir
+    import os
+
+    assert jax.config.jax_compilation_cache_dir == os.environ["DIFFUSERS_TPU_CACHE_DIR"]
+
+
+def test_save_pretrained_while_on_jax_round_trips(tmp_path):
+    from diffusers_tpu import runtime
+
+    pipe = tiny.wan_pipeline("wan-4head")
+    reference = generate(pipe, output_type="np")
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
+    pipe.save_pretrained(str(tmp_path), safe_serialization=True)
+    assert runtime.is_attached(pipe)  # saving did not move the pipeline
+    reloaded = diffusers.WanPipeline.from_pretrained(str(tmp_path))  # plain torch, from the saved safetensors
+    assert_np_matches(generate(reloaded, output_type="np"), reference)
