@@ -1,8 +1,9 @@
 """Attention on the mesh: torch's ``scaled_dot_product_attention`` → the configured kernel under ``shard_map``.
 
 Model code keeps calling SDPA (diffusers' native dispatch, CogVideoX's processor, plain ``AttnProcessor2_0``);
-inside a JAX pipeline call that op is overridden on the torchax default environment (the one ``call_torch``
-uses under jit) and routed here. Outside a JAX pipeline call the override defers to torchax's own SDPA.
+that op is overridden on the torchax default environment (the one ``call_torch`` uses under jit) and routed
+here. A denoiser's calls run the configured kernel under ``shard_map``; every other call (VAE mid-block, text
+encoders, torchax code outside our pipelines) runs the exact reference, so no NaN row appears anywhere.
 
 Sharding by key/value length (``TPUConfig.attention_kv_threshold``):
 - long KV (self-attention over video tokens): batch over dp, heads over tp, query sequence over sp; each
@@ -26,16 +27,33 @@ from jax.sharding import Mesh, PartitionSpec as P
 from . import patches
 from .backend import to_jax_array, wrap
 from .sharding import axis_size
-from .kernels import dense_mask_attention, reference_attention, splash_attention
+from .kernels import BlockSizes, cudnn_attention, dense_mask_attention, flash_attention, reference_attention
+from .kernels import splash_attention
 
-KERNELS = {"splash": splash_attention, "xla": reference_attention}
+KERNELS = {"splash_exp2": flash_attention, "splash": splash_attention, "xla": reference_attention,
+           "cudnn": cudnn_attention}
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSettings:
-    mesh: Mesh
+    """How one module's attention runs. ``mesh=None``: no shard_map (XLA partitions it like any other op)."""
+
+    mesh: Mesh | None
     implementation: str
-    kv_threshold: int
+    kv_threshold: int = 10000
+    block_sizes: BlockSizes | None = None
+    k_smoothing: bool = False
+
+    def kernel(self, scale):
+        options = {"scale": scale}
+        if self.implementation == "splash_exp2":
+            options.update(block_sizes=self.block_sizes, k_smoothing=self.k_smoothing)
+        return functools.partial(KERNELS[self.implementation], **options)
+
+
+# Every attention call outside a denoiser (VAE mid-block, text encoders, anything outside a JAX pipeline call)
+# runs the plain reference: exact, and a fully masked row gives 0, never NaN.
+SAFE = AttentionSettings(mesh=None, implementation="xla")
 
 
 _active: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextVar("diffusers_tpu_attention", default=None)
@@ -67,9 +85,13 @@ def specs(q_shape, kv_len: int, settings: AttentionSettings):
     return P(dp, None, seq, None), P(dp, None, None, None), P(dp, None), seq
 
 
-def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings):
+def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings, causal=False):
     """Kernel attention on JAX arrays ``[B, H, S, D]``, sharded over the settings' mesh."""
-    kernel = functools.partial(KERNELS[settings.implementation], scale=scale)
+    kernel = settings.kernel(scale)
+    if causal:
+        kernel = functools.partial(kernel, causal=True)
+    if settings.mesh is None:
+        return kernel(q, k, v) if kv_mask is None else kernel(q, k, v, kv_mask=kv_mask)
     q_spec, kv_spec, mask_spec, seq_axes = specs(q.shape, k.shape[2], settings)
     q_len = q.shape[2]
     pad = -q_len % axis_size(seq_axes, settings.mesh.shape)
@@ -99,9 +121,9 @@ def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on torchax tensors."""
-    settings = _active.get()
-    if settings is None or dropout_p:
+    if dropout_p:  # training-time dropout: torchax's own implementation has it
         return patches.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
     lead = q.shape[:-2]
     if q.ndim != 4:  # torch accepts [..., L, E]: fold leading dims into the batch
@@ -112,6 +134,9 @@ def scaled_dot_product_attention(
     kv_mask = _key_padding_mask(mask, q.shape[0], k.shape[2]) if mask is not None and q.ndim == 4 else None
     if mask is not None and kv_mask is None:
         out = dense_mask_attention(q, k, v, mask=mask, scale=scale)
+    elif is_causal and settings.implementation == "splash_exp2":
+        out = attend(q, k, v, scale=scale, kv_mask=kv_mask, settings=dataclasses.replace(settings, mesh=None),
+                     causal=True)
     elif is_causal:
         out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=True)
     else:

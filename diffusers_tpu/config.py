@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 MESH_AXES = ("dp", "sp", "tp")  # default device layout order; measured fastest in the Wan 2.1 TPU guide
-ATTENTION_IMPLEMENTATIONS = ("splash", "xla")
+ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("host", "jax")
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "diffusers_tpu", "jax"
@@ -27,10 +27,16 @@ class TPUConfig:
             width. Missing axes have size 1; the key order is the device layout order (default dp, sp, tp).
             The product must equal the number of devices. ``None`` picks a layout from the device count and
             the model's head count.
-        attention: ``"splash"`` (JAX's Pallas splash kernel; interpret mode off TPU) or ``"xla"`` (plain
-            reference attention). ``None``: splash on TPU and CPU, xla on GPU.
+        attention: the denoiser's attention. ``"splash_exp2"``: the project's Pallas kernel (base-2 online
+            softmax; interpret mode off TPU); ``"splash"``: JAX's own Pallas splash kernel; ``"xla"``: plain
+            reference attention; ``"cudnn"``: cuDNN fused attention (NVIDIA GPUs). ``None``: splash_exp2 on TPU
+            and CPU, cudnn on GPU. VAE and text-encoder attention always runs the exact reference.
         attention_kv_threshold: attention calls whose key/value length is at least this shard heads over
-            ``tp`` (self-attention); shorter ones (cross-attention to text) shard the query sequence instead.
+            ``tp`` (self-attention); shorter ones (cross-attention to text) shard the query sequence instead
+            (the Wan 2.1 TPU guide used 10000).
+        attention_block_sizes: ``diffusers_tpu.kernels.BlockSizes`` for "splash_exp2" (default: the guide's
+            3328/2816/256/256, clamped for short sequences).
+        attention_k_smoothing: subtract the mean key before "splash_exp2" (exact; steadier in bfloat16).
         dtype: cast the denoiser weights to this dtype on the move, keeping the model's
             ``_keep_in_fp32_modules`` in float32 like ``from_pretrained(torch_dtype=...)`` does.
         text_encoder: ``"host"`` runs text encoders with plain torch on the host CPU (as the TPU reference
@@ -45,7 +51,9 @@ class TPUConfig:
 
     mesh: Mapping[str, int] | None = None
     attention: str | None = None
-    attention_kv_threshold: int = 1024
+    attention_kv_threshold: int = 10000
+    attention_block_sizes: Any = None
+    attention_k_smoothing: bool = False
     dtype: torch.dtype | None = None
     text_encoder: str = "host"
     batch_cfg: bool | str = "auto"
@@ -77,6 +85,16 @@ class TPUConfig:
             raise ValueError(
                 f"TPUConfig(attention_kv_threshold={self.attention_kv_threshold!r}) must be a non-negative int."
             )
+        if self.attention_block_sizes is not None:
+            from .kernels import BlockSizes
+
+            if not isinstance(self.attention_block_sizes, BlockSizes):
+                raise ValueError(
+                    "TPUConfig(attention_block_sizes=...) must be a diffusers_tpu.kernels.BlockSizes, e.g. "
+                    f"BlockSizes(block_q=1024, block_kv=1024), got {self.attention_block_sizes!r}."
+                )
+        if not isinstance(self.attention_k_smoothing, bool):
+            raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
             raise ValueError(
                 f"TPUConfig(dtype={self.dtype!r}) must be a floating torch dtype such as torch.bfloat16, or None."
@@ -93,6 +111,21 @@ class TPUConfig:
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."
             )
+
+    def attention_for(self, platform: str) -> str:
+        """The denoiser attention on a JAX platform; raises when the choice cannot run there."""
+        choice = self.attention or ("cudnn" if platform == "gpu" else "splash_exp2")
+        if choice == "cudnn" and platform != "gpu":
+            raise ValueError(
+                f"TPUConfig(attention='cudnn') needs an NVIDIA GPU platform, but this pipeline goes to {platform}; "
+                "use 'splash_exp2' (TPU, or interpret mode on CPU) or 'xla'."
+            )
+        if choice.startswith("splash") and platform == "gpu":
+            raise ValueError(
+                f"TPUConfig(attention={choice!r}) is a TPU Pallas kernel and cannot run on a GPU; use 'cudnn' "
+                "(the GPU default) or 'xla'."
+            )
+        return choice
 
     def replace(self, **changes: Any) -> TPUConfig:
         return dataclasses.replace(self, **changes)

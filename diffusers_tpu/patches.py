@@ -164,7 +164,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 # nothing about the mesh. Inside a JAX pipeline call the project's attention (kernel under shard_map) must run
 # instead, for every caller: diffusers' native dispatch, processors calling F.scaled_dot_product_attention, and
 # transformers' SDPA path. The override must sit on the *default* environment: ``interop.call_torch`` uses it
-# under jit. Outside a JAX pipeline call the override calls torchax's original implementation.
+# under jit. Only calls with dropout (training) still reach torchax's original implementation.
 # Guard: torchax keeps its op table in ``Environment._ops`` keyed by the torch callable (0.0.10 - 0.0.13).
 _torchax_sdpa_op = None
 

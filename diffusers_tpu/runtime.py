@@ -83,8 +83,10 @@ class PipelineRuntime:
     def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
         self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
         self.user_dtype = user_dtype
-        implementation = config.attention or ("xla" if target.platform == "gpu" else "splash")
-        self.attention = attention.AttentionSettings(mesh, implementation, config.attention_kv_threshold)
+        self.attention = attention.AttentionSettings(
+            mesh, config.attention_for(target.platform), config.attention_kv_threshold,
+            config.attention_block_sizes, config.attention_k_smoothing,
+        )
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
         self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args) if (
             batch_cfg and family.cfg_negative is not None
@@ -97,8 +99,9 @@ class PipelineRuntime:
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
-    def active(self):
-        with backend.jax_mode(), attention.use(self.attention), jax.default_device(self.mesh.devices.flat[0]):
+    def active(self, settings: attention.AttentionSettings | None = None):
+        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe)."""
+        with backend.jax_mode(), attention.use(settings or attention.SAFE), jax.default_device(self.mesh.devices.flat[0]):
             yield
 
     def run_pipeline_call(self, stock_call, pipe, args, kwargs):
@@ -151,7 +154,7 @@ class PipelineRuntime:
             if name in family.denoisers:
                 handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
                 self._undo.extend(handle.remove for handle in handles)
-                self._jit(module, "forward", state, self._batch_input)
+                self._jit(module, "forward", state, self._batch_input, self.attention)
                 self._override(module, "forward", self._recording_output(module.forward))
                 if self.pairing is not None:
                     self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward))
@@ -176,8 +179,9 @@ class PipelineRuntime:
         if family.prepare is not None:
             family.prepare(pipe, self)
 
-    def _jit(self, module, method, state, place_input=lambda a: a):
-        compiled = jit.compiled_method(module, method, state=state, activate=self.active, place_input=place_input)
+    def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
+        activate = functools.partial(self.active, settings)
+        compiled = jit.compiled_method(module, method, state=state, activate=activate, place_input=place_input)
         self._override(module, method, compiled)
 
     def _override(self, owner, name, value):

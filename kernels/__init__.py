@@ -4,7 +4,10 @@ Every kernel takes q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` JAX arrays and th
 ``scale`` and ``kv_mask`` (bool ``[B, Skv]``, True = may be attended), and returns ``[B, H, Sq, D]``.
 """
 
+from .cudnn import cudnn_attention
+from .flash import BlockSizes, flash_attention
 from .reference import dense_mask_attention, reference_attention
 from .splash import SplashBlockSizes, splash_attention
 
-__all__ = ["SplashBlockSizes", "dense_mask_attention", "reference_attention", "splash_attention"]
+__all__ = ["BlockSizes", "SplashBlockSizes", "cudnn_attention", "dense_mask_attention", "flash_attention", "reference_attention",
+           "splash_attention"]

@@ -27,19 +27,28 @@ def _attend(q, k, v, scale, visible=None, bias=None):
     return out.astype(q.dtype)
 
 
-def reference_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, **_kernel_options):
-    """Softmax attention on ``[B, H, Sq, D]`` queries and ``[B, H, Skv, D]`` keys/values.
+def reference_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2=True, block_sizes=None,
+                        interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0):
+    """Softmax attention on ``[B, H, Sq, D]`` queries and ``[B, H, Skv, D]`` keys/values, with
+    ``flash_attention``'s signature and semantics, in plain jnp (float32 accumulation).
 
-    ``kv_mask``: bool ``[B, Skv]``, True for keys that may be attended. ``causal``: query i sees keys j <= i
-    (torch's ``is_causal`` alignment). Accumulates in float32; a query row with no visible key returns 0.
-    Kernel-only keyword arguments (block sizes, interpret) are accepted and ignored.
+    ``kv_mask``: bool ``[B, Skv]``, True for keys that may be attended. ``causal``: query ``i`` sees key ``j``
+    when ``j // causal_block_size <= (q_offset + i) // causal_block_size`` (torch's ``is_causal`` with the
+    defaults). A query row with no visible key returns 0. ``use_exp2``, ``block_sizes`` and ``interpret`` only
+    concern the kernel; ``k_smoothing`` is exact, so applying it here checks that.
     """
+    if k_smoothing:
+        from .flash import smooth_keys
+
+        k = smooth_keys(k, kv_mask)
     visible = None
     if causal:
-        visible = jnp.tril(jnp.ones((q.shape[2], k.shape[2]), dtype=bool))[None, None]
+        queries = (q_offset + jnp.arange(q.shape[2]))[:, None] // causal_block_size
+        keys = jnp.arange(k.shape[2])[None, :] // causal_block_size
+        visible = (keys <= queries)[None, None]
     if kv_mask is not None:
-        keys = kv_mask.astype(bool)[:, None, None, :]
-        visible = keys if visible is None else visible & keys
+        valid = kv_mask.astype(bool)[:, None, None, :]
+        visible = valid if visible is None else visible & valid
     return _attend(q, k, v, scale, visible=visible)
 
 

@@ -18,10 +18,11 @@ from conftest import CALL, generate, pil_array  # noqa: E402
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig, compile as jit, lowering, tiny  # noqa: E402
 
-# (mesh, attention_kv_threshold). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16: both shard
-# heads over tp; 1024 (the default): both shard the query sequence; 100: self shards queries, cross heads.
-MESHES = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 1024),
-          "tp2-sp4": ({"tp": 2, "sp": 4}, 100), "default": (None, 1024)}
+# (mesh, attention_kv_threshold, attention). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16:
+# both shard heads over tp; 10000 (the default): both shard the query sequence; 100: self queries, cross heads.
+MESHES = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16, None), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 16, None),
+          "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 10000, None), "tp2-sp4": ({"tp": 2, "sp": 4}, 100, None),
+          "default": (None, 10000, None), "dp2-sp1-tp4-jax-splash": ({"dp": 2, "sp": 1, "tp": 4}, 16, "splash")}
 
 
 def weight_layout(pipe):
@@ -47,17 +48,19 @@ def main():
     report = {"devices": len(jax.devices()), "runs": {}}
     pipe = tiny.wan_pipeline("wan-4head")
     ref, pil_ref = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
-    for name, (mesh, threshold) in MESHES.items():
+    for name, (mesh, threshold, kernel) in MESHES.items():
         device = "tpu" if name == "dp2-sp1-tp4" else "jax"  # "tpu" rehearses on CPU via the env var
         os.environ["DIFFUSERS_TPU_PLATFORM"] = "cpu"
-        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
+        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold,
+                                                        attention=kernel))
         runtime = pipe._diffusers_tpu_runtime
         out, pil_out = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
         with jit.compile_log() as log:
             generate(pipe, output_type="np")
         report["runs"][name] = dict(compare(out, ref, pil_out, pil_ref), mesh=dict(runtime.mesh.shape),
                                     layout=weight_layout(pipe), warm_compilations=log.compilations,
-                                    batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0)
+                                    batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
+                                    attention=runtime.attention.implementation)
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
 
@@ -94,7 +97,8 @@ def export_realistic(mesh):
                     timestep=abstract((2,), jnp.float32, mesh, ("dp",)),
                     encoder_hidden_states=abstract((2, 512, 4096), jnp.bfloat16, mesh, ("dp",)), return_dict=False))
     latents = abstract((1, 16, 3, 60, 104), jnp.float32, mesh, (None, None, None, None, ("dp", "sp", "tp")))
-    decode = lowering.export_method(vae, "decode", (latents,), dict(return_dict=False), mesh=mesh)
+    decode = lowering.export_method(vae, "decode", (latents,), dict(return_dict=False), mesh=mesh,
+                                    attention_impl=None)
     return {"step_pallas": lowering.uses_pallas_kernel(step), "step_devices": step.nr_devices,
             "step_out": [list(a.shape) for a in step.out_avals], "decode_devices": decode.nr_devices,
             "decode_out": [list(a.shape) for a in decode.out_avals]}

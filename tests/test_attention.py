@@ -13,7 +13,7 @@ from diffusers_tpu import attention, backend
 from diffusers_tpu.backend import host_to_jax, wrap
 
 
-def settings(implementation="splash", threshold=64):
+def settings(implementation="splash_exp2", threshold=64):
     mesh = backend.build_mesh({"dp": 1, "sp": 1, "tp": 1}, jax.devices()[:1])
     return attention.AttentionSettings(mesh, implementation, threshold)
 
@@ -44,7 +44,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("implementation", ["splash", "xla"])
+@pytest.mark.parametrize("implementation", ["splash_exp2", "splash", "xla"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_override_matches_torch(case, implementation):
     q_shape, kv_shape, kwargs = CASES[case]
@@ -55,11 +55,40 @@ def test_override_matches_torch(case, implementation):
     torch.testing.assert_close(out, expected, atol=3e-6, rtol=1e-5)
 
 
-def test_without_active_settings_torchax_sdpa_runs():
-    q, k, v = rand(1, 2, 10, 8), rand(1, 2, 12, 8), rand(1, 2, 12, 8)
+def test_outside_a_pipeline_sdpa_is_the_safe_reference():
+    """VAE, text encoders and any torchax code: exact, and a fully masked row is 0 (torchax's own SDPA: NaN)."""
+    q, k, v = rand(2, 2, 10, 8), rand(2, 2, 12, 8), rand(2, 2, 12, 8)
+    mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
+    mask[0] = False
     with backend.jax_mode():
-        out = F.scaled_dot_product_attention(*(wrap(host_to_jax(t)) for t in (q, k, v)))
-    torch.testing.assert_close(backend.jax_to_host(out.jax()), F.scaled_dot_product_attention(q, k, v), atol=3e-6, rtol=1e-5)
+        out = F.scaled_dot_product_attention(*(wrap(host_to_jax(t)) for t in (q, k, v)),
+                                             attn_mask=wrap(host_to_jax(mask)))
+    out = backend.jax_to_host(out.jax())
+    assert torch.isfinite(out).all() and not out[0].any()
+    torch.testing.assert_close(out[1], F.scaled_dot_product_attention(q, k, v)[1], atol=3e-6, rtol=1e-5)
+
+
+def test_cudnn_wrapper_semantics_through_its_xla_fallback():
+    """cuDNN itself needs an NVIDIA GPU; the wrapper's layout, masking and zero rows are checked on CPU."""
+    from diffusers_tpu.kernels import cudnn_attention, reference_attention
+
+    q, k, v = (host_to_jax(rand(2, 3, 20 + i, 16)[:, :, :20] if i == 0 else rand(2, 3, 33, 16)) for i in range(3))
+    mask = host_to_jax(torch.arange(33)[None] < torch.tensor([[0], [17]]))
+    out = np.asarray(cudnn_attention(q, k, v, kv_mask=mask, scale=0.3, implementation=None))
+    ref = np.asarray(reference_attention(q, k, v, kv_mask=mask, scale=0.3))
+    assert not out[0].any()
+    np.testing.assert_allclose(out, ref, atol=3e-6)
+
+
+def test_attention_choice_must_fit_the_platform():
+    from diffusers_tpu import TPUConfig
+
+    assert TPUConfig().attention_for("tpu") == "splash_exp2" and TPUConfig().attention_for("cpu") == "splash_exp2"
+    assert TPUConfig().attention_for("gpu") == "cudnn"
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        TPUConfig(attention="cudnn").attention_for("cpu")
+    with pytest.raises(ValueError, match="cannot run on a GPU"):
+        TPUConfig(attention="splash_exp2").attention_for("gpu")
 
 
 def fake_settings(threshold=100, **axes):

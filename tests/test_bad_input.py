@@ -72,6 +72,13 @@ def test_unsupported_pipeline_lists_the_supported_ones():
     pipe.to("cpu")  # the stock path still works
 
 
+def test_cudnn_on_a_cpu_pipeline_is_refused_before_anything_moves(pipe_and_reference):
+    pipe, reference = pipe_and_reference
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        pipe.to("jax", config=diffusers_tpu.TPUConfig(attention="cudnn"))
+    assert_untouched(pipe, reference)
+
+
 def test_device_index_and_config_misuse(pipe_and_reference):
     pipe, reference = pipe_and_reference
     with pytest.raises(ValueError, match="device index is not meaningful"):
@@ -137,6 +144,8 @@ def test_a_native_torch_tpu_device_is_left_to_stock_diffusers(monkeypatch):
         (dict(batch_cfg="yes"), "True, False or 'auto'"),
         (dict(postprocess_on_device=1), "must be a bool"),
         (dict(compile_cache_dir=3), "must be a path"),
+        (dict(attention_block_sizes=(512, 512)), "must be a diffusers_tpu.kernels.BlockSizes"),
+        (dict(attention_k_smoothing="yes"), "must be a bool"),
     ],
 )
 def test_config_rejects_nonsense(kwargs, message):

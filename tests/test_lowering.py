@@ -42,7 +42,8 @@ def test_xla_attention_lowers_without_pallas(mesh):
 def test_tiny_vae_decode_and_postprocess_lower(mesh):
     vae = tiny.wan_pipeline("wan").vae
     exported = lowering.export_method(vae, "decode", (abstract((1, 16, 3, 4, 4), jnp.float32, mesh),),
-                                      dict(return_dict=False), mesh=mesh)
+                                      dict(return_dict=False), mesh=mesh,
+                                    attention_impl=None)
     assert [a.shape for a in exported.out_avals] == [(1, 3, 9, 32, 32)]
     post = lowering.export_postprocess(jax.ShapeDtypeStruct((1, 3, 9, 32, 32), jnp.float32))
     assert [(a.shape, a.dtype) for a in post.out_avals] == [((1, 9, 32, 32, 3), jnp.uint8)]
@@ -58,7 +59,8 @@ def test_wan_1_3b_at_480p_lowers_for_tpu(mesh):
     assert lowering.uses_pallas_kernel(step)
     assert [(a.shape, a.dtype) for a in step.out_avals] == [((2, 16, 21, 60, 104), jnp.bfloat16)]
     decode = lowering.export_method(vae, "decode", (abstract((1, 16, 3, 60, 104), jnp.float32, mesh),),
-                                    dict(return_dict=False), mesh=mesh)
+                                    dict(return_dict=False), mesh=mesh,
+                                    attention_impl=None)
     assert [a.shape for a in decode.out_avals] == [(1, 3, 9, 480, 832)]
     post = lowering.export_postprocess(jax.ShapeDtypeStruct((1, 3, 81, 480, 832), jnp.float32))
     assert [a.shape for a in post.out_avals] == [(1, 81, 480, 832, 3)]

@@ -22,7 +22,8 @@ def test_eight_devices(report):
     assert report["devices"] == 8
 
 
-@pytest.mark.parametrize("mesh", ["dp2-sp1-tp4", "dp2-sp2-tp2", "tp2-sp4", "default"])
+@pytest.mark.parametrize("mesh", ["dp2-sp1-tp4", "dp1-sp2-tp4", "dp2-sp2-tp2", "tp2-sp4", "default",
+                                  "dp2-sp1-tp4-jax-splash"])
 def test_matches_stock_torch_on_the_mesh(report, mesh):
     run = report["runs"][mesh]
     assert run["finite"] and run["np_max_abs"] <= 1e-4, run
@@ -38,6 +39,10 @@ def test_mesh_shapes_and_cfg_batching(report):
     steps = 3
     assert runs["dp2-sp1-tp4"]["batched_steps"] == steps and runs["dp2-sp2-tp2"]["batched_steps"] == steps
     assert runs["tp2-sp4"]["batched_steps"] == 0  # dp=1: no pairing by default
+    assert runs["dp1-sp2-tp4"]["mesh"] == {"dp": 1, "sp": 2, "tp": 4}
+    # the project's exp2 kernel is the default; JAX's splash kernel is the other Pallas option
+    assert {run["attention"] for name, run in runs.items() if "jax-splash" not in name} == {"splash_exp2"}
+    assert runs["dp2-sp1-tp4-jax-splash"]["attention"] == "splash"
 
 
 def test_weights_are_verifiably_sharded(report):

@@ -183,3 +183,12 @@ def test_save_pretrained_while_on_jax_round_trips(tmp_path):
     assert runtime.is_attached(pipe)  # saving did not move the pipeline
     reloaded = diffusers.WanPipeline.from_pretrained(str(tmp_path))  # plain torch, from the saved safetensors
     assert_np_matches(generate(reloaded, output_type="np"), reference)
+
+
+@pytest.mark.parametrize("kernel", ["splash_exp2", "splash", "xla"])
+def test_every_tpu_attention_choice_matches_stock(kernel):
+    pipe = tiny.wan_pipeline("wan-4head")
+    reference = generate(pipe, output_type="np")
+    pipe.to("jax", config=diffusers_tpu.TPUConfig(attention=kernel, attention_k_smoothing=kernel == "splash_exp2"))
+    assert pipe._diffusers_tpu_runtime.attention.implementation == kernel
+    assert_np_matches(generate(pipe, output_type="np"), reference)

@@ -1,0 +1,253 @@
+"""The project's exp2 flash ("splash") attention kernel for TPU, in Pallas.
+
+Math: online softmax in base 2. The wrapper folds ``log2(e)`` into the query scaling, outside the kernel,
+``q' = q * scale * log2(e)``, so ``softmax(q k^T * scale) = 2^(q' k^T - m) / sum 2^(q' k^T - m)``: the kernel
+uses the TPU's native ``exp2`` for the probabilities and for the running-max correction ``2^(m_old - m_new)``,
+accumulating in float32.
+
+Layout (per grid step: one (batch*head, q block, kv block)): scores are computed key-major,
+``s = k q'^T`` of shape ``[kv, q]``, so the softmax statistics ``m`` (running max) and ``l`` (running sum)
+are lane-dense ``[8, block_q]`` rows, reductions run over sublanes, and the output accumulates transposed as
+``[D, block_q]`` (the wrapper transposes it back). Each kv block is processed in ``block_kv_compute`` chunks (one
+matmul each), and each chunk's softmax update in ``block_kv_compute_in`` sub-blocks (the fine-grained inner loop,
+keeping the elementwise work in registers).
+
+Masking: padded keys (the wrapper pads sequences to block multiples) are recognised by position; ``kv_mask`` marks
+valid keys per batch row; ``causal`` compares positions (block-causal with ``causal_block_size``). Invisible keys
+get exactly zero weight, chunks with no visible key are skipped, and a query with no visible key returns 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+LOG2E = math.log2(math.e)
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked chunk never makes inf - inf
+_LANES, _SUBLANES = 128, 8
+# Positions and indices are non-negative, so truncating lax.div equals floor division; Python's ``//`` on traced
+# ints lowers with a sign fix-up that Mosaic can only emit for a known chip generation.
+_NT = (((1,), (1,)), ((), ()))  # k [kv, D] x q [q, D] -> [kv, q]
+_TN = (((0,), (0,)), ((), ()))  # v [kv, D] x p [kv, q] -> [D, q]
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _largest_divisor(limit: int, total: int) -> int:
+    """The largest multiple of 128 that divides ``total`` and is at most ``limit``."""
+    for size in range(limit - limit % _LANES, 0, -_LANES):
+        if total % size == 0:
+            return size
+    return _LANES
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes, all multiples of 128. Defaults: the Wan 2.1 TPU guide's (tuned for 720p on v6e).
+
+    block_q: queries per grid step. block_kv: keys per grid step. block_kv_compute: keys per score matmul.
+    block_kv_compute_in: keys per softmax-update sub-block (the fine-grained inner loop).
+    """
+
+    block_q: int = 3328
+    block_kv: int = 2816
+    block_kv_compute: int = 256
+    block_kv_compute_in: int = 256
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % _LANES:
+                raise ValueError(f"BlockSizes.{field.name}={value!r} must be a positive multiple of {_LANES}.")
+        if self.block_kv % self.block_kv_compute or self.block_kv_compute % self.block_kv_compute_in:
+            raise ValueError(
+                f"BlockSizes needs block_kv_compute_in | block_kv_compute | block_kv, got {self.block_kv_compute_in}, "
+                f"{self.block_kv_compute}, {self.block_kv}."
+            )
+
+    def fit(self, q_len: int, kv_len: int) -> BlockSizes:
+        """Clamp to short sequences (keeping the divisibility the kernel needs)."""
+        block_q = min(self.block_q, _round_up(q_len, _LANES))
+        block_kv = min(self.block_kv, _round_up(kv_len, _LANES))
+        compute = _largest_divisor(min(self.block_kv_compute, block_kv), block_kv)
+        compute_in = _largest_divisor(min(self.block_kv_compute_in, compute), compute)
+        return BlockSizes(block_q, block_kv, compute, compute_in)
+
+    def vmem_bytes(self, head_dim: int, itemsize: int) -> int:
+        """Rough VMEM need: double-buffered q/k/v/out blocks, scratch, and one chunk of scores."""
+        blocks = 2 * itemsize * head_dim * (2 * self.block_q + 2 * self.block_kv)
+        scratch = 4 * self.block_q * (2 * _SUBLANES + head_dim)
+        scores = 3 * 4 * self.block_kv_compute * self.block_q
+        return blocks + scratch + scores
+
+
+def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_offset: int, has_mask: bool,
+            use_exp2: bool, precision):
+    if has_mask:
+        q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
+    else:
+        q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        mask_ref = None
+    bq, bkv, compute, compute_in = sizes.block_q, sizes.block_kv, sizes.block_kv_compute, sizes.block_kv_compute_in
+    exp = jnp.exp2 if use_exp2 else jnp.exp
+    q_block, kv_block = pl.program_id(1), pl.program_id(2)
+
+    @pl.when(kv_block == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    q = q_ref[...]
+    q_first = q_offset + q_block * bq
+    q_pos = q_first + lax.broadcasted_iota(jnp.int32, (1, bq), 1)
+
+    def chunk(index, carry):
+        start = index * compute
+        key_first = kv_block * bkv + start
+        needed = key_first < kv_len
+        if causal_block is not None:
+            needed = jnp.logical_and(needed, lax.div(key_first, causal_block) <= lax.div(q_first + bq - 1, causal_block))
+
+        @pl.when(needed)
+        def _update():
+            scores = lax.dot_general(k_ref[pl.ds(start, compute), :], q, _NT, precision=precision,
+                                     preferred_element_type=jnp.float32)
+            m, l, acc = m_ref[...], l_ref[...], acc_ref[...]
+            for sub in range(compute // compute_in):  # the fine-grained inner loop
+                offset = start + sub * compute_in
+                s = scores[sub * compute_in:(sub + 1) * compute_in]
+                key_pos = key_first + sub * compute_in + lax.broadcasted_iota(jnp.int32, (compute_in, 1), 0)
+                visible = key_pos < kv_len
+                if mask_ref is not None:
+                    visible = jnp.logical_and(visible, mask_ref[pl.ds(offset, compute_in), :] != 0)
+                if causal_block is not None:
+                    visible = jnp.logical_and(visible, lax.div(key_pos, causal_block) <= lax.div(q_pos, causal_block))
+                s = jnp.where(visible, s, MASK_VALUE)
+                m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
+                p = jnp.where(visible, exp(s - m_next[0:1]), 0.0)
+                alpha = exp(m - m_next)
+                l = alpha * l + jnp.sum(p, axis=0, keepdims=True)
+                v = v_ref[pl.ds(offset, compute_in), :]
+                pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision,
+                                     preferred_element_type=jnp.float32)
+                acc = alpha[0:1] * acc + pv
+                m = m_next
+            m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+
+        return carry
+
+    lax.fori_loop(0, bkv // compute, chunk, None)
+
+    @pl.when(kv_block == pl.num_programs(2) - 1)
+    def _finish():
+        total = l_ref[0:1]
+        inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
+
+
+def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_block, q_offset: int,
+          use_exp2: bool, interpret: bool):
+    """q [BH, Sq_pad, D], k/v [BH, Skv_pad, D], mask [B, Skv_pad, 1] or None -> out [BH, D, Sq_pad]."""
+    batch_heads, q_pad, head_dim = q.shape
+    bq, bkv = sizes.block_q, sizes.block_kv
+    grid = (batch_heads, q_pad // bq, k.shape[1] // bkv)
+    in_specs = [
+        pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),
+    ]
+    operands = [q, k, v]
+    if mask is not None:
+        in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j: (lax.div(h, heads), j, 0)))
+        operands.append(mask)
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
+    kernel = functools.partial(_kernel, sizes=sizes, kv_len=kv_len, causal_block=causal_block, q_offset=q_offset,
+                               has_mask=mask is not None, use_exp2=use_exp2, precision=precision)
+    params = None
+    if not interpret:  # TPU only: megacore-parallel heads, the low-latency LLO scheduler, room for big blocks
+        params = pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
+            vmem_limit_bytes=min(max(2 * sizes.vmem_bytes(head_dim, q.dtype.itemsize), 32 << 20), 100 << 20),
+        )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((batch_heads, head_dim, q_pad), q.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=0,
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((None, head_dim, bq), lambda h, i, j: (h, 0, i)),
+            scratch_shapes=[pltpu.VMEM((_SUBLANES, bq), jnp.float32), pltpu.VMEM((_SUBLANES, bq), jnp.float32),
+                            pltpu.VMEM((head_dim, bq), jnp.float32)],
+        ),
+        compiler_params=params,
+        interpret=interpret,
+        name="diffusers_tpu_flash_attention",
+    )(*operands)
+
+
+def smooth_keys(k, kv_mask=None):
+    """Subtract the mean key (over valid keys): softmax is unchanged (it adds ``-q . mean`` to a whole row of
+    logits), but logits shrink, which helps bf16."""
+    keys = k.astype(jnp.float32)
+    if kv_mask is None:
+        mean = jnp.mean(keys, axis=2, keepdims=True)
+    else:
+        weights = kv_mask.astype(jnp.float32)[:, None, :, None]
+        mean = jnp.sum(keys * weights, axis=2, keepdims=True) / jnp.maximum(jnp.sum(weights, axis=2, keepdims=True), 1)
+    return (keys - mean).astype(k.dtype)
+
+
+def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2=True, block_sizes=None,
+                    interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0):
+    """Attention on q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` (f32 or bf16; f32 accumulation).
+
+    Args:
+        scale: logit scale, default ``D ** -0.5``.
+        kv_mask: bool ``[B, Skv]``, True for keys that may be attended (per batch row).
+        causal: query ``i`` (absolute position ``q_offset + i``) sees key ``j`` when
+            ``j // causal_block_size <= (q_offset + i) // causal_block_size`` (block-causal; ``causal_block_size=1``
+            with ``q_offset=0`` is torch's ``is_causal``).
+        use_exp2: base-2 softmax with ``log2(e)`` folded into the query scaling (False: ``exp``, for comparison).
+        block_sizes: ``BlockSizes`` (clamped to short sequences).
+        interpret: None = the real kernel when lowering for TPU, interpret mode elsewhere.
+        k_smoothing: subtract the mean key first (exact for softmax; better bf16 numerics).
+    """
+    batch, heads, q_len, head_dim = q.shape
+    kv_len = k.shape[2]
+    if q_offset < 0 or causal_block_size < 1:
+        raise ValueError(f"flash_attention needs q_offset >= 0 and causal_block_size >= 1, got {q_offset}, "
+                         f"{causal_block_size}.")
+    scale = head_dim**-0.5 if scale is None else scale
+    if k_smoothing:
+        k = smooth_keys(k, kv_mask)
+    q = (q.astype(jnp.float32) * (scale * (LOG2E if use_exp2 else 1.0))).astype(q.dtype)
+    sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len)
+    q_pad = _round_up(q_len, sizes.block_q) - q_len
+    kv_pad = _round_up(kv_len, sizes.block_kv) - kv_len
+    fold = lambda x, pad: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(batch * heads, -1, head_dim)  # noqa: E731
+    q3, k3, v3 = fold(q, q_pad), fold(k, kv_pad), fold(v, kv_pad)
+    mask = None
+    if kv_mask is not None:
+        mask = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, kv_pad)))[:, :, None]
+    run = functools.partial(_call, heads=heads, sizes=sizes, kv_len=kv_len, q_offset=q_offset, use_exp2=use_exp2,
+                            causal_block=causal_block_size if causal else None)
+    if interpret is None:
+        out = lax.platform_dependent(q3, k3, v3, mask, tpu=functools.partial(run, interpret=False),
+                                     default=functools.partial(run, interpret=True))
+    else:
+        out = run(q3, k3, v3, mask, interpret=bool(interpret))
+    out = out.reshape(batch, heads, head_dim, -1)[..., :q_len]
+    return jnp.swapaxes(out, 2, 3)
