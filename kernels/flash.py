@@ -43,6 +43,14 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def check_lane_multiples(sizes) -> None:
+    """Every field of a block-size dataclass must be a positive multiple of the 128-wide TPU lane."""
+    for field in dataclasses.fields(sizes):
+        value = getattr(sizes, field.name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % _LANES:
+            raise ValueError(f"{type(sizes).__name__}.{field.name}={value!r} must be a positive multiple of {_LANES}.")
+
+
 def _largest_divisor(limit: int, total: int) -> int:
     """The largest multiple of 128 that divides ``total`` and is at most ``limit``."""
     for size in range(limit - limit % _LANES, 0, -_LANES):
@@ -65,10 +73,7 @@ class BlockSizes:
     block_kv_compute_in: int = 256
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % _LANES:
-                raise ValueError(f"BlockSizes.{field.name}={value!r} must be a positive multiple of {_LANES}.")
+        check_lane_multiples(self)
         if self.block_kv % self.block_kv_compute or self.block_kv_compute % self.block_kv_compute_in:
             raise ValueError(
                 f"BlockSizes needs block_kv_compute_in | block_kv_compute | block_kv, got {self.block_kv_compute_in}, "

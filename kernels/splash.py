@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _masks
 
-_LANE = 128  # TPU lane width: segment-id blocks must be multiples of it
+from .flash import _LANES as _LANE, _round_up, check_lane_multiples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,18 +29,11 @@ class SplashBlockSizes:
     block_kv_compute: int = 512
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, int) or value <= 0 or value % _LANE:
-                raise ValueError(f"SplashBlockSizes.{field.name}={value!r} must be a positive multiple of {_LANE}.")
+        check_lane_multiples(self)  # segment-id blocks must be lane multiples
         if self.block_kv % self.block_kv_compute:
             raise ValueError(
                 f"SplashBlockSizes.block_kv_compute={self.block_kv_compute} must divide block_kv={self.block_kv}."
             )
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _fit(block: int, length: int) -> int:
