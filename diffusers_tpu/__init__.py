@@ -14,11 +14,12 @@ from . import patches
 patches.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 patches.apply()
 
-from . import wan  # noqa: E402  (registers the Wan family)
+from . import cogvideox, wan  # noqa: E402  (register the model families)
+from .cogvideox import CogVideoXPipeline  # noqa: E402
 from .config import TPUConfig  # noqa: E402
 from .families import supported_pipelines  # noqa: E402
 from .runtime import CallStats, stats  # noqa: E402
 from .sharding import sharding_of  # noqa: E402
 from .wan import WanPipeline  # noqa: E402
 
-__all__ = ["CallStats", "TPUConfig", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]
+__all__ = ["CallStats", "CogVideoXPipeline", "TPUConfig", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]

@@ -1,4 +1,11 @@
-"""``diffusers-tpu``: generate a video with a stock diffusers pipeline on TPU (or any JAX platform)."""
+"""``diffusers-tpu``: generate a video with a stock diffusers pipeline on TPU (or any JAX platform).
+
+    diffusers-tpu generate --output video.mp4                      # one shot, built-in tiny Wan model
+    diffusers-tpu generate --stage-dir run1 --output video.mp4     # staged: encode -> denoise -> decode on disk
+    diffusers-tpu encode --stage-dir run1 --prompt "..."           # or one stage at a time; a run killed after
+    diffusers-tpu denoise --stage-dir run1                         # denoise is finished by `decode` alone
+    diffusers-tpu decode --stage-dir run1 --output video.mp4
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,11 @@ import tempfile
 import time
 import warnings
 
+TINY_PREFIX = "tiny:"
+DEFAULT_MODEL = "tiny:wan"
+# Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
 TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4)
+TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
 
 
 def _mesh(text: str) -> dict[str, int]:
@@ -22,26 +33,61 @@ def _mesh(text: str) -> dict[str, int]:
     return dict(zip(("dp", "sp", "tp"), sizes))
 
 
+def _add_runtime_args(parser, model=True):
+    if model:
+        parser.add_argument("--model", help="local diffusers folder, or tiny:wan / tiny:wan-4head / "
+                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 (default: tiny:wan; staged "
+                            "stages after encode default to the stage directory's model)")
+    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
+                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
+                        "torch: stock diffusers on the CPU, no JAX")
+    parser.add_argument("--mesh", type=_mesh, help="device mesh dp,sp,tp (product = device count); default: automatic")
+    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
+                        help="attention kernel (default: per platform)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
+
+
+def _add_prompt_args(parser):
+    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
+    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
+    parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
+
+
+def _add_size_args(parser):
+    parser.add_argument("--frames", type=int, help="frame count; default: the pipeline's (tiny models: 9)")
+    parser.add_argument("--height", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--width", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny models: 4)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_output_args(parser):
+    parser.add_argument("--fps", type=int, default=16)
+    parser.add_argument("--output", default="video.mp4", help="mp4 path (written atomically)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__)
+    parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="text-to-video with a diffusers pipeline on JAX")
-    gen.add_argument("--model", help="local diffusers folder (default: the built-in tiny random-weight Wan model)")
-    gen.add_argument("--prompt", default="A cat walks on the grass, realistic")
-    gen.add_argument("--negative-prompt", default="blurry, low quality, static")
-    gen.add_argument("--frames", type=int, help="frames (Wan: 4k+1); default: the pipeline's (tiny model: 9)")
-    gen.add_argument("--height", type=int, help="default: the pipeline's (tiny model: 64)")
-    gen.add_argument("--width", type=int, help="default: the pipeline's (tiny model: 64)")
-    gen.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny model: 4)")
-    gen.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu"),
-                     help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path")
-    gen.add_argument("--mesh", type=_mesh, help="device mesh dp,sp,tp (product = device count); default: automatic")
-    gen.add_argument("--attention", choices=("splash", "xla"), help="attention kernel (default: per platform)")
-    gen.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
-    gen.add_argument("--fps", type=int, default=16)
-    gen.add_argument("--output", default="video.mp4", help="mp4 path (written atomically)")
+    gen = commands.add_parser("generate", help="text-to-video, one shot or staged (--stage-dir)")
+    for add in (_add_runtime_args, _add_prompt_args, _add_size_args, _add_output_args):
+        add(gen)
+    gen.add_argument("--stage-dir", help="run staged, keeping each stage's output in this directory")
+    gen.add_argument("--stop-after", choices=("encode", "denoise"), help="with --stage-dir: stop after this stage")
+    gen.add_argument("--force", action="store_true", help="with --stage-dir: recompute stages that already exist")
+    stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
+    for name, help_text in stage_help.items():
+        sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
+        sub.add_argument("--stage-dir", required=True)
+        sub.add_argument("--force", action="store_true", help="recompute even if the stage's output exists")
+        _add_runtime_args(sub, model=True)
+        if name == "encode":
+            _add_prompt_args(sub)
+        if name == "denoise":
+            _add_size_args(sub)
+        if name == "decode":
+            _add_output_args(sub)
     return parser
 
 
@@ -56,19 +102,23 @@ def _device(platform: str) -> str:
     return platform
 
 
-def _load(args):
+def load_pipeline(model: str):
+    """A pipeline from a local diffusers folder (safetensors only, no remote code) or a tiny built-in model."""
     import torch
 
-    if args.model is None:
-        from . import tiny
+    from . import tiny
 
-        for name, value in TINY_DEFAULTS.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
-        return tiny.wan_pipeline("wan", seed=0)
+    if model.startswith(TINY_PREFIX):
+        variant = model[len(TINY_PREFIX):]
+        if variant in tiny.WAN_TRANSFORMERS:
+            return tiny.wan_pipeline(variant)
+        if variant in tiny.COGVIDEOX_TRANSFORMERS:
+            return tiny.cogvideox_pipeline(variant)
+        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS)
+        raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {known}.")
     import diffusers
 
-    return diffusers.DiffusionPipeline.from_pretrained(args.model, use_safetensors=True, torch_dtype=torch.float32)
+    return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)
 
 
 def write_video_atomically(frames, path: str, fps: int) -> None:
@@ -94,36 +144,117 @@ def write_video_atomically(frames, path: str, fps: int) -> None:
         raise
 
 
-def generate(args) -> int:
+def _prepare(args, model: str):
+    """Fill tiny-model defaults, load, and place the pipeline (bad platforms fail before loading weights)."""
     import torch
 
     import diffusers_tpu
 
-    device = _device(args.platform)  # fail fast on a bad platform, before loading weights
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype)
+    device = _device(args.platform)
+    if model.startswith(TINY_PREFIX):
+        for name, value in TINY_DEFAULTS.items():
+            if getattr(args, name, "absent") is None:
+                setattr(args, name, value)
+    config = None
+    if device != "torch":
+        dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+        config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype)
     start = time.perf_counter()
-    pipe = _load(args)
-    pipe.to(device, config=config)
-    print(f"loaded and placed in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}", flush=True)
-    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, guidance_scale=args.guidance,
-                generator=torch.Generator().manual_seed(args.seed), output_type="pil")
-    for key, name in (("num_frames", "frames"), ("height", "height"), ("width", "width"),
-                      ("num_inference_steps", "steps")):
-        if getattr(args, name) is not None:
-            call[key] = getattr(args, name)
-    frames = pipe(**call).frames[0]
-    stats = diffusers_tpu.stats(pipe)
-    write_video_atomically(frames, args.output, args.fps)
-    print(f"{stats.summary()}", flush=True)
-    print(f"wrote {len(frames)} frames ({frames[0].width}x{frames[0].height}) to {args.output}", flush=True)
+    pipe = load_pipeline(model)
+    if device == "torch":
+        pipe.to("cpu")
+    else:
+        pipe.to(device, config=config)
+    print(f"loaded {model} and placed it in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}",
+          flush=True)
+    return pipe
+
+
+def _sequence_length(pipe, model: str):
+    from .families import family_of
+
+    return TINY_SEQUENCE_LENGTH.get(family_of(pipe).name) if model.startswith(TINY_PREFIX) else None
+
+
+def _report(pipe) -> None:
+    from . import runtime
+
+    if runtime.is_attached(pipe) and runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
+        print(runtime.stats(pipe).summary(), flush=True)
+
+
+def _write(frames, args) -> None:
+    """``frames``: uint8 [frames, height, width, 3] (or PIL images)."""
+    import numpy as np
+    import PIL.Image
+
+    images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
+    write_video_atomically(images, args.output, args.fps)
+    print(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}", flush=True)
+
+
+def _size_call(args) -> dict:
+    return dict(height=args.height, width=args.width, num_frames=args.frames, num_inference_steps=args.steps)
+
+
+def generate(args) -> int:
+    import torch
+
+    from . import stages
+
+    model = args.model or DEFAULT_MODEL
+    pipe = _prepare(args, model)
+    sequence = _sequence_length(pipe, model)
+    if args.stage_dir:
+        frames = stages.generate(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                                 guidance_scale=args.guidance, max_sequence_length=sequence, seed=args.seed,
+                                 model=model, stop_after=args.stop_after, force=args.force, **_size_call(args))
+        _report(pipe)
+        if frames is None:
+            print(f"stopped after {args.stop_after}; continue with: diffusers-tpu "
+                  f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}", flush=True)
+            return 0
+        _write(frames[0], args)
+        return 0
+    call = {k: v for k, v in _size_call(args).items() if v is not None}
+    if args.guidance is not None:
+        call["guidance_scale"] = args.guidance
+    if sequence is not None:
+        call["max_sequence_length"] = sequence
+    frames = pipe(prompt=args.prompt, negative_prompt=args.negative_prompt, output_type="pil",
+                  generator=torch.Generator().manual_seed(args.seed), **call).frames[0]
+    _report(pipe)
+    _write(frames, args)
+    return 0
+
+
+def stage(args) -> int:
+    from . import stages
+
+    recorded = stages.StageDir(args.stage_dir).settings("encode")
+    if args.command != "encode" and recorded is None:
+        raise stages.StageError(f"{args.stage_dir} has no encode stage yet: run `diffusers-tpu encode --stage-dir "
+                                f"{args.stage_dir}` first.")
+    model = args.model or (recorded or {}).get("model") or DEFAULT_MODEL
+    pipe = _prepare(args, model)
+    start = time.perf_counter()
+    if args.command == "encode":
+        stages.encode(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                      guidance_scale=args.guidance, max_sequence_length=_sequence_length(pipe, model), model=model,
+                      force=args.force)
+    elif args.command == "denoise":
+        stages.denoise(pipe, args.stage_dir, seed=args.seed, force=args.force, **_size_call(args))
+    else:
+        _write(stages.decode(pipe, args.stage_dir, force=args.force)[0], args)
+    _report(pipe)
+    print(f"{args.command} done in {time.perf_counter() - start:.2f} s ({args.stage_dir})", flush=True)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return generate(args)
+        return generate(args) if args.command == "generate" else stage(args)
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)
         return 2

@@ -20,12 +20,15 @@ class Family:
         shard_rules: ``(regex, spec)`` rules for denoiser weights; unmatched weights are replicated.
         activation_rules: ``(regex, spec)`` sharding constraints on the first input of matching submodules.
         num_heads: the denoiser's attention head count (tensor parallelism must divide it).
-        vae_methods: VAE methods compiled with jax.jit.
+        vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method.
         cfg_negative: picks the negative embeddings out of ``encode_prompt``'s return value, enabling the
             classifier-free-guidance pair to run as one batch; None when the family batches CFG itself.
         cfg_condition_arg: the denoiser keyword that differs between the "cond" and "uncond" calls.
         cfg_batched_args: denoiser keywords whose leading dim is the batch.
         prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
+        check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
+        decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
+            (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
     """
 
     name: str
@@ -39,6 +42,8 @@ class Family:
     cfg_condition_arg: str = "encoder_hidden_states"
     cfg_batched_args: tuple[str, ...] = ()
     prepare: Callable[[object, object], None] | None = None
+    check_call: Callable[[object, dict], None] | None = None
+    decode_latents: Callable[[object, object, int], object] | None = None
 
 
 _families: list[Family] = []

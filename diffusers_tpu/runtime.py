@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import time
 
@@ -18,7 +19,9 @@ import torch
 import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import attention, backend, cfg, compile as jit, patches, postprocess, sharding
+import diffusers
+
+from . import attention, backend, cfg, compile as jit, patches, postprocess, schedulers, sharding
 from .config import TPUConfig
 from .families import Family, family_of
 
@@ -107,6 +110,10 @@ class PipelineRuntime:
     def run_pipeline_call(self, stock_call, pipe, args, kwargs):
         if self._in_call:  # a subclass __call__ wrapping the stock one
             return stock_call(pipe, *args, **kwargs)
+        if self.family.check_call is not None:  # bad input fails here, before anything compiles
+            bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+            bound.apply_defaults()
+            self.family.check_call(pipe, bound.arguments)
         self._in_call, self.last_call = True, CallStats()
         if self.pairing:
             self.pairing.reset()
@@ -160,10 +167,16 @@ class PipelineRuntime:
                     self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward))
                     self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
             elif name == "vae":
-                for method in family.vae_methods:
-                    self._jit(module, method, state, self._width_input)
+                for spec in family.vae_methods:
+                    path, _, method = spec.rpartition(".")
+                    owner = module.get_submodule(path) if path else module
+                    prefix = f"{path}." if path else ""
+                    owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
+                    self._jit(owner, method, owned, self._width_input)
             else:
                 self._jit(module, "forward", state)
+        for scheduler in (c for c in pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
+            self._undo.extend(schedulers.place(scheduler))
         for name in _host_text_encoders(pipe, self.config):
             module = getattr(pipe, name)
             self._override(module, "forward", _on_host(module.forward))
@@ -233,8 +246,8 @@ class PipelineRuntime:
         return progress_bar
 
 
-def _state(slots) -> dict:
-    return {slot.qualified: sharding._get(slot).jax() for slot in slots}
+def _state(slots, prefix: str = "") -> dict:
+    return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
 
 
 def _host_state_dict(state_dict):

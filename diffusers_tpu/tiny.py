@@ -33,6 +33,30 @@ UMT5 = dict(
 )
 
 
+_COGVIDEOX = dict(
+    num_attention_heads=4, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8, text_embed_dim=32,
+    num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
+    max_text_seq_length=32,
+)
+# 1.0 as CogVideoX-2b (sincos positions) and -5b (RoPE: head_dim splits in even t/h/w parts); 1.5 adds
+# temporal patches (patch_size_t=2).
+COGVIDEOX_TRANSFORMERS = {
+    "cogvideox-2b": dict(_COGVIDEOX),
+    "cogvideox-5b": dict(_COGVIDEOX, num_layers=3, attention_head_dim=16, use_rotary_positional_embeddings=True),
+    "cogvideox1.5": dict(_COGVIDEOX, attention_head_dim=16, patch_size_t=2, patch_bias=False,
+                         use_rotary_positional_embeddings=True),
+}
+COGVIDEOX_VAE = dict(
+    in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+    up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
+    layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+)
+COGVIDEOX_SCHEDULER = dict(
+    beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False, prediction_type="v_prediction",
+    rescale_betas_zero_snr=True, set_alpha_to_one=True, timestep_spacing="trailing",
+)
+
+
 def char_tokenizer(model_max_length: int = 512):
     """A T5-style (pad=0, eos=1, unk=2, eos appended) character tokenizer over printable ASCII."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
@@ -54,6 +78,14 @@ def tiny_umt5(seed: int = 0):
 
     torch.manual_seed(seed)
     return UMT5EncoderModel(UMT5Config(**UMT5)).eval()
+
+
+def tiny_t5(seed: int = 0):
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    config = {k: v for k, v in UMT5.items() if k != "is_encoder_decoder"}
+    return T5EncoderModel(T5Config(**config)).eval()
 
 
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
@@ -90,3 +122,29 @@ def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str 
     """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
     wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)
     return str(path)
+
+
+def cogvideox_components(variant: str = "cogvideox-5b", seed: int = 0, scheduler: str = "dpm") -> dict:
+    """Components for ``diffusers.CogVideoXPipeline``; ``scheduler``: "dpm", "ddim" or "cogvideox_ddim".
+    Call the pipeline with ``max_sequence_length=32`` (the tiny transformer's text length)."""
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler
+    from diffusers import CogVideoXTransformer3DModel, DDIMScheduler
+
+    if variant not in COGVIDEOX_TRANSFORMERS:
+        raise ValueError(f"Unknown tiny CogVideoX variant {variant!r}; choose one of {sorted(COGVIDEOX_TRANSFORMERS)}.")
+    schedulers = {"dpm": CogVideoXDPMScheduler, "ddim": DDIMScheduler, "cogvideox_ddim": CogVideoXDDIMScheduler}
+    if scheduler not in schedulers:
+        raise ValueError(f"Unknown scheduler {scheduler!r}; choose one of {sorted(schedulers)}.")
+    torch.manual_seed(seed)
+    transformer = CogVideoXTransformer3DModel(**COGVIDEOX_TRANSFORMERS[variant]).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLCogVideoX(**COGVIDEOX_VAE).eval()
+    return dict(transformer=transformer, vae=vae, scheduler=schedulers[scheduler](**COGVIDEOX_SCHEDULER),
+                text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())
+
+
+def cogvideox_pipeline(variant: str = "cogvideox-5b", seed: int = 0, scheduler: str = "dpm", cls=None):
+    """A tiny stock ``diffusers.CogVideoXPipeline`` (or ``cls``) on CPU."""
+    if cls is None:
+        from diffusers import CogVideoXPipeline as cls
+    return cls(**cogvideox_components(variant, seed, scheduler))

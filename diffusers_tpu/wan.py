@@ -37,6 +37,19 @@ def _num_heads(pipe) -> int | None:
     return model.config.num_attention_heads if model is not None else None
 
 
+def decode_latents(pipe, latents, num_frames: int):
+    """Stock ``__call__``'s tail after the denoising loop (diffusers 0.42, pipeline_wan.py): un-normalize the latents
+    with the VAE's statistics, then decode."""
+    import torch
+
+    vae = pipe.vae
+    latents = latents.to(pipe._execution_device, dtype=vae.dtype)
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+    inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+    return vae.decode(latents / inverse_std + mean, return_dict=False)[0]
+
+
 class WanPipeline(diffusers.WanPipeline):
     """The stock ``diffusers.WanPipeline``, importable from ``diffusers_tpu`` (``from_pretrained`` works as usual).
 
@@ -55,5 +68,6 @@ FAMILY = register(
         vae_methods=("decode",),
         cfg_negative=lambda encoded: encoded[1],
         cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image"),
+        decode_latents=decode_latents,
     )
 )

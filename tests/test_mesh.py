@@ -73,3 +73,12 @@ def test_realistic_sharded_export_for_tpu(report):
     assert export["step_pallas"] and export["step_devices"] == 8
     assert export["step_out"] == [[2, 16, 21, 60, 104]]
     assert export["decode_devices"] == 8 and export["decode_out"] == [[1, 3, 9, 480, 832]]
+
+
+@pytest.mark.parametrize("run", ["1.5-dpm-dp2-sp1-tp4", "5b-ddim-dp1-sp2-tp4", "2b-dpm-dp2-sp2-tp2"])
+def test_cogvideox_matches_stock_torch_on_the_mesh(report, run):
+    result = report["cogvideox"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+    assert result["q_spec"] == ["tp", "None"]
+    assert result["vae_width_spec"] == [None, None, None, None, ["dp", "sp", "tp"]]  # width over all 8 devices
