@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stage-dir", help="run staged, keeping each stage's output in this directory")
     gen.add_argument("--stop-after", choices=("encode", "denoise"), help="with --stage-dir: stop after this stage")
     gen.add_argument("--force", action="store_true", help="with --stage-dir: recompute stages that already exist")
+    bench = commands.add_parser("bench", help="per-stage timings, compile accounting, MFU; --vs torch")
+    from . import bench as bench_module
+
+    bench_module.add_arguments(bench)
     stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
     for name, help_text in stage_help.items():
         sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
@@ -254,6 +258,10 @@ def stage(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "bench":
+            from . import bench
+
+            return bench.main(args)
         return generate(args) if args.command == "generate" else stage(args)
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)

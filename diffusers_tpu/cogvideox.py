@@ -62,6 +62,23 @@ def _check_call(pipe, kwargs) -> None:
     check_frames(pipe, kwargs.get("num_frames"), kwargs.get("output_type", "np"))
 
 
+def forward_flops(config, latent_frames_: int, latent_height: int, latent_width: int, text_tokens: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of one transformer forward for one sample. Text and video tokens attend
+    jointly: per block, q/k/v/out projections 8*T*d^2, scores/values 4*T^2*d and the MLP 4*T*d*ffn over all
+    T = text + video tokens; plus patch and text embedding and the output head."""
+    p, p_t = config.patch_size, config.patch_size_t or 1
+    frames = -(-latent_frames_ // p_t)
+    video = frames * (latent_height // p) * (latent_width // p)
+    total = video + text_tokens
+    dim = config.num_attention_heads * config.attention_head_dim
+    ffn = 4 * dim  # CogVideoXBlock's FeedForward default inner dim
+    block = 8 * total * dim**2 + 4 * total**2 * dim + 4 * total * dim * ffn
+    patch = p * p * p_t * config.in_channels
+    edges = 2 * video * patch * dim + 2 * text_tokens * config.text_embed_dim * dim
+    edges += 2 * video * dim * patch // config.in_channels * config.out_channels
+    return config.num_layers * block + edges
+
+
 def decode_latents(pipe, latents, num_frames: int):
     """Stock ``__call__``'s tail after the denoising loop (diffusers 0.42, pipeline_cogvideox.py): drop the frames
     added to fill the last temporal patch, then decode."""
@@ -89,5 +106,8 @@ FAMILY = register(
         vae_methods=("decoder.forward",),
         check_call=_check_call,
         decode_latents=decode_latents,
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, latent_frames(pipe, f), h // pipe.vae_scale_factor_spatial,
+            w // pipe.vae_scale_factor_spatial, text),
     )
 )

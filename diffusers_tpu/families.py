@@ -29,6 +29,8 @@ class Family:
         check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
         decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
             (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
+        forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
+            one denoiser forward for one sample (benchmarks report MFU from it).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Family:
     prepare: Callable[[object, object], None] | None = None
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None
+    forward_flops: Callable[..., int] | None = None
 
 
 _families: list[Family] = []

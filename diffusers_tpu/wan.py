@@ -37,6 +37,28 @@ def _num_heads(pipe) -> int | None:
     return model.config.num_attention_heads if model is not None else None
 
 
+def forward_flops(config, latent_frames: int, latent_height: int, latent_width: int, text_tokens: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of one transformer forward for one sample: per block, self-attention
+    projections 8*S*d^2 and scores/values 4*S^2*d, cross-attention (q and out over S, k and v over the text)
+    4*S*d^2 + 4*L*d^2 + 4*S*L*d, the MLP 4*S*d*ffn; plus patch embedding, text embedding and output head.
+    Norms, modulation and elementwise work are left out (a fraction of a percent at video sizes)."""
+    p_t, p_h, p_w = config.patch_size
+    tokens = (latent_frames // p_t) * (latent_height // p_h) * (latent_width // p_w)
+    dim = config.num_attention_heads * config.attention_head_dim
+    text = text_tokens
+    block = (8 * tokens * dim**2 + 4 * tokens**2 * dim + 4 * tokens * dim**2 + 4 * text * dim**2
+             + 4 * tokens * text * dim + 4 * tokens * dim * config.ffn_dim)
+    patch = p_t * p_h * p_w * config.in_channels
+    edges = 2 * tokens * patch * dim + 2 * tokens * dim * config.out_channels * p_t * p_h * p_w
+    text_embedding = 2 * text * (config.text_dim * dim + dim * dim)
+    return config.num_layers * block + edges + text_embedding
+
+
+def latent_size(pipe, height: int, width: int, num_frames: int) -> tuple[int, int, int]:
+    return ((num_frames - 1) // pipe.vae_scale_factor_temporal + 1, height // pipe.vae_scale_factor_spatial,
+            width // pipe.vae_scale_factor_spatial)
+
+
 def decode_latents(pipe, latents, num_frames: int):
     """Stock ``__call__``'s tail after the denoising loop (diffusers 0.42, pipeline_wan.py): un-normalize the latents
     with the VAE's statistics, then decode."""
@@ -69,5 +91,6 @@ FAMILY = register(
         cfg_negative=lambda encoded: encoded[1],
         cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image"),
         decode_latents=decode_latents,
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
     )
 )

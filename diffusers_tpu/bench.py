@@ -1,0 +1,376 @@
+"""``diffusers-tpu bench``: per-stage timings (mean / median / P95), compile accounting, analytic MFU, and the same
+pipeline on stock torch side by side.
+
+Stages are timed through the stock pipeline's own seams — ``encode_prompt``, the progress bar's per-step updates,
+``vae.decode``, ``video_processor.postprocess_video`` — so the same probe measures a JAX pipeline and a torch one.
+Every stage waits for the device (``block_until_ready`` / ``cuda.synchronize``) before its clock stops: dispatch
+time is not compute time. Warm-up calls are reported apart (they include compilation); any compilation during
+the timed calls is a recompilation, which is a bug, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import json
+import time
+
+import numpy as np
+import torch
+
+from . import backend, runtime
+from .compile import compile_log
+from .families import family_of
+
+# Dense bf16 peak TFLOP/s per chip (vendor figures). device_kind substrings, most specific first.
+PEAK_TFLOPS = (
+    (("v5 lite", "v5e"), 197.0), (("v5p",), 459.0), (("v6 lite", "v6e"), 918.0), (("7x", "v7"), 2307.0),
+    (("v4",), 275.0), (("v5",), 459.0), (("h200",), 989.0), (("h100",), 989.0),
+)
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    kind = device_kind.lower()
+    for names, peak in PEAK_TFLOPS:
+        if any(name in kind for name in names):
+            return peak
+    return None
+
+
+def summarize(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0}
+    array = np.asarray(values, dtype=np.float64)
+    return {"count": len(values), "mean_s": float(array.mean()), "median_s": float(np.median(array)),
+            "p95_s": float(np.percentile(array, 95)), "min_s": float(array.min()), "max_s": float(array.max())}
+
+
+def _nbytes(frames) -> int:
+    if isinstance(frames, np.ndarray):
+        return frames.nbytes
+    if isinstance(frames, torch.Tensor):
+        return frames.numel() * frames.element_size()
+    if isinstance(frames, (list, tuple)):
+        return sum(_nbytes(f) for f in frames)
+    return np.asarray(frames).nbytes  # a PIL image
+
+
+class Probe:
+    """Times one pipeline's stages through its stock seams (instance overrides, removed by ``remove``)."""
+
+    def __init__(self, pipe):
+        self.pipe, self.runs, self._undo = pipe, [], []
+        self.cuda = not runtime.is_attached(pipe) and pipe._execution_device.type == "cuda"
+        self._last, self._run = None, None
+        self._wrap(pipe, "encode_prompt", self._timed("text_encoding"))
+        self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
+        self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
+        self._wrap(pipe, "progress_bar", self._stepping)
+        for name in family_of(pipe).denoisers:
+            module = getattr(pipe, name, None)
+            if module is not None:
+                self._wrap(module, "forward", self._recording)
+
+    def _wrap(self, owner, name, make):
+        had, previous = name in vars(owner), vars(owner).get(name)
+        object.__setattr__(owner, name, make(getattr(owner, name)))
+        self._undo.append(lambda: object.__setattr__(owner, name, previous) if had else vars(owner).pop(name, None))
+
+    def remove(self):
+        for undo in reversed(self._undo):
+            undo()
+
+    def sync(self, value=None):
+        if self.cuda:
+            torch.cuda.synchronize()
+        elif value is not None:
+            import jax
+
+            arrays = [backend.to_jax_array(x) for x in torch.utils._pytree.tree_leaves(value) if backend.is_jax_tensor(x)]
+            jax.block_until_ready(arrays)
+
+    def _timed(self, stage, count_bytes=False):
+        def make(method):
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                out = method(*args, **kwargs)
+                self.sync(out)
+                self._run[stage].append(time.perf_counter() - start)
+                if count_bytes:
+                    self._run["bytes_to_host"].append(_nbytes(out))
+                return out
+
+            return timed
+
+        return make
+
+    def _recording(self, forward):
+        def recorded(*args, **kwargs):
+            self._last = forward(*args, **kwargs)
+            return self._last
+
+        return recorded
+
+    def _stepping(self, progress_bar):
+        def stepping(iterable=None, total=None):
+            bar = progress_bar(iterable=iterable, total=total)
+            update, mark = bar.update, [time.perf_counter()]
+
+            def timed_update(n=1):
+                self.sync(self._last)
+                now = time.perf_counter()
+                self._run["steps"].append(now - mark[0])
+                mark[0] = now
+                return update(n)
+
+            bar.update = timed_update
+            return bar
+
+        return stepping
+
+    @contextlib.contextmanager
+    def run(self):
+        self._run = collections.defaultdict(list)
+        start = time.perf_counter()
+        yield
+        self._run["end_to_end"].append(time.perf_counter() - start)
+        self.runs.append(dict(self._run))
+
+
+def _stages(runs: list[dict]) -> dict:
+    pooled = collections.defaultdict(list)
+    for run in runs:
+        for stage, values in run.items():
+            if stage in ("text_encoding", "vae_decode", "postprocess", "end_to_end"):
+                pooled[stage].append(sum(values))
+            elif stage == "steps":
+                pooled["steps"].extend(values)
+    result = {stage: summarize(values) for stage, values in pooled.items()}
+    if runs and runs[0].get("bytes_to_host"):
+        result["postprocess"]["bytes_to_host"] = sum(runs[0]["bytes_to_host"])
+    return result
+
+
+def _frames(output) -> np.ndarray:
+    return np.stack([np.stack([np.asarray(f) for f in video]) for video in output.frames]).astype(np.int16)
+
+
+def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None,
+            seed: int = 0) -> tuple[dict, np.ndarray]:
+    """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
+    probe = Probe(pipe)
+    try:
+        with compile_log() as warm_log:
+            for _ in range(warmup):
+                with probe.run():
+                    output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+        warm_runs, probe.runs = probe.runs, []
+        with compile_log() as timed_log:
+            for index in range(runs):
+                tracing = trace_dir is not None and index == 0 and runtime.is_attached(pipe)
+                with _trace(trace_dir) if tracing else contextlib.nullcontext(), probe.run():
+                    output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+    finally:
+        probe.remove()
+    report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs)}
+    if warm_runs and warm_runs[0].get("steps"):
+        report["warmup"]["first_step_s"] = warm_runs[0]["steps"][0]
+    if runtime.is_attached(pipe):
+        report["compile"] = {"seconds": warm_log.seconds, "compilations": warm_log.compilations,
+                             "persistent_cache_hits": warm_log.cache_hits,
+                             "recompilations_after_warmup": timed_log.compilations}
+    report["peak_memory_bytes"] = _peak_memory(pipe, probe.cuda)
+    return report, _frames(output)
+
+
+@contextlib.contextmanager
+def _trace(directory):
+    import jax
+
+    with jax.profiler.trace(directory):
+        yield
+
+
+def _peak_memory(pipe, cuda: bool):
+    if cuda:
+        return int(torch.cuda.max_memory_allocated())
+    attached = runtime.runtime_of(pipe)
+    if attached is None:
+        return None
+    stats = [d.memory_stats() or {} for d in attached.mesh.devices.flat]
+    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+    return max(peaks) if peaks else None
+
+
+def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: str) -> dict:
+    family = family_of(pipe)
+    if family.forward_flops is None or "steps" not in stages:
+        return {}
+    prompts = call["prompt"] if isinstance(call["prompt"], list) else [call["prompt"]]
+    cfg = 2 if call.get("guidance_scale", 1.0) > 1.0 else 1
+    text = call["max_sequence_length"]
+    per_forward = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text)
+    per_step = per_forward * len(prompts) * cfg
+    achieved = per_step / stages["steps"]["median_s"]
+    peak = peak_tflops(device_kind)
+    return {"per_forward_per_sample": per_forward, "per_step": per_step, "achieved_tflops": achieved / 1e12,
+            "peak_tflops_per_chip": peak, "chips": num_devices,
+            "mfu": achieved / (peak * 1e12 * num_devices) if peak else None}
+
+
+def _versions() -> dict:
+    import importlib.metadata as metadata
+
+    names = ("jax", "jaxlib", "torch", "torchax", "diffusers", "transformers", "diffusers-tpu")
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _sizes(pipe, args, tiny_model: bool) -> dict:
+    """Explicit sizes (FLOPs need numbers): the arguments, else tiny defaults, else the pipeline's defaults."""
+    from .cli import TINY_DEFAULTS
+    from .stages import _defaults
+
+    defaults = _defaults(pipe)
+    config = pipe.transformer.config
+    fallback = {
+        "height": defaults.get("height") or config.sample_height * pipe.vae_scale_factor_spatial,
+        "width": defaults.get("width") or config.sample_width * pipe.vae_scale_factor_spatial,
+        "frames": defaults.get("num_frames") or config.sample_frames,
+        "steps": defaults.get("num_inference_steps"),
+    }
+    if tiny_model:
+        fallback.update(TINY_DEFAULTS)
+    return {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+
+
+def run(args) -> dict:
+    """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
+    from . import architectures
+    from .cli import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, _device, load_pipeline
+    from .config import TPUConfig
+
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    device = _device(args.platform)  # a bad platform fails before any weight is built
+    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None)
+    model = args.arch or args.model or DEFAULT_MODEL
+    pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
+    tiny_model = model.startswith(TINY_PREFIX)
+    sizes = _sizes(pipe, args, tiny_model)
+    family = family_of(pipe)
+    sequence = TINY_SEQUENCE_LENGTH.get(family.name) if tiny_model else None
+    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
+                width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
+                guidance_scale=args.guidance, output_type="pil",
+                max_sequence_length=sequence or _defaults_of(pipe)["max_sequence_length"])
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": _versions(), "model": model, "pipeline": type(pipe).__name__,
+              "settings": {k: v for k, v in call.items() if k not in ("prompt", "negative_prompt", "output_type")}
+              | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup}}
+    torch_frames = None
+    if args.vs == "torch":
+        torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+        pipe.to(torch_device)
+        measured, torch_frames = measure(pipe, dict(call), args.runs, args.warmup)
+        kind = torch.cuda.get_device_name() if torch_device == "cuda" else "cpu"
+        measured.update(device=torch_device, device_kind=kind,
+                        flops=flops_report(pipe, call, measured["stages"], 1, kind) if torch_device == "cuda" else {})
+        report["torch"] = measured
+        pipe.to("cpu")
+    pipe.to(device, config=config)
+    attached = runtime.runtime_of(pipe)
+    measured, frames = measure(pipe, dict(call), args.runs, args.warmup, args.trace)
+    devices = list(attached.mesh.devices.flat)
+    measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
+                    mesh=dict(attached.mesh.shape), attention=attached.attention.implementation)
+    measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
+    if attached.target.platform == "cpu":
+        measured["flops"]["mfu"] = None  # CPU: no meaningful peak
+    report["jax"] = measured
+    if torch_frames is not None:
+        diff = np.abs(frames - torch_frames)
+        report["max_output_difference_levels"] = int(diff.max())
+        report["output_difference_fraction"] = float((diff > 0).mean())
+        report["speedup_torch_over_jax"] = {
+            stage: report["torch"]["stages"][stage]["median_s"] / measured["stages"][stage]["median_s"]
+            for stage in measured["stages"] if stage in report["torch"]["stages"]
+        }
+    return report
+
+
+def _defaults_of(pipe) -> dict:
+    from .stages import _defaults
+
+    return _defaults(pipe)
+
+
+def format_table(report: dict) -> str:
+    jax_side, torch_side = report["jax"], report.get("torch")
+    lines = [f"{report['pipeline']} ({report['model']}) {report['settings']}",
+             f"JAX on {jax_side['platform']} ({jax_side['device_kind']} x{jax_side['devices']}, mesh {jax_side['mesh']}, "
+             f"attention {jax_side['attention']})" + (f" vs torch on {torch_side['device']}" if torch_side else "")]
+    header = f"{'stage':<15}{'mean s':>10}{'median s':>10}{'p95 s':>10}"
+    if torch_side:
+        header += f"{'torch median':>14}{'torch/jax':>10}"
+    lines.append(header)
+    names = {"text_encoding": "text encoding", "steps": "denoise step", "vae_decode": "VAE decode",
+             "postprocess": "postprocess", "end_to_end": "end to end"}
+    for stage, label in names.items():
+        entry = jax_side["stages"].get(stage)
+        if not entry or not entry.get("count"):
+            continue
+        row = f"{label:<15}{entry['mean_s']:>10.4f}{entry['median_s']:>10.4f}{entry['p95_s']:>10.4f}"
+        if torch_side and stage in torch_side["stages"]:
+            row += f"{torch_side['stages'][stage]['median_s']:>14.4f}{report['speedup_torch_over_jax'][stage]:>10.2f}"
+        lines.append(row)
+    warm, compiled = jax_side["warmup"], jax_side.get("compile", {})
+    lines.append(f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "
+                 f"{compiled.get('compilations', 0)} programs; recompilations after warm-up: "
+                 f"{compiled.get('recompilations_after_warmup', 0)}")
+    post = jax_side["stages"].get("postprocess", {})
+    lines.append(f"device->host {post.get('bytes_to_host', 0) / 1e6:.2f} MB; peak device memory "
+                 + (f"{jax_side['peak_memory_bytes'] / 2**30:.2f} GiB" if jax_side.get("peak_memory_bytes") else "n/a"))
+    flops = jax_side.get("flops") or {}
+    if flops:
+        mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
+        lines.append(f"{flops['per_step']:.3e} FLOP/step, {flops['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}")
+    if "max_output_difference_levels" in report:
+        lines.append(f"max output difference vs torch: {report['max_output_difference_levels']} levels on "
+                     f"{report['output_difference_fraction']:.4%} of subpixels")
+    if jax_side["platform"] == "cpu":
+        lines.append("CPU numbers (Pallas kernels in interpret mode) are not speed claims.")
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    from .cli import _add_runtime_args, _add_size_args
+
+    _add_runtime_args(parser)
+    _add_size_args(parser)
+    parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
+                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")
+    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
+    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--runs", type=int, default=3, help="timed calls (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up calls (they compile)")
+    parser.add_argument("--vs", choices=("torch",), help="also run stock diffusers on torch (CUDA if present)")
+    parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--trace", help="write a jax.profiler trace of the first timed call to this directory")
+
+
+def main(args) -> int:
+    report = run(args)
+    print(format_table(report), flush=True)
+    if args.json:
+        from .stages import _write_atomically
+
+        text = json.dumps(report, indent=2)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+    return 0

@@ -1,0 +1,114 @@
+"""diffusers-tpu bench: timings that wait for the device, compile accounting, analytic FLOPs, --vs torch."""
+
+import json
+import types
+
+import pytest
+
+from diffusers_tpu import bench, cli, cogvideox, wan
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "report.json"
+    trace = tmp_path_factory.mktemp("trace")
+    args = cli._parser().parse_args(["bench", "--vs", "torch", "--runs", "2", "--json", str(path), "--trace", str(trace)])
+    assert bench.main(args) == 0
+    return json.loads(path.read_text()), trace
+
+
+def test_report_fields_and_numbers(report):
+    data, _ = report
+    assert data["pipeline"] == "WanPipeline" and data["versions"]["jax"] and data["date"]
+    jax_side = data["jax"]
+    assert jax_side["platform"] == "cpu" and jax_side["devices"] == 1 and jax_side["attention"] == "splash_exp2"
+    for side in (jax_side, data["torch"]):
+        stages = side["stages"]
+        assert set(stages) >= {"text_encoding", "steps", "vae_decode", "postprocess", "end_to_end"}
+        for entry in stages.values():
+            assert entry["count"] > 0 and entry["median_s"] > 0 and entry["mean_s"] > 0
+            assert entry["p95_s"] >= entry["median_s"] >= entry["min_s"]
+        assert stages["steps"]["count"] == 2 * data["settings"]["num_inference_steps"]  # 2 timed runs
+        assert stages["end_to_end"]["median_s"] >= stages["steps"]["median_s"]
+    assert jax_side["warmup"]["first_step_s"] > jax_side["stages"]["steps"]["median_s"]  # the cold step compiles
+    assert jax_side["stages"]["postprocess"]["bytes_to_host"] == 9 * 64 * 64 * 3  # uint8 frames
+    assert jax_side["compile"]["compilations"] > 0 and jax_side["compile"]["seconds"] > 0
+    assert jax_side["compile"]["recompilations_after_warmup"] == 0
+    assert jax_side["flops"]["per_step"] > 0 and jax_side["flops"]["achieved_tflops"] > 0
+    assert jax_side["flops"]["mfu"] is None  # CPU: no MFU
+
+
+def test_vs_torch_ratios_and_difference(report):
+    data, _ = report
+    assert data["torch"]["device"] in ("cpu", "cuda")
+    assert data["max_output_difference_levels"] <= 1 and data["output_difference_fraction"] <= 1e-3
+    for stage, ratio in data["speedup_torch_over_jax"].items():
+        expected = data["torch"]["stages"][stage]["median_s"] / data["jax"]["stages"][stage]["median_s"]
+        assert ratio == pytest.approx(expected)
+
+
+def test_profiler_trace_written(report):
+    _, trace = report
+    assert any(path.suffix == ".pb" for path in trace.rglob("*")), list(trace.rglob("*"))
+
+
+def test_wan_flops_by_hand():
+    config = types.SimpleNamespace(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, ffn_dim=32,
+                                   num_layers=2, in_channels=16, out_channels=16, text_dim=32)
+    # 64x64 px, 9 frames: latent 3 x 8 x 8 -> S = 3 * 4 * 4 = 48 tokens; d = 24; L = 512 text tokens
+    block = (8 * 48 * 24 * 24        # self-attention q, k, v, out
+             + 4 * 48 * 48 * 24      # scores and values
+             + 4 * 48 * 24 * 24      # cross-attention q and out
+             + 4 * 512 * 24 * 24     # cross-attention k and v over the text
+             + 4 * 48 * 512 * 24     # cross-attention scores and values
+             + 4 * 48 * 24 * 32)     # MLP
+    edges = 2 * 48 * 64 * 24 + 2 * 48 * 24 * 64  # patch embedding (1*2*2*16 = 64 in) and output head (64 out)
+    text = 2 * 512 * (32 * 24 + 24 * 24)  # text embedding MLP
+    assert wan.forward_flops(config, 3, 8, 8, 512) == 2 * block + edges + text
+
+
+def test_published_wan_14b_figure():
+    """The issue's reference: Wan-14B at 720p x 81 frames is 1.31e16 FLOP per CFG step."""
+    per_step = 2 * wan.forward_flops(types.SimpleNamespace(**wan.WAN21_14B), 21, 90, 160, 512)
+    assert per_step == pytest.approx(1.31e16, rel=0.01)
+
+
+def test_cogvideox_flops_by_hand():
+    config = types.SimpleNamespace(patch_size=2, patch_size_t=2, num_attention_heads=4, attention_head_dim=16,
+                                   num_layers=2, in_channels=4, out_channels=4, text_embed_dim=32)
+    # 3 latent frames -> 2 temporal patches; 8 x 8 latent -> 4 x 4: V = 32 video tokens, T = 32 + 32 text; d = 64
+    block = 8 * 64 * 64 * 64 + 4 * 64 * 64 * 64 + 4 * 64 * 64 * 256
+    edges = 2 * 32 * 32 * 64 + 2 * 32 * 32 * 64 + 2 * 32 * 64 * 32  # patch (2*2*2*4 = 32), text, head
+    assert cogvideox.forward_flops(config, 3, 8, 8, 32) == 2 * block + edges
+
+
+def test_peak_table():
+    assert bench.peak_tflops("TPU v6 lite") == 918 and bench.peak_tflops("TPU v5 lite") == 197
+    assert bench.peak_tflops("TPU v5p") == 459 and bench.peak_tflops("TPU v4") == 275
+    assert bench.peak_tflops("TPU7x") == 2307 and bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989
+    assert bench.peak_tflops("NVIDIA H200") == 989 and bench.peak_tflops("cpu") is None
+
+
+def test_unknown_architecture_is_refused():
+    from diffusers_tpu import architectures
+
+    with pytest.raises(ValueError, match="Wan2.1-14B"):
+        architectures.build("Wan9-1T")
+
+
+def test_random_weights_fill_parameters_and_keep_real_buffers():
+    import diffusers
+    import torch
+
+    from diffusers_tpu import architectures, tiny
+
+    model = architectures._empty(lambda: diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]))
+    assert any(p.is_meta for p in model.parameters()) and not model.rope.freqs_cos.is_meta
+    architectures._fill(model, torch.bfloat16, torch.Generator().manual_seed(0))
+    assert not any(p.is_meta for p in model.parameters())
+    block = model.blocks[0]
+    assert block.attn1.to_q.weight.dtype == torch.bfloat16 and 0.01 < block.attn1.to_q.weight.float().std() < 0.03
+    assert not block.attn1.to_q.bias.any() and bool((block.attn1.norm_q.weight == 1).all())
+    assert block.scale_shift_table.dtype == torch.float32  # _keep_in_fp32_modules, as from_pretrained keeps them
+    reference = diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]).rope.freqs_cos
+    assert torch.equal(model.rope.freqs_cos, reference)  # buffers are the real ones
