@@ -3,7 +3,8 @@
 Parameters are created empty (accelerate's ``init_empty_weights``) and then filled in place — normal(0, 0.02)
 for matrices, ones for norm scales, zeros for biases — so no time goes into torch's default initializers, while
 buffers (RoPE tables and the like) keep their real computed values. The videos are noise; the shapes, FLOPs and
-memory are the real model's.
+memory are the real model's. Host memory: the text encoders are large (UMT5-XXL is 6.7B parameters, 13.5 GB in
+bfloat16), so Wan2.1-1.3B needs roughly 24 GB of host RAM or more; TPU and GPU hosts have that, small VMs do not.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ _T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, r
 UMT5_XXL = dict(_T5_XXL, vocab_size=256384)
 T5_V11_XXL = dict(_T5_XXL, vocab_size=32128)
 
+# family, transformer / text encoder / VAE configs ({} = the diffusers class defaults, which are the real VAEs).
 ARCHITECTURES = {
-    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, flow_shift=3.0),
-    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, flow_shift=5.0),
-    "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B),
+    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0),
+    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0),
+    "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B, text_encoder=T5_V11_XXL, vae={}),
 }
 
 
@@ -62,15 +64,15 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     spec = ARCHITECTURES[name]
     if spec["family"] == "wan":
         transformer = _empty(lambda: diffusers.WanTransformer3DModel(**spec["transformer"]))
-        vae = _empty(lambda: diffusers.AutoencoderKLWan())
-        text_encoder = _empty(lambda: UMT5EncoderModel(UMT5Config(**UMT5_XXL)))
+        vae = _empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"]))
+        text_encoder = _empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"])))
         scheduler = diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                                       flow_shift=spec["flow_shift"])
         cls = diffusers.WanPipeline
     else:
         transformer = _empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"]))
-        vae = _empty(lambda: diffusers.AutoencoderKLCogVideoX())
-        text_encoder = _empty(lambda: T5EncoderModel(T5Config(**T5_V11_XXL)))
+        vae = _empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"]))
+        text_encoder = _empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder"])))
         scheduler = diffusers.CogVideoXDPMScheduler(**tiny.COGVIDEOX_SCHEDULER)
         cls = diffusers.CogVideoXPipeline
     generator = torch.Generator().manual_seed(seed)

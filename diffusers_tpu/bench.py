@@ -258,7 +258,8 @@ def run(args) -> dict:
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = _device(args.platform)  # a bad platform fails before any weight is built
-    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None)
+    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
+                       text_encoder=args.text_encoder)
     model = args.arch or args.model or DEFAULT_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     tiny_model = model.startswith(TINY_PREFIX)

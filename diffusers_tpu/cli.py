@@ -45,6 +45,8 @@ def _add_runtime_args(parser, model=True):
     parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
                         help="attention kernel (default: per platform)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
+    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
+                        help="run text encoders on the host CPU (default) or compiled on the devices")
 
 
 def _add_prompt_args(parser):
@@ -162,7 +164,8 @@ def _prepare(args, model: str):
     config = None
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-        config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype)
+        config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
+                                         text_encoder=args.text_encoder)
     start = time.perf_counter()
     pipe = load_pipeline(model)
     if device == "torch":

@@ -13,6 +13,7 @@ import inspect
 import logging
 import re
 
+import jax
 import torch
 
 logger = logging.getLogger(__name__)
@@ -216,11 +217,36 @@ def _patch_type_as():
     _applied.add("torchax Tensor.type_as")
 
 
+# --- 6. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
+# Reason: torch casts an assigned value to the destination's dtype; torchax hands both to ``.at[].set`` as they
+# are, and JAX warns that mixing them (float32 into bfloat16) will become an error. Wan's rotary embedding does
+# exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``).
+# Guard: only wraps torchax's own ``__setitem__`` (0.0.10 - 0.0.13), once.
+def _patch_setitem():
+    from torchax.tensor import Tensor
+
+    stock = vars(Tensor).get("__setitem__")
+    if stock is None or getattr(stock, "_diffusers_tpu", False):
+        return
+
+    def __setitem__(self, key, value):
+        if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
+            value = value.to(self.dtype)
+        elif isinstance(value, jax.Array) and value.dtype != self._elem.dtype:
+            value = value.astype(self._elem.dtype)
+        return stock(self, key, value)
+
+    __setitem__._diffusers_tpu = True
+    Tensor.__setitem__ = __setitem__
+    _applied.add("torchax Tensor.__setitem__")
+
+
 def apply() -> None:
     """Apply the global patches (idempotent). Called by ``import diffusers_tpu``."""
     _patch_pipeline_to()
     route_sdpa()
     _patch_type_as()
+    _patch_setitem()
 
 
 def applied() -> list[str]:

@@ -112,3 +112,21 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     assert block.scale_shift_table.dtype == torch.float32  # _keep_in_fp32_modules, as from_pretrained keeps them
     reference = diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]).rope.freqs_cos
     assert torch.equal(model.rope.freqs_cos, reference)  # buffers are the real ones
+
+
+def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
+    """The --arch path (random weights, no download) end to end, on a small registered architecture; the real
+    ones differ only in their configs (too large for a CI machine's RAM)."""
+    from diffusers_tpu import architectures, tiny
+
+    small = dict(family="wan", transformer=tiny.WAN_TRANSFORMERS["wan-4head"], flow_shift=3.0, vae=tiny.WAN_VAE,
+                 text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"})
+    monkeypatch.setitem(architectures.ARCHITECTURES, "Wan-Test", small)
+    path = tmp_path / "arch.json"
+    args = cli._parser().parse_args(["bench", "--arch", "Wan-Test", "--height", "32", "--width", "32", "--frames",
+                                     "5", "--steps", "2", "--runs", "1", "--dtype", "bfloat16", "--json", str(path)])
+    assert bench.main(args) == 0
+    data = json.loads(path.read_text())
+    assert data["model"] == "Wan-Test" and data["settings"]["dtype"] == "bfloat16"
+    assert data["jax"]["compile"]["recompilations_after_warmup"] == 0
+    assert data["jax"]["stages"]["steps"]["count"] == 2

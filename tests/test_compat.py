@@ -49,3 +49,22 @@ def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
         assert y is not x and y.dtype == torch.bfloat16 and x.dtype == torch.float32
         out = F.conv2d(y, weight, weight[:, 0, 0, 0])  # failed with the in-place type_as
         assert out.dtype == torch.bfloat16 and tuple(out.shape) == (1, 4, 3, 3)
+
+
+def test_setitem_casts_to_the_destination_dtype_like_torch():
+    import warnings
+
+    from diffusers_tpu import backend
+    from diffusers_tpu.backend import host_to_jax, wrap
+
+    assert "torchax Tensor.__setitem__" in patches.applied()
+    with backend.jax_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # JAX's "will result in an error" FutureWarning must not fire
+        out = wrap(host_to_jax(torch.zeros(2, 4, dtype=torch.bfloat16)))
+        value = wrap(host_to_jax(torch.full((2, 2), 1.5)))  # float32
+        out[..., 0::2] = value
+        assert out.dtype == torch.bfloat16
+        result = backend.jax_to_host(out.jax())
+    expected = torch.zeros(2, 4, dtype=torch.bfloat16)
+    expected[..., 0::2] = torch.full((2, 2), 1.5)
+    assert torch.equal(result, expected)
