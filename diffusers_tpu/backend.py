@@ -182,6 +182,12 @@ def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Ten
     return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor
 
 
+def jax_dtype(dtype: torch.dtype):
+    from torchax.ops import mappings
+
+    return mappings.t2j_dtype(dtype)
+
+
 def wrap(array: jax.Array):
     """A torchax tensor view of a JAX array."""
     from torchax.tensor import Tensor

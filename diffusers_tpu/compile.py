@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
@@ -85,11 +86,15 @@ _TENSOR = _TensorSlot()
 class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
-    def __init__(self, module, method: Callable, spec, static):
+    def __init__(self, module, method: Callable, spec, static, compute_dtype=None):
         self.out_spec = None
         self.out_static = None
 
         def traced(state: dict, dynamic: list):
+            if compute_dtype is not None:  # weights stored in one dtype, computed in another: XLA fuses the cast
+                state = {k: v.astype(compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+                         for k, v in state.items()}
+                dynamic = [x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in dynamic]
             arrays = iter(dynamic)
             leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
             args, kwargs = pytree.tree_unflatten(leaves, spec)
@@ -108,21 +113,28 @@ class _Program:
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
-def compiled_method(
+def compiled_method(module: torch.nn.Module, name: str, **options) -> Callable:
+    """A compiled version of ``module.<name>``, meant to be installed as an instance attribute."""
+    return compiled_function(module, getattr(module, name), **options)
+
+
+def compiled_function(
     module: torch.nn.Module,
-    name: str,
+    method: Callable,
     *,
     state: Callable[[], dict],
     activate: Callable[[], contextlib.AbstractContextManager],
     place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
+    compute_dtype=None,
 ) -> Callable:
-    """A compiled version of ``module.<name>``, meant to be installed as an instance attribute.
+    """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
-    ``state()`` returns the module's current weights as {qualified name: jax.Array}; ``activate()`` is the
-    context calls run in (torchax environment, mesh, attention settings); ``place_input`` shards each tensor
-    argument before the call (e.g. the batch over ``dp``).
+    ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
+    arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
+    ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``). One program is
+    compiled per structure of non-tensor arguments and per input shapes.
     """
-    method = getattr(module, name)
+    name = getattr(method, "__name__", "function")
     programs: dict = {}
 
     def compiled(*args, **kwargs):
@@ -138,7 +150,7 @@ def compiled_method(
                     f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
                 ) from None
             if program is None:
-                program = programs[key] = _Program(module, method, spec, static)
+                program = programs[key] = _Program(module, method, spec, static, compute_dtype)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
             return program.rebuild(program.jitted(state(), dynamic))
 

@@ -47,6 +47,11 @@ class TPUConfig:
             uint8 (a quarter of the float bytes) to the host.
         compile_cache_dir: JAX persistent compilation cache directory; ``None`` means the default user cache
             dir (or ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
+        vae_decode_chunk / vae_encode_chunk: latent frames per compiled VAE chunk (Wan): one program serves every
+            frame count; larger chunks mean fewer calls but up to ``chunk - 1`` frames of padding.
+        vae_dtype: the VAE's compute dtype (weights are cast inside the compiled program); None: its weights'.
+        vae_weights_dtype: the VAE weights' dtype on the devices (bfloat16 halves their memory); None: as loaded.
+        scheduler_dtype: the dtype the scheduler keeps latents in between steps; None: as the pipeline does.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -59,6 +64,11 @@ class TPUConfig:
     batch_cfg: bool | str = "auto"
     postprocess_on_device: bool = True
     compile_cache_dir: str | bool | None = None
+    vae_decode_chunk: int = 1
+    vae_encode_chunk: int = 1
+    vae_dtype: torch.dtype | None = None
+    vae_weights_dtype: torch.dtype | None = None
+    scheduler_dtype: torch.dtype | None = None
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -107,6 +117,14 @@ class TPUConfig:
             raise ValueError(f"TPUConfig(batch_cfg={self.batch_cfg!r}) must be True, False or 'auto'.")
         if not isinstance(self.postprocess_on_device, bool):
             raise ValueError(f"TPUConfig(postprocess_on_device={self.postprocess_on_device!r}) must be a bool.")
+        for name in ("vae_decode_chunk", "vae_encode_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TPUConfig({name}={value!r}) must be a positive number of latent frames.")
+        for name in ("vae_dtype", "vae_weights_dtype", "scheduler_dtype"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+                raise ValueError(f"TPUConfig({name}={value!r}) must be a floating torch dtype (e.g. torch.bfloat16) or None.")
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."

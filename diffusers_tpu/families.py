@@ -29,6 +29,8 @@ class Family:
         check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
         decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
             (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
+        vae_install: ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE
+            (instead of compiling ``vae_methods``), e.g. Wan's temporal chunks.
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
     """
@@ -47,6 +49,7 @@ class Family:
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None
     forward_flops: Callable[..., int] | None = None
+    vae_install: Callable[..., None] | None = None
 
 
 _families: list[Family] = []

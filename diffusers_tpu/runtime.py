@@ -85,6 +85,8 @@ class CallStats:
 class PipelineRuntime:
     def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
         self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
+        # The VAE runs on its own mesh over the same devices: a redundant batch axis x a spatial axis.
+        self.vae_mesh = backend.build_mesh({"batch": 1, "spatial": mesh.size}, list(mesh.devices.flat))
         self.user_dtype = user_dtype
         self.attention = attention.AttentionSettings(
             mesh, config.attention_for(target.platform), config.attention_kv_threshold,
@@ -137,10 +139,13 @@ class PipelineRuntime:
         return jax.device_put(array, NamedSharding(self.mesh, P()))
 
     def _width_input(self, array):
-        if array.ndim == 5 and array.shape[-1] % self.mesh.size == 0:
-            spec = P(None, None, None, None, tuple(self.mesh.axis_names))
-            return jax.device_put(array, NamedSharding(self.mesh, spec))
-        return jax.device_put(array, NamedSharding(self.mesh, P()))
+        """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
+        mesh = self.vae_mesh
+        if array.ndim == 5 and array.shape[-1] % mesh.size == 0:
+            return jax.device_put(array, NamedSharding(mesh, P(None, None, None, None, "spatial")))
+        if array.ndim == 5 and array.shape[-2] % mesh.size == 0:
+            return jax.device_put(array, NamedSharding(mesh, P(None, None, None, "spatial", None)))
+        return jax.device_put(array, NamedSharding(mesh, P()))
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):
@@ -154,7 +159,7 @@ class PipelineRuntime:
     def place(self, plans: dict) -> None:
         pipe, family = self.pipe, self.family
         for name, (module, slots) in plans.items():
-            sharding.place(module, slots, self.mesh)
+            sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
             self._undo.append(functools.partial(sharding.restore, module))
             self._override(module, "state_dict", _host_state_dict(module.state_dict))
             state = functools.partial(_state, slots)
@@ -166,6 +171,8 @@ class PipelineRuntime:
                 if self.pairing is not None:
                     self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward))
                     self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+            elif name == "vae" and family.vae_install is not None:
+                family.vae_install(module, self, state, self._width_input)
             elif name == "vae":
                 for spec in family.vae_methods:
                     path, _, method = spec.rpartition(".")
@@ -177,6 +184,8 @@ class PipelineRuntime:
                 self._jit(module, "forward", state)
         for scheduler in (c for c in pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
             self._undo.extend(schedulers.place(scheduler))
+            if self.config.scheduler_dtype is not None:
+                self._undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
         for name in _host_text_encoders(pipe, self.config):
             module = getattr(pipe, name)
             self._override(module, "forward", _on_host(module.forward))
@@ -318,6 +327,8 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         denoiser = name in family.denoisers
         rules = family.shard_rules if denoiser else ()
         module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
+        if name == "vae" and config.vae_weights_dtype is not None:
+            module_dtype = config.vae_weights_dtype
         keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
         plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep))
 

@@ -35,3 +35,22 @@ def place(scheduler) -> list:
             setattr(scheduler, name, wrap(host_to_jax(value)))
             undo.append(lambda name=name, value=value: setattr(scheduler, name, value))
     return undo
+
+
+def keep_dtype(scheduler, dtype: torch.dtype) -> list:
+    """Make ``scheduler.step`` take and return latents in ``dtype`` (TPUConfig.scheduler_dtype). Latent-like
+    tensors (2+ dims) are cast; timesteps and tables are not. Returns undo callables."""
+    import torch.utils._pytree as pytree
+
+    stock = scheduler.step
+
+    def cast(value):
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.is_floating_point() else value
+
+    def step(*args, **kwargs):
+        args, kwargs = pytree.tree_map(cast, (args, kwargs))
+        return pytree.tree_map(cast, stock(*args, **kwargs))
+
+    step.__wrapped__ = stock
+    object.__setattr__(scheduler, "step", step)
+    return [lambda: vars(scheduler).pop("step", None)]

@@ -16,7 +16,7 @@ import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .backend import host_to_jax, is_jax_tensor, jax_to_host, wrap
+from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
 
 Rule = tuple[str, tuple]
 _SAVED = "_diffusers_tpu_placement"
@@ -148,15 +148,9 @@ def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     for slot in getattr(module, _SAVED, ()):
         tensor = _get(slot)
         if tensor.is_floating_point() and tensor.dtype != dtype:
-            _set(slot, wrap(tensor.jax().astype(_jax_dtype(dtype))))
+            _set(slot, wrap(tensor.jax().astype(jax_dtype(dtype))))
             slot.dtype = slot.restore_dtype = dtype
             slot.keep_original = None
-
-
-def _jax_dtype(dtype: torch.dtype):
-    from torchax.ops import mappings
-
-    return mappings.t2j_dtype(dtype)
 
 
 def _get(slot: _Slot) -> torch.Tensor:

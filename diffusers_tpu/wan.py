@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import diffusers
 
+from . import wan_vae
 from .families import Family, register
 
 _BLOCK = r"^blocks\.\d+\."
@@ -87,7 +88,8 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=_num_heads,
-        vae_methods=("decode",),
+        vae_methods=(),
+        vae_install=wan_vae.install,
         cfg_negative=lambda encoded: encoded[1],
         cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image"),
         decode_latents=decode_latents,

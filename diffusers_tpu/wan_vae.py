@@ -1,0 +1,172 @@
+"""Wan VAE (``AutoencoderKLWan``, 2.1 and 2.2) decode and encode in fixed-size temporal chunks.
+
+The stock ``_decode`` loops over latent frames in Python, carrying a feature cache (the last two input frames of
+every causal conv). Its entries are ``None``, the marker ``"Rep"`` (no temporal upsampling yet) or 1-frame tensors
+while the first two latent frames go through; from then on every entry is a 2-frame tensor. So:
+
+- program A decodes latent frames 0 and 1 exactly as stock does (``first_chunk`` for frame 0);
+- program B decodes ``vae_decode_chunk`` frames given the now uniform cache, with ``lax.scan`` over the frames
+  (the cache is the carry), calling the stock decoder once per frame as stock does;
+- the remaining frames are zero-padded to a chunk multiple and the extra output trimmed (the decoder is causal:
+  trailing padding cannot change earlier frames).
+
+Two programs serve every frame count at a resolution, results are the stock decode's, and the program memory
+does not depend on the frame count (one frame's activations at a time). Encoding mirrors it: the encoder's first
+two calls (frame 0, then frames 1-4) in program A, then chunks of ``vae_encode_chunk`` latent frames (4 input
+frames each) in program B.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from . import backend
+from .compile import compiled_function
+
+
+def _scan(step, cache: list, frames, per_call: int):
+    """``step(cache, x) -> (cache, out)`` over ``frames`` ``[B, C, K * per_call, H, W]`` in calls of ``per_call``
+    frames, with ``lax.scan``; returns the cache and the outputs concatenated along time."""
+    array = backend.to_jax_array(frames)
+    batch, channels, total, height, width = array.shape
+    calls = array.reshape(batch, channels, total // per_call, per_call, height, width)
+    calls = jnp.moveaxis(calls, 2, 0)  # [K, B, C, per_call, H, W]
+
+    # Cache slots of convs that never cache stay None: they ride along as constants, the rest is the carry.
+    live = [i for i, entry in enumerate(cache) if isinstance(entry, torch.Tensor)]
+
+    def full(carry):
+        entries = list(cache)
+        for i, array in zip(live, carry):
+            entries[i] = backend.wrap(array)
+        return entries
+
+    def body(carry, x):
+        with backend.jax_mode():
+            new_cache, out = step(full(carry), backend.wrap(x))
+        return [backend.to_jax_array(new_cache[i]) for i in live], backend.to_jax_array(out)
+
+    carry, outs = jax.lax.scan(body, [backend.to_jax_array(cache[i]) for i in live], calls)
+    outs = jnp.moveaxis(outs, 0, 2)  # [B, C', K, f, H', W']
+    b, c, k, f, h, w = outs.shape
+    return full(carry), backend.wrap(outs.reshape(b, c, k * f, h, w))
+
+
+def _decode_first(vae, z):
+    x = vae.post_quant_conv(z)
+    cache = [None] * vae._cached_conv_counts["decoder"]
+    outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
+            for i in range(z.shape[2])]
+    return torch.cat(outs, 2), cache
+
+
+def _decode_chunk(vae, z, cache):
+    def frame(cache_, x):
+        cache_ = list(cache_)
+        return cache_, vae.decoder(x, feat_cache=cache_, feat_idx=[0])
+
+    cache, out = _scan(frame, cache, vae.post_quant_conv(z), per_call=1)
+    return out, cache
+
+
+def _encode_first(vae, x):
+    cache = [None] * vae._cached_conv_counts["encoder"]
+    outs = [vae.encoder(x[:, :, :1], feat_cache=cache, feat_idx=[0])]
+    if x.shape[2] > 1:
+        outs.append(vae.encoder(x[:, :, 1:5], feat_cache=cache, feat_idx=[0]))
+    return vae.quant_conv(torch.cat(outs, 2)), cache
+
+
+def _encode_chunk(vae, x, cache):
+    def call(cache_, frames):
+        cache_ = list(cache_)
+        return cache_, vae.encoder(frames, feat_cache=cache_, feat_idx=[0])
+
+    cache, out = _scan(call, cache, x, per_call=4)
+    return vae.quant_conv(out), cache
+
+
+def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
+    """Run program A on ``head`` then program B over ``tail`` zero-padded to ``chunk`` calls; trim to ``keep``
+    outputs of the tail."""
+    out, cache = first(head)
+    pieces = [out]
+    if tail is not None:
+        array = backend.to_jax_array(tail)
+        padded = math.ceil(array.shape[2] / per_chunk_frames) * per_chunk_frames
+        array = jnp.pad(array, ((0, 0), (0, 0), (0, padded - array.shape[2]), (0, 0), (0, 0)))
+        produced = 0
+        for start in range(0, padded, per_chunk_frames):
+            out, cache = chunk_program(backend.wrap(array[:, :, start:start + per_chunk_frames]), cache)
+            pieces.append(out)
+            produced += out.shape[2]
+        extra = produced - keep
+        if extra:
+            pieces[-1] = pieces[-1][:, :, : pieces[-1].shape[2] - extra]
+    return torch.cat(pieces, 2)
+
+
+def _entered(runtime, method):
+    @functools.wraps(method)
+    def entered(*args, **kwargs):
+        with runtime.active():
+            return method(*args, **kwargs)
+
+    return entered
+
+
+def install(vae, runtime, state, place_input) -> None:
+    """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify, unpatchify
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    config = runtime.config
+    dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
+    compile_ = functools.partial(compiled_function, vae, state=state, activate=runtime.active,
+                                 place_input=place_input, compute_dtype=dtype)
+    decode_first = compile_(functools.partial(_decode_first, vae))
+    decode_chunk = compile_(functools.partial(_decode_chunk, vae))
+    encode_first = compile_(functools.partial(_encode_first, vae))
+    encode_chunk = compile_(functools.partial(_encode_chunk, vae))
+    stock_decode, stock_encode = vae._decode, vae._encode
+
+    def _decode(z, return_dict: bool = True):
+        _, _, frames, height, width = z.shape
+        tile_h = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        tile_w = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        if vae.use_tiling and (width > tile_w or height > tile_h):
+            return stock_decode(z, return_dict=return_dict)  # stock tiling, run op by op
+        with runtime.active():
+            head = z[:, :, : min(frames, 2)]
+            tail = z[:, :, 2:] if frames > 2 else None
+            out = _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
+                          keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
+            if vae.config.patch_size is not None:
+                out = unpatchify(out, patch_size=vae.config.patch_size)
+            out = torch.clamp(out, min=-1.0, max=1.0)
+        return (out,) if not return_dict else DecoderOutput(sample=out)
+
+    def _encode(x):
+        _, _, frames, height, width = x.shape
+        if vae.use_tiling and (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+            return stock_encode(x)  # stock tiling, run op by op
+        with runtime.active():
+            if vae.config.patch_size is not None:
+                x = patchify(x, patch_size=vae.config.patch_size)
+            calls = 1 + (frames - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
+            head = x[:, :, : min(frames, 5) if calls > 1 else 1]
+            tail = x[:, :, 5: 1 + 4 * (calls - 1)] if calls > 2 else None
+            return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk,
+                           keep=max(calls - 2, 0))
+
+    runtime._override(vae, "_decode", _decode)
+    runtime._override(vae, "_encode", _encode)
+    for name in ("encode", "decode"):  # the public entry points do tensor math too (slicing, the distribution)
+        runtime._override(vae, name, _entered(runtime, getattr(vae, name)))
+    runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
+                                                       "encode_first": encode_first, "encode_chunk": encode_chunk})
