@@ -20,6 +20,6 @@ from .config import TPUConfig  # noqa: E402
 from .families import supported_pipelines  # noqa: E402
 from .runtime import CallStats, stats  # noqa: E402
 from .sharding import sharding_of  # noqa: E402
-from .wan import WanPipeline  # noqa: E402
+from .wan import WanImageToVideoPipeline, WanPipeline  # noqa: E402
 
-__all__ = ["CallStats", "CogVideoXPipeline", "TPUConfig", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]
+__all__ = ["CallStats", "CogVideoXPipeline", "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]

@@ -86,11 +86,13 @@ _TENSOR = _TensorSlot()
 class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
-    def __init__(self, module, method: Callable, spec, static, compute_dtype=None):
+    def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None):
         self.out_spec = None
         self.out_static = None
+        self.donate = donate
 
-        def traced(state: dict, dynamic: list):
+        def traced(state: dict, dynamic: list, donated: list):
+            dynamic = list(dynamic) + list(donated)
             if compute_dtype is not None:  # weights stored in one dtype, computed in another: XLA fuses the cast
                 state = {k: v.astype(compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
                          for k, v in state.items()}
@@ -105,7 +107,12 @@ class _Program:
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
             return [to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
 
-        self.jitted = jax.jit(traced)
+        # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
+        self.jitted = jax.jit(traced, donate_argnums=(2,) if donate is not None else ())
+
+    def __call__(self, state: dict, dynamic: list):
+        cut = len(dynamic) if self.donate is None else self.donate
+        return self.jitted(state, dynamic[:cut], dynamic[cut:])
 
     def rebuild(self, arrays):
         it = iter(arrays)
@@ -126,6 +133,7 @@ def compiled_function(
     activate: Callable[[], contextlib.AbstractContextManager],
     place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
     compute_dtype=None,
+    donate: int | None = None,
 ) -> Callable:
     """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
@@ -150,10 +158,30 @@ def compiled_function(
                     f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
                 ) from None
             if program is None:
-                program = programs[key] = _Program(module, method, spec, static, compute_dtype)
+                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
-            return program.rebuild(program.jitted(state(), dynamic))
+            return program.rebuild(program(state(), dynamic))
 
     compiled.__wrapped__ = method
     compiled.programs = programs
+    compiled.module, compiled.state, compiled.activate = module, state, activate
+    compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
     return compiled
+
+
+def memory_analysis(compiled, *args, **kwargs) -> dict:
+    """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
+    bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
+    (arguments + outputs - aliased + temporaries)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+    program = compiled.programs.get((spec, static)) or _Program(compiled.module, compiled.__wrapped__, spec, static,
+                                                                  compiled.compute_dtype, compiled.donate)
+    dynamic = [compiled.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+    cut = len(dynamic) if program.donate is None else program.donate
+    with compiled.activate():
+        stats = program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:]).compile().memory_analysis()
+    report = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
+              "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
+    report["peak_bytes"] = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    return report

@@ -26,6 +26,16 @@ WAN_TRANSFORMERS = {
     ),
 }
 WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+# Wan 2.2 TI2V-5B: a 48-channel residual VAE that works on 2x2 pixel patches (16x spatial compression).
+WAN22_VAE = dict(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                 temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+                 patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+WAN22_TI2V_TRANSFORMER = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=48, out_channels=48, num_layers=2)
+# Wan 2.1 I2V: 36 input channels (noise 16 + frame mask 4 + image latents 16), CLIP image tokens in cross-attention.
+WAN_I2V_TRANSFORMER = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=36, out_channels=16, num_layers=2,
+                           image_dim=16, added_kv_proj_dim=32)
+CLIP_VISION = dict(hidden_size=16, projection_dim=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                   intermediate_size=32, patch_size=8)
 UMT5 = dict(
     vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
     relative_attention_max_distance=32, dropout_rate=0.0, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
@@ -118,6 +128,55 @@ def wan_pipeline(variant: str = "wan", seed: int = 0, scheduler: str = "flow_mat
     return cls(**wan_components(variant, seed, scheduler))
 
 
+def wan22_a14b_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.2 A14B in miniature: two transformers (high-noise, low-noise) switching at the boundary timestep."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed + 10)
+    components["transformer_2"] = WanTransformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
+    return WanPipeline(**components, boundary_ratio=0.875)
+
+
+def wan22_ti2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.2 TI2V-5B in miniature: the 48-channel VAE and per-token timesteps (``expand_timesteps``)."""
+    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed)
+    components["transformer"] = WanTransformer3DModel(**WAN22_TI2V_TRANSFORMER).eval()
+    torch.manual_seed(seed + 1)
+    components["vae"] = AutoencoderKLWan(**WAN22_VAE).eval()
+    return WanPipeline(**components, expand_timesteps=True)
+
+
+def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.1 image-to-video in miniature: a CLIP vision encoder and image tokens in cross-attention."""
+    import transformers
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    # the PIL backend: the default one needs torchvision, which has no CPU wheel here
+    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed)
+    components["transformer"] = WanTransformer3DModel(**WAN_I2V_TRANSFORMER).eval()
+    torch.manual_seed(seed + 3)
+    components["image_encoder"] = CLIPVisionModel(CLIPVisionConfig(**CLIP_VISION)).eval()
+    components["image_processor"] = processor_cls(crop_size=32, size=32)
+    return WanImageToVideoPipeline(**components)
+
+
+def test_image(height: int = 32, width: int = 32, seed: int = 0):
+    """A deterministic RGB PIL image (for image-to-video)."""
+    import numpy as np
+    import PIL.Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return PIL.Image.fromarray(pixels)
+
+
 def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> str:
     """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
     wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)
@@ -148,3 +207,4 @@ def cogvideox_pipeline(variant: str = "cogvideox-5b", seed: int = 0, scheduler: 
     if cls is None:
         from diffusers import CogVideoXPipeline as cls
     return cls(**cogvideox_components(variant, seed, scheduler))
+

@@ -1,4 +1,8 @@
-"""Wan (2.1 text-to-video): sharding rules, CFG pairing and the ``diffusers_tpu.WanPipeline`` class.
+"""Wan (2.1 and 2.2; text-to-video and image-to-video): sharding rules, CFG pairing, FLOPs, pipeline classes.
+
+``WanPipeline`` covers Wan 2.1 T2V, Wan 2.2 A14B (``transformer_2`` switching at the boundary timestep) and TI2V-5B
+(48-channel VAE, ``expand_timesteps``); ``WanImageToVideoPipeline`` adds a CLIP image encoder whose tokens join the
+text in cross-attention. The VAE runs in compiled temporal chunks (``wan_vae``).
 
 Megatron-style tensor parallelism over ``tp``: q/k/v and the first FFN projection are column-parallel (their
 output features, i.e. whole heads, split over tp), the attention output and second FFN projection are
@@ -80,10 +84,14 @@ class WanPipeline(diffusers.WanPipeline):
     """
 
 
+class WanImageToVideoPipeline(diffusers.WanImageToVideoPipeline):
+    """The stock ``diffusers.WanImageToVideoPipeline`` (Wan 2.1/2.2 image-to-video), importable from ``diffusers_tpu``."""
+
+
 FAMILY = register(
     Family(
         name="wan",
-        pipelines=(diffusers.WanPipeline,),
+        pipelines=(diffusers.WanPipeline, diffusers.WanImageToVideoPipeline),
         denoisers=("transformer", "transformer_2"),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,

@@ -130,9 +130,11 @@ def install(vae, runtime, state, place_input) -> None:
     compile_ = functools.partial(compiled_function, vae, state=state, activate=runtime.active,
                                  place_input=place_input, compute_dtype=dtype)
     decode_first = compile_(functools.partial(_decode_first, vae))
-    decode_chunk = compile_(functools.partial(_decode_chunk, vae))
+    # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
+    # never reads it again.
+    decode_chunk = compile_(functools.partial(_decode_chunk, vae), donate=1)
     encode_first = compile_(functools.partial(_encode_first, vae))
-    encode_chunk = compile_(functools.partial(_encode_chunk, vae))
+    encode_chunk = compile_(functools.partial(_encode_chunk, vae), donate=1)
     stock_decode, stock_encode = vae._decode, vae._encode
 
     def _decode(z, return_dict: bool = True):

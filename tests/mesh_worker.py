@@ -64,6 +64,7 @@ def main():
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
     report["cogvideox"] = cogvideox_runs()
+    report["wan22"] = wan22_runs()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -98,6 +99,24 @@ def cogvideox_runs():
         vae_spec = pipe._diffusers_tpu_runtime._width_input(latent).sharding.spec
         runs[name] = dict(compare(out, ref, pil_out, pil_ref), q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
                           vae_width_spec=[list(e) if isinstance(e, tuple) else e for e in vae_spec])
+    return runs
+
+
+def wan22_runs():
+    """Wan 2.2 A14B / TI2V and Wan I2V at 64 px wide on dp2-sp1-tp4: the VAE decodes (and I2V encodes) with the
+    latent width split over the VAE's 8-device spatial axis."""
+    runs = {}
+    cases = {"a14b": (tiny.wan22_a14b_pipeline, {}), "ti2v": (tiny.wan22_ti2v_pipeline, {}),
+             "i2v": (tiny.wan_i2v_pipeline, {"image": tiny.test_image(32, 64)})}
+    for name, (make, extra) in cases.items():
+        pipe = make()
+        call = dict(extra, num_frames=9, width=64 if name != "ti2v" else 128)  # TI2V: 16x VAE, latent width 8
+        ref, pil_ref = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
+        pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, vae_decode_chunk=2))
+        out, pil_out = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
+        runtime = pipe._diffusers_tpu_runtime
+        runs[name] = dict(compare(out, ref, pil_out, pil_ref), vae_mesh=dict(runtime.vae_mesh.shape),
+                          batched_steps=runtime.pairing.batched_steps)
     return runs
 
 

@@ -82,3 +82,12 @@ def test_cogvideox_matches_stock_torch_on_the_mesh(report, run):
     assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
     assert result["q_spec"] == ["tp", "None"]
     assert result["vae_width_spec"] == [None, None, None, None, "spatial"]  # width over all 8 devices, VAE mesh
+
+
+@pytest.mark.parametrize("run", ["a14b", "ti2v", "i2v"])
+def test_wan22_and_i2v_match_stock_torch_on_the_mesh(report, run):
+    result = report["wan22"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+    assert result["vae_mesh"] == {"batch": 1, "spatial": 8}
+    assert result["batched_steps"] == 3  # the CFG pair as one dp-sharded batch
