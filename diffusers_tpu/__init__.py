@@ -14,12 +14,14 @@ from . import patches
 patches.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 patches.apply()
 
-from . import cogvideox, wan  # noqa: E402  (register the model families)
+from . import cogvideox, hunyuan, wan  # noqa: E402  (register the model families)
+from .causal_wan import CausalWanTransformer3DModel  # noqa: E402
 from .cogvideox import CogVideoXPipeline  # noqa: E402
 from .config import TPUConfig  # noqa: E402
 from .families import supported_pipelines  # noqa: E402
+from .hunyuan import HunyuanVideo15Pipeline  # noqa: E402
 from .runtime import CallStats, stats  # noqa: E402
 from .sharding import sharding_of  # noqa: E402
 from .wan import WanImageToVideoPipeline, WanPipeline  # noqa: E402
 
-__all__ = ["CallStats", "CogVideoXPipeline", "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]
+__all__ = ["CallStats", "CausalWanTransformer3DModel", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]

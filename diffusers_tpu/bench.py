@@ -159,6 +159,9 @@ def _frames(output) -> np.ndarray:
 def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None,
             seed: int = 0) -> tuple[dict, np.ndarray]:
     """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
+    from .cli import call_arguments
+
+    call = call_arguments(pipe, call)
     probe = Probe(pipe)
     try:
         with compile_log() as warm_log:
@@ -208,8 +211,10 @@ def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: 
     if family.forward_flops is None or "steps" not in stages:
         return {}
     prompts = call["prompt"] if isinstance(call["prompt"], list) else [call["prompt"]]
-    cfg = 2 if call.get("guidance_scale", 1.0) > 1.0 else 1
-    text = call["max_sequence_length"]
+    guider = getattr(pipe, "guider", None)
+    scale = call.get("guidance_scale", getattr(guider, "guidance_scale", 1.0))
+    cfg = 2 if scale is not None and scale > 1.0 else 1
+    text = call.get("max_sequence_length") or 0  # families with fixed text lengths count their own
     per_forward = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text)
     per_step = per_forward * len(prompts) * cfg
     achieved = per_step / stages["steps"]["median_s"]
@@ -239,15 +244,20 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
 
     defaults = _defaults(pipe)
     config = pipe.transformer.config
+    sample = {name: getattr(config, f"sample_{name}", None) for name in ("height", "width", "frames")}
     fallback = {
-        "height": defaults.get("height") or config.sample_height * pipe.vae_scale_factor_spatial,
-        "width": defaults.get("width") or config.sample_width * pipe.vae_scale_factor_spatial,
-        "frames": defaults.get("num_frames") or config.sample_frames,
+        "height": defaults.get("height") or sample["height"] and sample["height"] * pipe.vae_scale_factor_spatial,
+        "width": defaults.get("width") or sample["width"] and sample["width"] * pipe.vae_scale_factor_spatial,
+        "frames": defaults.get("num_frames") or sample["frames"],
         "steps": defaults.get("num_inference_steps"),
     }
     if tiny_model:
         fallback.update(TINY_DEFAULTS)
-    return {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+    sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+    missing = [f"--{name}" for name, value in sizes.items() if value is None]
+    if missing:
+        raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
+    return sizes
 
 
 def run(args) -> dict:
@@ -269,7 +279,7 @@ def run(args) -> dict:
     call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
                 width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
                 guidance_scale=args.guidance, output_type="pil",
-                max_sequence_length=sequence or _defaults_of(pipe)["max_sequence_length"])
+                max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"))
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": _versions(), "model": model, "pipeline": type(pipe).__name__,
               "settings": {k: v for k, v in call.items() if k not in ("prompt", "negative_prompt", "output_type")}

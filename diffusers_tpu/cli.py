@@ -36,7 +36,7 @@ def _mesh(text: str) -> dict[str, int]:
 def _add_runtime_args(parser, model=True):
     if model:
         parser.add_argument("--model", help="local diffusers folder, or tiny:wan / tiny:wan-4head / "
-                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 (default: tiny:wan; staged "
+                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 / tiny:hunyuanvideo15 (default: tiny:wan; staged "
                             "stages after encode default to the stage directory's model)")
     parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
                         help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
@@ -120,11 +120,25 @@ def load_pipeline(model: str):
             return tiny.wan_pipeline(variant)
         if variant in tiny.COGVIDEOX_TRANSFORMERS:
             return tiny.cogvideox_pipeline(variant)
-        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS)
+        if variant == "hunyuanvideo15":
+            return tiny.hunyuan15_pipeline()
+        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15"]
         raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {known}.")
     import diffusers
 
     return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)
+
+
+def call_arguments(pipe, call: dict) -> dict:
+    """``call`` minus the arguments this pipeline's ``__call__`` does not take. Pipelines that guide through a
+    diffusers guider (HunyuanVideo-1.5) take ``guidance_scale`` on their guider instead."""
+    import inspect
+
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    scale = call.get("guidance_scale")
+    if "guidance_scale" not in accepted and scale is not None and getattr(pipe, "guider", None) is not None:
+        pipe.guider = pipe.guider.new(guidance_scale=scale)
+    return {name: value for name, value in call.items() if name in accepted}
 
 
 def write_video_atomically(frames, path: str, fps: int) -> None:
@@ -228,8 +242,8 @@ def generate(args) -> int:
         call["guidance_scale"] = args.guidance
     if sequence is not None:
         call["max_sequence_length"] = sequence
-    frames = pipe(prompt=args.prompt, negative_prompt=args.negative_prompt, output_type="pil",
-                  generator=torch.Generator().manual_seed(args.seed), **call).frames[0]
+    call.update(prompt=args.prompt, negative_prompt=args.negative_prompt, output_type="pil")
+    frames = pipe(**call_arguments(pipe, call), generator=torch.Generator().manual_seed(args.seed)).frames[0]
     _report(pipe)
     _write(frames, args)
     return 0

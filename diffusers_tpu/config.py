@@ -12,6 +12,7 @@ import torch
 MESH_AXES = ("dp", "sp", "tp")  # default device layout order; measured fastest in the Wan 2.1 TPU guide
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("host", "jax")
+TEXT_PADDING_MODES = ("mask", "zero_kv")
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "diffusers_tpu", "jax"
 )
@@ -52,6 +53,11 @@ class TPUConfig:
         vae_dtype: the VAE's compute dtype (weights are cast inside the compiled program); None: its weights'.
         vae_weights_dtype: the VAE weights' dtype on the devices (bfloat16 halves their memory); None: as loaded.
         scheduler_dtype: the dtype the scheduler keeps latents in between steps; None: as the pipeline does.
+        component_dtypes: dtype of named components on the devices, e.g. ``{"text_encoder_2": torch.bfloat16}``;
+            None: the family's TPU defaults on TPU (HunyuanVideo-1.5: ByT5 in bfloat16), as loaded elsewhere.
+        text_padding: how padded text tokens stay out of attention (HunyuanVideo-1.5). ``"mask"``: exactly, as a
+            key mask in the kernel; ``"zero_kv"``: their keys and values are zeroed, an approximation (padded
+            keys still take softmax weight) that TPU ports used before kernels had a key mask.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -69,6 +75,8 @@ class TPUConfig:
     vae_dtype: torch.dtype | None = None
     vae_weights_dtype: torch.dtype | None = None
     scheduler_dtype: torch.dtype | None = None
+    component_dtypes: Mapping[str, torch.dtype] | None = None
+    text_padding: str = "mask"
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -125,6 +133,18 @@ class TPUConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
                 raise ValueError(f"TPUConfig({name}={value!r}) must be a floating torch dtype (e.g. torch.bfloat16) or None.")
+        if self.component_dtypes is not None:
+            if not isinstance(self.component_dtypes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, torch.dtype) and v.is_floating_point
+                for k, v in self.component_dtypes.items()
+            ):
+                raise ValueError(
+                    f"TPUConfig(component_dtypes={self.component_dtypes!r}) must map component names to floating "
+                    "torch dtypes, e.g. {'text_encoder_2': torch.bfloat16}."
+                )
+            object.__setattr__(self, "component_dtypes", dict(self.component_dtypes))
+        if self.text_padding not in TEXT_PADDING_MODES:
+            raise ValueError(f"TPUConfig(text_padding={self.text_padding!r}) must be one of {list(TEXT_PADDING_MODES)}.")
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from . import patches
 from .sharding import Rule
@@ -31,6 +31,10 @@ class Family:
             (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
         vae_install: ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE
             (instead of compiling ``vae_methods``), e.g. Wan's temporal chunks.
+        denoiser_forward: a jit-safe replacement for the denoiser's ``forward`` (same keywords), bound to the
+            module and compiled in place of the stock one.
+        tpu_dtypes: component name -> dtype on the TPU platform (e.g. a text encoder known to be safe in bf16),
+            unless ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
     """
@@ -50,6 +54,8 @@ class Family:
     decode_latents: Callable[[object, object, int], object] | None = None
     forward_flops: Callable[..., int] | None = None
     vae_install: Callable[..., None] | None = None
+    denoiser_forward: Callable | None = None
+    tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 _families: list[Family] = []

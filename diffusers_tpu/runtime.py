@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import time
+import types
 
 import jax
 import torch
@@ -164,6 +165,8 @@ class PipelineRuntime:
             self._override(module, "state_dict", _host_state_dict(module.state_dict))
             state = functools.partial(_state, slots)
             if name in family.denoisers:
+                if family.denoiser_forward is not None:
+                    self._override(module, "forward", types.MethodType(family.denoiser_forward, module))
                 handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
                 self._undo.extend(handle.remove for handle in handles)
                 self._jit(module, "forward", state, self._batch_input, self.attention)
@@ -180,6 +183,7 @@ class PipelineRuntime:
                     prefix = f"{path}." if path else ""
                     owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
                     self._jit(owner, method, owned, self._width_input)
+                self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
         for scheduler in (c for c in pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
@@ -200,6 +204,21 @@ class PipelineRuntime:
             self._undo.append(functools.partial(postprocess.uninstall, processor))
         if family.prepare is not None:
             family.prepare(pipe, self)
+
+    def enter_public_vae_methods(self, vae) -> None:
+        """``vae.encode`` / ``vae.decode`` do tensor math around the compiled parts (slicing, tiling, the latent
+        distribution): run them in the JAX context, so they also work when called outside a pipeline call."""
+        for name in ("encode", "decode"):
+            if callable(getattr(vae, name, None)):
+                self._override(vae, name, self._entered(getattr(vae, name)))
+
+    def _entered(self, method):
+        @functools.wraps(method)
+        def entered(*args, **kwargs):
+            with self.active():
+                return method(*args, **kwargs)
+
+        return entered
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
@@ -304,6 +323,15 @@ def _modules_to_place(pipe, config: TPUConfig) -> dict:
     return {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and n not in host}
 
 
+def component_dtype(family: Family, config: TPUConfig, target: backend.Target, name: str, default):
+    """A component's dtype on the devices: ``TPUConfig.component_dtypes``, else the family's TPU default on TPU."""
+    if config.component_dtypes is not None:
+        return config.component_dtypes.get(name, default)
+    if target.platform == "tpu":
+        return family.tpu_dtypes.get(name, default)
+    return default
+
+
 def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype | None = None):
     """Validate, then place ``pipe`` on JAX. Raises before anything moves when something is wrong."""
     if config is not None and not isinstance(config, TPUConfig):
@@ -329,6 +357,8 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
         if name == "vae" and config.vae_weights_dtype is not None:
             module_dtype = config.vae_weights_dtype
+        if dtype is None:
+            module_dtype = component_dtype(family, config, target, name, module_dtype)
         keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
         plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep))
 

@@ -128,6 +128,16 @@ def _diff(old: dict, new: dict) -> str:
     return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
 
 
+def _staged_family(pipe):
+    family = family_of(pipe)
+    if family.decode_latents is None:
+        raise ValueError(
+            f"Staged runs (--stage-dir) do not support {type(pipe).__name__} yet; generate it in one call "
+            "(without --stage-dir). Staged runs support the Wan and CogVideoX pipelines."
+        )
+    return family
+
+
 def _defaults(pipe) -> dict:
     return {name: p.default for name, p in inspect.signature(type(pipe).__call__).parameters.items()
             if p.default is not inspect.Parameter.empty}
@@ -150,7 +160,7 @@ def encode(pipe, stage_dir, *, prompt, negative_prompt=None, guidance_scale=None
            model: str | None = None, force: bool = False) -> dict:
     """Prompt -> ``{"prompt_embeds", "negative_prompt_embeds"}`` (host tensors), saved in ``stage_dir``."""
     defaults, stages = _defaults(pipe), StageDir(stage_dir)
-    settings = dict(model=model, pipeline=type(pipe).__name__, family=family_of(pipe).name, prompt=prompt,
+    settings = dict(model=model, pipeline=type(pipe).__name__, family=_staged_family(pipe).name, prompt=prompt,
                     negative_prompt=negative_prompt,
                     guidance_scale=defaults["guidance_scale"] if guidance_scale is None else guidance_scale,
                     max_sequence_length=max_sequence_length or defaults["max_sequence_length"])
@@ -178,7 +188,7 @@ def denoise(pipe, stage_dir, *, height=None, width=None, num_frames=None, num_in
     settings = dict(height=pick(height, "height"), width=pick(width, "width"), num_frames=pick(num_frames, "num_frames"),
                     num_inference_steps=pick(num_inference_steps, "num_inference_steps"), seed=seed,
                     encode_sha256=stages.config()["stages"]["encode"]["sha256"])
-    family = family_of(pipe)
+    family = _staged_family(pipe)
     if family.check_call is not None:  # a staged run always decodes: refuse bad frame counts up front
         family.check_call(pipe, {"num_frames": settings["num_frames"], "output_type": "np"})
     if not force and stages.done("denoise", settings):
@@ -203,7 +213,7 @@ def decode(pipe, stage_dir, *, force: bool = False) -> np.ndarray:
     settings = {"denoise_sha256": stages.config()["stages"]["denoise"]["sha256"]}
     if not force and stages.done("decode", settings):
         return stages.load("decode")["frames"].numpy()
-    family = family_of(pipe)
+    family = _staged_family(pipe)
     num_frames = denoised["num_frames"] or getattr(pipe.transformer.config, "sample_frames", None)
     if family.check_call is not None:
         family.check_call(pipe, {"num_frames": num_frames, "output_type": "np"})

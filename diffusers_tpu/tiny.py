@@ -208,3 +208,58 @@ def cogvideox_pipeline(variant: str = "cogvideox-5b", seed: int = 0, scheduler: 
         from diffusers import CogVideoXPipeline as cls
     return cls(**cogvideox_components(variant, seed, scheduler))
 
+
+# HunyuanVideo-1.5 in miniature: a Qwen2.5-VL text model (the MLLM encoder), ByT5 for quoted glyph text, the
+# 1.5 VAE (8x spatial here instead of 16x, so tiny frames keep a few tokens per latent frame).
+HUNYUAN15_TRANSFORMER = dict(
+    in_channels=9, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=2, num_refiner_layers=2,
+    mlp_ratio=2.0, text_embed_dim=16, text_embed_2_dim=32, image_embed_dim=12, rope_axes_dim=(2, 2, 4),
+    target_size=32, task_type="t2v",
+)
+HUNYUAN15_VAE = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+                     spatial_compression_ratio=8, temporal_compression_ratio=4)
+QWEN25_VL_TEXT = dict(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=512,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+                      bos_token_id=None, eos_token_id=1, pad_token_id=0)
+# The stock pipeline crops this many template tokens (its system prompt) off the encoder output.
+HUNYUAN15_TEMPLATE_TOKENS = 108
+# The stock lengths (1000 MLLM tokens, 256 ByT5 tokens, 729 image tokens) shortened for CPU tests.
+HUNYUAN15_LENGTHS = dict(tokenizer_max_length=40, tokenizer_2_max_length=24, vision_num_semantic_tokens=6)
+
+
+def chat_tokenizer(template_tokens: int = HUNYUAN15_TEMPLATE_TOKENS):
+    """The character tokenizer with a chat template whose system part is exactly ``template_tokens`` tokens
+    (what the stock HunyuanVideo-1.5 pipeline crops), followed by the user prompt."""
+    tokenizer = char_tokenizer()
+    width = template_tokens - 1
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ (m['content'] ~ '" + " " * width + "')[:"
+        + str(width) + "] }}|{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    return tokenizer
+
+
+def hunyuan15_pipeline(seed: int = 0, cls=None):
+    """A tiny stock ``diffusers.HunyuanVideo15Pipeline`` (or ``cls``) on CPU, text lengths shortened
+    (``HUNYUAN15_LENGTHS``). Quoted text in a prompt (``'a sign saying "hi"'``) goes through ByT5."""
+    from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler
+    from diffusers import HunyuanVideo15Transformer3DModel
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    if cls is None:
+        from diffusers import HunyuanVideo15Pipeline as cls
+    torch.manual_seed(seed)
+    transformer = HunyuanVideo15Transformer3DModel(**HUNYUAN15_TRANSFORMER).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLHunyuanVideo15(**HUNYUAN15_VAE).eval()
+    torch.manual_seed(seed + 2)
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**QWEN25_VL_TEXT)).eval()
+    pipe = cls(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        text_encoder=text_encoder, tokenizer=chat_tokenizer(), text_encoder_2=tiny_t5(seed + 3),
+        tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    )
+    for name, value in HUNYUAN15_LENGTHS.items():
+        setattr(pipe, name, value)
+    return pipe

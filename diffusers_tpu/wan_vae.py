@@ -111,15 +111,6 @@ def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
     return torch.cat(pieces, 2)
 
 
-def _entered(runtime, method):
-    @functools.wraps(method)
-    def entered(*args, **kwargs):
-        with runtime.active():
-            return method(*args, **kwargs)
-
-    return entered
-
-
 def install(vae, runtime, state, place_input) -> None:
     """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import patchify, unpatchify
@@ -168,7 +159,6 @@ def install(vae, runtime, state, place_input) -> None:
 
     runtime._override(vae, "_decode", _decode)
     runtime._override(vae, "_encode", _encode)
-    for name in ("encode", "decode"):  # the public entry points do tensor math too (slicing, the distribution)
-        runtime._override(vae, name, _entered(runtime, getattr(vae, name)))
+    runtime.enter_public_vae_methods(vae)
     runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
                                                        "encode_first": encode_first, "encode_chunk": encode_chunk})

@@ -65,6 +65,7 @@ def main():
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
     report["cogvideox"] = cogvideox_runs()
     report["wan22"] = wan22_runs()
+    report["hunyuan15"] = hunyuan15_runs()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -117,6 +118,28 @@ def wan22_runs():
         runtime = pipe._diffusers_tpu_runtime
         runs[name] = dict(compare(out, ref, pil_out, pil_ref), vae_mesh=dict(runtime.vae_mesh.shape),
                           batched_steps=runtime.pairing.batched_steps)
+    return runs
+
+
+def hunyuan15_runs():
+    """HunyuanVideo-1.5 (CFG pair of different padded lengths, ByT5 on one side) on three meshes; threshold 16
+    shards the joint attention's heads over tp, 10000 its query sequence over (sp, tp)."""
+    from test_hunyuan15 import CALL as HY_CALL
+
+    runs = {}
+    pipe = tiny.hunyuan15_pipeline()
+    ref, pil_ref = generate(pipe, output_type="np", **HY_CALL), generate(pipe, output_type="pil", **HY_CALL)
+    cases = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 10000),
+             "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 16)}
+    for name, (mesh, threshold) in cases.items():
+        pipe.to("jax", config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
+        out, pil_out = generate(pipe, output_type="np", **HY_CALL), generate(pipe, output_type="pil", **HY_CALL)
+        with jit.compile_log() as log:
+            generate(pipe, output_type="np", **HY_CALL)
+        weight = pipe.transformer.transformer_blocks[0].attn.add_q_proj.weight
+        runs[name] = dict(compare(out, ref, pil_out, pil_ref), warm_compilations=log.compilations,
+                          add_q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
+        pipe.to("cpu")
     return runs
 
 

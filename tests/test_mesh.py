@@ -91,3 +91,12 @@ def test_wan22_and_i2v_match_stock_torch_on_the_mesh(report, run):
     assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
     assert result["vae_mesh"] == {"batch": 1, "spatial": 8}
     assert result["batched_steps"] == 3  # the CFG pair as one dp-sharded batch
+
+
+@pytest.mark.parametrize("run", ["dp2-sp1-tp4", "dp1-sp2-tp4", "dp2-sp2-tp2"])
+def test_hunyuan15_matches_stock_torch_on_the_mesh(report, run):
+    result = report["hunyuan15"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+    assert result["warm_compilations"] == 0
+    assert result["add_q_spec"] == ["tp", "None"]
