@@ -46,3 +46,14 @@ def assert_pil_matches(out, ref):
     diff = np.abs(a - b)
     assert diff.max() <= 1, f"a subpixel differs by {diff.max()} levels"
     assert (diff > 0).mean() <= 1e-3, f"{(diff > 0).mean():.4%} of subpixels differ"
+
+
+def all_equations(jaxpr):
+    """Every equation of a jaxpr, descending into inner jaxprs (loops, cond branches, shard_map, pjit, Pallas)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from all_equations(inner)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import all_equations
 
 from diffusers_tpu.kernels import BlockSizes, flash_attention, reference_attention
 
@@ -100,25 +101,12 @@ def test_default_block_sizes_on_a_long_sequence():
     assert relative_error(out, float64_attention(q, k, v)) <= 1e-5
 
 
-def _primitives(jaxpr, found=None):
-    """Every primitive in a jaxpr, descending into loops, conds (tuples of branches) and closed jaxprs."""
-    found = set() if found is None else found
-    for eqn in jaxpr.eqns:
-        found.add(eqn.primitive.name)
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    _primitives(inner, found)
-    return found
-
-
 def _kernel_primitives(use_exp2):
     q, k, v = inputs(1, 1, 128, 128, 8)
     traced = jax.make_jaxpr(lambda q, k, v: flash_attention(q, k, v, use_exp2=use_exp2, interpret=True))(q, k, v)
     calls = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
     assert len(calls) == 1
-    return _primitives(calls[0].params["jaxpr"])
+    return {eqn.primitive.name for eqn in all_equations(calls[0].params["jaxpr"])}
 
 
 def test_kernel_softmax_uses_exp2_and_no_exp():

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 import torch
-from conftest import assert_np_matches, assert_pil_matches
+from conftest import all_equations, assert_np_matches, assert_pil_matches
 
 import diffusers
 import diffusers_tpu
@@ -55,18 +55,6 @@ def test_matches_stock_torch(stock, monkeypatch):
     np.testing.assert_array_equal(generate(pipe, output_type="np"), reference["np"])
 
 
-def _shapes(jaxpr, found):
-    """Every intermediate shape of a jaxpr, inner jaxprs (shard_map, pjit, loops, Pallas) included."""
-    for eqn in jaxpr.eqns:
-        found.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-        for param in eqn.params.values():
-            for inner in param if isinstance(param, (tuple, list)) else (param,):
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    _shapes(inner, found)
-    return found
-
-
 def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = unwrap(pipe.transformer.forward)
@@ -78,7 +66,8 @@ def _traced_shapes(pipe):
         jit._Program.__call__ = call
     program, state, dynamic = [c for c in calls if c[0] in compiled.programs.values()][-1]
     with compiled.activate():
-        return _shapes(jax.make_jaxpr(program.jitted)(state, dynamic, []).jaxpr, set())
+        jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, []).jaxpr
+    return {tuple(v.aval.shape) for eqn in all_equations(jaxpr) for v in eqn.outvars if hasattr(v.aval, "shape")}
 
 
 def test_no_dense_attention_mask_in_the_traced_program(stock):
