@@ -14,8 +14,9 @@ from . import patches
 patches.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 patches.apply()
 
-from . import cogvideox, hunyuan, wan  # noqa: E402  (register the model families)
+from . import causal_wan_pipeline, cogvideox, hunyuan, wan  # noqa: E402  (register the model families)
 from .causal_wan import CausalWanTransformer3DModel  # noqa: E402
+from .causal_wan_pipeline import CausalWanPipeline  # noqa: E402
 from .cogvideox import CogVideoXPipeline  # noqa: E402
 from .config import TPUConfig  # noqa: E402
 from .families import supported_pipelines  # noqa: E402
@@ -24,4 +25,4 @@ from .runtime import CallStats, stats  # noqa: E402
 from .sharding import sharding_of  # noqa: E402
 from .wan import WanImageToVideoPipeline, WanPipeline  # noqa: E402
 
-__all__ = ["CallStats", "CausalWanTransformer3DModel", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]
+__all__ = ["CallStats", "CausalWanPipeline", "CausalWanTransformer3DModel", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "sharding_of", "stats", "supported_pipelines"]

@@ -177,7 +177,8 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
                 write_cache: bool = False):
         """The stock forward, block-causal. ``kv_cache=None``: the whole sequence at once (frame 0 first).
         Otherwise ``hidden_states`` is one block starting at latent frame ``frame_offset`` (int or 0-d tensor);
-        returns ``(sample, kv_cache)``, the cache updated with this block's keys/values when ``write_cache``."""
+        returns ``(sample, kv_cache)`` with the cache updated by this block's keys/values when ``write_cache``,
+        else ``(sample, None)`` (the cache is unchanged; returning it from a compiled program would copy it)."""
         config = self.config
         p_t, p_h, p_w = config.patch_size
         _, _, frames, height, width = hidden_states.shape
@@ -204,8 +205,8 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
             self._causal_call, self.rope.frame_offset = None, 0
         if kv_cache is None:
             return Transformer2DModelOutput(sample=sample) if return_dict else (sample,)
-        if write_cache:
-            kv_cache = {"k": [call.written["k"][i] for i in range(len(self.blocks))],
+        if not write_cache:
+            return sample, None
+        return sample, {"k": [call.written["k"][i] for i in range(len(self.blocks))],
                         "v": [call.written["v"][i] for i in range(len(self.blocks))],
                         "slot_frame": kv_cache["slot_frame"].index_copy(0, slots, block_frames.to(torch.int32))}
-        return sample, kv_cache

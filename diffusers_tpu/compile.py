@@ -140,7 +140,7 @@ def compiled_function(
     ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
     arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
     ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``). One program is
-    compiled per structure of non-tensor arguments and per input shapes.
+    compiled per structure of non-tensor arguments and input shapes.
     """
     name = getattr(method, "__name__", "function")
     programs: dict = {}
@@ -149,7 +149,10 @@ def compiled_function(
         with activate():
             leaves, spec = pytree.tree_flatten((args, kwargs))
             static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-            key = (spec, static)
+            # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache
+            # holds "Rep" markers or tensors depending on the frame count), and each program keeps its own.
+            shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
+            key = (spec, static, shapes)
             try:
                 program = programs.get(key)
             except TypeError:
@@ -175,7 +178,8 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     (arguments + outputs - aliased + temporaries)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-    program = compiled.programs.get((spec, static)) or _Program(compiled.module, compiled.__wrapped__, spec, static,
+    shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
+    program = compiled.programs.get((spec, static, shapes)) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                                   compiled.compute_dtype, compiled.donate)
     dynamic = [compiled.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
     cut = len(dynamic) if program.donate is None else program.donate

@@ -262,7 +262,8 @@ class PipelineRuntime:
                 compile_now = runtime._log.seconds if runtime._log is not None else 0.0
                 compiled, marks["compile"] = compile_now - marks["compile"], compile_now
                 runtime.last_call.step_seconds.append(seconds)
-                bar.start_t += compiled  # rate and ETA count device time, not compilation
+                if hasattr(bar, "start_t"):  # a disabled bar has no clock
+                    bar.start_t += compiled  # rate and ETA count device time, not compilation
                 warm = runtime.last_call.step_seconds[1:] or runtime.last_call.step_seconds
                 bar.set_postfix(step=f"{seconds:.3f}s", avg=f"{sum(warm) / len(warm):.3f}s",
                                 compile=f"{compile_now:.1f}s", refresh=False)

@@ -168,6 +168,26 @@ def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
     return WanImageToVideoPipeline(**components)
 
 
+# Causal Wan in miniature: blocks of 2 latent frames, 1 sink frame and a 2-frame window, so a 3-block video
+# already wraps the ring buffer.
+CAUSAL_WAN = dict(num_frame_per_block=2, sink_size=1, local_attn_size=2)
+
+
+def causal_wan_pipeline(seed: int = 0, **causal):
+    """A tiny ``diffusers_tpu.CausalWanPipeline`` on CPU (the "wan-4head" weights; ``causal`` overrides
+    ``CAUSAL_WAN``)."""
+    from diffusers import FlowMatchLCMScheduler
+
+    from .causal_wan import CausalWanTransformer3DModel
+    from .causal_wan_pipeline import CausalWanPipeline
+
+    components = wan_components("wan-4head", seed)
+    components["transformer"] = CausalWanTransformer3DModel.from_transformer(components["transformer"],
+                                                                             **{**CAUSAL_WAN, **causal})
+    components["scheduler"] = FlowMatchLCMScheduler(shift=5.0)
+    return CausalWanPipeline(**components)
+
+
 def test_image(height: int = 32, width: int = 32, seed: int = 0):
     """A deterministic RGB PIL image (for image-to-video)."""
     import numpy as np

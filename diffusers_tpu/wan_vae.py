@@ -57,10 +57,12 @@ def _scan(step, cache: list, frames, per_call: int):
     return full(carry), backend.wrap(outs.reshape(b, c, k * f, h, w))
 
 
-def _decode_first(vae, z):
+def _decode_first(vae, z, cache=None, start: int = 0):
+    """Stock ``_decode``'s loop over latent frames ``start, start + 1, ...`` (``cache``: the feature cache after
+    frame ``start - 1``; a fresh one for ``start=0``)."""
     x = vae.post_quant_conv(z)
-    cache = [None] * vae._cached_conv_counts["decoder"]
-    outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
+    cache = [None] * vae._cached_conv_counts["decoder"] if cache is None else list(cache)
+    outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
             for i in range(z.shape[2])]
     return torch.cat(outs, 2), cache
 
@@ -111,9 +113,66 @@ def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
     return torch.cat(pieces, 2)
 
 
+def _finish(vae, out):
+    """Stock ``_decode``'s tail: unpatchify (Wan 2.2's VAE), clamp to [-1, 1]."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    if vae.config.patch_size is not None:
+        out = unpatchify(out, patch_size=vae.config.patch_size)
+    return torch.clamp(out, min=-1.0, max=1.0)
+
+
+def _copy(cache: list) -> list:
+    return [backend.wrap(jnp.copy(backend.to_jax_array(x))) if isinstance(x, torch.Tensor) else x for x in cache]
+
+
+class StreamingDecoder:
+    """Decodes a video block by block, carrying the causal feature cache: the concatenated outputs equal one
+    stock ``vae.decode`` of all the latents (a causal conv only ever looks at its cached past frames).
+
+    On JAX it reuses the VAE's compiled programs: latent frames 0 and 1 (whose cache entries are still uneven)
+    in program A, every later frame in the chunk program (cache carried, donated). The first block also runs the
+    programs the next blocks need once on zeros (on copies of the cache), so no block after the first compiles.
+    """
+
+    def __init__(self, vae):
+        self.vae, self.cache, self.start = vae, None, 0
+        self.programs = getattr(vae, "_diffusers_tpu_programs", None)
+        self.rehearsal = None  # on JAX, after the first block: what a later block's decode returns (zeros' pixels)
+
+    def _run(self, z, cache, start: int):
+        if self.programs is None:  # plain torch: the stock per-frame loop
+            return _decode_first(self.vae, z, cache, start)
+        early = max(0, min(2 - start, z.shape[2]))
+        pieces = []
+        if early:
+            out, cache = self.programs["decode_first"](z[:, :, :early], cache, start)
+            pieces.append(out)
+        if z.shape[2] > early:
+            out, cache = self.programs["decode_chunk"](z[:, :, early:], cache)
+            pieces.append(out)
+        return torch.cat(pieces, 2), cache
+
+    def decode(self, z):
+        """Pixels ``[B, C, frames, H, W]`` in [-1, 1] for the next latent frames ``z`` (normalized as
+        ``vae.decode`` takes them)."""
+        first = self.start == 0
+        out, self.cache = self._run(z, self.cache, self.start)
+        self.start += z.shape[2]
+        if first and self.programs is not None:
+            cache, start, zeros = _copy(self.cache), self.start, torch.zeros_like(z)
+            while True:  # the next block's programs; one more when that block still holds frame 1
+                rehearsed, cache = self._run(zeros, cache, start)
+                start += z.shape[2]
+                if start - z.shape[2] >= 2:
+                    break
+            self.rehearsal = _finish(self.vae, rehearsed)  # also compiles the tail ops at the later blocks' shape
+        return _finish(self.vae, out)
+
+
 def install(vae, runtime, state, place_input) -> None:
     """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify, unpatchify
+    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
     from diffusers.models.autoencoders.vae import DecoderOutput
 
     config = runtime.config
@@ -139,9 +198,7 @@ def install(vae, runtime, state, place_input) -> None:
             tail = z[:, :, 2:] if frames > 2 else None
             out = _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
                           keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
-            if vae.config.patch_size is not None:
-                out = unpatchify(out, patch_size=vae.config.patch_size)
-            out = torch.clamp(out, min=-1.0, max=1.0)
+            out = _finish(vae, out)
         return (out,) if not return_dict else DecoderOutput(sample=out)
 
     def _encode(x):
