@@ -66,6 +66,7 @@ def main():
     report["cogvideox"] = cogvideox_runs()
     report["wan22"] = wan22_runs()
     report["hunyuan15"] = hunyuan15_runs()
+    report["causal_wan"] = causal_wan_runs()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -139,6 +140,34 @@ def hunyuan15_runs():
         weight = pipe.transformer.transformer_blocks[0].attn.add_q_proj.weight
         runs[name] = dict(compare(out, ref, pil_out, pil_ref), warm_compilations=log.compilations,
                           add_q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
+        pipe.to("cpu")
+    return runs
+
+
+def causal_wan_runs():
+    """Causal Wan streaming 3 blocks (the ring wraps) at 64 px wide on three meshes: blocks equal plain torch and
+    nothing compiles after the first block."""
+    from test_causal_wan_pipeline import CALL as CAUSAL_CALL
+
+    runs = {}
+    call = dict(CAUSAL_CALL, width=64)
+    pipe = tiny.causal_wan_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    run = lambda **extra: pipe(**call, **extra, generator=torch.Generator().manual_seed(0)).frames  # noqa: E731
+    ref, pil_ref = run(output_type="np"), run(output_type="pil")
+    cases = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 10000),
+             "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 16)}
+    for name, (mesh, threshold) in cases.items():
+        pipe.to("jax", config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
+        out = run(output_type="np")
+        first = [block.compilations for block in pipe.block_timings]
+        pil_out = run(output_type="pil")
+        with jit.compile_log() as log:
+            run(output_type="np")
+        weight = pipe.transformer.blocks[0].attn1.to_q.weight
+        runs[name] = dict(compare(out, ref, pil_out, pil_ref), first_call_compilations=first,
+                          warm_compilations=log.compilations,
+                          q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
         pipe.to("cpu")
     return runs
 

@@ -98,3 +98,35 @@ def test_config_errors_and_checkpoint_loading(tmp_path):
     loaded = CausalWanTransformer3DModel.from_pretrained(str(tmp_path), num_frame_per_block=2, sink_size=1)
     assert loaded.config.num_frame_per_block == 2 and loaded.config.sink_size == 1
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), wan.state_dict().values()))
+
+
+def test_bf16_cache_path():
+    """bf16: the cache path equals the bf16 full-sequence reference (same attention math: the issue's bar, max 1e-2 /
+    mean 1e-3, holds with zero error); with the exp2 kernel, whose bf16 roundings (pre-scaled queries, bf16
+    probabilities into the PV matmul, as flash kernels do) move it off that reference, the error against fp32
+    stays at torch bf16's own level."""
+    model, _ = _model(2, 1, 3)
+    x, t, text = _inputs(8)
+    offset = lambda start: torch.tensor(start, dtype=torch.int32)  # noqa: E731
+    with torch.no_grad():
+        fp32 = model(x, t, text, return_dict=False)[0]
+    xb, textb = x.bfloat16(), text.bfloat16()
+    weights = {n: backend.host_to_jax(v.detach().bfloat16()) for n, v in [*model.named_parameters(), *model.named_buffers()]}
+
+    def active():
+        stack = contextlib.ExitStack()
+        stack.enter_context(backend.jax_mode())
+        stack.enter_context(attention.use(attention.AttentionSettings(None, "xla")))
+        return stack
+
+    full = jit.compiled_function(model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, activate=active)
+    reference = runtime.to_host(full(xb, t, textb)).float()
+    cached = _blockwise(_on_jax(model, "xla", torch.bfloat16), model, xb, t, textb, 2, 6, as_offset=offset)[0].float()
+    assert cached.dtype == reference.dtype and (cached - reference).abs().max() <= 1e-2
+    assert (cached - reference).abs().mean() <= 1e-3
+    kernel = _blockwise(_on_jax(model, "splash_exp2", torch.bfloat16), model, xb, t, textb, 2, 6, as_offset=offset)[0]
+    with torch.no_grad():
+        model.to(torch.bfloat16)
+        torch_bf16 = model(xb, t, textb, return_dict=False)[0].float()
+    ours, theirs = (kernel.float() - fp32).abs(), (torch_bf16 - fp32).abs()
+    assert ours.mean() <= 1.1 * theirs.mean() and ours.max() <= 2 * theirs.max(), (ours.max(), theirs.max())

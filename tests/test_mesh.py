@@ -100,3 +100,13 @@ def test_hunyuan15_matches_stock_torch_on_the_mesh(report, run):
     assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
     assert result["warm_compilations"] == 0
     assert result["add_q_spec"] == ["tp", "None"]
+
+
+@pytest.mark.parametrize("run", ["dp2-sp1-tp4", "dp1-sp2-tp4", "dp2-sp2-tp2"])
+def test_causal_wan_streams_on_the_mesh(report, run):
+    result = report["causal_wan"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+    compiled = result["first_call_compilations"]
+    assert compiled[0] > 0 and compiled[1:] == [0, 0], compiled  # one program set serves every later block
+    assert result["warm_compilations"] == 0 and result["q_spec"] == ["tp", "None"]
