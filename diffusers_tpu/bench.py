@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import inspect
 import json
 import time
 
@@ -152,6 +153,22 @@ def _stages(runs: list[dict]) -> dict:
     return result
 
 
+def blocks_report(timed: list[list], warmup: list[list]) -> dict:
+    """Per-block figures of a causal pipeline: each transformer pass, the first block and the later (steady)
+    blocks end to end (noise to frames on the host), frames per second of the steady blocks, and compilations in
+    any block after the first (0 is correct: one program set serves every later block)."""
+    if not timed or not timed[0]:
+        return {}
+    steady = [block.seconds for run in timed for block in run[1:]]
+    frames = timed[0][-1].frames
+    report = {"forward": summarize([s for run in timed for block in run for s in block.forward_seconds]),
+              "forwards_per_block": len(timed[0][0].forward_seconds), "first_block": summarize([r[0].seconds for r in timed]),
+              "block": summarize(steady), "frames_per_block": frames, "blocks_per_call": len(timed[0]),
+              "compilations_after_first_block": sum(b.compilations for run in warmup + timed for b in run[1:])}
+    report["fps"] = frames / report["block"]["median_s"] if steady else None
+    return report
+
+
 def _frames(output) -> np.ndarray:
     return np.stack([np.stack([np.asarray(f) for f in video]) for video in output.frames]).astype(np.int16)
 
@@ -161,22 +178,31 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
     """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
     from .cli import call_arguments
 
-    call = call_arguments(pipe, call)
+    streaming = hasattr(pipe, "block_timings")  # a causal pipeline: time each transformer pass and block
+    call = call_arguments(pipe, dict(call, timing=True) if streaming else call)
     probe = Probe(pipe)
+    blocks = {"warmup": [], "timed": []}
     try:
         with compile_log() as warm_log:
             for _ in range(warmup):
                 with probe.run():
                     output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+                blocks["warmup"].append(list(getattr(pipe, "block_timings", [])))
         warm_runs, probe.runs = probe.runs, []
         with compile_log() as timed_log:
             for index in range(runs):
                 tracing = trace_dir is not None and index == 0 and runtime.is_attached(pipe)
                 with _trace(trace_dir) if tracing else contextlib.nullcontext(), probe.run():
                     output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+                blocks["timed"].append(list(getattr(pipe, "block_timings", [])))
     finally:
         probe.remove()
     report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs)}
+    if streaming:
+        # progress updates are whole blocks, and postprocessing waits for the block's VAE decode: see "blocks"
+        for stage in ("steps", "postprocess"):
+            report["stages"].pop(stage, None)
+        report["blocks"] = blocks_report(blocks["timed"], blocks["warmup"])
     if warm_runs and warm_runs[0].get("steps"):
         report["warmup"]["first_step_s"] = warm_runs[0]["steps"][0]
     if runtime.is_attached(pipe):
@@ -254,7 +280,9 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
     if tiny_model:
         fallback.update(TINY_DEFAULTS)
     sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
-    missing = [f"--{name}" for name, value in sizes.items() if value is None]
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
+    missing = [f"--{name}" for name, value in sizes.items() if value is None and takes[name] in accepted]
     if missing:
         raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
     return sizes
@@ -263,7 +291,7 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     from . import architectures
-    from .cli import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, _device, load_pipeline
+    from .cli import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, _device, call_arguments, load_pipeline
     from .config import TPUConfig
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
@@ -280,9 +308,12 @@ def run(args) -> dict:
                 width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
                 guidance_scale=args.guidance, output_type="pil",
                 max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"))
+    if args.blocks is not None:
+        call["num_blocks"] = args.blocks
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": _versions(), "model": model, "pipeline": type(pipe).__name__,
-              "settings": {k: v for k, v in call.items() if k not in ("prompt", "negative_prompt", "output_type")}
+              "settings": {k: v for k, v in call_arguments(pipe, call).items()
+                           if k not in ("prompt", "negative_prompt", "output_type")}
               | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup}}
     torch_frames = None
     if args.vs == "torch":
@@ -301,7 +332,7 @@ def run(args) -> dict:
     measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
                     mesh=dict(attached.mesh.shape), attention=attached.attention.implementation)
     measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
-    if attached.target.platform == "cpu":
+    if attached.target.platform == "cpu" and measured["flops"]:
         measured["flops"]["mfu"] = None  # CPU: no meaningful peak
     report["jax"] = measured
     if torch_frames is not None:
@@ -340,6 +371,7 @@ def format_table(report: dict) -> str:
         if torch_side and stage in torch_side["stages"]:
             row += f"{torch_side['stages'][stage]['median_s']:>14.4f}{report['speedup_torch_over_jax'][stage]:>10.2f}"
         lines.append(row)
+    lines.extend(_block_lines(jax_side.get("blocks"), (torch_side or {}).get("blocks")))
     warm, compiled = jax_side["warmup"], jax_side.get("compile", {})
     lines.append(f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "
                  f"{compiled.get('compilations', 0)} programs; recompilations after warm-up: "
@@ -357,6 +389,25 @@ def format_table(report: dict) -> str:
     if jax_side["platform"] == "cpu":
         lines.append("CPU numbers (Pallas kernels in interpret mode) are not speed claims.")
     return "\n".join(lines)
+
+
+def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
+    if not blocks:
+        return []
+    lines = []
+    for key, label in (("forward", "forward"), ("first_block", "first block"), ("block", "block (steady)")):
+        entry = blocks[key]
+        if entry.get("count"):
+            row = f"{label:<15}{entry['mean_s']:>10.4f}{entry['median_s']:>10.4f}{entry['p95_s']:>10.4f}"
+            if torch_blocks and torch_blocks[key].get("count"):
+                theirs = torch_blocks[key]["median_s"]
+                row += f"{theirs:>14.4f}{theirs / entry['median_s']:>10.2f}"
+            lines.append(row)
+    fps = f"{blocks['fps']:.1f}" if blocks.get("fps") else "n/a"
+    lines.append(f"streaming: {blocks['frames_per_block']} frames per block, {fps} frames/s (steady blocks), "
+                 f"{blocks['forwards_per_block']} forwards per block; compilations after the first block: "
+                 f"{blocks['compilations_after_first_block']}")
+    return lines
 
 
 def add_arguments(parser) -> None:

@@ -36,7 +36,7 @@ def _mesh(text: str) -> dict[str, int]:
 def _add_runtime_args(parser, model=True):
     if model:
         parser.add_argument("--model", help="local diffusers folder, or tiny:wan / tiny:wan-4head / "
-                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 / tiny:hunyuanvideo15 (default: tiny:wan; staged "
+                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 / tiny:hunyuanvideo15 / tiny:causal-wan (default: tiny:wan; staged "
                             "stages after encode default to the stage directory's model)")
     parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
                         help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
@@ -60,6 +60,7 @@ def _add_size_args(parser):
     parser.add_argument("--height", type=int, help="default: the pipeline's (tiny models: 64)")
     parser.add_argument("--width", type=int, help="default: the pipeline's (tiny models: 64)")
     parser.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny models: 4)")
+    parser.add_argument("--blocks", type=int, help="causal (streaming) pipelines: blocks to generate (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -122,7 +123,9 @@ def load_pipeline(model: str):
             return tiny.cogvideox_pipeline(variant)
         if variant == "hunyuanvideo15":
             return tiny.hunyuan15_pipeline()
-        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15"]
+        if variant == "causal-wan":
+            return tiny.causal_wan_pipeline()
+        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
         raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {known}.")
     import diffusers
 
@@ -238,6 +241,8 @@ def generate(args) -> int:
         _write(frames[0], args)
         return 0
     call = {k: v for k, v in _size_call(args).items() if v is not None}
+    if args.blocks is not None:
+        call["num_blocks"] = args.blocks
     if args.guidance is not None:
         call["guidance_scale"] = args.guidance
     if sequence is not None:

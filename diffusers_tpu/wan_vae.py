@@ -132,7 +132,8 @@ class StreamingDecoder:
 
     On JAX it reuses the VAE's compiled programs: latent frames 0 and 1 (whose cache entries are still uneven)
     in program A, every later frame in the chunk program (cache carried, donated). The first block also runs the
-    programs the next blocks need once on zeros (on copies of the cache), so no block after the first compiles.
+    programs the next blocks need on zeros (on copies of the cache; once per block shape), so no block after the
+    first compiles.
     """
 
     def __init__(self, vae):
@@ -159,7 +160,9 @@ class StreamingDecoder:
         first = self.start == 0
         out, self.cache = self._run(z, self.cache, self.start)
         self.start += z.shape[2]
-        if first and self.programs is not None:
+        rehearsed = self.programs["rehearsed"] if self.programs is not None else None
+        if first and rehearsed is not None and (tuple(z.shape), z.dtype) not in rehearsed:
+            rehearsed.add((tuple(z.shape), z.dtype))  # once per block shape: later calls find the programs built
             cache, start, zeros = _copy(self.cache), self.start, torch.zeros_like(z)
             while True:  # the next block's programs; one more when that block still holds frame 1
                 rehearsed, cache = self._run(zeros, cache, start)
@@ -218,4 +221,5 @@ def install(vae, runtime, state, place_input) -> None:
     runtime._override(vae, "_encode", _encode)
     runtime.enter_public_vae_methods(vae)
     runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
-                                                       "encode_first": encode_first, "encode_chunk": encode_chunk})
+                                                       "encode_first": encode_first, "encode_chunk": encode_chunk,
+                                                       "rehearsed": set()})  # StreamingDecoder's block shapes

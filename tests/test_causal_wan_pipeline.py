@@ -115,3 +115,27 @@ def test_wrong_scheduler_names_the_fix():
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
     with pytest.raises(ValueError, match=r"FlowMatchLCMScheduler\(shift=5.0\)"):
         next(pipe.stream("a cat", num_blocks=1, height=32, width=32))
+
+
+def test_bench_reports_per_block_figures(pipes):
+    from diffusers_tpu import bench
+
+    _, pipe = pipes
+    report, frames = bench.measure(pipe, dict(CALL, output_type="pil", num_frames=9), runs=2, warmup=1)
+    blocks = report["blocks"]
+    assert blocks["forward"]["count"] == 2 * 3 * 4 and blocks["forwards_per_block"] == 4  # 3 steps + refresh
+    assert blocks["block"]["count"] == 2 * 2 and blocks["frames_per_block"] == 8 and blocks["fps"] > 0
+    assert blocks["compilations_after_first_block"] == 0 and report["compile"]["recompilations_after_warmup"] == 0
+    assert frames.shape == (2, 21, 32, 48, 3) and "steps" not in report["stages"]
+    assert "frames/s (steady blocks)" in "\n".join(bench._block_lines(blocks, None))
+
+
+def test_cli_streams_the_requested_blocks(tmp_path):
+    import imageio.v3 as iio
+    from test_cli import run_cli
+
+    out = tmp_path / "stream.mp4"
+    result = run_cli("generate", "--model", "tiny:causal-wan", "--blocks", "2", "--height", "32", "--width", "32",
+                     "--platform", "cpu", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert iio.imread(out).shape == (1 + 4 * 3, 32, 32, 3)  # 2 blocks x 2 latent frames
