@@ -197,6 +197,8 @@ class PipelineRuntime:
                 module.to(self.user_dtype)
         if self.pairing is not None:
             self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
+        if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
+            self._override(pipe, "encode_prompt", self._entered(pipe.encode_prompt))
         self._override(pipe, "progress_bar", self._timed_progress_bar(pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
