@@ -26,7 +26,7 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _COMPILE_PHASES = (_BACKEND_COMPILE, "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: nested logs with equal counts must stay distinct in _open_logs
 class CompileLog:
     """What JAX compiled while the log was open.
 
