@@ -147,6 +147,18 @@ def is_jax_tensor(value) -> bool:
     return isinstance(value, (Tensor, View))
 
 
+def synchronize(value) -> None:
+    """Wait until the JAX tensors in ``value`` (any pytree) are computed; for CUDA tensors, the CUDA stream."""
+    import torch.utils._pytree as pytree
+
+    tensors = [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+    arrays = [x.jax() for x in tensors if is_jax_tensor(x)]
+    if arrays:
+        jax.block_until_ready(arrays)
+    elif any(x.device.type == "cuda" for x in tensors):
+        torch.cuda.synchronize()
+
+
 def to_jax_array(value) -> jax.Array:
     if isinstance(value, jax.Array):
         return value

@@ -86,10 +86,7 @@ class Probe:
         if self.cuda:
             torch.cuda.synchronize()
         elif value is not None:
-            import jax
-
-            arrays = [backend.to_jax_array(x) for x in torch.utils._pytree.tree_leaves(value) if backend.is_jax_tensor(x)]
-            jax.block_until_ready(arrays)
+            backend.synchronize(value)
 
     def _timed(self, stage, count_bytes=False):
         def make(method):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable, Iterator
 
@@ -119,22 +118,13 @@ class CausalWanPipeline(DiffusionPipeline):
         """Transformer keyword arguments of block ``index`` besides latents, timestep and cache."""
         return {"encoder_hidden_states": prompt_embeds}
 
-    def _sync(self, value) -> None:
-        tensors = [x for x in torch.utils._pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
-        if any(backend.is_jax_tensor(x) for x in tensors):
-            import jax
-
-            jax.block_until_ready([backend.to_jax_array(x) for x in tensors if backend.is_jax_tensor(x)])
-        elif any(x.device.type == "cuda" for x in tensors):
-            torch.cuda.synchronize()
-
     def _forward(self, timing: BlockTiming | None, latents, timestep, inputs: dict, cache, offset, write: bool):
         start = time.perf_counter()
         batch = latents.shape[0]
         out = self.transformer(latents.to(self.transformer.dtype), timestep.expand(batch), **inputs, kv_cache=cache,
                                frame_offset=offset, write_cache=write)
         if timing is not None:
-            self._sync(out)
+            backend.synchronize(out)
             timing.forward_seconds.append(time.perf_counter() - start)
         return out
 
@@ -156,12 +146,7 @@ class CausalWanPipeline(DiffusionPipeline):
         return latents, cache
 
     def _to_pixels(self, decoder, latents):
-        vae = self.vae
-        latents = latents.to(vae.dtype)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        return decoder.decode(latents / inverse_std + mean)  # as the stock Wan pipeline un-normalizes
+        return decoder.decode(wan.unnormalize_latents(self.vae, latents.to(self.vae.dtype)))
 
     @torch.no_grad()
     def stream(self, prompt: str | list[str] | None = None, num_blocks: int = 3, height: int = 480, width: int = 832,
@@ -241,8 +226,7 @@ class CausalWanPipeline(DiffusionPipeline):
 
 
 def _check_call(pipe, arguments: dict) -> None:
-    accepted = inspect.signature(pipe.check_inputs).parameters
-    pipe.check_inputs(**{k: v for k, v in arguments.items() if k in accepted and k != "self"})
+    pipe.check_inputs(**{k: v for k, v in arguments.items() if k != "self"})
 
 
 FAMILY = register(

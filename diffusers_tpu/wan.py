@@ -64,17 +64,20 @@ def latent_size(pipe, height: int, width: int, num_frames: int) -> tuple[int, in
             width // pipe.vae_scale_factor_spatial)
 
 
-def decode_latents(pipe, latents, num_frames: int):
-    """Stock ``__call__``'s tail after the denoising loop (diffusers 0.42, pipeline_wan.py): un-normalize the latents
-    with the VAE's statistics, then decode."""
+def unnormalize_latents(vae, latents):
+    """Latents as the VAE decodes them, computed as the stock pipeline does (diffusers 0.42, pipeline_wan.py)."""
     import torch
 
-    vae = pipe.vae
-    latents = latents.to(pipe._execution_device, dtype=vae.dtype)
     shape = (1, vae.config.z_dim, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
     inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-    return vae.decode(latents / inverse_std + mean, return_dict=False)[0]
+    return latents / inverse_std + mean
+
+
+def decode_latents(pipe, latents, num_frames: int):
+    """Stock ``__call__``'s tail after the denoising loop: un-normalize the latents, then decode."""
+    latents = latents.to(pipe._execution_device, dtype=pipe.vae.dtype)
+    return pipe.vae.decode(unnormalize_latents(pipe.vae, latents), return_dict=False)[0]
 
 
 class WanPipeline(diffusers.WanPipeline):
