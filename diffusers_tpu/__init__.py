@@ -9,12 +9,15 @@
 
 __version__ = "0.1.0"
 
-from . import patches
+from . import compat
 
-patches.import_torchax()  # torchax must import (through its compat shim) before anything touches it
+compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
+
+from . import causal_wan_pipeline, cogvideox, hunyuan, wan  # noqa: E402,F401  (register the model families)
+from . import patches  # noqa: E402  (top of the import graph: hooks diffusers, peft and torch.Generator)
+
 patches.apply()
 
-from . import causal_wan_pipeline, cogvideox, hunyuan, wan  # noqa: E402  (register the model families)
 from .causal_wan import CausalWanTransformer3DModel  # noqa: E402
 from .causal_wan_pipeline import CausalWanPipeline  # noqa: E402
 from .cogvideox import CogVideoXPipeline  # noqa: E402

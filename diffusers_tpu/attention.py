@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-from . import patches
+from . import compat
 from .backend import to_jax_array, wrap
 from .sharding import axis_size
 from .kernels import BlockSizes, cudnn_attention, dense_mask_attention, flash_attention, reference_attention
@@ -122,7 +122,7 @@ def scaled_dot_product_attention(
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on torchax tensors."""
     if dropout_p:  # training-time dropout: torchax's own implementation has it
-        return patches.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
     lead = q.shape[:-2]

@@ -15,7 +15,7 @@ import torch
 from jax.sharding import AxisType, Mesh
 
 from .config import MESH_AXES
-from .patches import import_torchax
+from .compat import import_torchax
 
 logger = logging.getLogger(__name__)
 
@@ -212,9 +212,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def default_mesh_shape(num_devices: int, num_heads: int | None) -> dict[str, int]:
-    """dp=2 for the guidance pair when the count is even, tp as large as the heads allow, sp takes the rest."""
-    dp = 2 if num_devices % 2 == 0 else 1
+def default_mesh_shape(num_devices: int, num_heads: int | None, pair_batch: bool = True) -> dict[str, int]:
+    """dp=2 for the guidance pair when the count is even, tp as large as the heads allow, sp takes the rest.
+    ``pair_batch=False`` (the guidance pair runs as two calls, e.g. under a step cache): dp=1."""
+    dp = 2 if num_devices % 2 == 0 and pair_batch else 1
     rest = num_devices // dp
     tp = max((d for d in _divisors(rest) if num_heads is None or num_heads % d == 0), default=1)
     return {"dp": dp, "sp": rest // tp, "tp": tp}

@@ -173,7 +173,7 @@ def _frames(output) -> np.ndarray:
 def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None,
             seed: int = 0) -> tuple[dict, np.ndarray]:
     """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
-    from .cli import call_arguments
+    from .arguments import call_arguments
 
     streaming = hasattr(pipe, "block_timings")  # a causal pipeline: time each transformer pass and block
     call = call_arguments(pipe, dict(call, timing=True) if streaming else call)
@@ -262,7 +262,7 @@ def _versions() -> dict:
 
 def _sizes(pipe, args, tiny_model: bool) -> dict:
     """Explicit sizes (FLOPs need numbers): the arguments, else tiny defaults, else the pipeline's defaults."""
-    from .cli import TINY_DEFAULTS
+    from .arguments import TINY_DEFAULTS
     from .stages import _defaults
 
     defaults = _defaults(pipe)
@@ -288,11 +288,11 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     from . import architectures
-    from .cli import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, _device, call_arguments, load_pipeline
+    from .arguments import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, call_arguments, device_for, load_pipeline
     from .config import TPUConfig
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    device = _device(args.platform)  # a bad platform fails before any weight is built
+    device = device_for(args.platform)  # a bad platform fails before any weight is built
     config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
                        text_encoder=args.text_encoder)
     model = args.arch or args.model or DEFAULT_MODEL
@@ -408,10 +408,10 @@ def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    from .cli import _add_runtime_args, _add_size_args
+    from .arguments import add_runtime_args, add_size_args
 
-    _add_runtime_args(parser)
-    _add_size_args(parser)
+    add_runtime_args(parser)
+    add_size_args(parser)
     parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
                         "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic")

@@ -161,7 +161,7 @@ class CausalWanPipeline(DiffusionPipeline):
         self.check_inputs(prompt, num_blocks, height, width, denoising_steps, context_noise, prompt_embeds,
                           output_type, block_inputs)
         attached = runtime.runtime_of(self)
-        enter = attached.active if attached is not None else contextlib.nullcontext
+        enter = attached.call_scope if attached is not None else contextlib.nullcontext
         config, device = self.transformer.config, self._execution_device
         self.block_timings = []
         with enter():
@@ -199,7 +199,7 @@ class CausalWanPipeline(DiffusionPipeline):
                 self.block_timings.append(record)
                 bar.update()
                 yield frames
-        if attached is not None and not attached._in_call:
+        if attached is not None and not attached._depth:
             attached._last_output = None  # the progress bar's sync handle; it would pin the last cache
 
     @torch.no_grad()

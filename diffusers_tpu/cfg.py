@@ -69,10 +69,13 @@ class CFGPairing:
         tracked.__wrapped__ = cache_context
         return tracked
 
-    def wrap_denoiser(self, module, forward):
+    def wrap_denoiser(self, module, forward, hooked=lambda: False):
+        """``hooked()``: diffusers hooks (a step cache) keep per-context state, so those calls stay separate."""
+
         def paired(*args, **kwargs):
             name = self.context.get(id(module))
-            if args or name not in ("cond", "uncond") or self.condition_arg not in kwargs:
+            if args or name not in ("cond", "uncond") or self.condition_arg not in kwargs or hooked():
+                self.pending = None
                 return forward(*args, **kwargs)
             if name == "cond":
                 return self._cond(module, forward, kwargs)

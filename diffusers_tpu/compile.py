@@ -86,12 +86,13 @@ _TENSOR = _TensorSlot()
 class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
-    def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None):
+    def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None,
+                 extras=None):
         self.out_spec = None
         self.out_static = None
         self.donate = donate
 
-        def traced(state: dict, dynamic: list, donated: list):
+        def traced(state: dict, dynamic: list, donated: list, extra: list):
             dynamic = list(dynamic) + list(donated)
             if compute_dtype is not None:  # weights stored in one dtype, computed in another: XLA fuses the cast
                 state = {k: v.astype(compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
@@ -101,7 +102,8 @@ class _Program:
             leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
             args, kwargs = pytree.tree_unflatten(leaves, spec)
             weights = {name: wrap(value) for name, value in state.items()}
-            with torch.no_grad(), _reparametrize_module(module, weights):
+            bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
+            with torch.no_grad(), _reparametrize_module(module, weights), bound:
                 out = method(*args, **kwargs)
             out_leaves, self.out_spec = pytree.tree_flatten(out)
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
@@ -110,9 +112,9 @@ class _Program:
         # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
         self.jitted = jax.jit(traced, donate_argnums=(2,) if donate is not None else ())
 
-    def __call__(self, state: dict, dynamic: list):
+    def __call__(self, state: dict, dynamic: list, extra: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
-        return self.jitted(state, dynamic[:cut], dynamic[cut:])
+        return self.jitted(state, dynamic[:cut], dynamic[cut:], list(extra))
 
     def rebuild(self, arrays):
         it = iter(arrays)
@@ -134,13 +136,16 @@ def compiled_function(
     place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
     compute_dtype=None,
     donate: int | None = None,
+    extras=None,
 ) -> Callable:
     """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
     ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
     arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
     ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``). One program is
-    compiled per structure of non-tensor arguments and input shapes.
+    compiled per structure of non-tensor arguments and input shapes. ``extras`` feeds module state that is not a
+    weight into the program: ``extras.key()`` (hashable: part of the program key), ``extras.values()`` (arrays:
+    program inputs) and ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
     """
     name = getattr(method, "__name__", "function")
     programs: dict = {}
@@ -152,7 +157,7 @@ def compiled_function(
             # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache
             # holds "Rep" markers or tensors depending on the frame count), and each program keeps its own.
             shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-            key = (spec, static, shapes)
+            key = (spec, static, shapes, extras.key() if extras is not None else None)
             try:
                 program = programs.get(key)
             except TypeError:
@@ -161,14 +166,16 @@ def compiled_function(
                     f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
                 ) from None
             if program is None:
-                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate)
+                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
-            return program.rebuild(program(state(), dynamic))
+            extra = extras.values() if extras is not None else []
+            return program.rebuild(program(state(), dynamic, extra))
 
     compiled.__wrapped__ = method
     compiled.programs = programs
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
+    compiled.extras = extras
     return compiled
 
 
@@ -179,12 +186,15 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-    program = compiled.programs.get((spec, static, shapes)) or _Program(compiled.module, compiled.__wrapped__, spec, static,
-                                                                  compiled.compute_dtype, compiled.donate)
+    extras = compiled.extras
+    key = (spec, static, shapes, extras.key() if extras is not None else None)
+    program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
+                                                     compiled.compute_dtype, compiled.donate, extras)
     dynamic = [compiled.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
     cut = len(dynamic) if program.donate is None else program.donate
+    extra = extras.values() if extras is not None else []
     with compiled.activate():
-        stats = program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:]).compile().memory_analysis()
+        stats = program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra).compile().memory_analysis()
     report = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
               "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
     report["peak_bytes"] = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from . import patches
 from .sharding import Rule
 
 
@@ -62,10 +61,12 @@ _families: list[Family] = []
 
 
 def register(family: Family) -> Family:
-    _families.append(family)
-    for cls in family.pipelines:
-        patches.wrap_pipeline_call(cls)
+    _families.append(family)  # patches.apply (or the first pipe.to) wraps the pipelines' __call__
     return family
+
+
+def registered_pipelines() -> list[type]:
+    return [cls for family in _families for cls in family.pipelines]
 
 
 def supported_pipelines() -> list[str]:

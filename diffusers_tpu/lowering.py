@@ -59,7 +59,7 @@ def export_method(module, name: str, args=(), kwargs=None, *, mesh, rules=(), dt
         settings = attention.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)
     with backend.jax_mode(), attention.use(settings):
         return jax.export.export(program.jitted, platforms=list(platforms))(
-            state, [x for a, x in zip(is_array, leaves) if a], []
+            state, [x for a, x in zip(is_array, leaves) if a], [], []
         )
 
 

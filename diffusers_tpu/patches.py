@@ -1,84 +1,28 @@
-"""Every patch this project applies to torch, torchax or diffusers, each with its reason and version guard.
+"""Every patch this project applies to diffusers, peft and torch's public API, each with its reason and guard.
 
-Nothing else in the package modifies a third-party object; family modules and the runtime only install
-per-instance overrides on the pipelines and modules a user moved to JAX (undone by ``pipe.to("cpu")``).
+This module sits at the top of the import graph (it imports the runtime); the low-level torch/torchax
+compatibility patches live in ``compat`` at the bottom. Nothing else in the package modifies a third-party class:
+family modules and the runtime only install per-instance overrides on the pipelines and modules a user moved to
+JAX (undone by ``pipe.to("cpu")``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib
-import inspect
 import logging
 import re
 
-import jax
 import torch
+
+from . import attention, compat, lora, porting, runtime
+from .families import registered_pipelines
 
 logger = logging.getLogger(__name__)
 
 _applied: set[str] = set()
 
 
-# --- 1. torchax import on torch >= 2.13 ------------------------------------------------------------------
-# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
-# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
-# environment is first built). During those two steps only, such a missing overload resolves to an inert
-# placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
-# Guard: a no-op when the torch in use still has the overloads.
-_NAMED_TENSOR_MARKERS = ("dimname", "names")
-
-
-class _RemovedOverload:
-    """Stands in for an aten overload that torch no longer has; never called."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"<removed aten overload {self.name}>"
-
-
-def _torch_has_named_overloads() -> bool:
-    return hasattr(torch.ops.aten.prod, "dim_Dimname")
-
-
-@contextlib.contextmanager
-def _tolerate_removed_named_overloads():
-    packet_cls = torch._ops.OpOverloadPacket
-    original = packet_cls.__getattr__
-
-    def getattr_with_placeholders(self, key):
-        try:
-            return original(self, key)
-        except AttributeError:
-            if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
-                return _RemovedOverload(f"{self._qualified_op_name}.{key}")
-            raise
-
-    packet_cls.__getattr__ = getattr_with_placeholders
-    try:
-        yield
-    finally:
-        packet_cls.__getattr__ = original
-
-
-@functools.cache
-def import_torchax():
-    """Import torchax and build its default environment, on any supported torch."""
-    if _torch_has_named_overloads():
-        torchax = importlib.import_module("torchax")
-        torchax.default_env()
-        return torchax
-    with _tolerate_removed_named_overloads():
-        torchax = importlib.import_module("torchax")
-        torchax.default_env()  # loads torchax.decompositions, the second place that needs the shim
-    _applied.add("torchax-named-overloads")
-    return torchax
-
-
-# --- 2. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
+# --- 1. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
 # Reason: stock ``to`` calls ``torch.device(arg)`` (pipeline_utils.py, ``to``), and torch has no "tpu" device;
 # "jax" parses only after torchax renamed the private backend, and moving modules with ``module.to("jax")``
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
@@ -112,11 +56,11 @@ def _patch_pipeline_to():
 
     @functools.wraps(stock_to)
     def to(self, *args, **kwargs):
-        from . import runtime
-
         config = kwargs.pop("config", None)
         target = runtime.jax_target_of(args, kwargs)
         if target is not None:
+            for cls in type(self).__mro__:  # subclasses with their own __call__ (diffusers_tpu's, users')
+                wrap_pipeline_call(cls)
             return runtime.attach(self, target, config=config, dtype=runtime.dtype_of(args, kwargs))
         if config is not None:
             raise ValueError(
@@ -134,22 +78,22 @@ def _patch_pipeline_to():
     _applied.add("DiffusionPipeline.to")
 
 
-# --- 3. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
+# --- 2. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
 # Reason: after a JAX placement every tensor the stock ``__call__`` touches (latents, timesteps, embeddings) is a
 # torchax tensor, which only computes inside the torchax environment. Wrapping ``__call__`` lets the stock body
 # run unchanged. Pipelines never moved to JAX take the original path untouched.
-# Guard: applied once per class; the wrapper only acts on instances the runtime attached to.
+# Guard: applied once per class that defines ``__call__``; the wrapper only acts on attached instances.
 def wrap_pipeline_call(pipeline_cls) -> None:
-    if "__call__" not in vars(pipeline_cls):
-        return  # inherits an already wrapped __call__
+    from diffusers import DiffusionPipeline
+
+    if "__call__" not in vars(pipeline_cls) or not issubclass(pipeline_cls, DiffusionPipeline):
+        return
     stock_call = vars(pipeline_cls)["__call__"]
     if getattr(stock_call, "_diffusers_tpu", False):
         return
 
     @functools.wraps(stock_call)
     def __call__(self, *args, **kwargs):
-        from . import runtime
-
         attached = runtime.runtime_of(self)
         if attached is None:
             return stock_call(self, *args, **kwargs)
@@ -160,95 +104,116 @@ def wrap_pipeline_call(pipeline_cls) -> None:
     _applied.add(f"{pipeline_cls.__name__}.__call__")
 
 
-# --- 4. SDPA on the torchax default environment -----------------------------------------------------------
-# Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
-# nothing about the mesh. Inside a JAX pipeline call the project's attention (kernel under shard_map) must run
-# instead, for every caller: diffusers' native dispatch, processors calling F.scaled_dot_product_attention, and
-# transformers' SDPA path. The override must sit on the *default* environment: ``interop.call_torch`` uses it
-# under jit. Only calls with dropout (training) still reach torchax's original implementation.
-# Guard: torchax keeps its op table in ``Environment._ops`` keyed by the torch callable (0.0.10 - 0.0.13).
-_torchax_sdpa_op = None
-
-
-def route_sdpa() -> None:
-    global _torchax_sdpa_op
-    import torch.nn.functional as F
-
-    from .attention import scaled_dot_product_attention
-
-    environment = import_torchax().default_env()
-    current = environment._ops.get(F.scaled_dot_product_attention)
-    if current is None or current.func is scaled_dot_product_attention:
+# --- 3. peft adapters next to a base layer that lives on JAX ------------------------------------------------
+# Reason: peft moves a new adapter to its base layer's device (``_move_adapter_to_device_of_base_layer``), and
+# ``tensor.to("jax")`` fails outside the torchax environment (``aten::empty_strided`` on the 'jax' backend): a
+# LoRA loaded into a moved pipeline crashed. The adapter now stays on the host (cast to the base dtype); the
+# runtime shards it like the layer it adapts before the next call. ``merge``/``unmerge`` (fuse_lora/unfuse_lora)
+# compute on the weights: for a layer on JAX they run stock peft code on host copies of that layer's tensors,
+# which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
+# take the new path (peft 0.17 - 0.21 method names); without peft nothing is patched.
+def _patch_peft():
+    try:
+        from peft.tuners.lora import layer as lora_layer
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
         return
-    _torchax_sdpa_op = current
-    for op in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention):
-        environment.override_op_definition(op, scaled_dot_product_attention)
-    _applied.add("torchax SDPA override")
-
-
-def torchax_sdpa(*args):
-    """torchax's own SDPA (used outside JAX pipeline calls)."""
-    return _torchax_sdpa_op.func(*args, env=import_torchax().default_env())
-
-
-# --- 5. torchax Tensor.type_as returns a new tensor -------------------------------------------------------
-# Reason: torchax's ``Tensor.type_as`` casts the wrapped JAX array *in place* and returns self. The wrapper's C++
-# metadata (dtype fixed when the tensor was made) then disagrees with its ``.dtype`` property, and torch's own
-# checks read the former: Wan's VAE ``WanUpsample`` (``interpolate(x.float()).type_as(x)``) then fails in the next
-# conv with "Input type (float) and bias type (c10::BFloat16)" on bf16 weights. torch's ``type_as`` is not
-# in-place; the patched one returns a new tensor of ``other``'s dtype, as torch does.
-# Guard: only replaces torchax's own in-place implementation (0.0.10 - 0.0.13).
-def _patch_type_as():
-    from torchax.tensor import Tensor
-
-    current = vars(Tensor).get("type_as")
-    if current is None or getattr(current, "_diffusers_tpu", False):
-        return
-    if "self._elem = " not in inspect.getsource(current):
-        return  # a fixed torchax: nothing to do
-
-    def type_as(self, other):
-        if self.dtype == other.dtype:
-            return self
-        return Tensor(self._elem.astype(other.jax().dtype), self._env)
-
-    type_as._diffusers_tpu = True
-    Tensor.type_as = type_as
-    _applied.add("torchax Tensor.type_as")
-
-
-# --- 6. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
-# Reason: torch casts an assigned value to the destination's dtype; torchax hands both to ``.at[].set`` as they
-# are, and JAX warns that mixing them (float32 into bfloat16) will become an error. Wan's rotary embedding does
-# exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``).
-# Guard: only wraps torchax's own ``__setitem__`` (0.0.10 - 0.0.13), once.
-def _patch_setitem():
-    from torchax.tensor import Tensor
-
-    stock = vars(Tensor).get("__setitem__")
-    if stock is None or getattr(stock, "_diffusers_tpu", False):
+    stock_move = BaseTunerLayer._move_adapter_to_device_of_base_layer
+    if getattr(stock_move, "_diffusers_tpu", False):
         return
 
-    def __setitem__(self, key, value):
-        if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
-            value = value.to(self.dtype)
-        elif isinstance(value, jax.Array) and value.dtype != self._elem.dtype:
-            value = value.astype(self._elem.dtype)
-        return stock(self, key, value)
+    @functools.wraps(stock_move)
+    def move_adapter(self, adapter_name, device=None):
+        if device is None and lora.base_on_jax(self):
+            device = torch.device("cpu")  # the dtype still follows the base layer
+        return stock_move(self, adapter_name, device)
 
-    __setitem__._diffusers_tpu = True
-    Tensor.__setitem__ = __setitem__
-    _applied.add("torchax Tensor.__setitem__")
+    move_adapter._diffusers_tpu = True
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = move_adapter
+    for cls in vars(lora_layer).values():
+        if isinstance(cls, type) and issubclass(cls, lora_layer.LoraLayer):
+            for name in ("merge", "unmerge"):
+                stock = vars(cls).get(name)
+                if stock is not None and not getattr(stock, "_diffusers_tpu", False):
+                    setattr(cls, name, lora.on_host_copies(stock))
+    _applied.add("peft adapters on JAX layers")
+
+
+# --- 4. torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------
+# Reason: GPU scripts write ``torch.Generator(device="cuda")``; torch rejects "tpu" ("Expected one of cpu, cuda,
+# ... device type") and the "jax" backend has no generator. On JAX pipelines diffusers draws latents on the
+# generator's device and moves them, so the TPU equivalent is a CPU generator: same stream as
+# ``torch.Generator()``, the same latents stock torch CPU draws. ``torch.Generator`` becomes a subclass that maps
+# those two device strings and leaves every other one (and isinstance checks on any generator) as they were.
+# Guard: replaced once; a torch whose Generator already accepts "tpu" is left alone.
+def _patch_generator():
+    if getattr(torch.Generator, "_diffusers_tpu", False):
+        return
+    try:
+        torch.Generator("tpu")
+        return  # a native "tpu" generator exists (torch_xla or similar)
+    except RuntimeError:
+        pass
+    stock = torch.Generator
+
+    class _AnyGenerator(type(stock)):
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, stock)
+
+        def __subclasscheck__(cls, subclass):
+            return issubclass(subclass, stock)
+
+    class Generator(stock, metaclass=_AnyGenerator):
+        __doc__ = stock.__doc__
+        _diffusers_tpu = True
+
+        def __new__(cls, device="cpu"):
+            return stock(porting.generator_device(device))
+
+    Generator.__module__, Generator.__qualname__ = stock.__module__, stock.__qualname__
+    torch.Generator = Generator
+    _applied.add("torch.Generator('tpu')")
+
+
+# --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
+# Reason: GPU scripts call CPU offloading, attention slicing and xformers; on a moved pipeline they would move
+# sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
+# meaning (``porting``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls warn
+# once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
+_PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", "enable_attention_slicing",
+                   "enable_xformers_memory_efficient_attention")
+
+
+def _patch_ported_methods():
+    from diffusers import DiffusionPipeline
+
+    for name in _PORTED_METHODS:
+        stock = getattr(DiffusionPipeline, name, None)
+        if stock is None or getattr(stock, "_diffusers_tpu", False):
+            continue
+
+        @functools.wraps(stock)
+        def ported(self, *args, _name=name, _stock=stock, **kwargs):
+            handled, result = porting.pipeline_method(self, _name, args, kwargs)
+            return result if handled else _stock(self, *args, **kwargs)
+
+        ported._diffusers_tpu = True
+        setattr(DiffusionPipeline, name, ported)
+        _applied.add(f"DiffusionPipeline.{name}")
 
 
 def apply() -> None:
-    """Apply the global patches (idempotent). Called by ``import diffusers_tpu``."""
+    """Apply every patch (idempotent). Called by ``import diffusers_tpu``."""
+    compat.apply()
+    compat.route_sdpa(attention.scaled_dot_product_attention)
     _patch_pipeline_to()
-    route_sdpa()
-    _patch_type_as()
-    _patch_setitem()
+    for cls in registered_pipelines():
+        wrap_pipeline_call(cls)
+    _patch_peft()
+    _patch_generator()
+    _patch_ported_methods()
 
 
 def applied() -> list[str]:
     """Names of the patches in effect, for bug reports."""
-    return sorted(_applied)
+    return sorted(_applied | compat.applied())

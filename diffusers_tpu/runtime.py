@@ -22,8 +22,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, backend, cfg, compile as jit, patches, postprocess, schedulers, sharding
+from . import attention, backend, boundary, cfg, compile as jit, porting, postprocess, schedulers, sharding
 from .config import TPUConfig
+from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
 from .families import Family, family_of
 
 logger = logging.getLogger(__name__)
@@ -98,40 +99,120 @@ class PipelineRuntime:
             batch_cfg and family.cfg_negative is not None
         ) else None
         self.last_call = CallStats()
+        self.attached = True
+        self.denoisers: dict[str, Denoiser] = {}
         self._undo: list = []
         self._last_output = None
         self._log: jit.CompileLog | None = None
-        self._in_call = False
+        self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
     def active(self, settings: attention.AttentionSettings | None = None):
         """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe)."""
-        with backend.jax_mode(), attention.use(settings or attention.SAFE), jax.default_device(self.mesh.devices.flat[0]):
+        with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
+                jax.default_device(self.mesh.devices.flat[0]):
             yield
 
+    @contextlib.contextmanager
+    def call_scope(self):
+        """Like a pipeline call (JAX tensors flow between entry points), for a pipeline's own generator methods."""
+        self._depth += 1
+        try:
+            with self.active():
+                yield
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def outside(self):
+        """User code running inside a call (a step callback): plain torch, and entry points convert as from outside."""
+        depth, self._depth = self._depth, 0
+        try:
+            with backend.torch_mode():
+                yield
+        finally:
+            self._depth = depth
+
+    def public(self, method):
+        """An entry point users call: outside a pipeline call its tensor inputs may be CPU tensors and its outputs
+        are CPU tensors (``boundary``); inside one it passes JAX tensors through."""
+
+        @functools.wraps(method)
+        def entry(*args, **kwargs):
+            if self._depth:
+                return method(*args, **kwargs)
+            self._depth += 1
+            try:
+                with self.active():
+                    return boundary.to_host(method(*boundary.to_device(args), **boundary.to_device(kwargs)))
+            finally:
+                self._depth -= 1
+
+        return entry
+
     def run_pipeline_call(self, stock_call, pipe, args, kwargs):
-        if self._in_call:  # a subclass __call__ wrapping the stock one
+        if self._depth:  # a subclass __call__ wrapping the stock one
             return stock_call(pipe, *args, **kwargs)
+        bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
         if self.family.check_call is not None:  # bad input fails here, before anything compiles
-            bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
-            bound.apply_defaults()
-            self.family.check_call(pipe, bound.arguments)
-        self._in_call, self.last_call = True, CallStats()
+            checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+            checked.apply_defaults()
+            self.family.check_call(pipe, checked.arguments)
+        self._host_callback(bound)
+        self._unwrap_compiled_components()
+        self._depth, self.last_call = 1, CallStats()
         if self.pairing:
             self.pairing.reset()
         start = time.perf_counter()
         try:
-            with self.active(), jit.compile_log() as log:
+            with self.active(), jit.compile_log() as log, self._schedulers_on_device():
                 self._log = log
-                out = to_host(stock_call(pipe, *args, **kwargs))
+                out = boundary.to_host(stock_call(*bound.args, **bound.kwargs))
         finally:
-            self._in_call, self._last_output, self._log = False, None, None
+            self._depth, self._last_output, self._log = 0, None, None
         self.last_call.total_seconds = time.perf_counter() - start
         self.last_call.compile_seconds, self.last_call.compilations = log.seconds, log.compilations
         self.last_call.cache_hits = log.cache_hits
         logger.info("%s on %s: %s", type(pipe).__name__, self.target.platform, self.last_call.summary())
         return out
+
+    def _host_callback(self, bound) -> None:
+        """A step callback sees host tensors (``boundary.host_callback``); a PipelineCallback keeps its tensor list."""
+        callback = bound.arguments.get("callback_on_step_end")
+        if callback is None:
+            return
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
+        bound.arguments["callback_on_step_end"] = boundary.host_callback(callback, self.outside)
+
+    def _unwrap_compiled_components(self) -> None:
+        """``pipe.transformer = torch.compile(pipe.transformer)`` after the move: XLA compiles it already."""
+        for name, module in list(self.pipe.components.items()):
+            original = getattr(module, "_orig_mod", None)
+            if isinstance(module, torch.nn.Module) and sharding.is_placed(original or module) and original is not None:
+                porting.warn_once(f"torch.compile-{name}", f"pipe.{name} was torch.compile'd on JAX: XLA compiles it "
+                                  "already, so the original module runs.")
+                setattr(self.pipe, name, original)
+
+    @contextlib.contextmanager
+    def _schedulers_on_device(self):
+        """During a call, scheduler tables that device timesteps index live on JAX (``schedulers``); outside one the
+        scheduler is a plain host object (a user's own loop, a scheduler swapped after the move)."""
+        undo = []
+        for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
+            undo.extend(schedulers.place(scheduler))
+            if self.config.scheduler_dtype is not None:
+                undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
+        try:
+            yield
+        finally:
+            for step in reversed(undo):
+                step()
+            for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
+                schedulers.to_host(scheduler)
 
     # -- placement -------------------------------------------------------------------------------------------
     def _batch_input(self, array):
@@ -163,17 +244,10 @@ class PipelineRuntime:
             sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
             self._undo.append(functools.partial(sharding.restore, module))
             self._override(module, "state_dict", _host_state_dict(module.state_dict))
+            porting.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
-                if family.denoiser_forward is not None:
-                    self._override(module, "forward", types.MethodType(family.denoiser_forward, module))
-                handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
-                self._undo.extend(handle.remove for handle in handles)
-                self._jit(module, "forward", state, self._batch_input, self.attention)
-                self._override(module, "forward", self._recording_output(module.forward))
-                if self.pairing is not None:
-                    self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward))
-                    self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+                self._place_denoiser(name, module)
             elif name == "vae" and family.vae_install is not None:
                 family.vae_install(module, self, state, self._width_input)
             elif name == "vae":
@@ -186,10 +260,7 @@ class PipelineRuntime:
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
-        for scheduler in (c for c in pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
-            self._undo.extend(schedulers.place(scheduler))
-            if self.config.scheduler_dtype is not None:
-                self._undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
+                self._override(module, "forward", self.public(module.forward))
         for name in _host_text_encoders(pipe, self.config):
             module = getattr(pipe, name)
             self._override(module, "forward", _on_host(module.forward))
@@ -198,7 +269,7 @@ class PipelineRuntime:
         if self.pairing is not None:
             self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
-            self._override(pipe, "encode_prompt", self._entered(pipe.encode_prompt))
+            self._override(pipe, "encode_prompt", self.public(pipe.encode_prompt))
         self._override(pipe, "progress_bar", self._timed_progress_bar(pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
@@ -206,21 +277,42 @@ class PipelineRuntime:
             self._undo.append(functools.partial(postprocess.uninstall, processor))
         if family.prepare is not None:
             family.prepare(pipe, self)
+        for module in self.denoisers.values():  # outermost: a user's direct call gets host tensors
+            self._override(module.module, "forward", self.public(module.module.forward))
+
+    def _place_denoiser(self, name: str, module) -> None:
+        family = self.family
+        forward = innermost_forward(module)
+        if family.denoiser_forward is not None:
+            forward = types.MethodType(family.denoiser_forward, module)
+        handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
+        self._undo.extend(handle.remove for handle in handles)
+        entry = Denoiser(self, module, forward, family.shard_rules, self.attention, self._batch_input)
+        self.denoisers[name] = entry
+        self._install_forward(module, entry)
+        self._override(module, "forward", self._recording_output(module.forward))
+        if self.pairing is not None:
+            self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
+            self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+
+    def _install_forward(self, module, forward) -> None:
+        """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
+        keep running around it), else as an instance attribute."""
+        found = hook_reference(module)
+        if found is None:
+            self._override(module, "forward", forward)
+            return
+        reference, attribute = found
+        stock = getattr(reference, attribute)
+        setattr(reference, attribute, forward)
+        self._undo.append(lambda: setattr(reference, attribute, stock))
 
     def enter_public_vae_methods(self, vae) -> None:
         """``vae.encode`` / ``vae.decode`` do tensor math around the compiled parts (slicing, tiling, the latent
-        distribution): run them in the JAX context, so they also work when called outside a pipeline call."""
+        distribution): public entry points, so they also work (and return host tensors) outside a pipeline call."""
         for name in ("encode", "decode"):
             if callable(getattr(vae, name, None)):
-                self._override(vae, name, self._entered(getattr(vae, name)))
-
-    def _entered(self, method):
-        @functools.wraps(method)
-        def entered(*args, **kwargs):
-            with self.active():
-                return method(*args, **kwargs)
-
-        return entered
+                self._override(vae, name, self.public(getattr(vae, name)))
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
@@ -228,11 +320,17 @@ class PipelineRuntime:
         self._override(module, method, compiled)
 
     def _override(self, owner, name, value):
+        """Set ``owner.<name>`` for as long as the pipeline is on JAX. A function is guarded: once detached it calls
+        what was there before, so a wrapper someone installed on top of it (a diffusers hook) keeps working."""
         had = name in vars(owner)
         previous = vars(owner).get(name)
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+            value = self._guarded(owner, name, value, previous if had else None)
         object.__setattr__(owner, name, value)
 
         def undo():
+            if vars(owner).get(name) is not value:
+                return  # replaced on top of ours: ours (guarded) now falls through
             if had:
                 object.__setattr__(owner, name, previous)
             else:
@@ -240,10 +338,16 @@ class PipelineRuntime:
 
         self._undo.append(undo)
 
-    def undo(self) -> None:
-        for step in reversed(self._undo):
-            step()
-        self._undo.clear()
+    def _guarded(self, owner, name, value, previous):
+        @functools.wraps(value)
+        def guarded(*args, **kwargs):
+            if self.attached:
+                return value(*args, **kwargs)
+            fallback = previous if previous is not None else getattr(type(owner), name).__get__(owner)
+            return fallback(*args, **kwargs)
+
+        guarded.__wrapped__ = value
+        return guarded
 
     # -- progress bar: per-step device time, compile reported apart -----------------------------------------
     def _timed_progress_bar(self, stock_progress_bar):
@@ -276,6 +380,12 @@ class PipelineRuntime:
 
         return progress_bar
 
+    def undo(self) -> None:
+        self.attached = False
+        for step in reversed(self._undo):
+            step()
+        self._undo.clear()
+
 
 def _state(slots, prefix: str = "") -> dict:
     return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
@@ -306,13 +416,8 @@ def _on_host(forward):
     return host_forward
 
 
-def _to_cpu(value):
-    return backend.jax_to_host(value.jax()) if backend.is_jax_tensor(value) else value
-
-
-def to_host(value):
-    """Pipeline outputs as the user can use them: JAX tensors become CPU torch tensors."""
-    return pytree.tree_map(_to_cpu, value)
+_to_cpu = boundary._to_cpu
+to_host = boundary.to_host
 
 
 def _host_text_encoders(pipe, config: TPUConfig) -> list[str]:
@@ -347,28 +452,28 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         return pipe
     devices = backend.devices_for(target)
     heads = family.num_heads(pipe)
-    if config.mesh is None:
-        mesh_shape = backend.default_mesh_shape(len(devices), heads)
-    else:
-        mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
     if current is not None:
         detach(pipe)  # re-placing with another config starts from the torch pipeline
-    plans = {}
-    for name, module in _modules_to_place(pipe, config).items():
-        denoiser = name in family.denoisers
-        rules = family.shard_rules if denoiser else ()
-        module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
-        if name == "vae" and config.vae_weights_dtype is not None:
-            module_dtype = config.vae_weights_dtype
-        if dtype is None:
-            module_dtype = component_dtype(family, config, target, name, module_dtype)
-        keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
-        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep))
-
-    patches.wrap_pipeline_call(type(pipe))
+    prepared = porting.prepare_components(pipe)  # offload hooks, torch.compile wrappers (undone on failure/detach)
+    try:
+        modules = _modules_to_place(pipe, config)
+        for module in modules.values():
+            check_hooks(module, "pipe.to('tpu')")
+        hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
+        if config.mesh is None:
+            mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
+        else:
+            mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
+        plans = _plans(pipe, family, config, target, modules, mesh_shape, dtype)
+    except BaseException:
+        for step in reversed(prepared):
+            step()
+        raise
     backend.enable_compile_cache(config.resolved_cache_dir())
     mesh = backend.build_mesh(mesh_shape, devices)
     runtime = PipelineRuntime(pipe, family, config, target, mesh, dtype)
+    runtime._undo.extend(prepared)
+    porting.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
     try:
         runtime.place(plans)
     except BaseException:
@@ -378,6 +483,22 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     logger.info("%s on %s, mesh %s, attention %s", type(pipe).__name__, target.platform, mesh_shape,
                 runtime.attention.implementation)
     return pipe
+
+
+def _plans(pipe, family, config, target, modules, mesh_shape, dtype) -> dict:
+    """Every placed tensor's sharding and dtype, validated before anything moves."""
+    plans = {}
+    for name, module in modules.items():
+        denoiser = name in family.denoisers
+        rules = family.shard_rules if denoiser else ()
+        module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
+        if name == "vae" and config.vae_weights_dtype is not None:
+            module_dtype = config.vae_weights_dtype
+        if dtype is None:
+            module_dtype = component_dtype(family, config, target, name, module_dtype)
+        keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
+        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep))
+    return plans
 
 
 def detach(pipe) -> None:

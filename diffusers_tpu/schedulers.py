@@ -2,8 +2,9 @@
 
 DDIM-style schedulers look up ``alphas_cumprod[timestep]`` in a CPU tensor (scheduling_ddim.py, scheduling_dpm_cogvideox.py
 in diffusers 0.42) with a timestep that lives on the device in a JAX pipeline: torch cannot index a CPU tensor
-with a torchax one. Moving those tables to the device (on the pipeline's scheduler object, undone on
-``pipe.to("cpu")``) fixes it without forking a scheduler; the values are unchanged.
+with a torchax one. Moving those tables to the device for the duration of a pipeline call (on the pipeline's
+scheduler object) fixes it without forking a scheduler; the values are unchanged. Between calls the scheduler is a
+plain host object (``to_host``), so a scheduler swapped in after the move, or a user's own loop, just works.
 """
 
 from __future__ import annotations
@@ -54,3 +55,20 @@ def keep_dtype(scheduler, dtype: torch.dtype) -> list:
     step.__wrapped__ = stock
     object.__setattr__(scheduler, "step", step)
     return [lambda: vars(scheduler).pop("step", None)]
+
+
+def to_host(scheduler) -> None:
+    """After a call: tensors the scheduler kept (timesteps, sigmas, multistep history) become host tensors, so the
+    scheduler is a plain torch object between calls (a user's own loop, ``pipe.to("cpu")``)."""
+    import torch.utils._pytree as pytree
+
+    from .backend import jax_to_host
+
+    def host(value):
+        return jax_to_host(value.jax()) if is_jax_tensor(value) else value
+
+    for name, value in list(vars(scheduler).items()):
+        if is_jax_tensor(value):
+            setattr(scheduler, name, host(value))
+        elif type(value) in (list, tuple, dict) and any(is_jax_tensor(x) for x in pytree.tree_leaves(value)):
+            setattr(scheduler, name, pytree.tree_map(host, value))

@@ -2,8 +2,11 @@
 
 A rule is ``(regex, spec)``: the first rule whose regex matches a tensor's qualified name (``re.search``)
 gives its PartitionSpec, written with mesh axis names (a tuple of axis names shards one dimension over
-several axes). Unmatched tensors are replicated. Planning validates every shape against the mesh before a
-single byte moves, so a bad mesh leaves the module untouched.
+several axes). Unmatched tensors are replicated. Rules see peft's LoRA layers through their base layer's name
+(``to_q.base_layer.weight`` is ``to_q.weight``), and adapter tensors are sharded like the layer they adapt
+(``lora.adapter_spec``). Planning validates every shape against the mesh before a single byte moves, so a bad
+mesh leaves the module untouched. ``resync`` brings a placed module up to date after it changed on the host
+(adapters loaded or deleted after the move).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import lora
 from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
 
 Rule = tuple[str, tuple]
@@ -49,7 +53,25 @@ def _keep_in_fp32(qualified: str, patterns: Sequence[str]) -> bool:
     return any(pattern in parts for pattern in patterns)
 
 
+def _fit(spec, shape, mesh_shape) -> PartitionSpec:
+    """Drop axes that do not divide their dimension (derived specs degrade to replication, never fail)."""
+    entries = [e if e is None or shape[i] % axis_size(e, mesh_shape) == 0 else None for i, e in enumerate(spec)]
+    return PartitionSpec(*entries)
+
+
 def spec_for(qualified: str, shape: Sequence[int], rules: Iterable[Rule], mesh_shape: Mapping[str, int]):
+    rules = list(rules)
+    derived = lora.adapter_spec(qualified, shape, lambda name: _rule_spec(name, rules))
+    if derived is not None:
+        return _fit(derived, shape, mesh_shape)
+    return _validated(lora.rule_name(qualified), shape, rules, mesh_shape)
+
+
+def _rule_spec(name: str, rules) -> tuple:
+    return next((spec for pattern, spec in rules if re.search(pattern, name)), ())
+
+
+def _validated(qualified: str, shape, rules, mesh_shape):
     for pattern, spec in rules:
         if re.search(pattern, qualified):
             if len(spec) > len(shape):
@@ -71,8 +93,10 @@ def plan(
     rules: Iterable[Rule] = (),
     dtype: torch.dtype | None = None,
     keep_fp32: Sequence[str] = (),
+    placed_ok: bool = False,
 ) -> list[_Slot]:
-    """Every tensor of ``module`` with its spec and device dtype; raises before anything moves."""
+    """Every tensor of ``module`` with its spec and device dtype; raises before anything moves. ``placed_ok``:
+    tensors already on JAX keep their current sharding (``resync``)."""
     rules = list(rules)
     slots, seen = [], set()
     for prefix, owner in module.named_modules():
@@ -88,7 +112,12 @@ def plan(
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
             if is_jax_tensor(tensor):
-                raise ValueError(f"{qualified} is already a JAX tensor; move the pipeline to 'cpu' first.")
+                if not placed_ok:
+                    raise ValueError(f"{qualified} is already a JAX tensor; move the pipeline to 'cpu' first.")
+                spec = tensor.jax().sharding.spec if id(tensor) not in seen else None
+                seen.add(id(tensor))
+                slots.append(_Slot(owner, kind, name, qualified, spec, tensor.dtype, tensor.dtype, None))
+                continue
             device_dtype = tensor.dtype
             if dtype is not None and tensor.is_floating_point() and not _keep_in_fp32(qualified, keep_fp32):
                 device_dtype = dtype
@@ -109,12 +138,37 @@ def place(module: torch.nn.Module, slots: list[_Slot], mesh) -> None:
     converted: dict[int, torch.Tensor] = {}
     for slot in slots:
         tensor = _get(slot)
+        if is_jax_tensor(tensor):
+            continue  # already placed (resync)
         if id(tensor) not in converted:
             source = tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
             array = host_to_jax(source, NamedSharding(mesh, slot.spec or PartitionSpec()))
             converted[id(tensor)] = wrap(array)
         _set(slot, converted[id(tensor)])
     setattr(module, _SAVED, slots)
+
+
+def slots_of(module: torch.nn.Module) -> list[_Slot]:
+    return getattr(module, _SAVED, [])
+
+
+def needs_resync(module: torch.nn.Module) -> bool:
+    """True when a tensor of a placed module is on the host (e.g. an adapter loaded after the move)."""
+    return any(not is_jax_tensor(t) for t in module.parameters()) or any(
+        t is not None and not is_jax_tensor(t) for t in module.buffers())
+
+
+def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
+    """Re-plan a placed module after it changed on the host: placed tensors keep their sharding (and how they are
+    restored), new host tensors are placed by the rules (adapters like the layer they adapt), tensors that left
+    the module are forgotten."""
+    previous = {id(_get(slot)): slot for slot in slots_of(module)}
+    slots = plan(module, dict(mesh.shape), rules, placed_ok=True)
+    for slot in slots:
+        old = previous.get(id(_get(slot)))
+        if old is not None:
+            slot.restore_dtype, slot.keep_original = old.restore_dtype, old.keep_original
+    place(module, slots, mesh)
 
 
 def restore(module: torch.nn.Module) -> None:
@@ -151,6 +205,35 @@ def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
             _set(slot, wrap(tensor.jax().astype(jax_dtype(dtype))))
             slot.dtype = slot.restore_dtype = dtype
             slot.keep_original = None
+
+
+def _tensors(module: torch.nn.Module):
+    for owner in module.modules():
+        for kind, table in (("param", owner._parameters), ("buffer", owner._buffers)):
+            for name, tensor in table.items():
+                if tensor is not None:
+                    yield _Slot(owner, kind, name, name, None, tensor.dtype, tensor.dtype, None)
+
+
+def to_host_copies(module: torch.nn.Module) -> dict:
+    """Swap the module's JAX tensors for host copies (to run stock torch code on them); returns their shardings
+    for ``back_to_devices``."""
+    shardings = {}
+    for slot in _tensors(module):
+        tensor = _get(slot)
+        if is_jax_tensor(tensor):
+            shardings[(id(slot.owner), slot.kind, slot.name)] = tensor.jax().sharding
+            _set(slot, jax_to_host(tensor.jax()))
+    return shardings
+
+
+def back_to_devices(module: torch.nn.Module, shardings: dict) -> None:
+    """Put host tensors back where ``to_host_copies`` found them; new tensors stay for ``resync``."""
+    for slot in _tensors(module):
+        sharding = shardings.get((id(slot.owner), slot.kind, slot.name))
+        tensor = _get(slot)
+        if sharding is not None and not is_jax_tensor(tensor):
+            _set(slot, wrap(host_to_jax(tensor, sharding)))
 
 
 def _get(slot: _Slot) -> torch.Tensor:

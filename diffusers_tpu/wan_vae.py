@@ -173,6 +173,63 @@ class StreamingDecoder:
         return _finish(self.vae, out)
 
 
+class _Tiles:
+    """``vae.enable_tiling()`` on JAX: stock's tiled decode/encode with every tile through the compiled chunk programs
+    (two programs per tile shape; a frame grid has at most four tile shapes) and the blending and assembly as one
+    compiled program of stock's own ``blend_v`` / ``blend_h`` code."""
+
+    def __init__(self, vae, runtime, decode_frames, encode_frames):
+        self.vae, self.runtime = vae, runtime
+        self.decode_frames, self.encode_frames = decode_frames, encode_frames
+        self.assemble = compiled_function(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
+
+    def decode(self, z, return_dict: bool = True):
+        from diffusers.models.autoencoders.vae import DecoderOutput
+
+        vae, ratio, patch = self.vae, self.vae.spatial_compression_ratio, self.vae.config.patch_size or 1
+        _, _, _, height, width = z.shape
+        tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+        stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        with self.runtime.active():
+            rows = [[self.decode_frames(z[:, :, :, i:i + tile_h, j:j + tile_w]) for j in range(0, width, stride_w)]
+                    for i in range(0, height, stride_h)]
+            out = self.assemble(rows, vae.tile_sample_min_height // patch - vae.tile_sample_stride_height // patch,
+                                vae.tile_sample_min_width // patch - vae.tile_sample_stride_width // patch,
+                                vae.tile_sample_stride_height // patch, vae.tile_sample_stride_width // patch,
+                                height * ratio // patch, width * ratio // patch)
+            out = _finish(vae, out)
+        return (out,) if not return_dict else DecoderOutput(sample=out)
+
+    def encode(self, x):
+        vae, ratio = self.vae, self.vae.spatial_compression_ratio // (self.vae.config.patch_size or 1)
+        _, _, _, height, width = x.shape
+        min_h, min_w = vae.tile_sample_min_height, vae.tile_sample_min_width
+        latent_min_h, latent_min_w = min_h // ratio, min_w // ratio
+        stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        with self.runtime.active():
+            rows = [[self.encode_frames(x[:, :, :, i:i + min_h, j:j + min_w])
+                     for j in range(0, width, vae.tile_sample_stride_width)]
+                    for i in range(0, height, vae.tile_sample_stride_height)]
+            return self.assemble(rows, latent_min_h - stride_h, latent_min_w - stride_w, stride_h, stride_w,
+                                 height // ratio, width // ratio)
+
+
+def _assemble(vae, rows, blend_height: int, blend_width: int, stride_h: int, stride_w: int, height: int, width: int):
+    """Stock ``tiled_decode`` / ``tiled_encode``'s blending of overlapping tiles (diffusers 0.42)."""
+    rows = [list(row) for row in rows]
+    result_rows = []
+    for i, row in enumerate(rows):
+        result_row = []
+        for j, tile in enumerate(row):
+            if i > 0:
+                tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
+            if j > 0:
+                tile = vae.blend_h(row[j - 1], tile, blend_width)
+            result_row.append(tile[:, :, :, :stride_h, :stride_w])
+        result_rows.append(torch.cat(result_row, dim=-1))
+    return torch.cat(result_rows, dim=3)[:, :, :, :height, :width]
+
+
 def install(vae, runtime, state, place_input) -> None:
     """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
@@ -190,35 +247,42 @@ def install(vae, runtime, state, place_input) -> None:
     encode_chunk = compile_(functools.partial(_encode_chunk, vae), donate=1)
     stock_decode, stock_encode = vae._decode, vae._encode
 
+    def decode_frames(z):  # stock's per-frame decoder loop (one cache), before unpatchify and clamp
+        frames = z.shape[2]
+        head, tail = z[:, :, : min(frames, 2)], z[:, :, 2:] if frames > 2 else None
+        return _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
+                       keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
+
+    def encode_frames(x):  # stock's encoder loop (1 frame, then 4 at a time; one cache), quant_conv applied
+        calls = 1 + (x.shape[2] - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
+        head = x[:, :, : min(x.shape[2], 5) if calls > 1 else 1]
+        tail = x[:, :, 5: 1 + 4 * (calls - 1)] if calls > 2 else None
+        return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk, keep=max(calls - 2, 0))
+
     def _decode(z, return_dict: bool = True):
         _, _, frames, height, width = z.shape
         tile_h = vae.tile_sample_min_height // vae.spatial_compression_ratio
         tile_w = vae.tile_sample_min_width // vae.spatial_compression_ratio
         if vae.use_tiling and (width > tile_w or height > tile_h):
-            return stock_decode(z, return_dict=return_dict)  # stock tiling, run op by op
+            return stock_decode(z, return_dict=return_dict)  # -> vae.tiled_decode: compiled tiles below
         with runtime.active():
-            head = z[:, :, : min(frames, 2)]
-            tail = z[:, :, 2:] if frames > 2 else None
-            out = _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
-                          keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
-            out = _finish(vae, out)
+            out = _finish(vae, decode_frames(z))
         return (out,) if not return_dict else DecoderOutput(sample=out)
 
     def _encode(x):
         _, _, frames, height, width = x.shape
         if vae.use_tiling and (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
-            return stock_encode(x)  # stock tiling, run op by op
+            return stock_encode(x)  # -> vae.tiled_encode: compiled tiles below
         with runtime.active():
             if vae.config.patch_size is not None:
                 x = patchify(x, patch_size=vae.config.patch_size)
-            calls = 1 + (frames - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
-            head = x[:, :, : min(frames, 5) if calls > 1 else 1]
-            tail = x[:, :, 5: 1 + 4 * (calls - 1)] if calls > 2 else None
-            return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk,
-                           keep=max(calls - 2, 0))
+            return encode_frames(x)
 
     runtime._override(vae, "_decode", _decode)
     runtime._override(vae, "_encode", _encode)
+    tiles = _Tiles(vae, runtime, decode_frames, encode_frames)
+    runtime._override(vae, "tiled_decode", tiles.decode)
+    runtime._override(vae, "tiled_encode", tiles.encode)
     runtime.enter_public_vae_methods(vae)
     runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
                                                        "encode_first": encode_first, "encode_chunk": encode_chunk,

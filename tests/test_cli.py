@@ -7,7 +7,7 @@ import sys
 import imageio.v3 as iio
 import numpy as np
 
-from diffusers_tpu import cli
+from diffusers_tpu import arguments, cli
 
 
 def run_cli(*args, env=None):
@@ -36,10 +36,10 @@ def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):
 
 
 def test_mesh_argument_parsing():
-    assert cli._mesh("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
+    assert arguments.mesh_arg("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
     for bad in ("2,1", "a,b,c", "0,1,1"):
         try:
-            cli._mesh(bad)
+            arguments.mesh_arg(bad)
         except Exception as error:  # argparse.ArgumentTypeError
             assert "dp,sp,tp" in str(error)
         else:

@@ -1,26 +1,26 @@
-"""The torchax import shim: only removed named-tensor overloads resolve, only during torchax's import."""
+"""The torch/torchax compatibility layer (``compat``) and the diffusers-level patches (``patches``)."""
 
 import pytest
 import torch
 
-from diffusers_tpu import patches
+from diffusers_tpu import compat, patches
 
 
 def test_torchax_imports_and_default_env_builds():
-    torchax = patches.import_torchax()
+    torchax = compat.import_torchax()
     assert torchax.default_env() is not None
-    if not patches._torch_has_named_overloads():
+    if not compat._torch_has_named_overloads():
         assert "torchax-named-overloads" in patches.applied()
 
 
 def test_placeholders_only_inside_the_shim():
     packet = torch.ops.aten.prod
-    if patches._torch_has_named_overloads():
+    if compat._torch_has_named_overloads():
         pytest.skip("this torch still has named-tensor overloads: the shim is a no-op")
     with pytest.raises(AttributeError):
         packet.dim_Dimname
-    with patches._tolerate_removed_named_overloads():
-        assert isinstance(packet.dim_Dimname, patches._RemovedOverload)
+    with compat._tolerate_removed_named_overloads():
+        assert isinstance(packet.dim_Dimname, compat._RemovedOverload)
         with pytest.raises(AttributeError):
             packet.not_an_overload  # other missing names still fail
         assert packet.dim_int is torch.ops.aten.prod.dim_int
@@ -68,3 +68,25 @@ def test_setitem_casts_to_the_destination_dtype_like_torch():
     expected = torch.zeros(2, 4, dtype=torch.bfloat16)
     expected[..., 0::2] = torch.full((2, 2), 1.5)
     assert torch.equal(result, expected)
+
+
+def test_imports_run_one_way():
+    """compat sits at the bottom (imports nothing of the package), patches at the top (nothing imports it but
+    the package's __init__), and bench / cli share their helpers instead of importing each other."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(compat.__file__).parent
+
+    def imported(name):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.update([node.module] if node.module else [a.name for a in node.names])
+        return found
+
+    assert imported("compat") == set()
+    for module in sorted(p.stem for p in root.glob("*.py") if p.stem not in ("__init__", "patches")):
+        assert "patches" not in imported(module), f"{module} imports patches (the top of the graph)"
+    assert "cli" not in imported("bench")

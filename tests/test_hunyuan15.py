@@ -59,14 +59,15 @@ def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = unwrap(pipe.transformer.forward)
     calls, call = [], jit._Program.__call__
-    jit._Program.__call__ = lambda self, state, dynamic: calls.append((self, state, dynamic)) or call(self, state, dynamic)
+    jit._Program.__call__ = lambda self, state, dynamic, extra=(): calls.append((self, state, dynamic)) or call(
+        self, state, dynamic, extra)
     try:
         generate(pipe, output_type="latent", num_inference_steps=1)
     finally:
         jit._Program.__call__ = call
     program, state, dynamic = [c for c in calls if c[0] in compiled.programs.values()][-1]
     with compiled.activate():
-        jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, []).jaxpr
+        jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, [], []).jaxpr
     return {tuple(v.aval.shape) for eqn in all_equations(jaxpr) for v in eqn.outvars if hasattr(v.aval, "shape")}
 
 

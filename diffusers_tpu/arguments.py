@@ -1,0 +1,105 @@
+"""Command-line helpers shared by ``diffusers-tpu`` subcommands (``cli``) and the benchmark (``bench``): argument
+groups, platform choice, model loading (local folders or built-in tiny models) and call arguments."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+TINY_PREFIX = "tiny:"
+DEFAULT_MODEL = "tiny:wan"
+# Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
+TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4)
+TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
+
+
+def mesh_arg(text: str) -> dict[str, int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--mesh takes three positive sizes dp,sp,tp (e.g. 2,1,4), got {text!r}")
+    return dict(zip(("dp", "sp", "tp"), sizes))
+
+
+def add_runtime_args(parser, model=True):
+    if model:
+        parser.add_argument("--model", help="local diffusers folder, or tiny:wan / tiny:wan-4head / "
+                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 / tiny:hunyuanvideo15 / tiny:causal-wan (default: tiny:wan; staged "
+                            "stages after encode default to the stage directory's model)")
+    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
+                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
+                        "torch: stock diffusers on the CPU, no JAX")
+    parser.add_argument("--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic")
+    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
+                        help="attention kernel (default: per platform)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
+    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
+                        help="run text encoders on the host CPU (default) or compiled on the devices")
+
+
+def add_prompt_args(parser):
+    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
+    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
+    parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
+
+
+def add_size_args(parser):
+    parser.add_argument("--frames", type=int, help="frame count; default: the pipeline's (tiny models: 9)")
+    parser.add_argument("--height", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--width", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny models: 4)")
+    parser.add_argument("--blocks", type=int, help="causal (streaming) pipelines: blocks to generate (default: 3)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_output_args(parser):
+    parser.add_argument("--fps", type=int, default=16)
+    parser.add_argument("--output", default="video.mp4", help="mp4 path (written atomically)")
+
+
+def device_for(platform: str) -> str:
+    if platform in ("cpu", "gpu"):
+        os.environ["DIFFUSERS_TPU_PLATFORM"] = platform
+        return "tpu"
+    if platform == "auto":
+        import jax
+
+        return "tpu" if any(d.platform == "tpu" for d in jax.devices()) else "jax"
+    return platform
+
+
+def load_pipeline(model: str):
+    """A pipeline from a local diffusers folder (safetensors only, no remote code) or a tiny built-in model."""
+    import torch
+
+    from . import tiny
+
+    if model.startswith(TINY_PREFIX):
+        variant = model[len(TINY_PREFIX):]
+        if variant in tiny.WAN_TRANSFORMERS:
+            return tiny.wan_pipeline(variant)
+        if variant in tiny.COGVIDEOX_TRANSFORMERS:
+            return tiny.cogvideox_pipeline(variant)
+        if variant == "hunyuanvideo15":
+            return tiny.hunyuan15_pipeline()
+        if variant == "causal-wan":
+            return tiny.causal_wan_pipeline()
+        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
+        raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {known}.")
+    import diffusers
+
+    return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)
+
+
+def call_arguments(pipe, call: dict) -> dict:
+    """``call`` minus the arguments this pipeline's ``__call__`` does not take. Pipelines that guide through a
+    diffusers guider (HunyuanVideo-1.5) take ``guidance_scale`` on their guider instead."""
+    import inspect
+
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    scale = call.get("guidance_scale")
+    if "guidance_scale" not in accepted and scale is not None and getattr(pipe, "guider", None) is not None:
+        pipe.guider = pipe.guider.new(guidance_scale=scale)
+    return {name: value for name, value in call.items() if name in accepted}

@@ -1,0 +1,164 @@
+"""Compatibility of torch, torchax and JAX: the low-level patches the backend needs, each with its reason and
+version guard. This module imports nothing of the package (it sits at the bottom of the import graph);
+``patches`` holds the diffusers-level hooks at the top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+
+import jax
+import torch
+
+_applied: set[str] = set()
+
+
+# --- 1. torchax import on torch >= 2.13 ------------------------------------------------------------------
+# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
+# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
+# environment is first built). During those two steps only, such a missing overload resolves to an inert
+# placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
+# Guard: a no-op when the torch in use still has the overloads.
+_NAMED_TENSOR_MARKERS = ("dimname", "names")
+
+
+class _RemovedOverload:
+    """Stands in for an aten overload that torch no longer has; never called."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"<removed aten overload {self.name}>"
+
+
+def _torch_has_named_overloads() -> bool:
+    return hasattr(torch.ops.aten.prod, "dim_Dimname")
+
+
+@contextlib.contextmanager
+def _tolerate_removed_named_overloads():
+    packet_cls = torch._ops.OpOverloadPacket
+    original = packet_cls.__getattr__
+
+    def getattr_with_placeholders(self, key):
+        try:
+            return original(self, key)
+        except AttributeError:
+            if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
+                return _RemovedOverload(f"{self._qualified_op_name}.{key}")
+            raise
+
+    packet_cls.__getattr__ = getattr_with_placeholders
+    try:
+        yield
+    finally:
+        packet_cls.__getattr__ = original
+
+
+@functools.cache
+def import_torchax():
+    """Import torchax and build its default environment, on any supported torch."""
+    if _torch_has_named_overloads():
+        torchax = importlib.import_module("torchax")
+        torchax.default_env()
+        return torchax
+    with _tolerate_removed_named_overloads():
+        torchax = importlib.import_module("torchax")
+        torchax.default_env()  # loads torchax.decompositions, the second place that needs the shim
+    _applied.add("torchax-named-overloads")
+    return torchax
+
+
+# --- 2. SDPA on the torchax default environment -----------------------------------------------------------
+# Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
+# nothing about the mesh. Inside a JAX pipeline call the project's attention (kernel under shard_map) must run
+# instead, for every caller: diffusers' native dispatch, processors calling F.scaled_dot_product_attention, and
+# transformers' SDPA path. The override must sit on the *default* environment: ``interop.call_torch`` uses it
+# under jit. Only calls with dropout (training) still reach torchax's original implementation.
+# Guard: torchax keeps its op table in ``Environment._ops`` keyed by the torch callable (0.0.10 - 0.0.13).
+_torchax_sdpa_op = None
+
+
+def route_sdpa(scaled_dot_product_attention) -> None:
+    """Route every SDPA call on the torchax default environment to ``scaled_dot_product_attention``."""
+    global _torchax_sdpa_op
+    import torch.nn.functional as F
+
+    environment = import_torchax().default_env()
+    current = environment._ops.get(F.scaled_dot_product_attention)
+    if current is None or current.func is scaled_dot_product_attention:
+        return
+    _torchax_sdpa_op = current
+    for op in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention):
+        environment.override_op_definition(op, scaled_dot_product_attention)
+    _applied.add("torchax SDPA override")
+
+
+def torchax_sdpa(*args):
+    """torchax's own SDPA (used outside JAX pipeline calls)."""
+    return _torchax_sdpa_op.func(*args, env=import_torchax().default_env())
+
+
+# --- 3. torchax Tensor.type_as returns a new tensor -------------------------------------------------------
+# Reason: torchax's ``Tensor.type_as`` casts the wrapped JAX array *in place* and returns self. The wrapper's C++
+# metadata (dtype fixed when the tensor was made) then disagrees with its ``.dtype`` property, and torch's own
+# checks read the former: Wan's VAE ``WanUpsample`` (``interpolate(x.float()).type_as(x)``) then fails in the next
+# conv with "Input type (float) and bias type (c10::BFloat16)" on bf16 weights. torch's ``type_as`` is not
+# in-place; the patched one returns a new tensor of ``other``'s dtype, as torch does.
+# Guard: only replaces torchax's own in-place implementation (0.0.10 - 0.0.13).
+def _patch_type_as():
+    from torchax.tensor import Tensor
+
+    current = vars(Tensor).get("type_as")
+    if current is None or getattr(current, "_diffusers_tpu", False):
+        return
+    if "self._elem = " not in inspect.getsource(current):
+        return  # a fixed torchax: nothing to do
+
+    def type_as(self, other):
+        if self.dtype == other.dtype:
+            return self
+        return Tensor(self._elem.astype(other.jax().dtype), self._env)
+
+    type_as._diffusers_tpu = True
+    Tensor.type_as = type_as
+    _applied.add("torchax Tensor.type_as")
+
+
+# --- 4. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
+# Reason: torch casts an assigned value to the destination's dtype; torchax hands both to ``.at[].set`` as they
+# are, and JAX warns that mixing them (float32 into bfloat16) will become an error. Wan's rotary embedding does
+# exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``).
+# Guard: only wraps torchax's own ``__setitem__`` (0.0.10 - 0.0.13), once.
+def _patch_setitem():
+    from torchax.tensor import Tensor
+
+    stock = vars(Tensor).get("__setitem__")
+    if stock is None or getattr(stock, "_diffusers_tpu", False):
+        return
+
+    def __setitem__(self, key, value):
+        if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
+            value = value.to(self.dtype)
+        elif isinstance(value, jax.Array) and value.dtype != self._elem.dtype:
+            value = value.astype(self._elem.dtype)
+        return stock(self, key, value)
+
+    __setitem__._diffusers_tpu = True
+    Tensor.__setitem__ = __setitem__
+    _applied.add("torchax Tensor.__setitem__")
+
+
+def apply() -> None:
+    """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
+    import_torchax()
+    _patch_type_as()
+    _patch_setitem()
+
+
+def applied() -> set[str]:
+    return set(_applied)
