@@ -68,10 +68,37 @@ class Probe:
         self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
         self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
         self._wrap(pipe, "progress_bar", self._stepping)
+        self._counters = []  # per denoiser: how many hooked blocks computed so far (step caches skip some)
+        attached = runtime.runtime_of(pipe)
         for name in family_of(pipe).denoisers:
             module = getattr(pipe, name, None)
-            if module is not None:
-                self._wrap(module, "forward", self._recording)
+            if module is None:
+                continue
+            if attached is not None:
+                entry = attached.denoisers[name]
+                self._counters.append(lambda entry=entry: entry.hooked_calls)
+            else:
+                self._counters.append(self._count_hooked_blocks(module))
+            self._wrap(module, "forward", self._recording)
+
+    def _count_hooked_blocks(self, module):
+        """On torch: count executions of the forward inside each hook chain below the denoiser."""
+        from .denoiser import active_hooks, hook_reference
+
+        count = [0]
+        for sub in active_hooks(module):
+            if sub is module:
+                continue
+            reference, attribute = hook_reference(sub)
+            inner = getattr(reference, attribute)
+
+            def counted(*args, _inner=inner, **kwargs):
+                count[0] += 1
+                return _inner(*args, **kwargs)
+
+            setattr(reference, attribute, counted)
+            self._undo.append(lambda r=reference, a=attribute, f=inner: setattr(r, a, f))
+        return lambda: count[0]
 
     def _wrap(self, owner, name, make):
         had, previous = name in vars(owner), vars(owner).get(name)
@@ -105,7 +132,9 @@ class Probe:
 
     def _recording(self, forward):
         def recorded(*args, **kwargs):
+            before = sum(counter() for counter in self._counters)
             self._last = forward(*args, **kwargs)
+            self._run["hooked_blocks"].append(sum(counter() for counter in self._counters) - before)
             return self._last
 
         return recorded
@@ -134,6 +163,16 @@ class Probe:
         yield
         self._run["end_to_end"].append(time.perf_counter() - start)
         self.runs.append(dict(self._run))
+
+
+def cache_report(runs: list[dict]) -> dict:
+    """Denoiser passes that a step cache shortened: passes whose hooked blocks did not all compute."""
+    passes = [n for run in runs for n in run.get("hooked_blocks", [])]
+    if not passes or max(passes) == 0:
+        return {}
+    full = max(passes)
+    return {"denoiser_passes": len(passes), "cached_passes": sum(n < full for n in passes),
+            "hooked_blocks_per_full_pass": full}
 
 
 def _stages(runs: list[dict]) -> dict:
@@ -194,7 +233,7 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
                 blocks["timed"].append(list(getattr(pipe, "block_timings", [])))
     finally:
         probe.remove()
-    report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs)}
+    report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs), "cache": cache_report(probe.runs)}
     if streaming:
         # progress updates are whole blocks, and postprocessing waits for the block's VAE decode: see "blocks"
         for stage in ("steps", "postprocess"):
@@ -313,10 +352,14 @@ def run(args) -> dict:
                            if k not in ("prompt", "negative_prompt", "output_type")}
               | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup}}
     torch_frames = None
+    if args.cache:
+        report["settings"]["cache"] = args.cache
     if args.vs == "torch":
         torch_device = "cuda" if torch.cuda.is_available() else "cpu"
         pipe.to(torch_device)
+        enable_cache(pipe, args.cache, sizes["steps"])
         measured, torch_frames = measure(pipe, dict(call), args.runs, args.warmup)
+        disable_cache(pipe, args.cache)
         kind = torch.cuda.get_device_name() if torch_device == "cuda" else "cpu"
         measured.update(device=torch_device, device_kind=kind,
                         flops=flops_report(pipe, call, measured["stages"], 1, kind) if torch_device == "cuda" else {})
@@ -324,7 +367,14 @@ def run(args) -> dict:
         pipe.to("cpu")
     pipe.to(device, config=config)
     attached = runtime.runtime_of(pipe)
+    if args.cache:  # the same run without the cache first: the cache's speed-up on this platform
+        uncached, _ = measure(pipe, dict(call), args.runs, args.warmup)
+        report["jax_uncached"] = {"stages": uncached["stages"]}
+        enable_cache(pipe, args.cache, sizes["steps"])
     measured, frames = measure(pipe, dict(call), args.runs, args.warmup, args.trace)
+    if args.cache:
+        before, after = _loop_seconds(uncached["stages"]), _loop_seconds(measured["stages"])
+        measured["cache"]["denoise_speedup"] = before / after if before and after else None
     devices = list(attached.mesh.devices.flat)
     measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
                     mesh=dict(attached.mesh.shape), attention=attached.attention.implementation)
@@ -341,6 +391,56 @@ def run(args) -> dict:
             for stage in measured["stages"] if stage in report["torch"]["stages"]
         }
     return report
+
+
+def _loop_seconds(stages: dict) -> float | None:
+    steps = stages.get("steps")
+    return steps["mean_s"] * steps["count"] if steps and steps.get("count") else None
+
+
+CACHES = {"fbc": 0.05, "mag": 0.06}  # name -> default threshold
+
+
+def cache_arg(text: str) -> str:
+    """``--cache fbc[:threshold]`` or ``mag[:threshold]``."""
+    import argparse
+
+    name, _, threshold = text.partition(":")
+    try:
+        if name not in CACHES or threshold and float(threshold) <= 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cache takes fbc[:threshold] or mag[:threshold], got {text!r}") from None
+    return text
+
+
+def enable_cache(pipe, spec: str | None, steps: int) -> None:
+    """A diffusers step cache on every denoiser: FirstBlockCache, or MagCache with diffusers' FLUX_MAG_RATIOS
+    interpolated to the step count (a stand-in: real runs calibrate ratios for their model)."""
+    if not spec:
+        return
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    name, _, threshold = spec.partition(":")
+    threshold = float(threshold) if threshold else CACHES[name]
+    for denoiser in family_of(pipe).denoisers:
+        module = getattr(pipe, denoiser, None)
+        if module is None:
+            continue
+        if name == "fbc":
+            module.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        else:
+            module.enable_cache(MagCacheConfig(threshold=threshold, num_inference_steps=steps,
+                                               mag_ratios=FLUX_MAG_RATIOS))
+
+
+def disable_cache(pipe, spec: str | None) -> None:
+    if spec:
+        for denoiser in family_of(pipe).denoisers:
+            module = getattr(pipe, denoiser, None)
+            if module is not None:
+                module.disable_cache()
 
 
 def _defaults_of(pipe) -> dict:
@@ -380,6 +480,14 @@ def format_table(report: dict) -> str:
     if flops:
         mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
         lines.append(f"{flops['per_step']:.3e} FLOP/step, {flops['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}")
+    cache = jax_side.get("cache") or {}
+    if cache:
+        speedup = cache.get("denoise_speedup")
+        theirs = (torch_side or {}).get("cache") or {}
+        lines.append(f"step cache {report['settings'].get('cache')}: {cache['cached_passes']} of "
+                     f"{cache['denoiser_passes']} denoiser passes cached"
+                     + (f" (torch: {theirs['cached_passes']} of {theirs['denoiser_passes']})" if theirs else "")
+                     + (f"; denoising loop {speedup:.2f}x faster than without it" if speedup else ""))
     if "max_output_difference_levels" in report:
         lines.append(f"max output difference vs torch: {report['max_output_difference_levels']} levels on "
                      f"{report['output_difference_fraction']:.4%} of subpixels")
@@ -422,6 +530,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--vs", choices=("torch",), help="also run stock diffusers on torch (CUDA if present)")
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--trace", help="write a jax.profiler trace of the first timed call to this directory")
+    parser.add_argument("--cache", type=cache_arg, help="a diffusers step cache on the denoiser: fbc[:threshold] "
+                        "(FirstBlockCache) or mag[:threshold] (MagCache, FLUX_MAG_RATIOS as a stand-in); reports the "
+                        "cached denoiser passes and the speed-up over the same JAX run without it")
 
 
 def main(args) -> int:

@@ -62,6 +62,7 @@ def host_callback(callback, outside):
 
     def call(pipe, step, timestep, tensors):
         host = {name: to_host(value) for name, value in tensors.items()}
+        given = dict(host)  # callbacks often edit the dict they receive and return it
         versions = {name: value._version for name, value in host.items() if isinstance(value, torch.Tensor)}
         with outside():
             result = callback(pipe, step, to_host(timestep), host)
@@ -69,7 +70,7 @@ def host_callback(callback, outside):
             return result
         back = {}
         for name, value in result.items():
-            unchanged = (name in host and value is host[name] and isinstance(value, torch.Tensor)
+            unchanged = (name in given and value is given[name] and isinstance(value, torch.Tensor)
                          and value._version == versions.get(name))
             back[name] = tensors[name] if unchanged else like(value, tensors.get(name))
         return back

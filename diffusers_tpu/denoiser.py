@@ -54,17 +54,19 @@ def active_hooks(root: torch.nn.Module) -> dict:
 
 
 def check_hooks(root: torch.nn.Module, where: str) -> None:
-    """Refuse hooks that cannot work on JAX, naming the call that installed them and the alternative."""
-    for module, names in active_hooks(root).items():
-        for name in names:
+    """Refuse hooks that cannot work on JAX, naming the module, the call that installed them and the alternative."""
+    hooks = active_hooks(root)
+    names = {id(m): n for n, m in root.named_modules()} if hooks else {}
+    for module, hook_names in hooks.items():
+        for name in hook_names:
             base = name.split("---")[0]
             if base in REFUSED_HOOKS or base.startswith("cp_"):
-                what = REFUSED_HOOKS.get(base, "enable_parallelism / context parallelism (use TPUConfig(mesh=...))")
+                what = REFUSED_HOOKS.get(base, "enable_parallelism (use TPUConfig(mesh=...) for parallelism)")
+                call, _, instead = what.partition(" (")
+                path = names.get(id(module)) or "(the model itself)"
                 raise ValueError(
-                    f"{where}: the {type(module).__name__} has a '{name}' hook from {what.split(' (')[0]}, which "
-                    f"cannot run on JAX: {what.split(' (', 1)[-1].rstrip(')') if ' (' in what else 'remove it'}. "
-                    "Remove it (e.g. pipe.to('cpu') and reload, or the matching disable/remove call) before moving "
-                    "the pipeline."
+                    f"{where}: {type(root).__name__}.{path} has a '{name}' hook from {call}, which cannot run on "
+                    f"JAX; {instead.rstrip(')')}. Remove it first (reload the model without it)."
                 )
 
 
@@ -100,6 +102,7 @@ class Denoiser:
         self._plans: dict = {}
         self._active: set[int] = set()  # units of the current plan
         self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
+        self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
 
     def _activate(self):
         return self.runtime.active(self.settings)
@@ -206,6 +209,7 @@ class Denoiser:
             if not _units_on.get() or key not in entry._active or not entry.runtime.attached:
                 return stock(*args, **kwargs)
             entry.unit_calls += 1
+            entry.hooked_calls += hooked
             with units_off():  # what it calls (and traces) is plain stock code
                 return compiled(*args, **kwargs)
 
