@@ -67,6 +67,8 @@ def main():
     report["wan22"] = wan22_runs()
     report["hunyuan15"] = hunyuan15_runs()
     report["causal_wan"] = causal_wan_runs()
+    report["lora"] = lora_runs()
+    report["caches"] = cache_runs()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -169,6 +171,68 @@ def causal_wan_runs():
                           warm_compilations=log.compilations,
                           q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
         pipe.to("cpu")
+    return runs
+
+
+MESHES_13 = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp1-sp2-tp4": {"dp": 1, "sp": 2, "tp": 4}}
+
+
+def lora_runs():
+    """Adapters on the mesh: one loaded before the move, one after, both sharded like the layers they adapt;
+    changing their weights recompiles nothing."""
+    from test_lora import diffusers_lora
+
+    runs, call = {}, dict(num_inference_steps=2, output_type="np")
+
+    def adapted(pipe):
+        pipe.load_lora_weights(diffusers_lora("wan-4head", 1), adapter_name="a")
+        return pipe
+
+    ref = adapted(tiny.wan_pipeline("wan-4head"))
+    ref.load_lora_weights(diffusers_lora("wan-4head", 2), adapter_name="b")
+    ref.set_adapters(["a", "b"], adapter_weights=[0.6, 0.4])
+    expected = generate(ref, **call)
+    ref.set_adapters(["a", "b"], adapter_weights=[1.0, -0.5])
+    expected_2 = generate(ref, **call)
+    names = {"q_A": "attn1.to_q.lora_A", "q_B": "attn1.to_q.lora_B", "out_A": "attn1.to_out.0.lora_A",
+             "out_B": "attn1.to_out.0.lora_B", "ffn_in_B": "ffn.net.0.proj.lora_B", "ffn_out_A": "ffn.net.2.lora_A"}
+    for name, mesh in MESHES_13.items():
+        pipe = adapted(tiny.wan_pipeline("wan-4head")).to("jax", config=TPUConfig(mesh=mesh))
+        pipe.load_lora_weights(diffusers_lora("wan-4head", 2), adapter_name="b")
+        pipe.set_adapters(["a", "b"], adapter_weights=[0.6, 0.4])
+        out = generate(pipe, **call)
+        pipe.set_adapters(["a", "b"], adapter_weights=[1.0, -0.5])
+        with jit.compile_log() as log:
+            out_2 = generate(pipe, **call)
+        block = pipe.transformer.blocks[0]
+        specs = {f"{key}.{adapter}": [str(s) for s in diffusers_tpu.sharding_of(
+            getattr(block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])[adapter].weight).spec]
+            for key, path in names.items() for adapter in ("a", "b")}
+        runs[name] = dict(np_max_abs=float(max(np.abs(out - expected).max(), np.abs(out_2 - expected_2).max())),
+                          finite=bool(np.isfinite(out).all()), weight_change_compilations=log.compilations,
+                          specs=specs)
+        pipe.to("cpu")
+    return runs
+
+
+def cache_runs():
+    """First Block Cache and MagCache on the mesh: the cached video equals torch's, warm calls compile nothing."""
+    from test_step_caches import CACHES, STEPS
+
+    runs, call = {}, dict(num_inference_steps=STEPS, output_type="np")
+    for cache in ("first_block", "mag"):
+        ref = tiny.wan_pipeline("wan-4head")
+        ref.transformer.enable_cache(CACHES[cache](ref))
+        expected = generate(ref, **call)
+        for name, mesh in MESHES_13.items():
+            pipe = tiny.wan_pipeline("wan-4head")
+            pipe.transformer.enable_cache(CACHES[cache](pipe))
+            pipe.to("jax", config=TPUConfig(mesh=mesh))
+            out = generate(pipe, **call)
+            with jit.compile_log() as log:
+                generate(pipe, **call)
+            runs[f"{cache}-{name}"] = dict(np_max_abs=float(np.abs(out - expected).max()),
+                                           finite=bool(np.isfinite(out).all()), warm_compilations=log.compilations)
     return runs
 
 

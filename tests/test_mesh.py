@@ -110,3 +110,26 @@ def test_causal_wan_streams_on_the_mesh(report, run):
     compiled = result["first_call_compilations"]
     assert compiled[0] > 0 and compiled[1:] == [0, 0], compiled  # one program set serves every later block
     assert result["warm_compilations"] == 0 and result["q_spec"] == ["tp", "None"]
+
+
+@pytest.mark.parametrize("run", ["dp2-sp1-tp4", "dp1-sp2-tp4"])
+def test_lora_on_the_mesh(report, run):
+    result = report["lora"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["weight_change_compilations"] == 0
+    for adapter in ("a", "b"):  # loaded before and after the move: the same layout
+        specs = {key.rsplit(".", 1)[0]: spec for key, spec in result["specs"].items() if key.endswith(adapter)}
+        # column-parallel layers (q, ffn in): A replicated, B split like the output features
+        assert specs["q_A"] == ["None", "None"] and specs["q_B"] == ["tp", "None"]
+        assert specs["ffn_in_B"] == ["tp", "None"]
+        # row-parallel layers (attention out, ffn out): A split like the input features, B replicated
+        assert specs["out_A"] == ["None", "tp"] and specs["out_B"] == ["None", "None"]
+        assert specs["ffn_out_A"] == ["None", "tp"]
+
+
+@pytest.mark.parametrize("run", ["first_block-dp2-sp1-tp4", "first_block-dp1-sp2-tp4", "mag-dp2-sp1-tp4",
+                                 "mag-dp1-sp2-tp4"])
+def test_step_caches_on_the_mesh(report, run):
+    result = report["caches"][run]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["warm_compilations"] == 0
