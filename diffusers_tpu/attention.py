@@ -125,12 +125,19 @@ def scaled_dot_product_attention(
         return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
+    mask = to_jax_array(attn_mask) if attn_mask is not None else None
+    eager = not any(isinstance(x, jax.core.Tracer) for x in (q, k, v, mask))
+    compute = _attention_jitted if eager else _attention  # eagerly (unit mode), one cached program per shape
+    return wrap(compute(q, k, v, mask, scale=scale, is_causal=bool(is_causal), enable_gqa=bool(enable_gqa),
+                        settings=settings))
+
+
+def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, settings: AttentionSettings):
     lead = q.shape[:-2]
     if q.ndim != 4:  # torch accepts [..., L, E]: fold leading dims into the batch
         q, k, v = (x.reshape((-1, 1) + x.shape[-2:]) for x in (q, k, v))
     if enable_gqa and k.shape[1] != q.shape[1]:
         k, v = (jnp.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
-    mask = to_jax_array(attn_mask) if attn_mask is not None else None
     kv_mask = _key_padding_mask(mask, q.shape[0], k.shape[2]) if mask is not None and q.ndim == 4 else None
     if mask is not None and kv_mask is None:
         out = dense_mask_attention(q, k, v, mask=mask, scale=scale)
@@ -141,4 +148,7 @@ def scaled_dot_product_attention(
         out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=True)
     else:
         out = attend(q, k, v, scale=scale, kv_mask=kv_mask, settings=settings)
-    return wrap(out.reshape(lead + out.shape[-2:]))
+    return out.reshape(lead + out.shape[-2:])
+
+
+_attention_jitted = jax.jit(_attention, static_argnames=("scale", "is_causal", "enable_gqa", "settings"))

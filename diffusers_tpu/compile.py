@@ -101,11 +101,16 @@ class _Program:
             arrays = iter(dynamic)
             leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
             args, kwargs = pytree.tree_unflatten(leaves, spec)
+            lists = _argument_lists(args, kwargs)
+            before = {key: list(value) for key, value in lists.items()}
             weights = {name: wrap(value) for name, value in state.items()}
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
             with torch.no_grad(), _reparametrize_module(module, weights), bound:
                 out = method(*args, **kwargs)
-            out_leaves, self.out_spec = pytree.tree_flatten(out)
+            # a list argument the method changed (a feature cache filled in place) is written back by the caller
+            changed = {key: value for key, value in lists.items()
+                       if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))}
+            out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
             return [to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
 
@@ -116,10 +121,21 @@ class _Program:
         cut = len(dynamic) if self.donate is None else self.donate
         return self.jitted(state, dynamic[:cut], dynamic[cut:], list(extra))
 
-    def rebuild(self, arrays):
+    def rebuild(self, arrays, args=(), kwargs=None):
         it = iter(arrays)
         leaves = [wrap(next(it)) if s is _TENSOR else s for s in self.out_static]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        out, changed = pytree.tree_unflatten(leaves, self.out_spec)
+        callers = _argument_lists(args, kwargs or {})
+        for key, contents in changed.items():
+            callers[key][:] = contents
+        return out
+
+
+def _argument_lists(args, kwargs) -> dict:
+    """The list-valued arguments of a call, keyed by position or name."""
+    found = {i: a for i, a in enumerate(args) if type(a) is list}
+    found.update({k: v for k, v in kwargs.items() if type(v) is list})
+    return found
 
 
 def compiled_method(module: torch.nn.Module, name: str, **options) -> Callable:
@@ -169,7 +185,7 @@ def compiled_function(
                 program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
             extra = extras.values() if extras is not None else []
-            return program.rebuild(program(state(), dynamic, extra))
+            return program.rebuild(program(state(), dynamic, extra), args, kwargs)
 
     compiled.__wrapped__ = method
     compiled.programs = programs

@@ -16,6 +16,11 @@ refused with a clear error.
 
 Hooks registered before ``pipe.to("tpu")`` wrap the stock ``forward`` of their module; the unit program is spliced
 into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 0.42), so the hooks run around it.
+
+Code a trace cannot take (data-dependent shapes: ``torch.nonzero``, boolean indexing, ``.item()`` deciding control
+flow) takes the same route: a module whose forward fails to trace runs eagerly from then on, its submodules as
+compiled units — slower, never different. One warning names the module; a family file can then replace the code
+with a jit-safe equivalent (as ``hunyuan.py`` does).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import contextvars
 import logging
 
+import jax
 import torch
 import torch.utils._pytree as pytree
 
@@ -41,6 +47,10 @@ REFUSED_HOOKS = {
     "lazy_prefetch_group_offloading": "enable_group_offload",
 }
 _units_on: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_units", default=False)
+# what a trace raises on data-dependent Python control flow or shapes (the module then runs eagerly)
+TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError,
+                jax.errors.NonConcreteBooleanIndexError)
 
 
 def active_hooks(root: torch.nn.Module) -> dict:
@@ -101,6 +111,8 @@ class Denoiser:
         self._units: dict[int, object] = {}  # id(submodule) -> compiled unit
         self._plans: dict = {}
         self._active: set[int] = set()  # units of the current plan
+        self._hooks: dict = {}
+        self.eager: set[int] = set()  # modules whose forward a trace cannot take: run eagerly, children as units
         self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
         self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
 
@@ -140,12 +152,28 @@ class Denoiser:
         # hooks on the denoiser itself run around this entry; only hooks inside it need units
         hooks = {m: names for m, names in active_hooks(self.module).items() if m is not self.module}
         with lora.scale_from_kwargs(self.module, kwargs) as kwargs:
-            if not hooks:
-                return self.whole(*args, **kwargs)
+            if not hooks and id(self.module) not in self.eager:
+                try:
+                    return self.whole(*args, **kwargs)
+                except TRACE_ERRORS as error:
+                    self._cannot_trace(self.module, self.whole, error)
             return self._run_units(hooks, args, kwargs)
+
+    def _cannot_trace(self, module, compiled, error) -> None:
+        """``module``'s forward failed to trace: forget the half-built program, run it eagerly from now on."""
+        for key in [k for k, program in compiled.programs.items() if program.out_spec is None]:
+            del compiled.programs[key]
+        self.eager.add(id(module))
+        self._plans.clear()
+        names = {id(m): n for n, m in self.module.named_modules()}
+        logger.warning("%s.%s cannot be traced by JAX (%s: %s); it now runs eagerly with its submodules compiled "
+                       "one by one: the same results, slower. A family file can make it jit-safe.",
+                       type(self.module).__name__, names.get(id(module)) or "forward", type(error).__name__,
+                       str(error).splitlines()[0][:200])
 
     # -- units under hooks ---------------------------------------------------------------------------------
     def _run_units(self, hooks: dict, args, kwargs):
+        self._hooks = hooks
         self._install_units(hooks)
 
         def to_device(value):
@@ -162,18 +190,19 @@ class Denoiser:
             _units_on.reset(token)
 
     def _install_units(self, hooks: dict) -> None:
-        signature = tuple(sorted((id(m), id(hook_reference(m)[0])) for m in hooks))
+        signature = (tuple(sorted((id(m), id(hook_reference(m)[0])) for m in hooks)), frozenset(self.eager))
         if signature in self._plans:
             self._active = self._plans[signature]
             return
         names = {id(m): name for name, m in self.module.named_modules()}
         hooked = {names[id(m)] for m in hooks}
+        eager = {names[i] for i in self.eager if i in names} | hooked  # their own forward runs eagerly
 
-        def holds_hooks(name):  # hooked itself or above a hooked module
-            return any(h == name or h.startswith(f"{name}.") for h in hooked)
+        def holds_eager(name):  # eager itself or above an eager module
+            return any(e == name or e.startswith(f"{name}.") for e in eager)
 
-        def hooked_below(name):
-            return any(h.startswith(f"{name}.") for h in hooked)
+        def eager_below(name):
+            return any(e.startswith(f"{name}.") for e in eager)
 
         units: set[int] = set()
 
@@ -182,9 +211,9 @@ class Denoiser:
                 name = f"{prefix}{child_name}"
                 if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
                     visit(child, f"{name}.")
-                elif not holds_hooks(name):
+                elif not holds_eager(name):
                     units.add(self._unit(child, name, hooked=False))
-                elif name in hooked and not hooked_below(name):
+                elif name in hooked and not eager_below(name) and id(child) not in self.eager:
                     units.add(self._unit(child, name, hooked=True))
                 else:
                     visit(child, f"{name}.")
@@ -210,8 +239,13 @@ class Denoiser:
                 return stock(*args, **kwargs)
             entry.unit_calls += 1
             entry.hooked_calls += hooked
-            with units_off():  # what it calls (and traces) is plain stock code
-                return compiled(*args, **kwargs)
+            try:
+                with units_off():  # what it calls (and traces) is plain stock code
+                    return compiled(*args, **kwargs)
+            except TRACE_ERRORS as error:
+                entry._cannot_trace(module, compiled, error)
+                entry._install_units(entry._hooks)  # its submodules become units, from this call on
+                return stock(*args, **kwargs)
 
         unit._diffusers_tpu_unit = True
         unit.__wrapped__ = stock

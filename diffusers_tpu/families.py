@@ -34,6 +34,8 @@ class Family:
             module and compiled in place of the stock one.
         tpu_dtypes: component name -> dtype on the TPU platform (e.g. a text encoder known to be safe in bf16),
             unless ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
+        rules_for: ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after
+            ``shard_rules`` (the generic path's whole table).
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
     """
@@ -55,6 +57,12 @@ class Family:
     vae_install: Callable[..., None] | None = None
     denoiser_forward: Callable | None = None
     tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    rules_for: Callable[..., tuple] | None = None
+
+    def rules(self, module, mesh_shape) -> tuple:
+        """Sharding rules of a denoiser: the family's table, then rules inferred from the module (``rules_for``)."""
+        inferred = self.rules_for(module, mesh_shape) if self.rules_for is not None else ()
+        return tuple(self.shard_rules) + tuple(inferred)
 
 
 _families: list[Family] = []
@@ -69,15 +77,53 @@ def registered_pipelines() -> list[type]:
     return [cls for family in _families for cls in family.pipelines]
 
 
-def supported_pipelines() -> list[str]:
-    return sorted({cls.__name__ for family in _families for cls in family.pipelines})
+_catalogue: dict[str, str] | None = None
+
+
+def supported_pipelines() -> dict[str, str]:
+    """Every diffusers pipeline class -> how it runs on JAX: ``"family <name>"`` (a family file), ``"generic"`` (any
+    pipeline with a transformer denoiser), or why it cannot (``"unsupported: ..."``). Imports every pipeline class
+    once (seconds)."""
+    global _catalogue
+    if _catalogue is None:
+        import inspect
+
+        import diffusers
+
+        found = {}
+        for name in sorted(n for n in dir(diffusers) if n.endswith("Pipeline") and n != "DiffusionPipeline"):
+            try:
+                cls = getattr(diffusers, name)
+                parameters = inspect.signature(cls.__init__).parameters
+            except Exception as error:  # an optional dependency missing
+                found[name] = f"unsupported: cannot import ({type(error).__name__})"
+                continue
+            family = next((f for f in _families if issubclass(cls, f.pipelines)), None)
+            if family is not None:
+                found[name] = f"family {family.name}"
+            elif any(p.startswith("transformer") for p in parameters):
+                found[name] = "generic"
+            elif "unet" in parameters:
+                found[name] = "unsupported: UNet denoiser"
+            else:
+                found[name] = "unsupported: no transformer denoiser"
+        _catalogue = found
+    extra = {cls.__name__: f"family {f.name}" for f in _families for cls in f.pipelines}  # diffusers_tpu's classes
+    return {**_catalogue, **extra}
 
 
 def family_of(pipe) -> Family:
     for family in _families:
         if isinstance(pipe, family.pipelines):
             return family
+    from .generic import family_for
+
+    family = family_for(pipe)
+    if family is not None:
+        return family
     raise ValueError(
-        f"{type(pipe).__name__} is not supported on JAX yet; supported pipelines: {supported_pipelines()}. "
-        "Keep it on a torch device, or open an issue naming the pipeline."
+        f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer denoiser (components "
+        f"{sorted(pipe.components)}); UNet pipelines are not supported. Families: "
+        f"{sorted({f.name for f in _families})}; any pipeline with a `transformer` takes the generic path "
+        "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."
     )

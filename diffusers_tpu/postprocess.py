@@ -60,13 +60,48 @@ def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs
     return [_pil(frames) for frames in np.asarray(_uint8(array, denormalize))]
 
 
+@functools.partial(jax.jit, static_argnames=("denormalize",))
+def _image_np(image, denormalize: bool):  # [B, C, H, W] -> [B, H, W, C] float32, as VaeImageProcessor.pt_to_numpy
+    if denormalize:
+        image = jnp.clip(image * 0.5 + 0.5, 0, 1)
+    return jnp.transpose(image, (0, 2, 3, 1)).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("denormalize",))
+def _image_uint8(image, denormalize: bool):
+    return jnp.round(_image_np(image, denormalize) * 255).astype(jnp.uint8)
+
+
+def postprocess_image(processor, stock, image, output_type: str = "pil", do_denormalize=None):
+    """``VaeImageProcessor.postprocess`` for images on the device; anything unusual goes to ``stock``."""
+    if do_denormalize is not None or not is_jax_tensor(image) or output_type not in ("np", "pil") or image.ndim != 4:
+        return stock(image, output_type, do_denormalize)
+    array = to_jax_array(image)
+    denormalize = bool(processor.config.do_normalize)
+    if output_type == "np":
+        return np.asarray(_image_np(array, denormalize))
+    return _pil(np.asarray(_image_uint8(array, denormalize)))
+
+
 def install(processor) -> None:
     stock = processor.postprocess_video
     processor.postprocess_video = functools.partial(postprocess_video, processor, stock)
     processor.postprocess_video.__wrapped__ = stock
 
 
-def uninstall(processor) -> None:
-    current = vars(processor).get("postprocess_video")
+def install_image(processor) -> bool:
+    """On-device postprocessing for a stock ``VaeImageProcessor`` (image pipelines); False if not one."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    if not isinstance(processor, VaeImageProcessor) or type(processor).postprocess is not VaeImageProcessor.postprocess:
+        return False
+    stock = processor.postprocess
+    processor.postprocess = functools.partial(postprocess_image, processor, stock)
+    processor.postprocess.__wrapped__ = stock
+    return True
+
+
+def uninstall(processor, name: str = "postprocess_video") -> None:
+    current = vars(processor).get(name)
     if current is not None and hasattr(current, "__wrapped__"):
-        del vars(processor)["postprocess_video"]
+        del vars(processor)[name]

@@ -240,14 +240,14 @@ class PipelineRuntime:
 
     def place(self, plans: dict) -> None:
         pipe, family = self.pipe, self.family
-        for name, (module, slots) in plans.items():
+        for name, (module, slots, rules) in plans.items():
             sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
             self._undo.append(functools.partial(sharding.restore, module))
             self._override(module, "state_dict", _host_state_dict(module.state_dict))
             porting.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
-                self._place_denoiser(name, module)
+                self._place_denoiser(name, module, rules)
             elif name == "vae" and family.vae_install is not None:
                 family.vae_install(module, self, state, self._width_input)
             elif name == "vae":
@@ -275,19 +275,23 @@ class PipelineRuntime:
         if self.config.postprocess_on_device and processor is not None:
             postprocess.install(processor)
             self._undo.append(functools.partial(postprocess.uninstall, processor))
+        image_processor = getattr(pipe, "image_processor", None)
+        if self.config.postprocess_on_device and image_processor is not None and postprocess.install_image(
+                image_processor):
+            self._undo.append(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
         for module in self.denoisers.values():  # outermost: a user's direct call gets host tensors
             self._override(module.module, "forward", self.public(module.module.forward))
 
-    def _place_denoiser(self, name: str, module) -> None:
+    def _place_denoiser(self, name: str, module, rules) -> None:
         family = self.family
         forward = innermost_forward(module)
         if family.denoiser_forward is not None:
             forward = types.MethodType(family.denoiser_forward, module)
         handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
         self._undo.extend(handle.remove for handle in handles)
-        entry = Denoiser(self, module, forward, family.shard_rules, self.attention, self._batch_input)
+        entry = Denoiser(self, module, forward, rules, self.attention, self._batch_input)
         self.denoisers[name] = entry
         self._install_forward(module, entry)
         self._override(module, "forward", self._recording_output(module.forward))
@@ -490,14 +494,14 @@ def _plans(pipe, family, config, target, modules, mesh_shape, dtype) -> dict:
     plans = {}
     for name, module in modules.items():
         denoiser = name in family.denoisers
-        rules = family.shard_rules if denoiser else ()
+        rules = family.rules(module, mesh_shape) if denoiser else ()
         module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
         if name == "vae" and config.vae_weights_dtype is not None:
             module_dtype = config.vae_weights_dtype
         if dtype is None:
             module_dtype = component_dtype(family, config, target, name, module_dtype)
         keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
-        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep))
+        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep), rules)
     return plans
 
 

@@ -283,3 +283,16 @@ def hunyuan15_pipeline(seed: int = 0, cls=None):
     for name, value in HUNYUAN15_LENGTHS.items():
         setattr(pipe, name, value)
     return pipe
+
+
+def generic_pipeline(name: str, seed: int = 0):
+    """A tiny pipeline that runs on the generic path (``tiny_generic``: "latte", "mochi")."""
+    from .tiny_generic import generic_pipeline as make
+
+    return make(name, seed)
+
+
+def generic_call(pipe) -> dict:
+    from .tiny_generic import generic_call as call
+
+    return call(pipe)

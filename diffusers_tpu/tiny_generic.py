@@ -1,0 +1,61 @@
+"""Tiny offline pipelines that run on the generic path (no family file): Latte and Mochi, 2+ layers, 4 heads."""
+
+from __future__ import annotations
+
+import torch
+
+from .tiny import char_tokenizer, tiny_t5
+
+PROMPTS = dict(prompt=["a squirrel eats", "a red fox jumps over the sleeping dog"],
+               negative_prompt=["low", "low quality, static"])
+
+
+def latte_pipeline(seed: int = 0):
+    from diffusers import AutoencoderKL, DDIMScheduler, LattePipeline, LatteTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = LatteTransformer3DModel(
+        sample_size=8, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, caption_channels=32,
+        in_channels=4, cross_attention_dim=32, out_channels=8, attention_bias=True, activation_fn="gelu-approximate",
+        num_embeds_ada_norm=1000, norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
+        video_length=3)
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=2, latent_channels=4)
+    return LattePipeline(transformer=transformer.eval(), vae=vae.eval(), scheduler=DDIMScheduler(),
+                         text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())
+
+
+def mochi_pipeline(seed: int = 0):
+    from diffusers import AutoencoderKLMochi, FlowMatchEulerDiscreteScheduler, MochiPipeline, MochiTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=4, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+        in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=4,
+        activation_fn="swiglu", max_sequence_length=16)
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLMochi(latent_channels=12, out_channels=3, encoder_block_out_channels=(32,) * 4,
+                             decoder_block_out_channels=(32,) * 4, layers_per_block=(1,) * 5)
+    return MochiPipeline(transformer=transformer.eval(), vae=vae.eval(), scheduler=FlowMatchEulerDiscreteScheduler(),
+                         text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())
+
+
+PIPELINES = {"latte": latte_pipeline, "mochi": mochi_pipeline}
+CALLS = {
+    "LattePipeline": dict(PROMPTS, num_inference_steps=2, guidance_scale=5.0, height=16, width=16, video_length=3,
+                          clean_caption=False, output_type="np"),
+    "MochiPipeline": dict(PROMPTS, num_inference_steps=2, guidance_scale=4.5, height=16, width=16, num_frames=7,
+                          max_sequence_length=16, output_type="np"),
+}
+
+
+def generic_pipeline(name: str, seed: int = 0):
+    if name not in PIPELINES:
+        raise ValueError(f"No tiny generic-path pipeline {name!r}; choose one of {sorted(PIPELINES)}.")
+    return PIPELINES[name](seed)
+
+
+def generic_call(pipe) -> dict:
+    """Call arguments that suit the tiny pipeline (two prompts of different lengths, CFG on)."""
+    return dict(CALLS[type(pipe).__name__])

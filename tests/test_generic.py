@@ -1,0 +1,61 @@
+"""The generic path: pipelines with no family file run on JAX with inferred sharding and the same video as torch."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_np_matches, assert_pil_matches
+
+import diffusers
+import diffusers_tpu
+from diffusers_tpu import compile as jit
+from diffusers_tpu import generic, tiny
+
+
+def call(pipe, **overrides):
+    kwargs = dict(tiny.generic_call(pipe), **overrides)
+    return pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames
+
+
+@pytest.mark.parametrize("name", ["latte", "mochi"])
+def test_generic_pipeline_matches_stock(name, caplog):
+    caplog.set_level(logging.WARNING, logger="diffusers_tpu")
+    ref, pipe = tiny.generic_pipeline(name), tiny.generic_pipeline(name)
+    expected, expected_pil = call(ref), call(ref, output_type="pil")
+    pipe.to("jax")
+    assert f"{type(pipe).__name__} runs on diffusers_tpu's generic path" in caplog.text
+    assert_np_matches(call(pipe), expected)
+    assert_pil_matches(call(pipe, output_type="pil"), expected_pil)
+    with jit.compile_log() as log:
+        call(pipe)
+    assert log.compilations == 0
+    if name == "mochi":  # its attention compacts text tokens with torch.nonzero: that module runs eagerly
+        assert "transformer_blocks.0.attn1 cannot be traced" in caplog.text
+    pipe.to("cpu")  # back on torch with the very same weights
+    theirs = ref.transformer.state_dict()
+    assert all(torch.equal(value, theirs[key]) for key, value in pipe.transformer.state_dict().items())
+
+
+def test_inferred_rules_shard_whole_heads():
+    transformer = tiny.generic_pipeline("latte").transformer  # 4 heads
+    rules = dict(generic.infer_rules(transformer, {"dp": 1, "sp": 1, "tp": 4}))
+    q = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_q\\.weight" in pattern)
+    out = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_out\\.0\\.weight" in pattern)
+    ffn = [spec for pattern, spec in rules.items() if pattern.startswith("^transformer_blocks\\.0\\.ff\\.")]
+    assert q == ("tp", None) and out == (None, "tp") and ("tp", None) in ffn and (None, "tp") in ffn
+    assert generic.infer_rules(transformer, {"tp": 3}) == ()  # 3 does not divide 4 heads: all replicated
+
+
+def test_supported_pipelines_and_the_unet_error():
+    table = diffusers_tpu.supported_pipelines()
+    assert table["WanPipeline"] == "family wan" and table["LattePipeline"] == "generic"
+    assert table["MochiPipeline"] == "generic"
+    assert table["StableDiffusionPipeline"] == "unsupported: UNet denoiser"
+    unet = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 8),
+                                 down_block_types=("DownBlock2D",) * 2, up_block_types=("UpBlock2D",) * 2,
+                                 norm_num_groups=4, layers_per_block=1)
+    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler())
+    with pytest.raises(ValueError, match="DDPMPipeline cannot run on JAX.*UNet pipelines are not supported"):
+        pipe.to("jax")
+    assert all(type(p) is torch.nn.Parameter for p in pipe.unet.parameters())
