@@ -73,7 +73,7 @@ class CFGPairing:
         """``hooked()``: diffusers hooks (a step cache) keep per-context state, so those calls stay separate."""
 
         def paired(*args, **kwargs):
-            name = self.context.get(id(module))
+            name = self.context.get(id(module)) or self._role(kwargs.get(self.condition_arg))
             if args or name not in ("cond", "uncond") or self.condition_arg not in kwargs or hooked():
                 self.pending = None
                 return forward(*args, **kwargs)
@@ -85,6 +85,19 @@ class CFGPairing:
         return paired
 
     # -- the pairing --------------------------------------------------------------------------------------
+    def _role(self, condition):
+        """A loop without cache contexts (Wan video-to-video): the call with the negative embeddings is "uncond",
+        any other one while a negative prompt exists is "cond" (its batched uncond half is only used if the next
+        call's inputs match exactly)."""
+        if self.negative is None or not is_jax_tensor(condition):
+            return None
+        if condition is self.negative or condition is self.accepted or (
+                self.pending is not None and condition is self.pending.negative):
+            return "uncond"
+        if self.pending is not None and _equal(condition, self.pending.negative):
+            return "uncond"
+        return "cond"
+
     def _negative_for(self, condition):
         candidate = self.accepted if self.accepted is not None else self.negative
         if not (is_jax_tensor(candidate) and is_jax_tensor(condition)) or candidate.shape != condition.shape:
@@ -105,6 +118,8 @@ class CFGPairing:
             value = kwargs.get(name)
             if is_jax_tensor(value) and value.ndim and value.shape[0] == batch:
                 batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
+            elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
+                batched[name] = value * 2
         batched[self.condition_arg] = wrap(jnp.concatenate([to_jax_array(condition), to_jax_array(negative)]))
         out = forward(**batched)
         cond, uncond = _split(out, batch)

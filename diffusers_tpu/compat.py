@@ -153,11 +153,78 @@ def _patch_setitem():
     _applied.add("torchax Tensor.__setitem__")
 
 
+# --- 5. copy.deepcopy of a torchax tensor -----------------------------------------------------------------
+# Reason: torch's ``Tensor.__deepcopy__`` rebuilds storage (``aten::set_.source_Storage``), which torchax cannot
+# lower; pipelines deepcopy their scheduler mid-call (SkyReels-V2 diffusion forcing: one scheduler per frame)
+# while it holds device timesteps. A JAX array is immutable and torchax's in-place ops replace the wrapped
+# array, so a new wrapper around the same array is a true deep copy.
+# A view (torchax ``View``) is copied as the tensor it shows. A plain CPU tensor copied while the torchax modes are on
+# (the same scheduler's host tables) is copied with the modes off: its storage copy would otherwise dispatch to
+# torchax. Guard: only when torchax does not define its own ``__deepcopy__`` (0.0.10 - 0.0.13).
+def _patch_deepcopy():
+    from torchax.tensor import Tensor
+    from torchax.view import View
+
+    if "__deepcopy__" in vars(Tensor):
+        return
+
+    def __deepcopy__(self, memo):
+        array = self.jax() if isinstance(self, View) else self._elem
+        copied = Tensor(array, self._env if isinstance(self, Tensor) else self.torch()._env)
+        memo[id(self)] = copied
+        return copied
+
+    Tensor.__deepcopy__ = View.__deepcopy__ = __deepcopy__
+    stock = torch.Tensor.__deepcopy__
+
+    def host_deepcopy(self, memo):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        if self.device.type == "cpu" and not isinstance(self, (Tensor, View)):
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                return stock(self, memo)
+        return stock(self, memo)
+
+    torch.Tensor.__deepcopy__ = host_deepcopy
+    _applied.add("torchax Tensor.__deepcopy__")
+
+
+# --- 6. A host tensor mixed into a JAX op is moved, as torch moves a CPU index or scalar ------------------------
+# Reason: pipeline code builds small tensors on the CPU (``torch.zeros(n, dtype=torch.long)`` without a device) and
+# uses them with device tensors: ``device_table[cpu_index]`` works on CUDA, while torchax asserts "mixed math between
+# XLATensor and torch.Tensor" (SkyReels-V2 diffusion forcing's timestep matrix). torchax already turns 0-d host
+# tensors into scalars; other host tensors are now copied to JAX (inside a trace: constants).
+# Guard: wraps torchax's ``Environment.t2j_iso`` (0.0.10 - 0.0.13) once; torchax tensors pass through untouched.
+def _patch_mixed_host_tensors():
+    from torchax.tensor import Environment, Tensor
+    from torchax.view import View
+
+    stock = Environment.t2j_iso
+    if getattr(stock, "_diffusers_tpu", False):
+        return
+
+    def t2j_iso(self, torchtensors):
+        import torch.utils._pytree as pytree
+
+        def move(x):
+            if isinstance(x, (Tensor, View)) or x.squeeze().ndim == 0 or x.device.type == "meta":
+                return x
+            return Tensor(self.t2j_copy(x), self)
+
+        return stock(self, pytree.tree_map_only(torch.Tensor, move, torchtensors))
+
+    t2j_iso._diffusers_tpu = True
+    Environment.t2j_iso = t2j_iso
+    _applied.add("torchax host tensors in JAX ops")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
     _patch_type_as()
     _patch_setitem()
+    _patch_deepcopy()
+    _patch_mixed_host_tensors()
 
 
 def applied() -> set[str]:

@@ -1,4 +1,9 @@
-"""Wan (2.1 and 2.2; text-to-video and image-to-video): sharding rules, CFG pairing, FLOPs, pipeline classes.
+"""Wan (2.1 and 2.2; text-to-video and image-to-video) and its wider family: sharding rules, CFG pairing, FLOPs.
+
+The Wan architecture also serves ``WanVideoToVideoPipeline`` (its loop has no cache contexts: the CFG pairing infers
+which call is which), ``WanVACEPipeline`` (the control ``vace_blocks`` are sharded like the main blocks) and
+SkyReels-V2 (``SkyReelsV2Pipeline``; ``SkyReelsV2DiffusionForcingPipeline`` with per-frame timesteps and a
+block-causal attention mask, which runs through the exact masked reference).
 
 ``WanPipeline`` covers Wan 2.1 T2V, Wan 2.2 A14B (``transformer_2`` switching at the boundary timestep) and TI2V-5B
 (48-channel VAE, ``expand_timesteps``); ``WanImageToVideoPipeline`` adds a CLIP image encoder whose tokens join the
@@ -18,7 +23,7 @@ import diffusers
 from . import wan_vae
 from .families import Family, register
 
-_BLOCK = r"^blocks\.\d+\."
+_BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
     (_BLOCK + r"attn[12]\.(to_q|to_k|to_v|add_k_proj|add_v_proj)\.weight$", ("tp", None)),
     (_BLOCK + r"attn[12]\.(to_q|to_k|to_v|add_k_proj|add_v_proj)\.bias$", ("tp",)),
@@ -28,7 +33,7 @@ SHARD_RULES = (
     (_BLOCK + r"ffn\.net\.0\.proj\.bias$", ("tp",)),
     (_BLOCK + r"ffn\.net\.2\.weight$", (None, "tp")),
 )
-ACTIVATION_RULES = ((r"^blocks\.\d+$", ("dp", "sp", None)),)
+ACTIVATION_RULES = ((r"^(blocks|vace_blocks)\.\d+$", ("dp", "sp", None)),)
 
 # Real-size transformer architectures (configs of the published checkpoints), buildable on the meta device.
 _WAN21 = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
@@ -94,7 +99,8 @@ class WanImageToVideoPipeline(diffusers.WanImageToVideoPipeline):
 FAMILY = register(
     Family(
         name="wan",
-        pipelines=(diffusers.WanPipeline, diffusers.WanImageToVideoPipeline),
+        pipelines=(diffusers.WanPipeline, diffusers.WanImageToVideoPipeline, diffusers.WanVideoToVideoPipeline,
+                   diffusers.WanVACEPipeline, diffusers.SkyReelsV2Pipeline, diffusers.SkyReelsV2DiffusionForcingPipeline),
         denoisers=("transformer", "transformer_2"),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
@@ -102,7 +108,8 @@ FAMILY = register(
         vae_methods=(),
         vae_install=wan_vae.install,
         cfg_negative=lambda encoded: encoded[1],
-        cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image"),
+        cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
+                          "control_hidden_states", "fps"),
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
     )

@@ -69,6 +69,7 @@ def main():
     report["causal_wan"] = causal_wan_runs()
     report["lora"] = lora_runs()
     report["caches"] = cache_runs()
+    report["families_14"] = family_runs()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -233,6 +234,41 @@ def cache_runs():
                 generate(pipe, **call)
             runs[f"{cache}-{name}"] = dict(np_max_abs=float(np.abs(out - expected).max()),
                                            finite=bool(np.isfinite(out).all()), warm_compilations=log.compilations)
+    return runs
+
+
+def family_runs():
+    """Issue 14's pipelines on the mesh: the generic path (Latte, inferred sharding) and Wan's wider family (CFG
+    pair batched over dp), on dp2-sp1-tp4 and dp1-sp2-tp4."""
+    from diffusers_tpu import tiny_families
+
+    runs = {}
+    cases = [("latte", "dp2-sp1-tp4"), ("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"),
+             ("wan-vace", "dp2-sp1-tp4"), ("wan-vace", "dp1-sp2-tp4"), ("skyreels-v2", "dp2-sp1-tp4"),
+             ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4")]
+    references = {}
+    for name, mesh_name in cases:
+        if name == "latte":
+            make = lambda: (tiny.generic_pipeline("latte"), tiny.generic_call(tiny.generic_pipeline("latte")))  # noqa: E731
+        else:
+            make = lambda name=name: tiny_families.pipeline(name)  # noqa: E731
+        pipe, call = make()
+        call = {k: v for k, v in call.items() if k != "output_type"}
+        run = lambda p, kind: p(**call, output_type=kind, generator=torch.Generator().manual_seed(0)).frames  # noqa: E731
+        if name not in references:
+            references[name] = (run(pipe, "np"), run(pipe, "pil"))
+        pipe.to("jax", config=TPUConfig(mesh=MESHES_13[mesh_name], attention_kv_threshold=16))
+        out, pil_out = run(pipe, "np"), run(pipe, "pil")
+        with jit.compile_log() as log:
+            run(pipe, "np")
+        attn = (pipe.transformer.transformer_blocks if name == "latte" else pipe.transformer.blocks)[0].attn1
+        runtime = pipe._diffusers_tpu_runtime
+        runs[f"{name}-{mesh_name}"] = dict(compare(np.asarray(out), np.asarray(references[name][0]), pil_out,
+                                                   references[name][1]), warm_compilations=log.compilations,
+                                           family=runtime.family.name,
+                                           batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
+                                           q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec])
+        pipe.to("cpu")
     return runs
 
 
