@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import weakref
 
 import jax.numpy as jnp
 import torch
 
-from .backend import is_jax_tensor, to_jax_array, wrap
+from .backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -27,29 +28,43 @@ logger = logging.getLogger(__name__)
 class _Pending:
     module: torch.nn.Module
     others: dict
-    negative: torch.Tensor
+    negative: tuple
     uncond: object
 
 
 class CFGPairing:
-    def __init__(self, condition_arg: str, batched_args: tuple[str, ...]):
-        self.condition_arg = condition_arg
+    """``condition_args``: the denoiser keywords that differ between the "cond" and "uncond" calls (one for Wan,
+    embeddings + mask + pooled projections for HunyuanVideo); ``pick(encode_prompt output)`` gives the negative
+    value(s) in that order."""
+
+    def __init__(self, condition_args, batched_args: tuple[str, ...], negative_call: int = 0):
+        self.negative_call = negative_call  # which encode_prompt call of a pipeline call gives the negative
+        self.encodes = 0
+        self.condition_args = (condition_args,) if isinstance(condition_args, str) else tuple(condition_args)
         self.batched_args = batched_args
-        self.negative = None  # what encode_prompt returned for the negative prompt
-        self.accepted = None  # the negative tensor object the loop actually passes (learned at step 0)
+        self.negative = None  # what encode_prompt returned for the negative prompt (a tuple)
+        self.accepted = None  # the negative tensor objects the loop actually passes (learned at step 0)
         self.pending: _Pending | None = None
         self.context: dict[int, str | None] = {}
         self.batched_steps = 0
+        self._moved: dict[int, tuple] = {}  # id -> (weakref to the host tensor, its device copy)
 
     def reset(self) -> None:
+        self._moved.clear()
         self.negative = self.accepted = self.pending = None
-        self.batched_steps = 0
+        self.batched_steps = self.encodes = 0
 
     # -- seams ------------------------------------------------------------------------------------------
     def capture_negative(self, encode_prompt, pick):
         def encode(*args, **kwargs):
             out = encode_prompt(*args, **kwargs)
-            self.negative, self.accepted = pick(out), None
+            if self.encodes == self.negative_call:
+                picked = pick(out)
+                picked = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
+                self.negative = tuple(p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else self._on_device(p)
+                                      for p in picked)
+                self.accepted = None
+            self.encodes += 1
             return out
 
         encode.__wrapped__ = encode_prompt
@@ -73,46 +88,66 @@ class CFGPairing:
         """``hooked()``: diffusers hooks (a step cache) keep per-context state, so those calls stay separate."""
 
         def paired(*args, **kwargs):
-            name = self.context.get(id(module)) or self._role(kwargs.get(self.condition_arg))
-            if args or name not in ("cond", "uncond") or self.condition_arg not in kwargs or hooked():
+            conditions = self._conditions(kwargs)
+            name = self.context.get(id(module)) or self._role(conditions)
+            if args or name not in ("cond", "uncond") or conditions is None or hooked():
                 self.pending = None
                 return forward(*args, **kwargs)
             if name == "cond":
-                return self._cond(module, forward, kwargs)
-            return self._uncond(module, forward, kwargs)
+                return self._cond(module, forward, kwargs, conditions)
+            return self._uncond(module, forward, kwargs, conditions)
 
         paired.__wrapped__ = forward
         return paired
 
     # -- the pairing --------------------------------------------------------------------------------------
-    def _role(self, condition):
+    def _conditions(self, kwargs):
+        values = tuple(kwargs.get(name) for name in self.condition_args)
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return None
+        return tuple(v if is_jax_tensor(v) else self._on_device(v) for v in values)
+
+    def _on_device(self, tensor):
+        """A condition the pipeline left on the host (HunyuanVideo's pooled CLIP embeddings), moved once per object
+        so identity checks keep working from step to step."""
+        source, moved = self._moved.get(id(tensor), (None, None))
+        if source is None or source() is not tensor:
+            moved = wrap(host_to_jax(tensor))
+            self._moved[id(tensor)] = (weakref.ref(tensor), moved)
+        return moved
+
+    def _role(self, conditions):
         """A loop without cache contexts (Wan video-to-video): the call with the negative embeddings is "uncond",
         any other one while a negative prompt exists is "cond" (its batched uncond half is only used if the next
         call's inputs match exactly)."""
-        if self.negative is None or not is_jax_tensor(condition):
+        if self.negative is None or conditions is None:
             return None
-        if condition is self.negative or condition is self.accepted or (
-                self.pending is not None and condition is self.pending.negative):
+        known = [self.negative, self.accepted, self.pending.negative if self.pending is not None else None]
+        if any(k is not None and all(a is b for a, b in zip(conditions, k)) for k in known):
             return "uncond"
-        if self.pending is not None and _equal(condition, self.pending.negative):
+        if self.pending is not None and all(_equal(a, b) for a, b in zip(conditions, self.pending.negative)):
             return "uncond"
         return "cond"
 
-    def _negative_for(self, condition):
-        candidate = self.accepted if self.accepted is not None else self.negative
-        if not (is_jax_tensor(candidate) and is_jax_tensor(condition)) or candidate.shape != condition.shape:
+    def _negatives_for(self, conditions):
+        candidates = self.accepted if self.accepted is not None else self.negative
+        if candidates is None or len(candidates) != len(conditions):
             return None
-        if candidate.dtype != condition.dtype:  # the loop casts embeddings to the denoiser dtype
-            candidate = wrap(to_jax_array(candidate).astype(to_jax_array(condition).dtype))
-        return candidate
+        negatives = []
+        for candidate, condition in zip(candidates, conditions):
+            if not is_jax_tensor(candidate) or candidate.shape != condition.shape:
+                return None
+            if candidate.dtype != condition.dtype:  # the loop casts embeddings to the denoiser dtype
+                candidate = wrap(to_jax_array(candidate).astype(to_jax_array(condition).dtype))
+            negatives.append(candidate)
+        return tuple(negatives)
 
-    def _cond(self, module, forward, kwargs):
+    def _cond(self, module, forward, kwargs, conditions):
         self.pending = None
-        condition = kwargs[self.condition_arg]
-        negative = self._negative_for(condition)
-        if negative is None:
+        negatives = self._negatives_for(conditions)
+        if negatives is None:
             return forward(**kwargs)
-        batch = condition.shape[0]
+        batch = conditions[0].shape[0]
         batched = dict(kwargs)
         for name in self.batched_args:
             value = kwargs.get(name)
@@ -120,22 +155,23 @@ class CFGPairing:
                 batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
             elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
                 batched[name] = value * 2
-        batched[self.condition_arg] = wrap(jnp.concatenate([to_jax_array(condition), to_jax_array(negative)]))
+        for name, condition, negative in zip(self.condition_args, conditions, negatives):
+            batched[name] = wrap(jnp.concatenate([to_jax_array(condition), to_jax_array(negative)]))
         out = forward(**batched)
         cond, uncond = _split(out, batch)
-        others = {k: v for k, v in kwargs.items() if k != self.condition_arg}
-        self.pending = _Pending(module, others, negative, uncond)
+        others = {k: v for k, v in kwargs.items() if k not in self.condition_args}
+        self.pending = _Pending(module, others, negatives, uncond)
         self.batched_steps += 1
         return cond
 
-    def _uncond(self, module, forward, kwargs):
+    def _uncond(self, module, forward, kwargs, conditions):
         pending, self.pending = self.pending, None
-        negative = kwargs[self.condition_arg]
-        if pending is not None and pending.module is module and _same(pending.others, kwargs, self.condition_arg):
-            if negative is pending.negative or negative is self.accepted:
+        if pending is not None and pending.module is module and _same(pending.others, kwargs, self.condition_args):
+            if all(c is n for c, n in zip(conditions, pending.negative)) or self.accepted is not None and all(
+                    c is a for c, a in zip(conditions, self.accepted)):
                 return pending.uncond
-            if self.accepted is None and _equal(negative, pending.negative):
-                self.accepted = negative  # later steps match by identity: no device sync
+            if self.accepted is None and all(_equal(c, n) for c, n in zip(conditions, pending.negative)):
+                self.accepted = conditions  # later steps match by identity: no device sync
                 return pending.uncond
         if pending is not None:
             logger.info("CFG pairing skipped: the unconditional call's inputs differ from the batched ones.")
@@ -158,8 +194,8 @@ def _split(out, batch):
     return pytree.tree_unflatten(first, spec), pytree.tree_unflatten(second, spec)
 
 
-def _same(previous: dict, current: dict, skip: str) -> bool:
-    if set(previous) != {k for k in current if k != skip}:
+def _same(previous: dict, current: dict, skip: tuple) -> bool:
+    if set(previous) != {k for k in current if k not in skip}:
         return False
     for key, value in previous.items():
         other = current[key]

@@ -22,8 +22,11 @@ class Family:
         vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method.
         cfg_negative: picks the negative embeddings out of ``encode_prompt``'s return value, enabling the
             classifier-free-guidance pair to run as one batch; None when the family batches CFG itself.
-        cfg_condition_arg: the denoiser keyword that differs between the "cond" and "uncond" calls.
+        cfg_condition_arg: the denoiser keyword (or tuple of keywords, in ``cfg_negative``'s order) that differs between
+            the "cond" and "uncond" calls.
         cfg_batched_args: denoiser keywords whose leading dim is the batch.
+        cfg_negative_call: which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the
+            first, which returns both; 1: a second call made for the negative prompt only).
         prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
         check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
         decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
@@ -48,8 +51,9 @@ class Family:
     num_heads: Callable[[object], int | None] = lambda pipe: None
     vae_methods: tuple[str, ...] = ("decode",)
     cfg_negative: Callable[[object], object] | None = None
-    cfg_condition_arg: str = "encoder_hidden_states"
+    cfg_condition_arg: str | tuple[str, ...] = "encoder_hidden_states"
     cfg_batched_args: tuple[str, ...] = ()
+    cfg_negative_call: int = 0
     prepare: Callable[[object, object], None] | None = None
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None

@@ -95,9 +95,9 @@ class PipelineRuntime:
             config.attention_block_sizes, config.attention_k_smoothing,
         )
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
-        self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args) if (
-            batch_cfg and family.cfg_negative is not None
-        ) else None
+        self.pairing = None
+        if batch_cfg and family.cfg_negative is not None:
+            self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args, family.cfg_negative_call)
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}

@@ -79,7 +79,78 @@ def skyreels_v2_df(seed: int = 0):
                       num_frames=9, num_inference_steps=2, max_sequence_length=16, ar_step=1, causal_block_size=1)
 
 
-PIPELINES = {"wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
+def _ltx(cls, seed: int):
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
+
+    from .tiny import tiny_t5
+
+    torch.manual_seed(seed)
+    transformer = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
+                                             num_attention_heads=4, attention_head_dim=8, cross_attention_dim=32,
+                                             num_layers=2, caption_channels=32)
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLLTXVideo(latent_channels=8, block_out_channels=(8,) * 4,
+                                spatio_temporal_scaling=(True, True, False, False), layers_per_block=(1,) * 5,
+                                patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False)
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
+    return cls(transformer=transformer.eval(), vae=vae.eval(), scheduler=FlowMatchEulerDiscreteScheduler(),
+               text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())
+
+
+LTX_CALL = dict(PROMPTS, num_inference_steps=2, guidance_scale=3.0, height=32, width=32, num_frames=9,
+                max_sequence_length=64)
+
+
+def ltx(seed: int = 0):
+    from diffusers import LTXPipeline
+
+    return _ltx(LTXPipeline, seed), dict(LTX_CALL)
+
+
+def ltx_i2v(seed: int = 0):
+    from diffusers import LTXImageToVideoPipeline
+
+    from .tiny import test_image
+
+    return _ltx(LTXImageToVideoPipeline, seed), dict(LTX_CALL, image=test_image(32, 32))
+
+
+def hunyuan_video(seed: int = 0):
+    """HunyuanVideo 1.0: a Llama text model (prompt template cut to 1 token) and CLIP (pooled), guidance-distilled
+    transformer with double and single blocks; ``true_cfg_scale`` runs the real CFG pair."""
+    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
+                           HunyuanVideoTransformer3DModel)
+    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    transformer = HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=2, num_single_layers=2,
+        num_refiner_layers=2, patch_size=1, patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4))
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8,) * 4, layers_per_block=1, act_fn="silu",
+        norm_num_groups=4, scaling_factor=0.476986, spatial_compression_ratio=8, temporal_compression_ratio=4,
+        mid_block_add_attention=True)
+    tokens = dict(bos_token_id=None, eos_token_id=1, pad_token_id=0, vocab_size=128)
+    torch.manual_seed(seed + 2)
+    text_encoder = LlamaModel(LlamaConfig(hidden_size=16, intermediate_size=37, num_attention_heads=4,
+                                          num_key_value_heads=2, num_hidden_layers=2, **tokens)).eval()
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = CLIPTextModel(CLIPTextConfig(hidden_size=8, intermediate_size=37, num_attention_heads=4,
+                                                  num_hidden_layers=2, projection_dim=8,
+                                                  max_position_embeddings=77, **tokens)).eval()
+    pipe = HunyuanVideoPipeline(transformer=transformer.eval(), vae=vae.eval(),
+                                scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder=text_encoder,
+                                tokenizer=char_tokenizer(), text_encoder_2=text_encoder_2,
+                                tokenizer_2=char_tokenizer(77))
+    return pipe, dict(PROMPTS, prompt_template={"template": "<{}>", "crop_start": 1}, true_cfg_scale=3.0,
+                      guidance_scale=4.5, height=16, width=16, num_frames=9, num_inference_steps=2,
+                      max_sequence_length=48)
+
+
+PIPELINES = {"hunyuan-video": hunyuan_video, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
 
 
 def pipeline(name: str, seed: int = 0):
