@@ -13,7 +13,8 @@ from . import compat
 
 compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
-from . import causal_wan_pipeline, cogvideox, hunyuan, hunyuan_video, ltx, wan  # noqa: E402,F401  (register the model families)
+from . import (causal_wan_pipeline, cogvideox, flux, hunyuan, hunyuan_video, ltx, qwenimage, wan,  # noqa: E402,F401
+               zimage)  # noqa: E402,F401  (register the model families)
 from . import patches  # noqa: E402  (top of the import graph: hooks diffusers, peft and torch.Generator)
 
 patches.apply()

@@ -37,8 +37,12 @@ class CFGPairing:
     embeddings + mask + pooled projections for HunyuanVideo); ``pick(encode_prompt output)`` gives the negative
     value(s) in that order."""
 
-    def __init__(self, condition_args, batched_args: tuple[str, ...], negative_call: int = 0):
+    def __init__(self, condition_args, batched_args: tuple[str, ...], negative_call: int = 0,
+                 pad_text: bool = False):
         self.negative_call = negative_call  # which encode_prompt call of a pipeline call gives the negative
+        # the text lengths of cond and uncond may differ (each padded to its own longest prompt): pad both to the
+        # longer one with masked (zero) tokens, exact where the model masks padded keys (Qwen-Image's key mask)
+        self.pad_text = pad_text
         self.encodes = 0
         self.condition_args = (condition_args,) if isinstance(condition_args, str) else tuple(condition_args)
         self.batched_args = batched_args
@@ -135,7 +139,11 @@ class CFGPairing:
             return None
         negatives = []
         for candidate, condition in zip(candidates, conditions):
-            if not is_jax_tensor(candidate) or candidate.shape != condition.shape:
+            if not is_jax_tensor(candidate) or candidate.ndim != condition.ndim:
+                return None
+            if candidate.shape != condition.shape and not (
+                    self.pad_text and candidate.ndim >= 2 and candidate.shape[0] == condition.shape[0]
+                    and candidate.shape[2:] == condition.shape[2:]):
                 return None
             if candidate.dtype != condition.dtype:  # the loop casts embeddings to the denoiser dtype
                 candidate = wrap(to_jax_array(candidate).astype(to_jax_array(condition).dtype))
@@ -155,8 +163,12 @@ class CFGPairing:
                 batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
             elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
                 batched[name] = value * 2
+        length = max(x.shape[1] for x in conditions + negatives) if self.pad_text else None
         for name, condition, negative in zip(self.condition_args, conditions, negatives):
-            batched[name] = wrap(jnp.concatenate([to_jax_array(condition), to_jax_array(negative)]))
+            pair = [to_jax_array(condition), to_jax_array(negative)]
+            if length is not None:
+                pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
+            batched[name] = wrap(jnp.concatenate(pair))
         out = forward(**batched)
         cond, uncond = _split(out, batch)
         others = {k: v for k, v in kwargs.items() if k not in self.condition_args}
@@ -164,9 +176,23 @@ class CFGPairing:
         self.batched_steps += 1
         return cond
 
+    def _same(self, previous: dict, current: dict) -> bool:
+        """The other arguments of the uncond call are the batched call's: the same objects, or equal values (a
+        loop that rebuilds ``timestep / 1000`` or zero text ids per call)."""
+        if set(previous) != {k for k in current if k not in self.condition_args}:
+            return False
+        for key, value in previous.items():
+            other = current[key]
+            if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+                if value is not other and not _equal(value, other):
+                    return False
+            elif value != other:
+                return False
+        return True
+
     def _uncond(self, module, forward, kwargs, conditions):
         pending, self.pending = self.pending, None
-        if pending is not None and pending.module is module and _same(pending.others, kwargs, self.condition_args):
+        if pending is not None and pending.module is module and self._same(pending.others, kwargs):
             if all(c is n for c, n in zip(conditions, pending.negative)) or self.accepted is not None and all(
                     c is a for c, a in zip(conditions, self.accepted)):
                 return pending.uncond
@@ -194,20 +220,7 @@ def _split(out, batch):
     return pytree.tree_unflatten(first, spec), pytree.tree_unflatten(second, spec)
 
 
-def _same(previous: dict, current: dict, skip: tuple) -> bool:
-    if set(previous) != {k for k in current if k not in skip}:
-        return False
-    for key, value in previous.items():
-        other = current[key]
-        if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
-            if value is not other:
-                return False
-        elif value != other:
-            return False
-    return True
-
-
 def _equal(a, b) -> bool:
-    if not (is_jax_tensor(a) and is_jax_tensor(b)) or a.shape != b.shape or a.dtype != b.dtype:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(jnp.array_equal(to_jax_array(a), to_jax_array(b)))

@@ -6,6 +6,7 @@ version guard. This module imports nothing of the package (it sits at the bottom
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import inspect
@@ -146,6 +147,8 @@ def _patch_setitem():
             value = value.to(self.dtype)
         elif isinstance(value, jax.Array) and value.dtype != self._elem.dtype:
             value = value.astype(self._elem.dtype)
+        elif isinstance(value, (int, float)) and self.dtype == torch.bool:
+            value = bool(value)  # torch: mask[:n] = 1 sets True (Z-Image's caption mask)
         return stock(self, key, value)
 
     __setitem__._diffusers_tpu = True
@@ -218,6 +221,49 @@ def _patch_mixed_host_tensors():
     _applied.add("torchax host tensors in JAX ops")
 
 
+# --- 7. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
+# Reason: a JAX trace is a compilation, and library code already knows what to do then: diffusers bypasses its
+# Python-side caches of tensors (``lru_cache_unless_export``: Qwen-Image's rotary tables, which a trace would leak as
+# tracers into later programs) and transformers avoids data-dependent branches. Outside our traces the stock answer.
+# Guard: wraps ``torch.compiler.is_compiling`` (torch >= 2.3) once.
+tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_tracing", default=False)
+
+
+def _patch_is_compiling():
+    compiler = getattr(torch, "compiler", None)
+    stock = getattr(compiler, "is_compiling", None)
+    if stock is None or getattr(stock, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock)
+    def is_compiling() -> bool:
+        return tracing.get() or stock()
+
+    is_compiling._diffusers_tpu = True
+    compiler.is_compiling = is_compiling
+    _applied.add("torch.compiler.is_compiling during JAX traces")
+
+
+# --- 8. Indexing a view with a tensor -----------------------------------------------------------------------
+# Reason: torchax's ``__getitem__`` reads ``self._elem``, which its lazy ``View`` (what ``x[i]`` returns) does not
+# have: ``embeddings[i][mask[i]]`` (Z-Image's prompt encoding) raised AttributeError. A view is materialized first.
+# Guard: wraps the registered ``Tensor.__getitem__`` operator of the default environment (0.0.10 - 0.0.13) once.
+def _patch_view_getitem():
+    from torchax.view import View
+
+    operator = import_torchax().default_env()._ops.get(torch.Tensor.__getitem__)
+    if operator is None or getattr(operator.func, "_diffusers_tpu", False):
+        return
+    stock = operator.func
+
+    def getitem(self, indexes):
+        return stock(self.torch() if isinstance(self, View) else self, indexes)
+
+    getitem._diffusers_tpu = True
+    operator.func = getitem
+    _applied.add("torchax view indexing")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -225,6 +271,8 @@ def apply() -> None:
     _patch_setitem()
     _patch_deepcopy()
     _patch_mixed_host_tensors()
+    _patch_is_compiling()
+    _patch_view_getitem()
 
 
 def applied() -> set[str]:

@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
+from . import compat
 from .backend import to_jax_array, wrap
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # fires for persistent-cache loads too
@@ -105,8 +106,14 @@ class _Program:
             before = {key: list(value) for key, value in lists.items()}
             weights = {name: wrap(value) for name, value in state.items()}
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
-            with torch.no_grad(), _reparametrize_module(module, weights), bound:
-                out = method(*args, **kwargs)
+            token = compat.tracing.set(True)  # library code takes its compile-friendly paths
+            state_before = _python_state(module)
+            try:
+                with torch.no_grad(), _reparametrize_module(module, weights), bound:
+                    out = method(*args, **kwargs)
+            finally:
+                compat.tracing.reset(token)
+                _forget_traced_caches(state_before)
             # a list argument the method changed (a feature cache filled in place) is written back by the caller
             changed = {key: value for key, value in lists.items()
                        if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))}
@@ -129,6 +136,37 @@ class _Program:
         for key, contents in changed.items():
             callers[key][:] = contents
         return out
+
+
+def _python_state(module) -> list:
+    """Every module's attributes, and those of the plain objects they hold (Z-Image's ``RopeEmbedder``)."""
+    owners = []
+    for sub in module.modules():
+        owners.append(sub)
+        owners += [v for v in vars(sub).values() if hasattr(v, "__dict__") and not isinstance(
+            v, (torch.nn.Module, torch.Tensor, type)) and type(v).__module__.split(".")[0] in ("diffusers", "transformers")]
+    return [(owner, dict(vars(owner))) for owner in owners]
+
+
+def _holds_tracer(value) -> bool:
+    leaves = pytree.tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]
+    return any(isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer)
+               for x in leaves)
+
+
+def _forget_traced_caches(state: list) -> None:
+    """Model code that caches tensors on itself during a forward (rotary tables computed on first use) would keep
+    this trace's tracers and hand them to a later program: those attributes go back to what they were."""
+    for owner, before in state:
+        for name, value in list(vars(owner).items()):
+            if before.get(name, _MISSING) is not value and _holds_tracer(value):
+                if name in before:
+                    setattr(owner, name, before[name])
+                else:
+                    delattr(owner, name)
+
+
+_MISSING = object()
 
 
 def _argument_lists(args, kwargs) -> dict:

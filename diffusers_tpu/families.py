@@ -27,6 +27,8 @@ class Family:
         cfg_batched_args: denoiser keywords whose leading dim is the batch.
         cfg_negative_call: which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the
             first, which returns both; 1: a second call made for the negative prompt only).
+        cfg_pad_text: the cond and uncond text lengths may differ; batch them padded to the longer one with masked
+            tokens (only where the model masks padded text keys exactly).
         prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
         check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
         decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
@@ -54,6 +56,7 @@ class Family:
     cfg_condition_arg: str | tuple[str, ...] = "encoder_hidden_states"
     cfg_batched_args: tuple[str, ...] = ()
     cfg_negative_call: int = 0
+    cfg_pad_text: bool = False
     prepare: Callable[[object, object], None] | None = None
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None

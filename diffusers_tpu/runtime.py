@@ -97,7 +97,8 @@ class PipelineRuntime:
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
         self.pairing = None
         if batch_cfg and family.cfg_negative is not None:
-            self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args, family.cfg_negative_call)
+            self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args, family.cfg_negative_call,
+                                          family.cfg_pad_text)
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
@@ -263,7 +264,7 @@ class PipelineRuntime:
                 self._override(module, "forward", self.public(module.forward))
         for name in _host_text_encoders(pipe, self.config):
             module = getattr(pipe, name)
-            self._override(module, "forward", _on_host(module.forward))
+            self._override(module, "forward", _on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
         if self.pairing is not None:
@@ -408,13 +409,16 @@ def _host_state_dict(state_dict):
     return host_state_dict
 
 
-def _on_host(forward):
-    """Run a module with plain torch on the host, whatever device its inputs sit on."""
+def _on_host(forward, runtime):
+    """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
+    outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
+    tensors, e.g. Qwen-Image's masked selection); called by the user, it returns host tensors."""
 
     def host_forward(*args, **kwargs):
         with backend.torch_mode():
             args, kwargs = pytree.tree_map(_to_cpu, (args, kwargs))
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+        return boundary.to_device(out) if runtime._depth else out
 
     host_forward.__wrapped__ = forward
     return host_forward

@@ -89,9 +89,11 @@ def _ltx(cls, seed: int):
                                              num_attention_heads=4, attention_head_dim=8, cross_attention_dim=32,
                                              num_layers=2, caption_channels=32)
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKLLTXVideo(latent_channels=8, block_out_channels=(8,) * 4,
-                                spatio_temporal_scaling=(True, True, False, False), layers_per_block=(1,) * 5,
-                                patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False)
+    vae = AutoencoderKLLTXVideo(latent_channels=8, block_out_channels=(8,) * 4, decoder_block_out_channels=(8,) * 4,
+                                spatio_temporal_scaling=(True, True, False, False),
+                                decoder_spatio_temporal_scaling=(True, True, False, False), layers_per_block=(1,) * 5,
+                                decoder_layers_per_block=(1,) * 5, patch_size=1, patch_size_t=1, encoder_causal=True,
+                                decoder_causal=False)
     vae.use_framewise_encoding = vae.use_framewise_decoding = False
     return cls(transformer=transformer.eval(), vae=vae.eval(), scheduler=FlowMatchEulerDiscreteScheduler(),
                text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())

@@ -29,6 +29,9 @@ def generate(pipe, seed=0, **overrides):
 
 
 def pil_array(videos) -> np.ndarray:
+    """Stacked "pil" output: a list of videos (lists of frames) or a list of images."""
+    if videos and not isinstance(videos[0], (list, tuple)):
+        return np.stack([np.asarray(image) for image in videos]).astype(np.int16)
     return np.stack([np.stack([np.asarray(frame) for frame in video]) for video in videos]).astype(np.int16)
 
 
