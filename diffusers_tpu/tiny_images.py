@@ -75,9 +75,9 @@ def z_image(seed: int = 0):
 
     torch.manual_seed(seed)
     transformer = ZImageTransformer2DModel(
-        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1, n_heads=4,
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=48, n_layers=2, n_refiner_layers=1, n_heads=4,
         n_kv_heads=4, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
-        axes_dims=[4, 2, 2], axes_lens=[256, 32, 32])
+        axes_dims=[4, 4, 4], axes_lens=[256, 32, 32])  # MLP width int(48 / 3 * 8) = 128: tp=4 divides it
     with torch.no_grad():  # created with torch.empty in stock: fixed values, as diffusers' tests do
         transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
         transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))

@@ -240,28 +240,37 @@ def cache_runs():
 def family_runs():
     """Issue 14's pipelines on the mesh: the generic path (Latte, inferred sharding) and Wan's wider family (CFG
     pair batched over dp), on dp2-sp1-tp4 and dp1-sp2-tp4."""
-    from diffusers_tpu import tiny_families
+    import copy
+
+    from diffusers_tpu import tiny_families, tiny_images
 
     runs = {}
     cases = [("latte", "dp2-sp1-tp4"), ("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"),
              ("wan-vace", "dp2-sp1-tp4"), ("wan-vace", "dp1-sp2-tp4"), ("skyreels-v2", "dp2-sp1-tp4"),
-             ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4")]
+             ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
+             ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
+             ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
+             ("z-image", "dp2-sp1-tp4")]
     references = {}
     for name, mesh_name in cases:
         if name == "latte":
             make = lambda: (tiny.generic_pipeline("latte"), tiny.generic_call(tiny.generic_pipeline("latte")))  # noqa: E731
         else:
-            make = lambda name=name: tiny_families.pipeline(name)  # noqa: E731
+            make = lambda name=name: (tiny_images if name in tiny_images.PIPELINES else tiny_families).pipeline(name)  # noqa: E731
         pipe, call = make()
         call = {k: v for k, v in call.items() if k != "output_type"}
-        run = lambda p, kind: p(**call, output_type=kind, generator=torch.Generator().manual_seed(0)).frames  # noqa: E731
+
+        def run(p, kind):
+            out = p(**copy.deepcopy(call), output_type=kind, generator=torch.Generator().manual_seed(0))
+            return out.images if hasattr(out, "images") else out.frames
+
         if name not in references:
             references[name] = (run(pipe, "np"), run(pipe, "pil"))
         pipe.to("jax", config=TPUConfig(mesh=MESHES_13[mesh_name], attention_kv_threshold=16))
         out, pil_out = run(pipe, "np"), run(pipe, "pil")
         with jit.compile_log() as log:
             run(pipe, "np")
-        attn = (pipe.transformer.transformer_blocks if name == "latte" else pipe.transformer.blocks)[0].attn1
+        attn = _first_attention(pipe.transformer)
         runtime = pipe._diffusers_tpu_runtime
         runs[f"{name}-{mesh_name}"] = dict(compare(np.asarray(out), np.asarray(references[name][0]), pil_out,
                                                    references[name][1]), warm_compilations=log.compilations,
@@ -270,6 +279,13 @@ def family_runs():
                                            q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec])
         pipe.to("cpu")
     return runs
+
+
+def _first_attention(transformer):
+    from diffusers_tpu.generic import is_attention
+
+    return next(m for n, m in transformer.named_modules()
+                if is_attention(m) and n.split(".")[0] in ("blocks", "transformer_blocks", "layers"))
 
 
 def export_realistic(mesh):
