@@ -25,9 +25,11 @@ def mesh_arg(text: str) -> dict[str, int]:
 
 def add_runtime_args(parser, model=True):
     if model:
-        parser.add_argument("--model", help="local diffusers folder, or tiny:wan / tiny:wan-4head / "
-                            "tiny:cogvideox-2b / tiny:cogvideox-5b / tiny:cogvideox1.5 / tiny:hunyuanvideo15 / tiny:causal-wan (default: tiny:wan; staged "
-                            "stages after encode default to the stage directory's model)")
+        parser.add_argument("--model", help="local diffusers folder, or a built-in tiny model: tiny:wan, tiny:wan-4head, "
+                            "tiny:cogvideox-2b / -5b / 1.5, tiny:hunyuanvideo15, tiny:causal-wan, tiny:ltx, tiny:ltx-i2v, "
+                            "tiny:hunyuan-video, tiny:skyreels-v2, tiny:flux, tiny:qwen-image, tiny:z-image (images), "
+                            "tiny:latte, tiny:mochi (generic path) (default: tiny:wan; staged stages after encode "
+                            "default to the stage directory's model)")
     parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
                         help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
                         "torch: stock diffusers on the CPU, no JAX")
@@ -56,7 +58,8 @@ def add_size_args(parser):
 
 def add_output_args(parser):
     parser.add_argument("--fps", type=int, default=16)
-    parser.add_argument("--output", default="video.mp4", help="mp4 path (written atomically)")
+    parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
+                        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
 
 
 def device_for(platform: str) -> str:
@@ -68,6 +71,36 @@ def device_for(platform: str) -> str:
 
         return "tpu" if any(d.platform == "tpu" for d in jax.devices()) else "jax"
     return platform
+
+
+def _tiny_more() -> dict:
+    from . import tiny_families, tiny_generic, tiny_images
+
+    found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "hunyuan-video",
+                                                                                  "skyreels-v2")}
+    found.update({name: (lambda name=name: tiny_images.pipeline(name)) for name in tiny_images.PIPELINES})
+    found.update({name: (lambda name=name: (tiny_generic.generic_pipeline(name),
+                                            tiny_generic.generic_call(tiny_generic.generic_pipeline(name))))
+                  for name in tiny_generic.PIPELINES})
+    return found
+
+
+_CLI_OWNED = {"prompt", "negative_prompt", "height", "width", "num_frames", "num_inference_steps", "output_type"}
+
+
+def tiny_models() -> list[str]:
+    from . import tiny
+
+    return (sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
+            + sorted(_tiny_more()))
+
+
+def makes_images(pipe) -> bool:
+    """An image pipeline: its call takes no frame count."""
+    import inspect
+
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    return not any(name in accepted for name in ("num_frames", "video_length", "num_blocks"))
 
 
 def load_pipeline(model: str):
@@ -86,8 +119,13 @@ def load_pipeline(model: str):
             return tiny.hunyuan15_pipeline()
         if variant == "causal-wan":
             return tiny.causal_wan_pipeline()
-        known = sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
-        raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {known}.")
+        more = _tiny_more()  # the newer families' tiny models and the generic path's
+        if variant in more:
+            pipe, call = more[variant]()
+            # the builder's pipeline-specific call arguments (templates, true CFG, text length) become CLI defaults
+            pipe._diffusers_tpu_tiny_call = {k: v for k, v in call.items() if k not in _CLI_OWNED}
+            return pipe
+        raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {tiny_models()}.")
     import diffusers
 
     return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)

@@ -18,7 +18,7 @@ import warnings
 
 from .arguments import (DEFAULT_MODEL, TINY_DEFAULTS, TINY_PREFIX, TINY_SEQUENCE_LENGTH, add_output_args,
                         add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for,
-                        load_pipeline)
+                        load_pipeline, makes_images)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__,
@@ -90,6 +90,10 @@ def _prepare(args, model: str):
                                          text_encoder=args.text_encoder)
     start = time.perf_counter()
     pipe = load_pipeline(model)
+    if args.command == "generate":
+        _check_output(pipe, args)  # before any weight moves
+    elif args.command == "decode" and args.output is None:
+        args.output = "video.mp4"
     if device == "torch":
         pipe.to("cpu")
     else:
@@ -153,10 +157,45 @@ def generate(args) -> int:
     if sequence is not None:
         call["max_sequence_length"] = sequence
     call.update(prompt=args.prompt, negative_prompt=args.negative_prompt, output_type="pil")
-    frames = pipe(**call_arguments(pipe, call), generator=torch.Generator().manual_seed(args.seed)).frames[0]
+    call = {**getattr(pipe, "_diffusers_tpu_tiny_call", {}), **call}
+    output = pipe(**call_arguments(pipe, call), generator=torch.Generator().manual_seed(args.seed))
     _report(pipe)
-    _write(frames, args)
+    if makes_images(pipe):
+        _write_image(output.images[0], args.output)
+    else:
+        _write(output.frames[0], args)
     return 0
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def _check_output(pipe, args) -> None:
+    """Default the output path by what the pipeline makes; refuse a mismatch before anything runs."""
+    images = makes_images(pipe)
+    if args.output is None:
+        args.output = "image.png" if images else "video.mp4"
+    is_image_path = args.output.lower().endswith(IMAGE_SUFFIXES)
+    if images and not is_image_path:
+        raise ValueError(f"{type(pipe).__name__} makes images: pass --output with an image suffix "
+                         f"({', '.join(IMAGE_SUFFIXES)}), e.g. --output image.png.")
+    if not images and is_image_path:
+        raise ValueError(f"{type(pipe).__name__} makes videos: pass --output ending in .mp4.")
+
+
+def _write_image(image, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
+    os.close(handle)
+    try:
+        image.save(temp)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+    print(f"wrote a {image.width}x{image.height} image to {path}", flush=True)
 
 
 def stage(args) -> int:

@@ -35,6 +35,22 @@ def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):
     assert not out.exists()
 
 
+def test_image_pipelines_write_images(tmp_path):
+    """An image pipeline from the CLI: a PNG of the requested size, written atomically; a video path is refused
+    before any weight moves."""
+    import PIL.Image
+
+    out = tmp_path / "flux.png"
+    result = run_cli("generate", "--model", "tiny:flux", "--height", "32", "--width", "48", "--steps", "2",
+                     "--platform", "cpu", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    image = PIL.Image.open(out)
+    assert image.size == (48, 32) and np.asarray(image).std() > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["flux.png"]
+    result = run_cli("generate", "--model", "tiny:flux", "--platform", "cpu", "--output", str(tmp_path / "x.mp4"))
+    assert result.returncode == 2 and "makes images" in result.stderr and "loaded" not in result.stdout
+
+
 def test_mesh_argument_parsing():
     assert arguments.mesh_arg("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
     for bad in ("2,1", "a,b,c", "0,1,1"):
