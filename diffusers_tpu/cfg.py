@@ -24,6 +24,10 @@ from .backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
 logger = logging.getLogger(__name__)
 
 
+# cache-context names of the two passes: the pipelines' own loops, and diffusers guiders' ("pred_cond" / "pred_uncond")
+_ROLES = {"cond": "cond", "uncond": "uncond", "pred_cond": "cond", "pred_uncond": "uncond"}
+
+
 @dataclasses.dataclass
 class _Pending:
     module: torch.nn.Module
@@ -93,7 +97,7 @@ class CFGPairing:
 
         def paired(*args, **kwargs):
             conditions = self._conditions(kwargs)
-            name = self.context.get(id(module)) or self._role(conditions)
+            name = _ROLES.get(self.context.get(id(module))) or self._role(conditions)
             if args or name not in ("cond", "uncond") or conditions is None or hooked():
                 self.pending = None
                 return forward(*args, **kwargs)

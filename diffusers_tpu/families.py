@@ -41,6 +41,10 @@ class Family:
             unless ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
         rules_for: ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after
             ``shard_rules`` (the generic path's whole table).
+        stage_encode: ``stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the
+            named text tensors a staged run saves (default: ``encode_prompt``'s positive/negative embeddings).
+        stage_inputs: ``stage_inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text
+            tensors (default: ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
     """
@@ -65,6 +69,8 @@ class Family:
     denoiser_forward: Callable | None = None
     tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
     rules_for: Callable[..., tuple] | None = None
+    stage_encode: Callable[..., dict] | None = None
+    stage_inputs: Callable[..., dict] | None = None
 
     def rules(self, module, mesh_shape) -> tuple:
         """Sharding rules of a denoiser: the family's table, then rules inferred from the module (``rules_for``)."""

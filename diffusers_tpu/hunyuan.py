@@ -243,6 +243,38 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     return config.num_layers * block + edges
 
 
+_TEXT = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
+
+
+def _guider(pipe, guidance_scale):
+    return pipe.guider if guidance_scale is None else pipe.guider.new(guidance_scale=guidance_scale)
+
+
+def stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length) -> dict:
+    """Staged runs: stock ``__call__``'s text encoding (diffusers 0.42): the prompt, and the negative prompt when the
+    guider runs a second condition."""
+    batch = 1 if isinstance(prompt, str) else len(prompt)
+    common = dict(device=pipe._execution_device, dtype=pipe.transformer.dtype, batch_size=batch)
+    tensors = dict(zip(_TEXT, pipe.encode_prompt(prompt=prompt, **common)))
+    guider = _guider(pipe, guidance_scale)
+    if guider._enabled and guider.num_conditions > 1:
+        negative = pipe.encode_prompt(prompt=negative_prompt, **common)
+        tensors.update({f"negative_{name}": value for name, value in zip(_TEXT, negative)})
+    return tensors
+
+
+def stage_inputs(pipe, tensors, guidance_scale) -> dict:
+    """Staged runs: saved text tensors as ``__call__`` keywords; the guidance scale goes to the guider."""
+    pipe.guider = _guider(pipe, guidance_scale)
+    return dict(tensors)
+
+
+def decode_latents(pipe, latents, num_frames: int):
+    """Stock ``__call__``'s tail after the loop (diffusers 0.42): unscale, decode."""
+    latents = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor
+    return pipe.vae.decode(latents, return_dict=False)[0]
+
+
 class HunyuanVideo15Pipeline(diffusers.HunyuanVideo15Pipeline):
     """The stock ``diffusers.HunyuanVideo15Pipeline``, importable from ``diffusers_tpu``.
 
@@ -257,7 +289,7 @@ def _text_tokens(pipe) -> int:
 FAMILY = register(
     Family(
         name="hunyuanvideo15",
-        pipelines=(diffusers.HunyuanVideo15Pipeline,),
+        pipelines=(diffusers.HunyuanVideo15Pipeline, diffusers.HunyuanVideo15ImageToVideoPipeline),
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
@@ -266,6 +298,16 @@ FAMILY = register(
         denoiser_forward=forward,
         prepare=_prepare,
         tpu_dtypes={"text_encoder_2": torch.bfloat16},
+        # the guider's "pred_cond" / "pred_uncond" passes as one batch; the negative text comes from a second
+        # encode_prompt call: (embeddings, mask, ByT5 embeddings, ByT5 mask)
+        cfg_negative=lambda encoded: tuple(encoded),
+        cfg_condition_arg=("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                           "encoder_attention_mask_2"),
+        cfg_negative_call=1,
+        cfg_batched_args=("hidden_states", "timestep", "image_embeds"),
+        stage_encode=stage_encode,
+        stage_inputs=stage_inputs,
+        decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, (f - 1) // pipe.vae_scale_factor_temporal + 1,
             h // pipe.vae_scale_factor_spatial, w // pipe.vae_scale_factor_spatial, _text_tokens(pipe)),

@@ -282,8 +282,12 @@ class PipelineRuntime:
             self._undo.append(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
-        for module in self.denoisers.values():  # outermost: a user's direct call gets host tensors
-            self._override(module.module, "forward", self.public(module.module.forward))
+        for entry in self.denoisers.values():
+            module = entry.module
+            if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
+                self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
+                self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+            self._override(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
 
     def _place_denoiser(self, name: str, module, rules) -> None:
         family = self.family
@@ -296,9 +300,6 @@ class PipelineRuntime:
         self.denoisers[name] = entry
         self._install_forward(module, entry)
         self._override(module, "forward", self._recording_output(module.forward))
-        if self.pairing is not None:
-            self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
-            self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks

@@ -133,7 +133,8 @@ def _staged_family(pipe):
     if family.decode_latents is None:
         raise ValueError(
             f"Staged runs (--stage-dir) do not support {type(pipe).__name__} yet; generate it in one call "
-            "(without --stage-dir). Staged runs support the Wan and CogVideoX pipelines."
+            "(without --stage-dir). Staged runs support the Wan, CogVideoX and HunyuanVideo-1.5 text-to-video "
+            "pipelines."
         )
     return family
 
@@ -159,20 +160,26 @@ def _to_device(attached, tensor):
 def encode(pipe, stage_dir, *, prompt, negative_prompt=None, guidance_scale=None, max_sequence_length=None,
            model: str | None = None, force: bool = False) -> dict:
     """Prompt -> ``{"prompt_embeds", "negative_prompt_embeds"}`` (host tensors), saved in ``stage_dir``."""
-    defaults, stages = _defaults(pipe), StageDir(stage_dir)
-    settings = dict(model=model, pipeline=type(pipe).__name__, family=_staged_family(pipe).name, prompt=prompt,
+    defaults, stages, family = _defaults(pipe), StageDir(stage_dir), _staged_family(pipe)
+    default_scale = defaults.get("guidance_scale", getattr(getattr(pipe, "guider", None), "guidance_scale", None))
+    settings = dict(model=model, pipeline=type(pipe).__name__, family=family.name, prompt=prompt,
                     negative_prompt=negative_prompt,
-                    guidance_scale=defaults["guidance_scale"] if guidance_scale is None else guidance_scale,
-                    max_sequence_length=max_sequence_length or defaults["max_sequence_length"])
+                    guidance_scale=default_scale if guidance_scale is None else guidance_scale,
+                    max_sequence_length=max_sequence_length or defaults.get("max_sequence_length"))
     if not force and stages.done("encode", settings):
         return stages.load("encode")
     with _on_pipeline_device(pipe), torch.no_grad():  # as in stock __call__: grad mode changes CPU kernels
-        positive, negative = pipe.encode_prompt(
-            prompt=prompt, negative_prompt=negative_prompt,
-            do_classifier_free_guidance=settings["guidance_scale"] > 1.0, num_videos_per_prompt=1,
-            max_sequence_length=settings["max_sequence_length"], device=pipe._execution_device,
-        )
-        tensors = runtime.to_host({"prompt_embeds": positive, "negative_prompt_embeds": negative})
+        if family.stage_encode is not None:
+            tensors = family.stage_encode(pipe, prompt, negative_prompt, settings["guidance_scale"],
+                                          settings["max_sequence_length"])
+        else:
+            positive, negative = pipe.encode_prompt(
+                prompt=prompt, negative_prompt=negative_prompt,
+                do_classifier_free_guidance=settings["guidance_scale"] > 1.0, num_videos_per_prompt=1,
+                max_sequence_length=settings["max_sequence_length"], device=pipe._execution_device,
+            )
+            tensors = {"prompt_embeds": positive, "negative_prompt_embeds": negative}
+        tensors = runtime.to_host(tensors)
     stages.save("encode", tensors, settings)
     return stages.load("encode")
 
@@ -195,12 +202,14 @@ def denoise(pipe, stage_dir, *, height=None, width=None, num_frames=None, num_in
         return stages.load("denoise")["latents"]
     attached = runtime.runtime_of(pipe)
     call = {k: v for k, v in settings.items() if k not in ("seed", "encode_sha256") and v is not None}
-    latents = pipe(
-        prompt_embeds=_to_device(attached, embeddings["prompt_embeds"]),
-        negative_prompt_embeds=_to_device(attached, embeddings.get("negative_prompt_embeds")),
-        guidance_scale=encoded["guidance_scale"], generator=torch.Generator().manual_seed(seed),
-        output_type="latent", **call,
-    ).frames
+    if family.stage_inputs is not None:
+        text = family.stage_inputs(pipe, embeddings, encoded["guidance_scale"])
+    else:
+        text = dict(prompt_embeds=embeddings["prompt_embeds"],
+                    negative_prompt_embeds=embeddings.get("negative_prompt_embeds"),
+                    guidance_scale=encoded["guidance_scale"])
+    text = {k: _to_device(attached, v) if isinstance(v, torch.Tensor) else v for k, v in text.items()}
+    latents = pipe(**text, generator=torch.Generator().manual_seed(seed), output_type="latent", **call).frames
     stages.save("denoise", {"latents": latents}, settings)
     return stages.load("denoise")["latents"]
 

@@ -152,7 +152,34 @@ def hunyuan_video(seed: int = 0):
                       max_sequence_length=48)
 
 
-PIPELINES = {"hunyuan-video": hunyuan_video, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
+def hunyuan15_i2v(seed: int = 0):
+    """HunyuanVideo-1.5 image-to-video: ``tiny.hunyuan15_pipeline``'s parts with an i2v transformer and a SigLIP image
+    encoder of 4 semantic tokens (2x2 patches of a 12-pixel image)."""
+    import transformers
+    from diffusers import HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Transformer3DModel
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    from .tiny import HUNYUAN15_LENGTHS, HUNYUAN15_TRANSFORMER, hunyuan15_pipeline, test_image
+
+    parts = hunyuan15_pipeline(seed).components
+    torch.manual_seed(seed)
+    parts["transformer"] = HunyuanVideo15Transformer3DModel(**dict(HUNYUAN15_TRANSFORMER, task_type="i2v")).eval()
+    torch.manual_seed(seed + 4)
+    parts["image_encoder"] = SiglipVisionModel(SiglipVisionConfig(
+        hidden_size=12, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, image_size=12,
+        patch_size=6)).eval()
+    # the PIL backend: the default one needs torchvision, which has no CPU wheel here
+    processor = getattr(transformers, "SiglipImageProcessorPil", transformers.SiglipImageProcessor)
+    parts["feature_extractor"] = processor(size={"height": 12, "width": 12})
+    pipe = HunyuanVideo15ImageToVideoPipeline(**parts)
+    for name, value in dict(HUNYUAN15_LENGTHS, vision_num_semantic_tokens=4).items():
+        setattr(pipe, name, value)
+    # the video's size follows the image (and the transformer's target size)
+    return pipe, dict(prompt='a cat holding a sign saying "hello" in the rain', negative_prompt="blurry",
+                      image=test_image(32, 48), num_frames=9, num_inference_steps=2)
+
+
+PIPELINES = {"hunyuan-video": hunyuan_video, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
 
 
 def pipeline(name: str, seed: int = 0):

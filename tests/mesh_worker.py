@@ -250,7 +250,7 @@ def family_runs():
              ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
              ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
              ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
-             ("z-image", "dp2-sp1-tp4")]
+             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4")]
     references = {}
     for name, mesh_name in cases:
         if name == "latte":

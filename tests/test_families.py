@@ -16,6 +16,7 @@ from diffusers_tpu import tiny_families, tiny_images
 CASES = {
     "wan-v2v": ("wan", 2), "wan-vace": ("wan", 2), "skyreels-v2": ("wan", 2), "skyreels-v2-df": ("wan", 4),
     "ltx": ("ltx", None), "ltx-i2v": ("ltx", None), "hunyuan-video": ("hunyuanvideo", 2),
+    "hunyuanvideo15-i2v": ("hunyuanvideo15", 2),
     "flux": ("flux", 2), "qwen-image": ("qwenimage", 2), "z-image": ("zimage", None),
 }
 
