@@ -67,7 +67,9 @@ def test_unsupported_pipeline_lists_the_supported_ones():
     pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler())
     with pytest.raises(ValueError) as error:
         pipe.to("jax")
-    assert "DDPMPipeline is not supported" in str(error.value) and "WanPipeline" in str(error.value)
+    message = str(error.value)
+    assert "DDPMPipeline cannot run on JAX" in message and "UNet pipelines are not supported" in message
+    assert "'wan'" in message and "supported_pipelines()" in message
     assert all(type(p) is torch.nn.Parameter for p in unet.parameters())
     pipe.to("cpu")  # the stock path still works
 
