@@ -264,6 +264,47 @@ def _patch_view_getitem():
     _applied.add("torchax view indexing")
 
 
+# --- 9. In-place ops on a view -----------------------------------------------------------------------------
+# Reason: torchax writes an in-place op's result back through a ``View`` (``out[..., :1, :]``) only for the ops in
+# its own mutation table (``mul_``, ``add_``...); any other in-place op (``addcmul_``, ``addcdiv_``, ``lerp_``...)
+# reaches its lowering with the view materialized as a copy, so the write is lost without a word. LTX-2's split
+# rotary embedding does ``out[..., :1, :].addcmul_(...)``: its attention silently differed by 0.3. Every in-place
+# op whose first argument is a view now runs on the materialized copy and writes the copy back through the view.
+# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; ops torchax already handles on views pass through.
+def _mutates_first_argument(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.arguments or schema.arguments[0].kwarg_only:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _patch_inplace_on_views():
+    from torchax.tensor import Environment
+    from torchax.view import View
+
+    stock = Environment.dispatch
+    if getattr(stock, "_diffusers_tpu", False):
+        return
+
+    def dispatch(self, func, types, args, kwargs):
+        if args and isinstance(args[0], View) and _mutates_first_argument(func):
+            try:
+                handled = self._get_op_or_decomp(func).is_view_op
+            except Exception:  # no lowering: let torchax raise its own error
+                handled = True
+            if not handled:
+                view, copy = args[0], args[0].torch()
+                stock(self, func, types, (copy, *args[1:]), kwargs)
+                view.update(copy)
+                return view
+        return stock(self, func, types, args, kwargs)
+
+    dispatch._diffusers_tpu = True
+    Environment.dispatch = dispatch
+    _applied.add("torchax in-place ops on views")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -273,6 +314,7 @@ def apply() -> None:
     _patch_mixed_host_tensors()
     _patch_is_compiling()
     _patch_view_getitem()
+    _patch_inplace_on_views()
 
 
 def applied() -> set[str]:

@@ -179,7 +179,65 @@ def hunyuan15_i2v(seed: int = 0):
                       image=test_image(32, 48), num_frames=9, num_inference_steps=2)
 
 
-PIPELINES = {"hunyuan-video": hunyuan_video, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
+def ltx2(seed: int = 0):
+    """LTX-2 in miniature: video and audio transformer streams, a Gemma-3 text encoder whose hidden states feed the
+    text connectors, the video and audio VAEs and the vocoder (diffusers' own test shapes, 4 heads)."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(seed + 2)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, vocab_size=128, max_position_embeddings=256,
+                         pad_token_id=0, eos_token_id=1, bos_token_id=2, sliding_window=64),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8), mm_tokens_per_image=4, image_token_index=127,
+        boi_token_index=125, eoi_token_index=126)).eval()
+    hidden = 16
+    torch.manual_seed(seed)
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+        cross_attention_dim=32, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=4,
+        audio_attention_head_dim=4, audio_cross_attention_dim=16, num_layers=2, qk_norm="rms_norm_across_heads",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split").eval()
+    torch.manual_seed(seed + 3)
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=3, video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=8, video_connector_num_layers=1, video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32, rope_theta=10000.0,
+        rope_double_precision=False, causal_temporal_positioning=False, rope_type="split").eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,),
+        layers_per_block=(1,), decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False), downsample_type=("spatial",),
+        upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
+        encoder_causal=True, decoder_causal=False).eval()
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
+    torch.manual_seed(seed + 4)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8).eval()
+    torch.manual_seed(seed + 5)
+    vocoder = LTX2Vocoder(in_channels=16, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+                          upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+                          leaky_relu_negative_slope=0.1, output_sampling_rate=16000).eval()
+    pipe = LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae,
+                        text_encoder=text_encoder, tokenizer=char_tokenizer(), connectors=connectors,
+                        transformer=transformer, vocoder=vocoder)
+    return pipe, dict(PROMPTS, guidance_scale=3.0, stg_scale=0.0, modality_scale=1.0, guidance_rescale=0.0,
+                      audio_guidance_scale=3.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
+                      audio_guidance_rescale=0.0, spatio_temporal_guidance_blocks=None, use_cross_timestep=False,
+                      height=32, width=32, num_frames=5, frame_rate=25.0, num_inference_steps=2,
+                      max_sequence_length=48)
+
+
+PIPELINES = {"hunyuan-video": hunyuan_video, "ltx2": ltx2, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
 
 
 def pipeline(name: str, seed: int = 0):

@@ -90,3 +90,26 @@ def test_imports_run_one_way():
     for module in sorted(p.stem for p in root.glob("*.py") if p.stem not in ("__init__", "patches")):
         assert "patches" not in imported(module), f"{module} imports patches (the top of the graph)"
     assert "cli" not in imported("bench")
+
+
+INPLACE_ON_VIEWS = {
+    "addcmul_": lambda v, b: v.addcmul_(-b, b, value=0.5),
+    "addcdiv_": lambda v, b: v.addcdiv_(b, b + 1),
+    "lerp_": lambda v, b: v.lerp_(b, 0.25),
+    "zero_": lambda v, b: v.zero_(),
+    "masked_fill_": lambda v, b: v.masked_fill_(b > 2.5, 7.0),
+    "mul_": lambda v, b: v.mul_(b),  # one torchax handles itself: must keep working
+}
+
+
+@pytest.mark.parametrize("op", sorted(INPLACE_ON_VIEWS))
+def test_inplace_ops_on_a_view_write_through_like_torch(op):
+    """LTX-2's rotary embedding updates ``out[..., :1, :]`` with ``addcmul_``: the write must reach ``out``."""
+    torchax = compat.import_torchax()
+    expected = torch.arange(12.0).reshape(2, 2, 3) / 7
+    INPLACE_ON_VIEWS[op](expected[..., 1:, :], torch.arange(6.0).reshape(2, 1, 3))
+    with torchax.default_env():
+        out = (torch.arange(12.0).reshape(2, 2, 3) / 7).to("jax")
+        INPLACE_ON_VIEWS[op](out[..., 1:, :], torch.arange(6.0).reshape(2, 1, 3).to("jax"))
+        got = torch.from_numpy(__import__("numpy").asarray(out.jax()))
+    assert torch.allclose(got, expected, atol=1e-6), (got, expected)
