@@ -13,7 +13,7 @@ from . import compat
 
 compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
-from . import (causal_wan_pipeline, cogvideox, flux, hunyuan, hunyuan_video, ltx, qwenimage, wan,  # noqa: E402,F401
+from . import (causal_wan_pipeline, cogvideox, flux, hunyuan, hunyuan_video, ltx, ltx2, qwenimage, wan,  # noqa: E402,F401
                zimage)  # noqa: E402,F401  (register the model families)
 from . import patches  # noqa: E402  (top of the import graph: hooks diffusers, peft and torch.Generator)
 

@@ -27,6 +27,7 @@ def add_runtime_args(parser, model=True):
     if model:
         parser.add_argument("--model", help="local diffusers folder, or a built-in tiny model: tiny:wan, tiny:wan-4head, "
                             "tiny:cogvideox-2b / -5b / 1.5, tiny:hunyuanvideo15, tiny:causal-wan, tiny:ltx, tiny:ltx-i2v, "
+                            "tiny:ltx2 (video + a .wav beside it), "
                             "tiny:hunyuan-video, tiny:skyreels-v2, tiny:flux, tiny:qwen-image, tiny:z-image (images), "
                             "tiny:latte, tiny:mochi (generic path) (default: tiny:wan; staged stages after encode "
                             "default to the stage directory's model)")
@@ -76,7 +77,7 @@ def device_for(platform: str) -> str:
 def _tiny_more() -> dict:
     from . import tiny_families, tiny_generic, tiny_images
 
-    found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "hunyuan-video",
+    found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "ltx2", "hunyuan-video",
                                                                                   "skyreels-v2")}
     found.update({name: (lambda name=name: tiny_images.pipeline(name)) for name in tiny_images.PIPELINES})
     found.update({name: (lambda name=name: (tiny_generic.generic_pipeline(name),

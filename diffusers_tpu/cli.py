@@ -49,27 +49,57 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def write_video_atomically(frames, path: str, fps: int) -> None:
-    """Write frames with diffusers' ``export_to_video`` to a temp file beside ``path``, then rename it."""
-    from diffusers.utils import export_to_video
-
+def write_atomically(path: str, write) -> None:
+    """``write(temp)`` writes a temp file beside ``path``, which then replaces ``path`` in one rename: an interrupted
+    run never leaves a half-written file (nor destroys the previous one)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(suffix=".mp4", prefix=".partial-", dir=directory)
+    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
     os.close(handle)
     try:
-        with warnings.catch_warnings():
-            # imageio starts ffmpeg with fork+exec; JAX's at-fork hook warns about forking, needlessly here.
-            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-            export_to_video(frames, temp, fps=fps)
+        write(temp)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the video gets the user's usual mode
+        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the user's usual mode
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):
             os.remove(temp)
         raise
+
+
+def write_video_atomically(frames, path: str, fps: int) -> None:
+    """Write frames with diffusers' ``export_to_video``, atomically."""
+    from diffusers.utils import export_to_video
+
+    def write(temp):
+        with warnings.catch_warnings():
+            # imageio starts ffmpeg with fork+exec; JAX's at-fork hook warns about forking, needlessly here.
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            export_to_video(frames, temp, fps=fps)
+
+    write_atomically(path, write)
+
+
+def write_audio_atomically(audio, path: str, rate: int) -> None:
+    """``audio``: float [channels, samples] in [-1, 1] -> 16-bit PCM WAV (stdlib ``wave``), atomically."""
+    import wave
+
+    import numpy as np
+
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 2 or audio.shape[0] < 1:
+        raise ValueError(f"audio must be [channels, samples] with at least one channel, got shape {audio.shape}.")
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767).round().astype("<i2")
+
+    def write(temp):
+        with wave.open(temp, "wb") as out:
+            out.setnchannels(pcm.shape[0])
+            out.setsampwidth(2)
+            out.setframerate(int(rate))
+            out.writeframes(pcm.T.tobytes())
+
+    write_atomically(path, write)
 
 
 def _prepare(args, model: str):
@@ -164,6 +194,10 @@ def generate(args) -> int:
         _write_image(output.images[0], args.output)
     else:
         _write(output.frames[0], args)
+    if getattr(output, "audio", None) is not None:  # LTX-2's soundtrack, beside the video
+        path = os.path.splitext(args.output)[0] + ".wav"
+        write_audio_atomically(output.audio[0].float().cpu().numpy(), path, pipe.vocoder.config.output_sampling_rate)
+        print(f"wrote {output.audio.shape[-1]} audio samples to {path}", flush=True)
     return 0
 
 
@@ -184,17 +218,7 @@ def _check_output(pipe, args) -> None:
 
 
 def _write_image(image, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
-    os.close(handle)
-    try:
-        image.save(temp)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    write_atomically(path, image.save)
     print(f"wrote a {image.width}x{image.height} image to {path}", flush=True)
 
 

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, backend, boundary, cfg, compile as jit, porting, postprocess, schedulers, sharding
+from . import attention, backend, boundary, cfg, compile as jit, generic, porting, postprocess, schedulers, sharding
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
 from .families import Family, family_of
@@ -251,13 +251,15 @@ class PipelineRuntime:
                 self._place_denoiser(name, module, rules)
             elif name == "vae" and family.vae_install is not None:
                 family.vae_install(module, self, state, self._width_input)
-            elif name == "vae":
-                for spec in family.vae_methods:
+            elif name == "vae" or _autoencoder_parts(module):  # a second autoencoder too (LTX-2's audio VAE)
+                methods, place_input = ((family.vae_methods, self._width_input) if name == "vae"
+                                        else (_autoencoder_parts(module), lambda array: array))
+                for spec in methods:
                     path, _, method = spec.rpartition(".")
                     owner = module.get_submodule(path) if path else module
                     prefix = f"{path}." if path else ""
                     owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
-                    self._jit(owner, method, owned, self._width_input)
+                    self._jit(owner, method, owned, place_input)
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
@@ -427,6 +429,15 @@ def _on_host(forward, runtime):
 
 _to_cpu = boundary._to_cpu
 to_host = boundary.to_host
+
+
+def _autoencoder_parts(module) -> tuple[str, ...]:
+    """A component other than ``vae`` that decodes and encodes through ``decoder``/``encoder`` submodules (an audio
+    VAE): those parts are compiled like the VAE's, and ``encode``/``decode`` become public entry points, rather than
+    compiling a ``forward`` the pipeline never calls."""
+    if not (callable(getattr(module, "decode", None)) or callable(getattr(module, "encode", None))):
+        return ()
+    return generic.vae_methods(module)
 
 
 def _host_text_encoders(pipe, config: TPUConfig) -> list[str]:

@@ -179,11 +179,11 @@ def hunyuan15_i2v(seed: int = 0):
                       image=test_image(32, 48), num_frames=9, num_inference_steps=2)
 
 
-def ltx2(seed: int = 0):
+def _ltx2(cls, seed: int):
     """LTX-2 in miniature: video and audio transformer streams, a Gemma-3 text encoder whose hidden states feed the
     text connectors, the video and audio VAEs and the vocoder (diffusers' own test shapes, 4 heads)."""
     from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
-                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+                           LTX2VideoTransformer3DModel)
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
@@ -227,17 +227,32 @@ def ltx2(seed: int = 0):
     vocoder = LTX2Vocoder(in_channels=16, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
                           upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
                           leaky_relu_negative_slope=0.1, output_sampling_rate=16000).eval()
-    pipe = LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae,
-                        text_encoder=text_encoder, tokenizer=char_tokenizer(), connectors=connectors,
-                        transformer=transformer, vocoder=vocoder)
-    return pipe, dict(PROMPTS, guidance_scale=3.0, stg_scale=0.0, modality_scale=1.0, guidance_rescale=0.0,
-                      audio_guidance_scale=3.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
-                      audio_guidance_rescale=0.0, spatio_temporal_guidance_blocks=None, use_cross_timestep=False,
-                      height=32, width=32, num_frames=5, frame_rate=25.0, num_inference_steps=2,
-                      max_sequence_length=48)
+    return cls(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae, text_encoder=text_encoder,
+               tokenizer=char_tokenizer(), connectors=connectors, transformer=transformer, vocoder=vocoder)
 
 
-PIPELINES = {"hunyuan-video": hunyuan_video, "ltx2": ltx2, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
+LTX2_CALL = dict(PROMPTS, guidance_scale=3.0, stg_scale=0.0, modality_scale=1.0, guidance_rescale=0.0,
+                 audio_guidance_scale=3.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
+                 audio_guidance_rescale=0.0, spatio_temporal_guidance_blocks=None, use_cross_timestep=False,
+                 height=32, width=32, num_frames=5, frame_rate=25.0, num_inference_steps=2, max_sequence_length=48)
+
+
+def ltx2(seed: int = 0):
+    from diffusers import LTX2Pipeline
+
+    return _ltx2(LTX2Pipeline, seed), dict(LTX2_CALL)
+
+
+def ltx2_i2v(seed: int = 0):
+    from diffusers import LTX2ImageToVideoPipeline
+
+    from .tiny import test_image
+
+    # image_crf=0: no H.264 re-compression of the conditioning image (it needs PyAV, not a dependency here)
+    return _ltx2(LTX2ImageToVideoPipeline, seed), dict(LTX2_CALL, image=test_image(32, 32), image_crf=0)
+
+
+PIPELINES = {"hunyuan-video": hunyuan_video, "ltx2": ltx2, "ltx2-i2v": ltx2_i2v, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
 
 
 def pipeline(name: str, seed: int = 0):

@@ -250,7 +250,7 @@ def family_runs():
              ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
              ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
              ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
-             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4")]
+             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4")]
     references = {}
     for name, mesh_name in cases:
         if name == "latte":
@@ -260,13 +260,18 @@ def family_runs():
         pipe, call = make()
         call = {k: v for k, v in call.items() if k != "output_type"}
 
+        sound = []
+
         def run(p, kind):
             out = p(**copy.deepcopy(call), output_type=kind, generator=torch.Generator().manual_seed(0))
+            if hasattr(out, "audio"):  # LTX-2's soundtrack: host tensors, compared too
+                sound.append(out.audio)
             return out.images if hasattr(out, "images") else out.frames
 
         if name not in references:
-            references[name] = (run(pipe, "np"), run(pipe, "pil"))
+            references[name] = (run(pipe, "np"), run(pipe, "pil"), sound[:1])
         pipe.to("jax", config=TPUConfig(mesh=MESHES_13[mesh_name], attention_kv_threshold=16))
+        sound.clear()
         out, pil_out = run(pipe, "np"), run(pipe, "pil")
         with jit.compile_log() as log:
             run(pipe, "np")
@@ -276,6 +281,8 @@ def family_runs():
                                                    references[name][1]), warm_compilations=log.compilations,
                                            family=runtime.family.name,
                                            batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
+                                           audio_max_abs=float((sound[0] - references[name][2][0]).abs().max())
+                                           if sound else None,
                                            q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec])
         pipe.to("cpu")
     return runs

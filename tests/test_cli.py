@@ -6,6 +6,7 @@ import sys
 
 import imageio.v3 as iio
 import numpy as np
+import pytest
 
 from diffusers_tpu import arguments, cli
 
@@ -79,3 +80,19 @@ def test_a_failed_write_keeps_the_previous_video(tmp_path, monkeypatch):
         pass
     assert path.read_bytes() == b"previous video"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.mp4"]
+
+
+def test_audio_is_written_as_16_bit_wav_atomically(tmp_path):
+    """LTX-2's soundtrack: [channels, samples] floats -> a WAV beside the video; a failed write keeps the old file."""
+    import wave
+
+    audio = np.stack([np.linspace(-1.5, 1.5, 50), np.sin(np.arange(50.0))]).astype(np.float32)
+    path = tmp_path / "clip.wav"
+    cli.write_audio_atomically(audio, str(path), 16000)
+    with wave.open(str(path)) as read:
+        assert (read.getnchannels(), read.getframerate(), read.getnframes()) == (2, 16000, 50)
+        pcm = np.frombuffer(read.readframes(50), dtype="<i2").reshape(50, 2).T
+    assert np.abs(pcm / 32767 - np.clip(audio, -1, 1)).max() <= 1 / 32767
+    with pytest.raises(ValueError):
+        cli.write_audio_atomically(np.zeros((0, 4)), str(path), 16000)  # no channels: wave refuses
+    assert path.stat().st_size > 0 and [p.name for p in tmp_path.iterdir()] == ["clip.wav"]

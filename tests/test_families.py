@@ -16,7 +16,7 @@ from diffusers_tpu import tiny_families, tiny_images
 CASES = {
     "wan-v2v": ("wan", 2), "wan-vace": ("wan", 2), "skyreels-v2": ("wan", 2), "skyreels-v2-df": ("wan", 4),
     "ltx": ("ltx", None), "ltx-i2v": ("ltx", None), "hunyuan-video": ("hunyuanvideo", 2),
-    "hunyuanvideo15-i2v": ("hunyuanvideo15", 2),
+    "hunyuanvideo15-i2v": ("hunyuanvideo15", 2), "ltx2": ("ltx2", None), "ltx2-i2v": ("ltx2", None),
     "flux": ("flux", 2), "qwen-image": ("qwenimage", 2), "z-image": ("zimage", None),
 }
 
@@ -25,8 +25,10 @@ def build(name):
     return (tiny_images if name in tiny_images.PIPELINES else tiny_families).pipeline(name)
 
 
-def run(pipe, call, output_type):
+def run(pipe, call, output_type, audio=None):
     out = pipe(**copy.deepcopy(call), output_type=output_type, generator=torch.Generator().manual_seed(0))
+    if audio is not None and hasattr(out, "audio"):  # LTX-2: the soundtrack too, as host tensors
+        audio.append(out.audio)
     return out.images if hasattr(out, "images") else out.frames
 
 
@@ -34,13 +36,17 @@ def run(pipe, call, output_type):
 def test_matches_stock_torch(name):
     family, batched = CASES[name]
     ref, call = build(name)
-    expected, expected_pil = run(ref, call, "np"), run(ref, call, "pil")
+    sound = []
+    expected, expected_pil = run(ref, call, "np", sound), run(ref, call, "pil")
     assert np.isfinite(expected).all() and np.asarray(expected).std() > 1e-3  # a real picture, not a constant
     pipe, _ = build(name)
     pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))  # pair CFG on one device too
     runtime = pipe._diffusers_tpu_runtime
     assert runtime.family.name == family
-    assert_np_matches(run(pipe, call, "np"), expected)
+    assert_np_matches(run(pipe, call, "np", sound), expected)
+    if sound:
+        assert type(sound[1]) is torch.Tensor and sound[1].device.type == "cpu"
+        assert sound[0].abs().max() > 1e-3 and torch.allclose(sound[1], sound[0], atol=1e-4, rtol=0)
     if batched is None:
         assert runtime.pairing is None
     else:
