@@ -9,7 +9,11 @@
 
 __version__ = "0.1.0"
 
-from . import compat
+from . import distributed
+
+distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
+
+from . import compat  # noqa: E402
 
 compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
@@ -25,6 +29,7 @@ from .cogvideox import CogVideoXPipeline  # noqa: E402
 from .config import TPUConfig  # noqa: E402
 from .families import supported_pipelines  # noqa: E402
 from .hunyuan import HunyuanVideo15Pipeline  # noqa: E402
+from .loading import from_pretrained  # noqa: E402,F401
 from .runtime import CallStats, stats  # noqa: E402
 from .sharding import sharding_of  # noqa: E402
 from .wan import WanImageToVideoPipeline, WanPipeline  # noqa: E402

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from jax.sharding import AxisType, Mesh
 
+from . import distributed
 from .config import MESH_AXES
 from .compat import import_torchax
 
@@ -94,7 +95,9 @@ def resolve_target(kind: str) -> Target:
 
 
 def devices_for(target: Target) -> list:
-    return jax.devices(target.platform)
+    """Every process's devices, each host's together: the mesh's leading axis (dp) then runs across hosts and its
+    last (tp, whose all-reduces come every layer) within a host, over the fast local interconnect."""
+    return sorted(jax.devices(target.platform), key=lambda d: (d.process_index, d.id))
 
 
 # --- torchax environment ---------------------------------------------------------------------------------
@@ -167,30 +170,35 @@ def to_jax_array(value) -> jax.Array:
     return host_to_jax(value)
 
 
-def host_to_jax(tensor: torch.Tensor, sharding=None) -> jax.Array:
-    """Copy a CPU torch tensor to JAX (sharded if given), without a float32 detour for bfloat16."""
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU torch tensor as the numpy array JAX takes: bfloat16 without a float32 detour, 64-bit types as 32-bit
+    (JAX runs with x64 off, as torchax does)."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
-        array = tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
-    elif tensor.dtype == torch.bool:
-        array = tensor.numpy()
-    else:
-        array = tensor.numpy()
+        return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    array = tensor.numpy()
     if array.dtype == np.float64:
-        array = array.astype(np.float32)  # JAX runs with x64 off, as torchax does
-    elif array.dtype == np.int64:
-        array = array.astype(np.int32)
-    return jax.device_put(array, sharding) if sharding is not None else jax.numpy.asarray(array)
+        return array.astype(np.float32)
+    if array.dtype == np.int64:
+        return array.astype(np.int32)
+    return array
+
+
+def host_to_jax(tensor: torch.Tensor, sharding=None) -> jax.Array:
+    """Copy a CPU torch tensor to JAX (sharded if given; see ``distributed.place`` for several processes)."""
+    array = host_array(tensor)
+    return distributed.place(array, sharding) if sharding is not None else jax.numpy.asarray(array)
 
 
 def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Gather a JAX array to a CPU torch tensor (optionally cast back to ``dtype``)."""
-    if array.dtype == jax.numpy.bfloat16:
-        tensor = torch.from_numpy(np.asarray(array).view(np.uint16).copy()).view(torch.bfloat16)
+    host = distributed.fetch(array)  # every process gets the whole array
+    if host.dtype == jax.numpy.bfloat16:
+        tensor = torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
     else:
-        tensor = torch.from_numpy(np.array(array))
+        tensor = torch.from_numpy(np.array(host))
     return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor
 
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 import warnings
 
+from . import distributed
 from .arguments import (DEFAULT_MODEL, TINY_DEFAULTS, TINY_PREFIX, TINY_SEQUENCE_LENGTH, add_output_args,
                         add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for,
                         load_pipeline, makes_images)
@@ -49,9 +50,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def say(message: str) -> None:
+    """Progress for the user: from process 0 only in a multi-host run (every host runs the same command)."""
+    if distributed.is_main_process():
+        print(message, flush=True)
+
+
 def write_atomically(path: str, write) -> None:
     """``write(temp)`` writes a temp file beside ``path``, which then replaces ``path`` in one rename: an interrupted
-    run never leaves a half-written file (nor destroys the previous one)."""
+    run never leaves a half-written file (nor destroys the previous one). In a multi-host run only process 0 writes
+    (every process holds the same result)."""
+    if not distributed.is_main_process():
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
@@ -128,8 +138,7 @@ def _prepare(args, model: str):
         pipe.to("cpu")
     else:
         pipe.to(device, config=config)
-    print(f"loaded {model} and placed it in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}",
-          flush=True)
+    say(f"loaded {model} and placed it in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}")
     return pipe
 
 
@@ -143,7 +152,7 @@ def _report(pipe) -> None:
     from . import runtime
 
     if runtime.is_attached(pipe) and runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
-        print(runtime.stats(pipe).summary(), flush=True)
+        say(runtime.stats(pipe).summary())
 
 
 def _write(frames, args) -> None:
@@ -153,7 +162,7 @@ def _write(frames, args) -> None:
 
     images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
     write_video_atomically(images, args.output, args.fps)
-    print(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}", flush=True)
+    say(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}")
 
 
 def _size_call(args) -> dict:
@@ -174,8 +183,8 @@ def generate(args) -> int:
                                  model=model, stop_after=args.stop_after, force=args.force, **_size_call(args))
         _report(pipe)
         if frames is None:
-            print(f"stopped after {args.stop_after}; continue with: diffusers-tpu "
-                  f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}", flush=True)
+            say(f"stopped after {args.stop_after}; continue with: diffusers-tpu "
+                f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}")
             return 0
         _write(frames[0], args)
         return 0
@@ -197,7 +206,7 @@ def generate(args) -> int:
     if getattr(output, "audio", None) is not None:  # LTX-2's soundtrack, beside the video
         path = os.path.splitext(args.output)[0] + ".wav"
         write_audio_atomically(output.audio[0].float().cpu().numpy(), path, pipe.vocoder.config.output_sampling_rate)
-        print(f"wrote {output.audio.shape[-1]} audio samples to {path}", flush=True)
+        say(f"wrote {output.audio.shape[-1]} audio samples to {path}")
     return 0
 
 
@@ -219,7 +228,7 @@ def _check_output(pipe, args) -> None:
 
 def _write_image(image, path: str) -> None:
     write_atomically(path, image.save)
-    print(f"wrote a {image.width}x{image.height} image to {path}", flush=True)
+    say(f"wrote a {image.width}x{image.height} image to {path}")
 
 
 def stage(args) -> int:
@@ -241,7 +250,7 @@ def stage(args) -> int:
     else:
         _write(stages.decode(pipe, args.stage_dir, force=args.force)[0], args)
     _report(pipe)
-    print(f"{args.command} done in {time.perf_counter() - start:.2f} s ({args.stage_dir})", flush=True)
+    say(f"{args.command} done in {time.perf_counter() - start:.2f} s ({args.stage_dir})")
     return 0
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import PIL.Image
 
+from . import distributed
 from .backend import is_jax_tensor, to_jax_array, wrap
 
 
@@ -44,7 +45,7 @@ def _pil(frames: np.ndarray) -> list[PIL.Image.Image]:
 
 def frames_uint8(video) -> np.ndarray:
     """Quantize a decoded ``[B, C, F, H, W]`` video in [-1, 1] to uint8 ``[B, F, H, W, C]`` on the device."""
-    return np.asarray(_uint8(to_jax_array(video), True))
+    return distributed.fetch(_uint8(to_jax_array(video), True))
 
 
 def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs):
@@ -56,8 +57,8 @@ def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs
     if output_type == "pt":
         return wrap(_pt(array, denormalize))
     if output_type == "np":
-        return np.asarray(_np(array, denormalize))
-    return [_pil(frames) for frames in np.asarray(_uint8(array, denormalize))]
+        return distributed.fetch(_np(array, denormalize))
+    return [_pil(frames) for frames in distributed.fetch(_uint8(array, denormalize))]
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
@@ -79,8 +80,8 @@ def postprocess_image(processor, stock, image, output_type: str = "pil", do_deno
     array = to_jax_array(image)
     denormalize = bool(processor.config.do_normalize)
     if output_type == "np":
-        return np.asarray(_image_np(array, denormalize))
-    return _pil(np.asarray(_image_uint8(array, denormalize)))
+        return distributed.fetch(_image_np(array, denormalize))
+    return _pil(distributed.fetch(_image_uint8(array, denormalize)))
 
 
 def install(processor) -> None:

@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, backend, boundary, cfg, compile as jit, generic, porting, postprocess, schedulers, sharding
+from . import (attention, backend, boundary, cfg, compile as jit, distributed, generic, porting, postprocess, schedulers,
+               sharding)
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
 from .families import Family, family_of
@@ -87,6 +88,8 @@ class CallStats:
 class PipelineRuntime:
     def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
         self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
+        # Eager ops' arrays: on this process's first mesh device (a multi-host run cannot hold another host's).
+        self.home_device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
         # The VAE runs on its own mesh over the same devices: a redundant batch axis x a spatial axis.
         self.vae_mesh = backend.build_mesh({"batch": 1, "spatial": mesh.size}, list(mesh.devices.flat))
         self.user_dtype = user_dtype
@@ -112,7 +115,7 @@ class PipelineRuntime:
     def active(self, settings: attention.AttentionSettings | None = None):
         """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe)."""
         with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
-                jax.default_device(self.mesh.devices.flat[0]):
+                jax.default_device(self.home_device):
             yield
 
     @contextlib.contextmanager
@@ -218,17 +221,17 @@ class PipelineRuntime:
     # -- placement -------------------------------------------------------------------------------------------
     def _batch_input(self, array):
         if array.ndim and array.shape[0] % self.mesh.shape["dp"] == 0:
-            return jax.device_put(array, NamedSharding(self.mesh, P("dp")))
-        return jax.device_put(array, NamedSharding(self.mesh, P()))
+            return distributed.place(array, NamedSharding(self.mesh, P("dp")))
+        return distributed.place(array, NamedSharding(self.mesh, P()))
 
     def _width_input(self, array):
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
         if array.ndim == 5 and array.shape[-1] % mesh.size == 0:
-            return jax.device_put(array, NamedSharding(mesh, P(None, None, None, None, "spatial")))
+            return distributed.place(array, NamedSharding(mesh, P(None, None, None, None, "spatial")))
         if array.ndim == 5 and array.shape[-2] % mesh.size == 0:
-            return jax.device_put(array, NamedSharding(mesh, P(None, None, None, "spatial", None)))
-        return jax.device_put(array, NamedSharding(mesh, P()))
+            return distributed.place(array, NamedSharding(mesh, P(None, None, None, "spatial", None)))
+        return distributed.place(array, NamedSharding(mesh, P()))
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):

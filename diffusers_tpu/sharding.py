@@ -133,16 +133,26 @@ def plan(
     return slots
 
 
+CHECKPOINT_ATTR = "_diffusers_tpu_checkpoint"  # qualified name -> a source with ``place(shape, dtype, sharding)``
+
+
 def place(module: torch.nn.Module, slots: list[_Slot], mesh) -> None:
     """Replace the planned tensors by torchax tensors sharded over ``mesh`` (shared tensors stay shared)."""
     converted: dict[int, torch.Tensor] = {}
+    checkpoint = getattr(module, CHECKPOINT_ATTR, {})  # sharded loading: meta tensors read from their files
     for slot in slots:
         tensor = _get(slot)
         if is_jax_tensor(tensor):
             continue  # already placed (resync)
         if id(tensor) not in converted:
-            source = tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
-            array = host_to_jax(source, NamedSharding(mesh, slot.spec or PartitionSpec()))
+            sharding = NamedSharding(mesh, slot.spec or PartitionSpec())
+            if tensor.device.type == "meta":
+                if slot.qualified not in checkpoint:
+                    raise ValueError(f"{slot.qualified} has no values (a meta tensor) and no checkpoint to read.")
+                array = checkpoint[slot.qualified].place(tuple(tensor.shape), slot.dtype, sharding)
+            else:
+                source = tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
+                array = host_to_jax(source, sharding)
             converted[id(tensor)] = wrap(array)
         _set(slot, converted[id(tensor)])
     setattr(module, _SAVED, slots)

@@ -5,6 +5,7 @@ import os
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
+import base64  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
@@ -13,7 +14,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import CALL, generate, pil_array  # noqa: E402
+from conftest import generate, pil_array  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig, compile as jit, lowering, tiny  # noqa: E402
@@ -61,6 +62,9 @@ def main():
                                     layout=weight_layout(pipe), warm_compilations=log.compilations,
                                     batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
                                     attention=runtime.attention.implementation)
+        if name in ("dp2-sp1-tp4", "dp1-sp2-tp4"):  # compared with the 2-process run (test_mesh: pod)
+            report["runs"][name].update(frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes())
+                                        .decode(), shape=list(np.shape(out)))
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
     report["cogvideox"] = cogvideox_runs()

@@ -2,6 +2,7 @@
 pipeline stays usable on torch afterwards."""
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -153,3 +154,35 @@ def test_a_native_torch_tpu_device_is_left_to_stock_diffusers(monkeypatch):
 def test_config_rejects_nonsense(kwargs, message):
     with pytest.raises(ValueError, match=message):
         diffusers_tpu.TPUConfig(**kwargs)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"DIFFUSERS_TPU_NUM_PROCESSES": "2", "DIFFUSERS_TPU_PROCESS_ID": "2"}, "must be in [0, DIFFUSERS_TPU_NUM_PROCESSES=2)"),
+    ({"DIFFUSERS_TPU_NUM_PROCESSES": "two", "DIFFUSERS_TPU_PROCESS_ID": "0"}, "DIFFUSERS_TPU_NUM_PROCESSES='two' must be an integer"),
+    ({"DIFFUSERS_TPU_COORDINATOR": "localhost", "DIFFUSERS_TPU_NUM_PROCESSES": "2", "DIFFUSERS_TPU_PROCESS_ID": "0"},
+     "must be host:port"),
+])
+def test_bad_cluster_environment_is_named(monkeypatch, env, message):
+    """A malformed multi-process environment fails with the variable and the fix, before JAX is touched."""
+    from diffusers_tpu import distributed
+
+    monkeypatch.setenv("DIFFUSERS_TPU_COORDINATOR", "127.0.0.1:1234")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        distributed.initialize_from_env()
+    assert not distributed.is_multi_process()
+
+
+def test_late_cluster_start_says_to_import_first(monkeypatch):
+    """JAX already in use (the test process): initializing a cluster now fails with what to do instead."""
+    from diffusers_tpu import distributed
+
+    monkeypatch.setenv("DIFFUSERS_TPU_COORDINATOR", "127.0.0.1:1234")
+    monkeypatch.setenv("DIFFUSERS_TPU_NUM_PROCESSES", "2")
+    monkeypatch.setenv("DIFFUSERS_TPU_PROCESS_ID", "1")
+    import jax
+
+    jax.devices()
+    with pytest.raises(RuntimeError, match="import diffusers_tpu first"):
+        distributed.initialize_from_env()

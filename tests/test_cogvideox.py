@@ -1,10 +1,8 @@
 """Stock diffusers.CogVideoXPipeline (1.0 and 1.5) on JAX matches the same pipeline on torch CPU (1 device)."""
 
-import logging
 
 import numpy as np
 import pytest
-import torch
 from conftest import assert_np_matches, assert_pil_matches, generate
 
 import diffusers

@@ -2,7 +2,6 @@
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 from conftest import assert_np_matches, assert_pil_matches

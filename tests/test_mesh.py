@@ -159,3 +159,75 @@ def test_issue_14_pipelines_on_the_mesh(report, run):
         assert result["audio_max_abs"] <= 1e-4, result
     if family in PAIRED:
         assert (result["batched_steps"] > 0) == ("dp2" in run)  # the CFG pair as one batch over dp=2
+
+
+# --- a 2-host "pod": 2 processes x 4 devices on jax.distributed (gloo), launched through the environment -------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_processes(script: str, args: list, count: int = 2, timeout: float = 900) -> list:
+    """Run ``count`` processes of ``script`` as one JAX cluster; returns their (returncode, stdout, stderr). Every
+    process is killed (with its children) on a timeout or an error, so nothing outlives the test."""
+    import signal
+
+    port = _free_port()
+    processes = []
+    try:
+        for index in range(count):
+            env = dict(os.environ, DIFFUSERS_TPU_COORDINATOR=f"127.0.0.1:{port}",
+                       DIFFUSERS_TPU_NUM_PROCESSES=str(count), DIFFUSERS_TPU_PROCESS_ID=str(index))
+            processes.append(subprocess.Popen([sys.executable, script, *args], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True, start_new_session=True))
+        return [(p.returncode, *p.communicate(timeout=timeout)) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    worker = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
+    directory = str(tmp_path_factory.mktemp("pod"))
+    results = launch_processes(worker, [directory])
+    reports = []
+    for code, out, err in results:
+        lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
+        assert lines, out[-3000:] + err[-6000:]
+        reports.append(json.loads(lines[-1][len("REPORT "):]))
+    return reports, directory
+
+
+def _frames(entry):
+    import base64
+
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(entry["frames"]), dtype=np.float32).reshape(entry["shape"])
+
+
+def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
+    """2 processes x 4 devices = 1 process x 8 devices = torch, for Wan T2V and LTX-Video on both layouts; each
+    process ends with the whole video; processes given different seeds get an error, not a mixed video."""
+    import numpy as np
+
+    reports, directory = pod
+    assert [r["process"] for r in reports] == [0, 1]
+    assert all(r["processes"] == 2 and r["devices"] == 8 and r["local_devices"] == 4 for r in reports)
+    for mesh in ("dp2-sp1-tp4", "dp1-sp2-tp4"):
+        for r in reports:
+            assert r[f"wan-{mesh}"]["np_max_abs"] <= 1e-4 and r[f"ltx-{mesh}"]["np_max_abs"] <= 1e-4, r
+            assert r[f"wan-{mesh}"]["warm_compilations"] == 0
+        assert reports[0][f"wan-{mesh}"]["np_max_abs"] == reports[1][f"wan-{mesh}"]["np_max_abs"]
+        single = report["runs"][mesh]
+        assert np.abs(_frames(reports[0][f"wan-{mesh}"]) - _frames(single)).max() <= 1e-5
+    assert all("disagree on a pipeline input" in r["disagreement"] for r in reports), reports[0]["disagreement"]
+    assert all(r["loading_equal"] for r in reports)  # sharded loading = stock loading + .to(), shard by shard
+    assert [r["cli"]["code"] for r in reports] == [0, 0] and reports[0]["cli"]["wrote"]
+    assert sorted(os.listdir(directory)) == ["checkpoint-0", "checkpoint-1", "stages", "video.mp4"]  # no partial files

@@ -9,7 +9,6 @@ import torch
 from conftest import CALL, assert_np_matches, generate
 
 import diffusers
-import diffusers_tpu
 from diffusers.callbacks import PipelineCallback
 from diffusers_tpu import compile as jit
 from diffusers_tpu import runtime, tiny

@@ -2,7 +2,6 @@
 stock diffusers on torch CPU (1 device; the 8-device mesh is in test_mesh.py)."""
 
 import pytest
-import torch
 from conftest import assert_np_matches, assert_pil_matches, generate
 
 import diffusers

@@ -3,7 +3,6 @@ any frame count, memory independent of the frame count; VAE and scheduler dtypes
 
 import functools
 
-import jax
 import numpy as np
 import pytest
 import torch
