@@ -139,7 +139,9 @@ def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, setti
     if enable_gqa and k.shape[1] != q.shape[1]:
         k, v = (jnp.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
     kv_mask = _key_padding_mask(mask, q.shape[0], k.shape[2]) if mask is not None and q.ndim == 4 else None
-    if mask is not None and kv_mask is None:
+    if k.shape[2] == 0:  # no keys at all (e.g. an empty image context): torch returns zeros
+        out = jnp.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
+    elif mask is not None and kv_mask is None:
         out = dense_mask_attention(q, k, v, mask=mask, scale=scale)
     elif is_causal and settings.implementation == "splash_exp2":
         out = attend(q, k, v, scale=scale, kv_mask=kv_mask, settings=dataclasses.replace(settings, mesh=None),

@@ -59,6 +59,31 @@ def wan_vace(seed: int = 0):
                       mask=[mask] * 9, height=32, width=32, num_frames=9, num_inference_steps=2, max_sequence_length=16)
 
 
+def wan_animate(seed: int = 0):
+    """Wan-Animate in miniature: the I2V transformer plus pose latents, a 16-pixel face motion encoder and a face
+    adapter in every block; the character image, pose and face videos are random frames. The model splits its
+    context at 512 text tokens (image tokens first), so the prompt is padded to 512 as in real use."""
+    import transformers
+    from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    from .tiny import CLIP_VISION, WAN_I2V_TRANSFORMER, test_image
+
+    torch.manual_seed(seed)
+    transformer = WanAnimateTransformer3DModel(
+        **WAN_I2V_TRANSFORMER, latent_channels=16, motion_encoder_channel_sizes={"16": 8, "8": 8, "4": 8},
+        motion_encoder_size=16, motion_style_dim=16, motion_dim=4, motion_encoder_dim=16, face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2, inject_face_latents_blocks=1, motion_encoder_batch_size=4).eval()
+    torch.manual_seed(seed + 3)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(**CLIP_VISION)).eval()
+    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)  # no torchvision
+    pipe = WanAnimatePipeline(transformer=transformer, scheduler=_flow(), image_encoder=image_encoder,
+                              image_processor=processor_cls(crop_size=32, size=32), **_wan_parts(seed))
+    return pipe, dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=test_image(32, 32),
+                      pose_video=test_frames(9, 32, seed=1), face_video=test_frames(9, 16, seed=2), height=32, width=32,
+                      segment_frame_length=9, num_inference_steps=2, guidance_scale=2.0, max_sequence_length=512)
+
+
 def skyreels_v2(seed: int = 0):
     from diffusers import SkyReelsV2Pipeline, SkyReelsV2Transformer3DModel
 
@@ -252,7 +277,7 @@ def ltx2_i2v(seed: int = 0):
     return _ltx2(LTX2ImageToVideoPipeline, seed), dict(LTX2_CALL, image=test_image(32, 32), image_crf=0)
 
 
-PIPELINES = {"hunyuan-video": hunyuan_video, "ltx2": ltx2, "ltx2-i2v": ltx2_i2v, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
+PIPELINES = {"hunyuan-video": hunyuan_video, "ltx2": ltx2, "ltx2-i2v": ltx2_i2v, "hunyuanvideo15-i2v": hunyuan15_i2v, "ltx": ltx, "ltx-i2v": ltx_i2v, "wan-v2v": wan_v2v, "wan-vace": wan_vace, "wan-animate": wan_animate, "skyreels-v2": skyreels_v2, "skyreels-v2-df": skyreels_v2_df}
 
 
 def pipeline(name: str, seed: int = 0):

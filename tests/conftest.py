@@ -60,3 +60,9 @@ def all_equations(jaxpr):
                 inner = getattr(inner, "jaxpr", inner)
                 if hasattr(inner, "eqns"):
                     yield from all_equations(inner)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The 8-device mesh and the 2-process pod (minutes, in subprocesses) first: under ``pytest -n 2`` one worker
+    runs them while the other takes the rest."""
+    items.sort(key=lambda item: 0 if item.path.name == "test_mesh.py" else 1)

@@ -41,6 +41,7 @@ CASES = {
     "scale": ((1, 2, 7, 8), (1, 2, 300, 8), {"scale": 0.05}),
     "gqa": ((2, 4, 20, 8), (2, 2, 70, 8), {"enable_gqa": True}),
     "three_dims": ((3, 20, 8), (3, 70, 8), {}),
+    "no_keys": ((1, 2, 5, 8), (1, 2, 0, 8), {}),  # Wan-Animate's image context when it is empty: zeros, as torch
 }
 
 

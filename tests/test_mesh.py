@@ -12,7 +12,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "mesh_worker.py")
 
 @pytest.fixture(scope="module")
 def report():
-    result = subprocess.run([sys.executable, WORKER], capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, WORKER], capture_output=True, text=True, timeout=1800)
     lines = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
     return json.loads(lines[-1][len("REPORT "):])
@@ -170,7 +170,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_processes(script: str, args: list, count: int = 2, timeout: float = 900) -> list:
+def launch_processes(script: str, args: list, count: int = 2, timeout: float = 1500) -> list:
     """Run ``count`` processes of ``script`` as one JAX cluster; returns their (returncode, stdout, stderr). Every
     process is killed (with its children) on a timeout or an error, so nothing outlives the test."""
     import signal
