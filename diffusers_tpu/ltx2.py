@@ -17,6 +17,7 @@ import math
 import diffusers
 
 from .families import Family, register
+from .ltx import _latent_size  # same VAE compression attributes as LTX-Video
 
 _ATTENTION = r"^transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)\."
 _FEED_FORWARD = r"^transformer_blocks\.\d+\.(ff|audio_ff)\.net\."
@@ -49,11 +50,6 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     block = (8 * tokens * dim**2 + 4 * tokens**2 * dim + 4 * tokens * dim**2 + 4 * text_tokens * dim**2
              + 4 * tokens * text_tokens * dim + 16 * tokens * dim**2)
     return config.num_layers * block + 2 * tokens * (config.in_channels + config.out_channels) * dim
-
-
-def _latent_size(pipe, height: int, width: int, frames: int):
-    return ((frames - 1) // pipe.vae_temporal_compression_ratio + 1, height // pipe.vae_spatial_compression_ratio,
-            width // pipe.vae_spatial_compression_ratio)
 
 
 FAMILY = register(
