@@ -7,9 +7,11 @@ import argparse
 import os
 
 TINY_PREFIX = "tiny:"
-DEFAULT_MODEL = "tiny:wan"
+DEMO_MODEL = "demo"
+DEFAULT_MODEL = DEMO_MODEL
 # Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
 TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4)
+PROMPT_DEFAULTS = dict(prompt="A cat walks on the grass, realistic", negative_prompt="blurry, low quality, static")
 TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
 
 
@@ -23,13 +25,15 @@ def mesh_arg(text: str) -> dict[str, int]:
     return dict(zip(("dp", "sp", "tp"), sizes))
 
 
-def add_runtime_args(parser, model=True):
+def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
     if model:
-        parser.add_argument("--model", help="local diffusers folder, or a built-in tiny model: tiny:wan, tiny:wan-4head, "
+        parser.add_argument("--model", help="local diffusers folder, the built-in trained demo model (demo: "
+                            "'a <colour> <square|circle> moves <left|right|up|down>'), or a built-in tiny "
+                            "random-weight model: tiny:wan, tiny:wan-4head, "
                             "tiny:cogvideox-2b / -5b / 1.5, tiny:hunyuanvideo15, tiny:causal-wan, tiny:ltx, tiny:ltx-i2v, "
                             "tiny:ltx2 (video + a .wav beside it), "
                             "tiny:hunyuan-video, tiny:skyreels-v2, tiny:flux, tiny:qwen-image, tiny:z-image (images), "
-                            "tiny:latte, tiny:mochi (generic path) (default: tiny:wan; staged stages after encode "
+                            f"tiny:latte, tiny:mochi (generic path) (default: {default_model}; staged stages after encode "
                             "default to the stage directory's model)")
     parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
                         help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
@@ -43,8 +47,10 @@ def add_runtime_args(parser, model=True):
 
 
 def add_prompt_args(parser):
-    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
-    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
+    parser.add_argument("--prompt", help="default: 'a red square moves right' for the demo model, else "
+                        f"{PROMPT_DEFAULTS['prompt']!r}")
+    parser.add_argument("--negative-prompt", help=f"default: empty for the demo model, else "
+                        f"{PROMPT_DEFAULTS['negative_prompt']!r}")
     parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
 
 
@@ -61,6 +67,38 @@ def add_output_args(parser):
     parser.add_argument("--fps", type=int, default=16)
     parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
                         "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
+
+
+def model_defaults(model: str) -> dict:
+    """Argument defaults that depend on the model: sizes (tiny and demo models), prompt, negative prompt, guidance."""
+    if model == DEMO_MODEL:  # the size, steps and guidance it was trained for, and its own kind of prompt
+        from . import demo
+
+        call = demo.CALL
+        return dict(frames=call["num_frames"], height=call["height"], width=call["width"],
+                    steps=call["num_inference_steps"], guidance=call["guidance_scale"],
+                    negative_prompt=call["negative_prompt"], prompt=demo.DEFAULT_PROMPT)
+    return {**(TINY_DEFAULTS if model.startswith(TINY_PREFIX) else {}), **PROMPT_DEFAULTS}
+
+
+def fill_defaults(args, model: str) -> None:
+    """Set the arguments left unset (None) to ``model``'s defaults."""
+    for name, value in model_defaults(model).items():
+        if getattr(args, name, "absent") is None:
+            setattr(args, name, value)
+
+
+def sequence_length(pipe, model: str) -> int | None:
+    """The text length a built-in model needs (None: the pipeline's default)."""
+    if model == DEMO_MODEL:
+        from . import demo
+
+        return demo.CALL["max_sequence_length"]
+    if model.startswith(TINY_PREFIX):
+        from .families import family_of
+
+        return TINY_SEQUENCE_LENGTH.get(family_of(pipe).name)
+    return None
 
 
 def device_for(platform: str) -> str:
@@ -110,6 +148,10 @@ def load_pipeline(model: str):
 
     from . import tiny
 
+    if model == DEMO_MODEL:
+        from . import demo
+
+        return demo.load_pipeline()
     if model.startswith(TINY_PREFIX):
         variant = model[len(TINY_PREFIX):]
         if variant in tiny.WAN_TRANSFORMERS:

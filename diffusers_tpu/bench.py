@@ -31,6 +31,9 @@ PEAK_TFLOPS = (
 )
 
 
+BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
+
+
 def peak_tflops(device_kind: str) -> float | None:
     kind = device_kind.lower()
     for names, peak in PEAK_TFLOPS:
@@ -299,9 +302,9 @@ def _versions() -> dict:
     return found
 
 
-def _sizes(pipe, args, tiny_model: bool) -> dict:
-    """Explicit sizes (FLOPs need numbers): the arguments, else tiny defaults, else the pipeline's defaults."""
-    from .arguments import TINY_DEFAULTS
+def _sizes(pipe, args, model: str) -> dict:
+    """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
+    from .arguments import model_defaults
     from .stages import _defaults
 
     defaults = _defaults(pipe)
@@ -313,8 +316,7 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
         "frames": defaults.get("num_frames") or sample["frames"],
         "steps": defaults.get("num_inference_steps"),
     }
-    if tiny_model:
-        fallback.update(TINY_DEFAULTS)
+    fallback.update({k: v for k, v in model_defaults(model).items() if k in fallback})
     sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
     accepted = inspect.signature(type(pipe).__call__).parameters
     takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
@@ -327,19 +329,17 @@ def _sizes(pipe, args, tiny_model: bool) -> dict:
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     from . import architectures
-    from .arguments import DEFAULT_MODEL, TINY_PREFIX, TINY_SEQUENCE_LENGTH, call_arguments, device_for, load_pipeline
+    from .arguments import call_arguments, device_for, load_pipeline, sequence_length
     from .config import TPUConfig
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)  # a bad platform fails before any weight is built
     config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
                        text_encoder=args.text_encoder)
-    model = args.arch or args.model or DEFAULT_MODEL
+    model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
-    tiny_model = model.startswith(TINY_PREFIX)
-    sizes = _sizes(pipe, args, tiny_model)
-    family = family_of(pipe)
-    sequence = TINY_SEQUENCE_LENGTH.get(family.name) if tiny_model else None
+    sizes = _sizes(pipe, args, model)
+    sequence = sequence_length(pipe, model)
     call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
                 width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
                 guidance_scale=args.guidance, output_type="pil",
@@ -518,7 +518,7 @@ def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
 def add_arguments(parser) -> None:
     from .arguments import add_runtime_args, add_size_args
 
-    add_runtime_args(parser)
+    add_runtime_args(parser, default_model=BENCH_MODEL)
     add_size_args(parser)
     parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
                         "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")

@@ -17,9 +17,9 @@ import time
 import warnings
 
 from . import distributed
-from .arguments import (DEFAULT_MODEL, TINY_DEFAULTS, TINY_PREFIX, TINY_SEQUENCE_LENGTH, add_output_args,
-                        add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for,
-                        load_pipeline, makes_images)
+from .arguments import (DEFAULT_MODEL, add_output_args, add_prompt_args,
+                        add_runtime_args, add_size_args, call_arguments, device_for, fill_defaults, load_pipeline,
+                        makes_images, sequence_length)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__,
@@ -113,16 +113,13 @@ def write_audio_atomically(audio, path: str, rate: int) -> None:
 
 
 def _prepare(args, model: str):
-    """Fill tiny-model defaults, load, and place the pipeline (bad platforms fail before loading weights)."""
+    """Fill the model's defaults, load, and place the pipeline (bad platforms fail before loading weights)."""
     import torch
 
     import diffusers_tpu
 
     device = device_for(args.platform)
-    if model.startswith(TINY_PREFIX):
-        for name, value in TINY_DEFAULTS.items():
-            if getattr(args, name, "absent") is None:
-                setattr(args, name, value)
+    fill_defaults(args, model)
     config = None
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
@@ -140,12 +137,6 @@ def _prepare(args, model: str):
         pipe.to(device, config=config)
     say(f"loaded {model} and placed it in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}")
     return pipe
-
-
-def _sequence_length(pipe, model: str):
-    from .families import family_of
-
-    return TINY_SEQUENCE_LENGTH.get(family_of(pipe).name) if model.startswith(TINY_PREFIX) else None
 
 
 def _report(pipe) -> None:
@@ -176,7 +167,7 @@ def generate(args) -> int:
 
     model = args.model or DEFAULT_MODEL
     pipe = _prepare(args, model)
-    sequence = _sequence_length(pipe, model)
+    sequence = sequence_length(pipe, model)
     if args.stage_dir:
         frames = stages.generate(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
                                  guidance_scale=args.guidance, max_sequence_length=sequence, seed=args.seed,
@@ -243,7 +234,7 @@ def stage(args) -> int:
     start = time.perf_counter()
     if args.command == "encode":
         stages.encode(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                      guidance_scale=args.guidance, max_sequence_length=_sequence_length(pipe, model), model=model,
+                      guidance_scale=args.guidance, max_sequence_length=sequence_length(pipe, model), model=model,
                       force=args.force)
     elif args.command == "denoise":
         stages.denoise(pipe, args.stage_dir, seed=args.seed, force=args.force, **_size_call(args))

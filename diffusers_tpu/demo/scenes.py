@@ -1,0 +1,99 @@
+"""The demo's world: captions from a tiny grammar, the clips they describe, and an analyser that reads a video back.
+
+"a red square moves left": one shape of a named colour crossing a plain dark background in a named direction.
+Clips are drawn at the latent resolution (the demo VAE's latents are half-size pixels, see ``build``), so the
+training data needs no encoder. The analyser works on any uint8 video: it finds the pixels that differ from the
+background, names their mean colour (nearest palette entry) and the direction their centroid travels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 90, 240), "yellow": (235, 215, 40),
+           "purple": (160, 60, 210), "white": (240, 240, 240)}
+SHAPES = ("square", "circle")
+DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows downwards
+BACKGROUND = (24, 24, 32)
+# Colour/direction pairs never shown in training (either shape): the held-out half of the accuracy report.
+HELD_OUT = (("red", "down"), ("green", "left"), ("blue", "up"), ("yellow", "right"), ("purple", "down"),
+            ("white", "left"))
+DEFAULT_PROMPT = "a red square moves right"
+
+
+def caption(colour: str, shape: str, direction: str) -> str:
+    return f"a {colour} {shape} moves {direction}"
+
+
+def vocabulary() -> list[str]:
+    return ["a", "moves", *COLOURS, *SHAPES, *DIRECTIONS]
+
+
+def captions(held_out: bool) -> list[tuple[str, str, str]]:
+    """(colour, shape, direction) of the training set (``held_out=False``) or of the held-out pairs."""
+    return [(c, s, d) for c in COLOURS for s in SHAPES for d in DIRECTIONS if ((c, d) in HELD_OUT) == held_out]
+
+
+def render(colour: str, shape: str, direction: str, frames: int, size: int, rng: np.random.Generator,
+           step: float = 4.0) -> np.ndarray:
+    """A clip as float32 ``[3, frames, size, size]`` in [-1, 1]: the shape (half-width ~size/7) moves ``step``
+    pixels per frame — one patch of the demo transformer, so the motion is a whole-token shift from frame to frame
+    — starting wherever it stays inside the frame. The transformer (RoPE, no absolute positions) is close to
+    translation-equivariant: what the direction word must control is this relative shift, not a place."""
+    radius = size / 7 * rng.uniform(0.85, 1.15)
+    dx, dy = DIRECTIONS[direction]
+    travel = step * (frames - 1)
+    margin = radius * 1.15 + 0.5
+    across = rng.uniform(margin, size - margin)  # the coordinate that stays fixed
+    start = rng.uniform(margin, max(margin, size - margin - travel))
+    if dx + dy < 0:
+        start = size - start
+    ys, xs = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
+    video = np.empty((frames, size, size, 3), np.float32)
+    video[:] = BACKGROUND
+    for t in range(frames):
+        along = start + step * (dx + dy) * t
+        cx, cy = (along, across) if dx else (across, along)
+        if shape == "square":
+            inside = (np.abs(xs - cx) <= radius) & (np.abs(ys - cy) <= radius)
+        else:
+            inside = (xs - cx) ** 2 + (ys - cy) ** 2 <= (radius * 1.15) ** 2
+        video[t][inside] = COLOURS[colour]
+    return (video.transpose(3, 0, 1, 2) / 127.5 - 1.0).astype(np.float32)
+
+
+@dataclasses.dataclass
+class Reading:
+    colour: str | None  # nearest palette colour of the foreground, None if there is none
+    direction: str | None  # dominant axis of the centroid's travel, None if it travels < 10% of the frame
+    travel: tuple[float, float]  # centroid displacement (x, y), first to last frame, in frame widths/heights
+    coverage: float  # mean fraction of pixels that are foreground
+
+    def follows(self, colour: str, direction: str) -> bool:
+        return self.colour == colour and self.direction == direction
+
+
+def analyse(video) -> Reading:
+    """Read a uint8 ``[frames, height, width, 3]`` video (or a list of PIL images)."""
+    video = np.stack([np.asarray(f) for f in video]).astype(np.float32)
+    frames, height, width, _ = video.shape
+    foreground = np.linalg.norm(video - np.asarray(BACKGROUND, np.float32), axis=-1) > 80
+    ys, xs = np.mgrid[0:height, 0:width]
+    centroids = []
+    for t in range(frames):
+        mask = foreground[t]
+        if mask.sum() >= max(4, mask.size // 400):
+            centroids.append((xs[mask].mean() / width, ys[mask].mean() / height))
+    coverage = float(foreground.mean())
+    if not centroids:
+        return Reading(None, None, (0.0, 0.0), coverage)
+    mean = video[foreground].mean(axis=0)
+    names = list(COLOURS)
+    colour = names[int(np.argmin([np.linalg.norm(mean - np.asarray(COLOURS[n])) for n in names]))]
+    tx, ty = (centroids[-1][0] - centroids[0][0], centroids[-1][1] - centroids[0][1])
+    direction = None
+    if max(abs(tx), abs(ty)) >= 0.1 and len(centroids) >= frames // 2:
+        direction = ("right" if tx > 0 else "left") if abs(tx) >= abs(ty) else ("down" if ty > 0 else "up")
+    return Reading(colour, direction, (float(tx), float(ty)), coverage)

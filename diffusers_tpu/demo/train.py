@@ -1,0 +1,114 @@
+"""Train the demo model: a stock ``WanTransformer3DModel`` learns, by flow matching, to draw the clips of ``scenes``.
+
+    python -m diffusers_tpu.demo.train --output DIR [--steps 4000]
+
+Deterministic (seeded data, init and noise; torch on the CPU). The text encoder and VAE are built, not trained
+(``build``); text embeddings are computed once per caption through the stock pipeline's own ``encode_prompt`` so
+training sees exactly what generation will. 10% of the samples use the empty caption (the default negative prompt),
+which is what classifier-free guidance needs. Timesteps follow the sampler's shifted schedule (shift 3), so most of
+the effort goes to the high-noise steps where layout, colour and direction are decided.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+import torch
+
+from . import CALL, build, scenes
+
+TRANSFORMER = dict(patch_size=(1, 4, 4), num_attention_heads=4, attention_head_dim=32, in_channels=3, out_channels=3,
+                   text_dim=build.TEXT_ENCODER["d_model"], freq_dim=64, ffn_dim=512, num_layers=4,
+                   cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
+SHIFT = 3.0
+
+
+def new_pipeline(seed: int = 0):
+    """The untrained demo pipeline (stock ``WanPipeline``): random transformer, built VAE and text encoder."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(**TRANSFORMER).eval()
+    return WanPipeline(transformer=transformer, vae=build.pixel_vae(), text_encoder=build.text_encoder(seed + 1),
+                       tokenizer=build.word_tokenizer(scenes.vocabulary()),
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=SHIFT))
+
+
+def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return {p: pipe.encode_prompt(p, do_classifier_free_guidance=False, device="cpu",
+                                      max_sequence_length=CALL["max_sequence_length"])[0][0] for p in prompts}
+
+
+def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_every: int = 0,
+          output: str | None = None) -> list[float]:
+    transformer = pipe.transformer
+    latent_frames = (CALL["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
+    size = CALL["height"] // pipe.vae_scale_factor_spatial
+    items = scenes.captions(held_out=False)
+    texts = _embeddings(pipe, [scenes.caption(*item) for item in items] + [""])
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(transformer.parameters(), lr=8e-4, weight_decay=0.01)
+    warmup = min(100, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    transformer.train()
+    losses, start = [], time.perf_counter()
+    for step in range(steps):
+        picks = [items[i] for i in rng.integers(len(items), size=batch)]
+        clips = torch.from_numpy(np.stack([scenes.render(*p, latent_frames, size, rng) for p in picks]))
+        context = torch.stack([texts["" if rng.random() < 0.1 else scenes.caption(*p)] for p in picks])
+        noise = torch.randn(clips.shape, generator=generator)
+        u = torch.sigmoid(torch.randn(batch, generator=generator))
+        sigma = SHIFT * u / (1 + (SHIFT - 1) * u)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        noisy = (1 - s) * clips + s * noise
+        prediction = transformer(noisy, timestep=sigma * 1000, encoder_hidden_states=context, return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(prediction, noise - clips)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            pipe.save_pretrained(f"{output}-step{step + 1}", safe_serialization=True)
+    transformer.eval()
+    return losses
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.demo.train")
+    parser.add_argument("--output", required=True, help="folder for the trained pipeline (save_pretrained)")
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")
+    parser.add_argument("--save-every", type=int, default=0, help="also save OUTPUT-stepN every N steps")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    pipe = new_pipeline(args.seed)
+    if args.init:
+        from diffusers import WanTransformer3DModel
+
+        pipe.transformer = WanTransformer3DModel.from_pretrained(args.init, subfolder="transformer").eval()
+    count = sum(p.numel() for p in pipe.transformer.parameters())
+    print(f"training a {count / 1e6:.2f}M-parameter WanTransformer3DModel for {args.steps} steps", flush=True)
+    train(pipe, args.steps, args.batch, args.seed, save_every=args.save_every, output=args.output)
+    pipe.save_pretrained(args.output, safe_serialization=True)
+    print(f"saved to {args.output}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
