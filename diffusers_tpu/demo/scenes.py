@@ -20,7 +20,7 @@ BACKGROUND = (24, 24, 32)
 # Colour/direction pairs never shown in training (either shape): the held-out half of the accuracy report.
 HELD_OUT = (("red", "down"), ("green", "left"), ("blue", "up"), ("yellow", "right"), ("purple", "down"),
             ("white", "left"))
-DEFAULT_PROMPT = "a red square moves right"
+DEFAULT_PROMPT = "a blue circle moves up"
 
 
 def caption(colour: str, shape: str, direction: str) -> str:
