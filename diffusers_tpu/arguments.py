@@ -47,7 +47,7 @@ def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
 
 
 def add_prompt_args(parser):
-    parser.add_argument("--prompt", help="default: 'a blue circle moves up' for the demo model, else "
+    parser.add_argument("--prompt", help="default: the demo model's own example (demo.DEFAULT_PROMPT), else "
                         f"{PROMPT_DEFAULTS['prompt']!r}")
     parser.add_argument("--negative-prompt", help=f"default: empty for the demo model, else "
                         f"{PROMPT_DEFAULTS['negative_prompt']!r}")

@@ -90,7 +90,7 @@ def _silence_branches(module: torch.nn.Module) -> None:
                 block.proj.bias.zero_()
 
 
-def _linear_head(norm, conv, channels: int, rgb_out, extra=()) -> None:
+def _linear_head(norm, conv, rgb_out, extra=()) -> None:
     """Norm + SiLU + ``conv`` as a linear map: the norm's output is x * CONSTANT / |x| ~ x on carrier channels."""
     with torch.no_grad():
         norm.gamma.fill_(CONSTANT / norm.scale)
@@ -115,10 +115,8 @@ def pixel_vae():
     for layer in encoder.modules():
         if isinstance(layer, WanResample):
             _identity(layer.resample[1], [(c, c) for c in range(4)], tap=(0, 0))
-            with torch.no_grad():
-                layer.resample[1].bias[:3] = 0.0
             _identity(layer.time_conv, [(c, c) for c in range(4)], tap=(2, 0, 0))
-    _linear_head(encoder.norm_out, encoder.conv_out, encoder.conv_out.in_channels, range(3),
+    _linear_head(encoder.norm_out, encoder.conv_out, range(3),
                  extra=[(c, -30.0) for c in range(3, 6)])
     _identity(vae.quant_conv, [(c, c) for c in range(6)])
     _identity(vae.post_quant_conv, [(c, c) for c in range(3)])
@@ -130,5 +128,5 @@ def pixel_vae():
             _identity(layer.resample[1], [(c, c) for c in range(min(4, half))])
             copies = layer.time_conv.out_channels // 2
             _identity(layer.time_conv, [(c, c) for c in range(4)] + [(copies + c, c) for c in range(4)])
-    _linear_head(decoder.norm_out, decoder.conv_out, decoder.conv_out.in_channels, range(3))
+    _linear_head(decoder.norm_out, decoder.conv_out, range(3))
     return vae
