@@ -233,10 +233,9 @@ def compiled_function(
     return compiled
 
 
-def memory_analysis(compiled, *args, **kwargs) -> dict:
-    """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
-    bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
-    (arguments + outputs - aliased + temporaries)."""
+def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
+    """The program ``compiled`` (from ``compiled_function``) runs for these arguments, lowered in its context
+    (the runtime's exact program: same weights, placement and settings), not compiled."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
@@ -248,7 +247,14 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
-        stats = program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra).compile().memory_analysis()
+        return program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra)
+
+
+def memory_analysis(compiled, *args, **kwargs) -> dict:
+    """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
+    bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
+    (arguments + outputs - aliased + temporaries)."""
+    stats = lower(compiled, *args, **kwargs).compile().memory_analysis()
     report = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
               "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
     report["peak_bytes"] = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]

@@ -13,6 +13,7 @@ MESH_AXES = ("dp", "sp", "tp")  # default device layout order; measured fastest 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("host", "jax")
 TEXT_PADDING_MODES = ("mask", "zero_kv")
+MATMUL_PRECISIONS = ("highest", "high", "default")
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "diffusers_tpu", "jax"
 )
@@ -58,6 +59,11 @@ class TPUConfig:
         text_padding: how padded text tokens stay out of attention (HunyuanVideo-1.5). ``"mask"``: exactly, as a
             key mask in the kernel; ``"zero_kv"``: their keys and values are zeroed, an approximation (padded
             keys still take softmax weight) that TPU ports used before kernels had a key mask.
+        matmul_precision: how float32 matrix products and convolutions run (JAX's ``default_matmul_precision``).
+            ``"highest"``: full float32, like stock torch on the CPU, so float32 parts match stock. ``"default"``:
+            the platform's fast path — one bfloat16 pass on TPU, TF32 on NVIDIA GPUs — faster for float32 parts
+            (the float32 VAE), but their results move ~1e-3 away from stock; ``"high"`` lies between. bfloat16
+            operands are exact either way.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -77,6 +83,7 @@ class TPUConfig:
     scheduler_dtype: torch.dtype | None = None
     component_dtypes: Mapping[str, torch.dtype] | None = None
     text_padding: str = "mask"
+    matmul_precision: str = "highest"
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -145,6 +152,10 @@ class TPUConfig:
             object.__setattr__(self, "component_dtypes", dict(self.component_dtypes))
         if self.text_padding not in TEXT_PADDING_MODES:
             raise ValueError(f"TPUConfig(text_padding={self.text_padding!r}) must be one of {list(TEXT_PADDING_MODES)}.")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"TPUConfig(matmul_precision={self.matmul_precision!r}) must be one of {list(MATMUL_PRECISIONS)}."
+            )
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."

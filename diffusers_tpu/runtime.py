@@ -113,9 +113,11 @@ class PipelineRuntime:
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
     def active(self, settings: attention.AttentionSettings | None = None):
-        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe)."""
+        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe).
+        The matmul precision is part of every program's trace (TPU and GPU would otherwise run float32 products
+        in bfloat16 / TF32 and leave stock's results)."""
         with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
-                jax.default_device(self.home_device):
+                jax.default_device(self.home_device), jax.default_matmul_precision(self.config.matmul_precision):
             yield
 
     @contextlib.contextmanager

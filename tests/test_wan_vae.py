@@ -2,6 +2,7 @@
 any frame count, memory independent of the frame count; VAE and scheduler dtypes."""
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -113,3 +114,26 @@ def test_scheduler_dtype_keeps_latents_in_it():
 def test_vae_knobs_reject_nonsense(kwargs):
     with pytest.raises(ValueError):
         TPUConfig(**kwargs)
+
+
+@pytest.mark.parametrize("precision", ["highest", "default"])
+def test_matmul_precision_reaches_compiled_programs(precision):
+    """TPUConfig.matmul_precision is traced into every product of the runtime's programs: TPUs and GPUs would
+    otherwise run float32 convolutions and matmuls in bfloat16 passes / TF32 and leave stock's results."""
+    pipe = tiny.wan_pipeline("wan").to("jax", config=TPUConfig(matmul_precision=precision))
+    try:
+        pipe.vae.decode(latents(2))
+        text = jit.lower(pipe.vae._diffusers_tpu_programs["decode_first"], latents(2)).as_text()
+    finally:
+        pipe.to("cpu")
+    products = [line for line in text.splitlines() if "stablehlo.convolution" in line or "stablehlo.dot_general" in line]
+    assert products
+    # dot_general prints "precision = [HIGHEST, HIGHEST]", convolution "#stablehlo<precision HIGHEST>" twice
+    found = [re.findall(r"\b(DEFAULT|HIGHEST|HIGH)\b", line) for line in products]
+    wrong = [line for line, names in zip(products, found) if names != [precision.upper()] * 2]
+    assert not wrong, wrong[:2]
+
+
+def test_matmul_precision_is_checked():
+    with pytest.raises(ValueError, match="matmul_precision"):
+        TPUConfig(matmul_precision="tf32")
