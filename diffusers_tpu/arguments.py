@@ -47,6 +47,9 @@ def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
     parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
                         help="float32 products: highest = full float32 as stock (default); default = the platform's "
                         "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")
+    parser.add_argument("--quantize", choices=("int8", "fp8"),
+                        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
+                        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')")
 
 
 def add_prompt_args(parser):

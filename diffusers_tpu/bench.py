@@ -335,7 +335,8 @@ def run(args) -> dict:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)  # a bad platform fails before any weight is built
     config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
-                       text_encoder=args.text_encoder, matmul_precision=args.matmul_precision)
+                       text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
+                       quantize=args.quantize)
     model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     sizes = _sizes(pipe, args, model)
@@ -380,7 +381,7 @@ def run(args) -> dict:
     devices = list(attached.mesh.devices.flat)
     measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
                     mesh=dict(attached.mesh.shape), attention=attached.attention.implementation,
-                    matmul_precision=attached.config.matmul_precision)
+                    matmul_precision=attached.config.matmul_precision, quantize=attached.config.quantize)
     measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
     if attached.target.platform == "cpu" and measured["flops"]:
         measured["flops"]["mfu"] = None  # CPU: no meaningful peak
@@ -456,7 +457,8 @@ def format_table(report: dict) -> str:
     jax_side, torch_side = report["jax"], report.get("torch")
     lines = [f"{report['pipeline']} ({report['model']}) {report['settings']}",
              f"JAX on {jax_side['platform']} ({jax_side['device_kind']} x{jax_side['devices']}, mesh {jax_side['mesh']}, "
-             f"attention {jax_side['attention']}, matmul precision {jax_side.get('matmul_precision')})"
+             f"attention {jax_side['attention']}, matmul precision {jax_side.get('matmul_precision')}"
+             + (f", {jax_side['quantize']} weights" if jax_side.get("quantize") else "") + ")"
              + (f" vs torch on {torch_side['device']}" if torch_side else "")]
     header = f"{'stage':<15}{'mean s':>10}{'median s':>10}{'p95 s':>10}"
     if torch_side:

@@ -124,7 +124,8 @@ def _prepare(args, model: str):
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
         config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
-                                         text_encoder=args.text_encoder, matmul_precision=args.matmul_precision)
+                                         text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
+                                         quantize=args.quantize)
     start = time.perf_counter()
     pipe = load_pipeline(model)
     if args.command == "generate":

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import compat
+from . import compat, quantize
 from .backend import to_jax_array, wrap
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # fires for persistent-cache loads too
@@ -95,6 +95,7 @@ class _Program:
 
         def traced(state: dict, dynamic: list, donated: list, extra: list):
             dynamic = list(dynamic) + list(donated)
+            state = quantize.materialize(state)  # int8 weights rebuilt next to their matmuls
             if compute_dtype is not None:  # weights stored in one dtype, computed in another: XLA fuses the cast
                 state = {k: v.astype(compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
                          for k, v in state.items()}

@@ -64,6 +64,10 @@ class TPUConfig:
             the platform's fast path — one bfloat16 pass on TPU, TF32 on NVIDIA GPUs — faster for float32 parts
             (the float32 VAE), but their results move ~1e-3 away from stock; ``"high"`` lies between. bfloat16
             operands are exact either way.
+        quantize: ``"int8"`` stores the denoiser's linear weights as int8 with per-output-channel scales (half
+            the bytes of bfloat16), rebuilt in the compute dtype inside each compiled matmul; activations untouched.
+            ``"fp8"``: float8_e4m3fn storage the same way. ``None`` (default): weights as placed. Lossy: see
+            BENCHMARKS.md "int8 weights" for the measured error.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -84,6 +88,7 @@ class TPUConfig:
     component_dtypes: Mapping[str, torch.dtype] | None = None
     text_padding: str = "mask"
     matmul_precision: str = "highest"
+    quantize: str | None = None
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -156,6 +161,9 @@ class TPUConfig:
             raise ValueError(
                 f"TPUConfig(matmul_precision={self.matmul_precision!r}) must be one of {list(MATMUL_PRECISIONS)}."
             )
+        from . import quantize
+
+        quantize.check_format(self.quantize)
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."

@@ -33,7 +33,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from . import backend, lora, sharding
+from . import backend, lora, quantize, sharding
 from .compile import compiled_function
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Denoiser:
             if cache.get("slots") is not slots:  # resync makes a new list
                 cache["slots"] = slots
                 cache["mine"] = [s for s in slots if s.qualified.startswith(prefix)]
-            return {s.qualified[len(prefix):]: sharding._get(s).jax() for s in cache["mine"]}
+            return {s.qualified[len(prefix):]: quantize.program_value(s, sharding._get(s).jax()) for s in cache["mine"]}
 
         return state
 

@@ -77,6 +77,11 @@ def on_host_copies(method):
 
         if not base_on_jax(self):
             return method(self, *args, **kwargs)
+        base = getattr(self.get_base_layer(), "weight", None)
+        if base is not None and base.dtype in (torch.int8, getattr(torch, "float8_e4m3fn", torch.int8)):
+            raise ValueError(f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
+                             "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
+                             "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights).")
         placed = sharding.to_host_copies(self)
         try:
             return method(self, *args, **kwargs)

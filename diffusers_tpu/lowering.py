@@ -42,11 +42,11 @@ def abstract_state(module: torch.nn.Module, mesh, rules=(), dtype: torch.dtype |
 
 def export_method(module, name: str, args=(), kwargs=None, *, mesh, rules=(), dtype=None,
                   attention_impl: str | None = "splash_exp2", kv_threshold: int = 10000, block_sizes=None,
-                  platforms=("tpu",)) -> jax.export.Exported:
+                  platforms=("tpu",), matmul_precision: str = "highest") -> jax.export.Exported:
     """Export ``module.<name>(*args, **kwargs)`` as the runtime compiles it. Tensor arguments are
     ``jax.ShapeDtypeStruct``s (give them a sharding to export a sharded program). ``attention_impl``: the
     denoiser's attention under ``shard_map`` over ``mesh``; None: the safe reference the runtime gives VAEs and
-    text encoders."""
+    text encoders. ``matmul_precision``: as ``TPUConfig.matmul_precision``."""
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     is_array = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
     static = tuple(_TENSOR if a else x for a, x in zip(is_array, leaves))
@@ -57,7 +57,7 @@ def export_method(module, name: str, args=(), kwargs=None, *, mesh, rules=(), dt
     settings = attention.SAFE
     if attention_impl is not None:
         settings = attention.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)
-    with backend.jax_mode(), attention.use(settings):
+    with backend.jax_mode(), attention.use(settings), jax.default_matmul_precision(matmul_precision):
         return jax.export.export(program.jitted, platforms=list(platforms))(
             state, [x for a, x in zip(is_array, leaves) if a], [], []
         )

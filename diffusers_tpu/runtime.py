@@ -22,8 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import (attention, backend, boundary, cfg, compile as jit, distributed, generic, porting, postprocess, schedulers,
-               sharding)
+from . import (attention, backend, boundary, cfg, compile as jit, distributed, generic, porting, postprocess, quantize,
+               schedulers, sharding)
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
 from .families import Family, family_of
@@ -247,7 +247,13 @@ class PipelineRuntime:
     def place(self, plans: dict) -> None:
         pipe, family = self.pipe, self.family
         for name, (module, slots, rules) in plans.items():
+            quantized = self.config.quantize is not None and name in family.denoisers
+            if quantized:  # the host tensors, for an exact restore
+                names = quantize.targets(module)
+                originals = {slot.qualified: sharding._get(slot) for slot in slots if slot.qualified in names}
             sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
+            if quantized:
+                quantize.quantize_placed(module, slots, originals, self.config.quantize)
             self._undo.append(functools.partial(sharding.restore, module))
             self._override(module, "state_dict", _host_state_dict(module.state_dict))
             porting.install_module_overrides(self, module)

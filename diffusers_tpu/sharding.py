@@ -19,7 +19,7 @@ import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import lora
+from . import lora, quantize
 from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
 
 Rule = tuple[str, tuple]
@@ -36,6 +36,7 @@ class _Slot:
     dtype: torch.dtype  # dtype on the device
     restore_dtype: torch.dtype  # dtype back on the host: the original one, unless the user asked for a cast
     keep_original: torch.Tensor | None  # tensors JAX cannot hold exactly (float64), restored as they were
+    scale: jax.Array | None = None  # quantized weights (``quantize``): per-output-channel scales; dtype = compute dtype
 
 
 def axis_size(entry, mesh_shape: Mapping[str, int]) -> int:
@@ -178,6 +179,7 @@ def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
         old = previous.get(id(_get(slot)))
         if old is not None:
             slot.restore_dtype, slot.keep_original = old.restore_dtype, old.keep_original
+            slot.dtype, slot.scale = old.dtype, old.scale  # a quantized weight stays quantized
     place(module, slots, mesh)
 
 
@@ -192,6 +194,8 @@ def restore(module: torch.nn.Module) -> None:
         if id(tensor) not in restored:
             if slot.keep_original is not None:
                 restored[id(tensor)] = slot.keep_original
+            elif slot.scale is not None:
+                restored[id(tensor)] = jax_to_host(quantize.restore_array(slot, tensor.jax()), slot.restore_dtype)
             else:
                 restored[id(tensor)] = jax_to_host(tensor.jax(), slot.restore_dtype)
         _set(slot, restored[id(tensor)])
@@ -211,7 +215,11 @@ def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast placed floating tensors in place on the device (keeps their sharding)."""
     for slot in getattr(module, _SAVED, ()):
         tensor = _get(slot)
-        if tensor.is_floating_point() and tensor.dtype != dtype:
+        if slot.scale is not None:  # quantized: only the dtype it is rebuilt in changes
+            slot.dtype = slot.restore_dtype = dtype
+            if slot.keep_original is not None:
+                slot.keep_original = slot.keep_original.to(dtype)
+        elif tensor.is_floating_point() and tensor.dtype != dtype:
             _set(slot, wrap(tensor.jax().astype(jax_dtype(dtype))))
             slot.dtype = slot.restore_dtype = dtype
             slot.keep_original = None

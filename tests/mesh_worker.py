@@ -74,6 +74,7 @@ def main():
     report["lora"] = lora_runs()
     report["caches"] = cache_runs()
     report["families_14"] = family_runs()
+    report["quantize"] = quantize_run()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -218,6 +219,20 @@ def lora_runs():
                           specs=specs)
         pipe.to("cpu")
     return runs
+
+
+def quantize_run():
+    """int8 weights on dp2-sp1-tp4 (float32 compute): layout and output, compared in test_mesh with one device."""
+    pipe = tiny.wan_pipeline("wan-4head").to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4},
+                                                                      quantize="int8"))
+    out = generate(pipe, output_type="np")
+    with jit.compile_log() as log:
+        generate(pipe, output_type="np")
+    layout = weight_layout(pipe)
+    layout["dtypes"] = {name: str(getattr(pipe.transformer.blocks[0].attn1, name).weight.dtype) for name in ("to_q", "to_k")}
+    pipe.to("cpu")
+    return dict(layout=layout, warm_compilations=log.compilations, finite=bool(np.isfinite(out).all()),
+                frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(), shape=list(out.shape))
 
 
 def cache_runs():

@@ -57,6 +57,27 @@ def test_weights_are_verifiably_sharded(report):
     assert report["runs"]["dp2-sp2-tp2"]["layout"]["to_q"]["shard"][0] == q["shape"][0] // 2
 
 
+def test_int8_weights_on_the_mesh_match_one_device(report):
+    import base64
+
+    import numpy as np
+    from conftest import generate
+
+    from diffusers_tpu import TPUConfig, tiny
+
+    run = report["quantize"]
+    assert run["finite"] and run["warm_compilations"] == 0
+    layout, plain = run["layout"], report["runs"]["dp2-sp1-tp4"]["layout"]
+    assert run["layout"]["dtypes"] == {"to_q": "torch.int8", "to_k": "torch.int8"}
+    for name in ("to_q", "to_out", "ffn_in", "ffn_out", "cross_k", "patch"):  # sharded like the float weights
+        assert layout[name]["spec"] == plain[name]["spec"] and layout[name]["shard"] == plain[name]["shard"], name
+    mesh_out = np.frombuffer(base64.b64decode(run["frames"]), np.float32).reshape(run["shape"])
+    pipe = tiny.wan_pipeline("wan-4head").to("jax", config=TPUConfig(quantize="int8"))
+    one_device = generate(pipe, output_type="np")
+    # per-channel scales are global maxima (row-parallel weights reduce over tp): the same int8 values either way
+    assert np.abs(mesh_out - one_device).max() <= 1e-4
+
+
 def test_back_on_torch_exactly(report):
     assert report["restored_exactly"]
 
