@@ -54,8 +54,9 @@ def _empty(build):
         return build()
 
 
-def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """The named real-size pipeline (``ARCHITECTURES``) with random weights, on the CPU."""
+def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights: bool = True):
+    """The named real-size pipeline (``ARCHITECTURES``) with random weights, on the CPU; ``weights=False``: its
+    parameters stay on the ``meta`` device (shapes only, for ``plan``)."""
     if name not in ARCHITECTURES:
         raise ValueError(f"Unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}.")
     import diffusers
@@ -79,7 +80,10 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     # The denoiser and text encoder in ``dtype`` (keeping the model's float32 modules, as from_pretrained does);
     # the VAE in float32, as diffusers' examples load it.
     for module, module_dtype in ((transformer, dtype), (text_encoder, dtype), (vae, torch.float32)):
-        _fill(module, module_dtype, generator)
+        if weights:
+            _fill(module, module_dtype, generator)
+        else:
+            module.to(module_dtype)
         module.eval()
     return cls(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tiny.char_tokenizer(),
                scheduler=scheduler)

@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     from . import bench as bench_module
 
     bench_module.add_arguments(bench)
+    plan = commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device")
+    from . import plan as plan_module
+
+    plan_module.add_arguments(plan)
     stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
     for name, help_text in stage_help.items():
         sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
@@ -253,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import bench
 
             return bench.main(args)
+        if args.command == "plan":
+            from . import plan
+
+            return plan.main(args, argv if argv is not None else sys.argv[1:])
         return generate(args) if args.command == "generate" else stage(args)
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)

@@ -99,11 +99,11 @@ def innermost_forward(module):
 class Denoiser:
     """The callable installed as a placed denoiser's ``forward`` (see the module docstring)."""
 
-    def __init__(self, runtime, module: torch.nn.Module, forward, rules, settings, place_input):
+    def __init__(self, runtime, module: torch.nn.Module, forward, rules, settings, place_input, state=None):
         self.runtime, self.module, self.forward, self.rules = runtime, module, forward, rules
         self.settings, self.place_input = settings, place_input
         self.scalings = lora.Scalings(module)
-        self.whole = compiled_function(module, forward, state=self._state(""), activate=self._activate,
+        self.whole = compiled_function(module, forward, state=state or self._state(""), activate=self._activate,
                                        place_input=place_input, extras=self.scalings)
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
         self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state

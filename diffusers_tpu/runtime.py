@@ -302,14 +302,19 @@ class PipelineRuntime:
                 self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
             self._override(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
 
-    def _place_denoiser(self, name: str, module, rules) -> None:
+    def denoiser_entry(self, module, rules, state=None) -> Denoiser:
+        """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
+        where its weights come from (default: the placed tensors; ``plan`` passes abstract ones)."""
         family = self.family
         forward = innermost_forward(module)
         if family.denoiser_forward is not None:
             forward = types.MethodType(family.denoiser_forward, module)
         handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
         self._undo.extend(handle.remove for handle in handles)
-        entry = Denoiser(self, module, forward, rules, self.attention, self._batch_input)
+        return Denoiser(self, module, forward, rules, self.attention, self._batch_input, state=state)
+
+    def _place_denoiser(self, name: str, module, rules) -> None:
+        entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
         self._install_forward(module, entry)
         self._override(module, "forward", self._recording_output(module.forward))

@@ -75,6 +75,7 @@ def main():
     report["caches"] = cache_runs()
     report["families_14"] = family_runs()
     report["quantize"] = quantize_run()
+    report["plan"] = plan_run()
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")
@@ -233,6 +234,20 @@ def quantize_run():
     pipe.to("cpu")
     return dict(layout=layout, warm_compilations=log.compilations, finite=bool(np.isfinite(out).all()),
                 frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(), shape=list(out.shape))
+
+
+def plan_run():
+    """plan's figures for dp2-sp1-tp4 (the CFG pair as one batch, int8 weights) vs the program the runtime ran."""
+    import torch
+    from test_plan import CALL, SIZE, runtime_step_memory
+
+    from diffusers_tpu import plan
+
+    config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, dtype=torch.bfloat16, quantize="int8")
+    actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)
+    planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
+                                   jax.devices(), text_tokens=CALL["max_sequence_length"])
+    return dict(actual=actual, planned=planned)
 
 
 def cache_runs():

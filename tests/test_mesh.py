@@ -78,6 +78,13 @@ def test_int8_weights_on_the_mesh_match_one_device(report):
     assert np.abs(mesh_out - one_device).max() <= 1e-4
 
 
+def test_plan_matches_the_runtime_program_on_the_mesh(report):
+    run = report["plan"]
+    assert run["planned"]["cfg_batch"] == 2 and run["planned"]["mesh"] == {"dp": 2, "sp": 1, "tp": 4}
+    for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
+        assert run["planned"][key] == run["actual"][key], (key, run)
+
+
 def test_back_on_torch_exactly(report):
     assert report["restored_exactly"]
 
