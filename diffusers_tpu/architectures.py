@@ -28,7 +28,8 @@ ARCHITECTURES = {
 }
 
 
-def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator) -> None:
+def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
+    """``generator=None``: parameters stay on ``meta``, only their dtypes are set (as ``from_pretrained`` would)."""
     from .sharding import _keep_in_fp32
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
@@ -37,13 +38,12 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
             if param is None or not param.is_meta:
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
-            value = torch.empty(param.shape, dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype)
-            if param.ndim >= 2:
+            value = torch.empty(param.shape, dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype,
+                                device="cpu" if generator is not None else "meta")
+            if generator is not None and param.ndim >= 2:
                 value.normal_(0.0, 0.02, generator=generator)
-            elif name == "bias":
-                value.zero_()
-            else:
-                value.fill_(1.0)
+            elif generator is not None:
+                value.fill_(0.0 if name == "bias" else 1.0)
             owner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
 
 
@@ -80,10 +80,7 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
     # The denoiser and text encoder in ``dtype`` (keeping the model's float32 modules, as from_pretrained does);
     # the VAE in float32, as diffusers' examples load it.
     for module, module_dtype in ((transformer, dtype), (text_encoder, dtype), (vae, torch.float32)):
-        if weights:
-            _fill(module, module_dtype, generator)
-        else:
-            module.to(module_dtype)
+        _fill(module, module_dtype, generator if weights else None)
         module.eval()
     return cls(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tiny.char_tokenizer(),
                scheduler=scheduler)

@@ -10,9 +10,9 @@ model), a size and a target (a chip slice or a mesh + HBM size), ``plan``:
    (``lowering.abstract_state``; int8 ones as ``quantize.Quantized``);
 3. compiles it for a simulated mesh of CPU devices and reads ``compiled.memory_analysis()`` per device.
 
-CPU-compiled plans approximate the TPU's: the CPU backend fuses and lays out differently and the Pallas attention
-kernel is compiled in interpret mode, so temporaries can differ by tens of percent; the weights and arguments are
-exact. Not included yet: the VAE decode's activations (its weights are counted) and on-device text encoders
+CPU-compiled plans approximate the TPU's: the CPU backend fuses and lays out differently (``CPU_MEMORY_FLAGS`` make
+it schedule for memory as a TPU compiler does) and the Pallas attention kernel is compiled in interpret mode, so
+temporaries are estimates; the weights and arguments are exact. Not included yet: the VAE decode's activations (its weights are counted) and on-device text encoders
 (the default runs them on the host).
 """
 
@@ -53,17 +53,18 @@ def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) 
     if not isinstance(pipe, (diffusers.WanPipeline,)):
         raise ValueError(f"plan supports Wan text-to-video pipelines so far, not {type(pipe).__name__}.")
     module = pipe.transformer
-    device = next(module.parameters()).device
-    embeddings = torch.zeros(1, text_tokens, module.config.text_dim, dtype=dtype, device=device)
+    embeddings = torch.zeros(1, text_tokens, module.config.text_dim, dtype=dtype)
     seen = {}
 
     def record(*args, **kwargs):
         seen["call"] = (args, kwargs)
         raise _FirstCall
 
-    # the pipeline casts inputs to ``transformer.dtype``: make it report the dtype the placed module will have
-    cls = type(module)
+    # the pipeline casts inputs to ``transformer.dtype``: make it report the dtype the placed module will have; and
+    # it runs on the CPU (latents, scheduler tables) even when the weights are on ``meta``
+    cls, pipe_cls = type(module), type(pipe)
     module.__class__ = type(cls.__name__, (cls,), {"dtype": property(lambda self: dtype)})
+    pipe.__class__ = type(pipe_cls.__name__, (pipe_cls,), {"_execution_device": property(lambda self: torch.device("cpu"))})
     vars(module)["forward"] = record
     bar = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
@@ -73,7 +74,7 @@ def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) 
         pass
     finally:
         del vars(module)["forward"]
-        module.__class__ = cls
+        module.__class__, pipe.__class__ = cls, pipe_cls
         pipe._progress_bar_config = bar
     if "call" not in seen:
         raise RuntimeError(f"{type(pipe).__name__} did not call its denoiser")
@@ -169,6 +170,14 @@ def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
                for p in module.parameters())
 
 
+# XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
+# over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
+# fusions; a TPU compiler schedules for memory and fuses broadcasts. Measured on Wan2.1-1.3B at 9,360 tokens:
+# temporaries 0.25 GB more per block without these flags, constant with them. jaxlib 0.10 flag names: XLA aborts
+# on unknown flags, so the command retries without them (and says so).
+CPU_MEMORY_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false", "--xla_cpu_experimental_ynn_fusion_type=")
+
+
 def cpu_device_flag(count: int) -> str:
     return f"--xla_force_host_platform_device_count={count}"
 
@@ -179,6 +188,22 @@ def cpu_devices(count: int) -> list | None:
 
     devices = jax.devices("cpu")
     return devices[:count] if len(devices) >= count else None
+
+
+def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
+    """The same command in a process whose XLA starts with ``count`` CPU devices (and the memory flags)."""
+    import subprocess
+    import sys
+
+    flags = [os.environ.get("XLA_FLAGS", ""), cpu_device_flag(count), *(CPU_MEMORY_FLAGS if memory_flags else ())]
+    env = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags if f), JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.cli", *argv], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    if result.returncode and memory_flags and "Unknown flag" in result.stderr:
+        print("plan: this jaxlib does not know the CPU scheduling flags; temporaries will be overestimated")
+        return _rerun(argv, count, memory_flags=False)
+    sys.stderr.write(result.stderr)
+    return result.returncode
 
 
 def plan(pipe, call: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int) -> dict:
@@ -201,6 +226,23 @@ def plan(pipe, call: dict, config, devices, chip: Chip | None, hbm_gib: float | 
         if chip:
             report["floor_step_seconds"] = per_step / (chip.peak_tflops * 1e12 * len(devices))
     return report
+
+
+def folder_pipeline(folder: str, dtype: torch.dtype | None):
+    """A local pipeline folder with its denoiser on the ``meta`` device (checked against the checkpoint, nothing
+    read) and no text encoder: what ``plan`` needs, without the weights in host memory."""
+    import json
+
+    import diffusers
+
+    from . import loading
+
+    with open(os.path.join(folder, "model_index.json")) as handle:
+        index = json.load(handle)
+    model_class = getattr(diffusers, index["transformer"][1])
+    transformer = loading.empty_model(model_class, os.path.join(folder, "transformer"), dtype)
+    return getattr(diffusers, index["_class_name"]).from_pretrained(folder, transformer=transformer, text_encoder=None,
+                                                                    tokenizer=None)
 
 
 def candidate_meshes(devices: int, heads: int | None) -> list[dict]:
@@ -235,8 +277,6 @@ def add_arguments(parser) -> None:
 
 def main(args, argv: list[str] | None = None) -> int:
     import json
-    import subprocess
-    import sys
 
     from . import architectures
     from .arguments import load_pipeline
@@ -250,15 +290,19 @@ def main(args, argv: list[str] | None = None) -> int:
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
     devices = cpu_devices(count)
-    if devices is None:  # importing the package started JAX: run again in a process that starts with the flag
-        if argv is None:
-            raise RuntimeError(f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before "
-                               "Python starts.")
-        env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {cpu_device_flag(count)}".strip(),
-                   JAX_PLATFORMS="cpu")
-        return subprocess.run([sys.executable, "-m", "diffusers_tpu.cli", *argv], env=env).returncode
+    flags = os.environ.get("XLA_FLAGS", "")
+    if argv is not None and (devices is None or cpu_device_flag(count) not in flags):
+        # importing the package started JAX: run again in a process whose XLA starts with the flags
+        return _rerun(argv, count, memory_flags=True)
+    if devices is None:
+        raise RuntimeError(f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before Python starts.")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    pipe = architectures.build(args.arch, dtype or torch.float32, weights=False) if args.arch else load_pipeline(args.model)
+    if args.arch:
+        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
+    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
+        pipe = folder_pipeline(args.model, dtype)
+    else:
+        pipe = load_pipeline(args.model)
     from .families import family_of
 
     heads = family_of(pipe).num_heads(pipe)
@@ -277,7 +321,7 @@ def main(args, argv: list[str] | None = None) -> int:
                 recommended = row
         if recommended is not None:
             break  # a format that fits: quantizing further would only cost quality
-    report = {"model": args.arch or args.model, "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
+    report = {"model": args.arch or args.model, "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS), "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
               "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length), "candidates": rows,
               "recommended": recommended,
               "note": "CPU-compiled estimate of the denoiser step (+ VAE weights); see README 'Will it fit?'"}
@@ -288,11 +332,13 @@ def main(args, argv: list[str] | None = None) -> int:
               + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
-    print("CPU-compiled estimate: arguments are exact, temporaries come from XLA's CPU compiler and measured larger "
-          "than the model needs (README 'Will it fit?'); the VAE decode's activations are not included.")
+    print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's; "
+          "the VAE decode's activations are not included.")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        from .stages import _write_atomically
+
+        text = json.dumps(report, indent=1, default=str)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
     return 0
 
 

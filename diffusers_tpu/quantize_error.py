@@ -121,8 +121,10 @@ def main(argv=None) -> int:
     report["stack"] = stack_errors(args.layers, args.format)
     print(json.dumps(report, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        from .stages import _write_atomically
+
+        text = json.dumps(report, indent=1)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
     return 0
 
 

@@ -53,19 +53,30 @@ def test_int8_halves_the_planned_weights():
     assert sizes["int8"] < 0.75 * sizes[None]
 
 
-def test_plan_command(tmp_path, capsys):
+def test_plan_command(tmp_path, capfd):
     import json
 
     from diffusers_tpu import cli
 
     out = tmp_path / "plan.json"
-    assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "0.0005", "--height", "32",
+    assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "0.00001", "--height", "32",
                      "--width", "48", "--frames", "9", "--max-sequence-length", "24", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    bf16, int8 = report["candidates"]  # bf16 does not fit 0.5 MB, so int8 is tried; neither fits
+    bf16, int8 = report["candidates"]  # 10 KB: bf16 does not fit, int8 is tried, neither fits
     assert not bf16["fits"] and bf16["quantize"] is None and int8["quantize"] == "int8"
     assert int8["memory_per_device"]["argument_bytes"] < bf16["memory_per_device"]["argument_bytes"]
     assert report["recommended"] is None and bf16["flops_per_step"] > 0
-    assert "does not fit" in capsys.readouterr().out
+    assert "does not fit" in capfd.readouterr().out
     assert cli.main(["plan", "--model", "tiny:wan-4head"]) == 2  # no target: a clear error, nothing compiled
-    assert "--chips" in capsys.readouterr().err
+    assert "--chips" in capfd.readouterr().err
+
+
+def test_plan_of_a_folder_reads_no_weights(tmp_path):
+    """A saved pipeline plans with its denoiser on meta and no text encoder: the same figures as in memory."""
+    tiny.wan_pipeline("wan-4head").save_pretrained(tmp_path)
+    folder = plan.folder_pipeline(str(tmp_path), None)
+    assert all(p.is_meta for p in folder.transformer.parameters()) and folder.text_encoder is None
+    config, size = TPUConfig(), dict(SIZE, guidance_scale=5.0)
+    planned = plan.denoiser_memory(folder, size, config, jax.devices()[:1], 24)
+    in_memory = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, config, jax.devices()[:1], 24)
+    assert {k: v for k, v in planned.items()} == in_memory
