@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import diffusers
 
-from .families import Family, register
+from .families import Family, register, zero_text
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 SHARD_RULES = (
@@ -109,5 +109,6 @@ FAMILY = register(
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, latent_frames(pipe, f), h // pipe.vae_scale_factor_spatial,
             w // pipe.vae_scale_factor_spatial, text),
+        plan_text=lambda pipe, tokens, dtype: zero_text(tokens, pipe.transformer.config.text_embed_dim, dtype),
     )
 )

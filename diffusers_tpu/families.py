@@ -47,6 +47,8 @@ class Family:
             tensors (default: ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
+        plan_text: ``plan_text(pipe, text_tokens, dtype)`` -> the text-to-video call's keywords that stand in for the
+            text encoders (zero embeddings): ``plan`` runs the pipeline up to its first denoiser call with them.
     """
 
     name: str
@@ -65,6 +67,7 @@ class Family:
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None
     forward_flops: Callable[..., int] | None = None
+    plan_text: Callable[..., dict] | None = None
     vae_install: Callable[..., None] | None = None
     denoiser_forward: Callable | None = None
     tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
@@ -79,6 +82,14 @@ class Family:
 
 
 _families: list[Family] = []
+
+
+def zero_text(tokens: int, width: int, dtype) -> dict:
+    """Zero prompt and negative embeddings ``[1, tokens, width]``: the text inputs ``plan`` probes a pipeline with."""
+    import torch
+
+    embeddings = torch.zeros(1, tokens, width, dtype=dtype)
+    return dict(prompt_embeds=embeddings, negative_prompt_embeds=embeddings)
 
 
 def register(family: Family) -> Family:

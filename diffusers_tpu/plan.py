@@ -19,6 +19,7 @@ temporaries are estimates; the weights and arguments are exact. Not included yet
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 
 import torch
@@ -41,19 +42,23 @@ CHIPS = {
 }
 
 
+# text-to-video pipelines whose family gives ``plan_text`` (others take images or stream blocks)
+PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline")
+
+
 class _FirstCall(Exception):
     pass
 
 
 def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) -> tuple[tuple, dict]:
     """The positional and keyword arguments of the pipeline's first denoiser call, with text embeddings given
-    as zeros (Wan text-to-video pipelines), the denoiser reporting ``dtype`` as it will once placed."""
-    import diffusers
+    as zeros (``Family.plan_text``), the denoiser reporting ``dtype`` as it will once placed."""
+    from .families import family_of
 
-    if not isinstance(pipe, (diffusers.WanPipeline,)):
-        raise ValueError(f"plan supports Wan text-to-video pipelines so far, not {type(pipe).__name__}.")
+    text = family_of(pipe).plan_text
+    if text is None or type(pipe).__name__ not in PLANNED_PIPELINES:
+        raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")
     module = pipe.transformer
-    embeddings = torch.zeros(1, text_tokens, module.config.text_dim, dtype=dtype)
     seen = {}
 
     def record(*args, **kwargs):
@@ -69,7 +74,7 @@ def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) 
     bar = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     try:
-        pipe(prompt_embeds=embeddings, negative_prompt_embeds=embeddings, output_type="latent", **call)
+        pipe(**text(pipe, text_tokens, dtype), output_type="latent", **call)
     except _FirstCall:
         pass
     finally:
@@ -259,13 +264,13 @@ def candidate_meshes(devices: int, heads: int | None) -> list[dict]:
 def add_arguments(parser) -> None:
     from .arguments import mesh_arg
 
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B")
-    parser.add_argument("--model", help="a local Wan folder or a tiny model (tiny:wan, tiny:wan-4head)")
+    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")
+    parser.add_argument("--model", help="a local Wan or CogVideoX pipeline folder, or a tiny model (tiny:wan, ...)")
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--steps", type=int, default=50, help="denoising steps (for the floor of the whole run)")
-    parser.add_argument("--max-sequence-length", type=int, default=512, help="text tokens")
+    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
     parser.add_argument("--guidance", type=float, default=5.0)
     parser.add_argument("--chips", choices=sorted(CHIPS), help="a TPU slice: its device count, HBM and peak")
     parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
@@ -273,6 +278,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
     parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
+                        "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
 
 
 def main(args, argv: list[str] | None = None) -> int:
@@ -289,6 +296,8 @@ def main(args, argv: list[str] | None = None) -> int:
         raise ValueError("plan needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
+    if args.check:
+        return check(args, argv, count)
     devices = cpu_devices(count)
     flags = os.environ.get("XLA_FLAGS", "")
     if argv is not None and (devices is None or cpu_device_flag(count) not in flags):
@@ -306,6 +315,8 @@ def main(args, argv: list[str] | None = None) -> int:
     from .families import family_of
 
     heads = family_of(pipe).num_heads(pipe)
+    if args.max_sequence_length is None:
+        args.max_sequence_length = inspect.signature(pipe.__call__).parameters["max_sequence_length"].default
     meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
     formats = [args.quantize] if args.quantize else [None, "int8"]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, num_inference_steps=2,
@@ -350,3 +361,56 @@ def _line(row: dict) -> str:
             f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
             f"{gib(memory['output_bytes'])}, VAE weights {gib(memory['vae_weight_bytes'])}; total "
             f"{gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}")
+
+
+def check(args, argv: list[str] | None, count: int) -> int:
+    """``plan --check``: the plan (in a CPU process), then its recommended configuration run here on the
+    accelerator for 2 steps, the measured peak device memory beside the estimate."""
+    import json
+    import tempfile
+
+    import jax
+
+    from . import architectures, runtime
+    from .arguments import load_pipeline
+    from .config import TPUConfig
+
+    platform = jax.default_backend()
+    if platform == "cpu" or argv is None:
+        raise ValueError("plan --check runs the plan's configuration on a TPU or GPU, but JAX sees only CPU devices "
+                         "here; run plan without --check for the estimate.")
+    if len(jax.devices()) != count:
+        raise ValueError(f"plan --check: the target has {count} devices, this machine {len(jax.devices())}.")
+    with tempfile.TemporaryDirectory() as folder:
+        planned = os.path.join(folder, "plan.json")
+        rest = [a for a in argv if a != "--check"]
+        if "--json" in rest:
+            at = rest.index("--json")
+            del rest[at:at + 2]
+        if _rerun([*rest, "--json", planned], count, memory_flags=True):
+            return 1
+        with open(planned) as handle:
+            report = json.load(handle)
+    chosen = report["recommended"]
+    if chosen is None:
+        raise ValueError("plan --check: the plan found no configuration that fits; nothing to run.")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
+    config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"])
+    pipe.to("jax", config=config)
+    pipe(prompt="a cat walks on the grass", height=args.height, width=args.width, num_frames=args.frames,
+         num_inference_steps=2, guidance_scale=args.guidance, max_sequence_length=args.max_sequence_length,
+         output_type="latent")  # the denoiser steps the plan covers, not the VAE decode
+    stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
+    measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
+    report["check"] = {"platform": platform, "device_kind": jax.devices()[0].device_kind,
+                       "measured_peak_bytes_per_device": measured,
+                       "planned_bytes_per_device": chosen["total_bytes_per_device"]}
+    print(f"check on {platform}: measured peak {measured / GIB:.2f} GiB per device, planned "
+          f"{chosen['total_bytes_per_device'] / GIB:.2f} GiB" if measured else "check: the platform reports no peak")
+    if args.json:
+        from .stages import _write_atomically
+
+        text = json.dumps(report, indent=1, default=str)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+    return 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import diffusers
 
 from . import wan_vae
-from .families import Family, register
+from .families import Family, register, zero_text
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -112,5 +112,6 @@ FAMILY = register(
                           "control_hidden_states", "fps"),
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
+        plan_text=lambda pipe, tokens, dtype: zero_text(tokens, pipe.transformer.config.text_dim, dtype),
     )
 )

@@ -33,11 +33,16 @@ def runtime_step_memory(pipe, config) -> dict:
         pipe.to("cpu")
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(dtype=torch.bfloat16, quantize="int8")], ids=["fp32", "int8"])
-def test_plan_reports_the_runtime_programs_memory(settings):
+PIPELINES = {"wan": lambda: tiny.wan_pipeline("wan-4head"), "cogvideox": lambda: tiny.cogvideox_pipeline("cogvideox-5b")}
+
+
+@pytest.mark.parametrize("settings,family", [(dict(), "wan"), (dict(dtype=torch.bfloat16, quantize="int8"), "wan"),
+                                             (dict(), "cogvideox")],
+                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32"])
+def test_plan_reports_the_runtime_programs_memory(settings, family):
     config = TPUConfig(**settings)
-    actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)
-    planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
+    actual = runtime_step_memory(PIPELINES[family](), config)
+    planned = plan.denoiser_memory(PIPELINES[family](), dict(SIZE, guidance_scale=5.0), config,
                                    jax.devices()[:1], text_tokens=CALL["max_sequence_length"])
     for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
         assert planned[key] == actual[key], (key, planned, actual)
@@ -80,3 +85,10 @@ def test_plan_of_a_folder_reads_no_weights(tmp_path):
     planned = plan.denoiser_memory(folder, size, config, jax.devices()[:1], 24)
     in_memory = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, config, jax.devices()[:1], 24)
     assert {k: v for k, v in planned.items()} == in_memory
+
+
+def test_check_needs_an_accelerator(capfd):
+    from diffusers_tpu import cli
+
+    assert cli.main(["plan", "--model", "tiny:wan-4head", "--chips", "v5e-1", "--check"]) == 2
+    assert "TPU or GPU" in capfd.readouterr().err
