@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import warnings
 
@@ -36,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench_module.add_arguments(bench)
     plan = commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device")
-    from . import plan as plan_module
+    from . import plan_command
 
-    plan_module.add_arguments(plan)
+    plan_command.add_arguments(plan)
     stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
     for name, help_text in stage_help.items():
         sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
@@ -61,25 +60,12 @@ def say(message: str) -> None:
 
 
 def write_atomically(path: str, write) -> None:
-    """``write(temp)`` writes a temp file beside ``path``, which then replaces ``path`` in one rename: an interrupted
-    run never leaves a half-written file (nor destroys the previous one). In a multi-host run only process 0 writes
-    (every process holds the same result)."""
-    if not distributed.is_main_process():
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
-    os.close(handle)
-    try:
-        write(temp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the user's usual mode
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    """``stages._write_atomically`` (temp file beside ``path``, one rename, the user's file mode); in a multi-host run
+    only process 0 writes (every process holds the same result)."""
+    if distributed.is_main_process():
+        from .stages import _write_atomically
+
+        _write_atomically(path, write)
 
 
 def write_video_atomically(frames, path: str, fps: int) -> None:
@@ -258,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench.main(args)
         if args.command == "plan":
-            from . import plan
+            from . import plan_command
 
-            return plan.main(args, argv if argv is not None else sys.argv[1:])
+            return plan_command.main(args, argv if argv is not None else sys.argv[1:])
         return generate(args) if args.command == "generate" else stage(args)
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)

@@ -237,6 +237,18 @@ def compiled_function(
 def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
     """The program ``compiled`` (from ``compiled_function``) runs for these arguments, lowered in its context
     (the runtime's exact program: same weights, placement and settings), not compiled."""
+    return _lowered(compiled, args, kwargs)[0]
+
+
+def zero_outputs(compiled, *args, **kwargs):
+    """What ``compiled(*args, **kwargs)`` would return, with zeros for every tensor, without running it (the
+    carried cache a chunk program takes, for ``plan``)."""
+    lowered, program = _lowered(compiled, args, kwargs)
+    zeros = [jnp.zeros(info.shape, info.dtype) for info in jax.tree_util.tree_leaves(lowered.out_info)]
+    return program.rebuild(zeros)
+
+
+def _lowered(compiled, args, kwargs):
     leaves, spec = pytree.tree_flatten((args, kwargs))
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
@@ -248,7 +260,7 @@ def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
-        return program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra)
+        return program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra), program
 
 
 def memory_analysis(compiled, *args, **kwargs) -> dict:

@@ -36,12 +36,17 @@ class StageError(ValueError):
 
 
 def _write_atomically(path: str, write) -> None:
+    """``write(temp)`` writes a temp file beside ``path`` (same extension: writers pick formats by it), which then
+    replaces ``path`` in one rename: an interrupted run never leaves a half-written file nor destroys the old one."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".partial-", dir=directory)
+    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
     os.close(handle)
     try:
         write(temp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the user's usual mode
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -92,3 +92,35 @@ def test_check_needs_an_accelerator(capfd):
 
     assert cli.main(["plan", "--model", "tiny:wan-4head", "--chips", "v5e-1", "--check"]) == 2
     assert "TPU or GPU" in capfd.readouterr().err
+
+
+def test_plan_reports_the_runtime_vae_decode_programs():
+    """The Wan VAE's two decode programs, planned with abstract weights, match the placed runtime's programs."""
+    from diffusers_tpu import runtime
+
+    config = TPUConfig(vae_decode_chunk=2)
+    planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
+                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
+    pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
+    programs = pipe.vae._diffusers_tpu_programs
+    frames = (SIZE["num_frames"] - 1) // 4 + 1  # latent frames of the call
+    head = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
+    with runtime.runtime_of(pipe).active():
+        _, cache = programs["decode_first"](head)
+    chunk = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
+    assert frames > 2
+    assert planned["decode_first"] == jit.memory_analysis(programs["decode_first"], head)
+    assert planned["decode_chunk"] == jit.memory_analysis(programs["decode_chunk"], chunk, cache)
+    pipe.to("cpu")
+
+
+def test_json_reports_get_the_users_file_mode(tmp_path):
+    import os
+
+    from diffusers_tpu.stages import _write_atomically
+
+    path = tmp_path / "report.json"
+    _write_atomically(str(path), lambda temp: open(temp, "w").write("{}"))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
