@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import backend
+from . import backend, sharding
 from .compile import compiled_function
 
 
@@ -65,6 +65,24 @@ def _decode_first(vae, z, cache=None, start: int = 0):
     outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
             for i in range(z.shape[2])]
     return torch.cat(outs, 2), cache
+
+
+def _spatial(tensor, mesh):
+    """Width (else height) over the VAE mesh's spatial axis, as the runtime places VAE inputs."""
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 5:
+        return tensor
+    if tensor.shape[-1] % mesh.size == 0:
+        return sharding.constrain(tensor, mesh, (None, None, None, None, "spatial"))
+    if tensor.shape[-2] % mesh.size == 0:
+        return sharding.constrain(tensor, mesh, (None, None, None, "spatial", None))
+    return tensor
+
+
+def _decode_first_on_mesh(vae, mesh, z, cache=None, start: int = 0):
+    """``_decode_first`` with its outputs (pixels, feature cache) kept spatially sharded: left free, XLA's
+    partitioner replicated the whole program (every device decoding all of frames 0-1; ``plan`` found it)."""
+    out, cache = _decode_first(vae, z, cache, start)
+    return _spatial(out, mesh), [_spatial(entry, mesh) for entry in cache]
 
 
 def _decode_chunk(vae, z, cache):
@@ -239,7 +257,7 @@ def install(vae, runtime, state, place_input) -> None:
     dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
     compile_ = functools.partial(compiled_function, vae, state=state, activate=runtime.active,
                                  place_input=place_input, compute_dtype=dtype)
-    decode_first = compile_(functools.partial(_decode_first, vae))
+    decode_first = compile_(functools.partial(_decode_first_on_mesh, vae, runtime.vae_mesh))
     # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
     # never reads it again.
     decode_chunk = compile_(functools.partial(_decode_chunk, vae), donate=1)

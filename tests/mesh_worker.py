@@ -247,7 +247,11 @@ def plan_run():
     actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)
     planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
                                    jax.devices(), text_tokens=CALL["max_sequence_length"])
-    return dict(actual=actual, planned=planned)
+    # the VAE decode programs at a latent width of 8 (width-sharded over the 8 devices) vs on one device
+    wide = dict(SIZE, width=64, guidance_scale=5.0)
+    vae = {n: plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), wide, TPUConfig(mesh=mesh), jax.devices()[:n], 24,
+                                   vae=True)["vae_decode"] for n, mesh in ((8, None), (1, {"dp": 1}))}
+    return dict(actual=actual, planned=planned, vae=vae)
 
 
 def cache_runs():

@@ -83,6 +83,11 @@ def test_plan_matches_the_runtime_program_on_the_mesh(report):
     assert run["planned"]["cfg_batch"] == 2 and run["planned"]["mesh"] == {"dp": 2, "sp": 1, "tp": 4}
     for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
         assert run["planned"][key] == run["actual"][key], (key, run)
+    # both VAE decode programs are spatially sharded: each device holds an eighth of the pixels and feature cache
+    # (the first program was once replicated by XLA's partitioner)
+    for program in ("decode_first", "decode_chunk"):
+        mesh, one = run["vae"]["8"][program], run["vae"]["1"][program]
+        assert mesh["output_bytes"] <= one["output_bytes"] / 4, (program, mesh, one)
 
 
 def test_back_on_torch_exactly(report):
