@@ -113,13 +113,17 @@ def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: 
         sharding._set(slot, values)
 
 
-def restore_array(slot, values: jax.Array) -> jax.Array:
-    """A quantized slot's weight, dequantized (restore of a weight that was never on the host)."""
-    from .backend import jax_dtype
+def host_weight(slot) -> torch.Tensor:
+    """A quantized slot's weight on the host as stock would hold it (``pipe.to("cpu")``, ``state_dict()``): the
+    kept original, or — for a weight that was never on the host (sharded loading) — its dequantized values."""
+    from . import sharding
+    from .backend import jax_dtype, jax_to_host
 
+    if slot.keep_original is not None:
+        return slot.keep_original
     logger.warning("%s was loaded straight to the devices and quantized: it returns to the host dequantized",
                    slot.qualified)
-    return dequantize(values, slot.scale, jax_dtype(slot.dtype))
+    return jax_to_host(dequantize(sharding._get(slot).jax(), slot.scale, jax_dtype(slot.dtype)), slot.restore_dtype)
 
 
 def program_value(slot, array: jax.Array):

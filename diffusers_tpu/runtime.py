@@ -255,7 +255,7 @@ class PipelineRuntime:
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
             self._undo.append(functools.partial(sharding.restore, module))
-            self._override(module, "state_dict", _host_state_dict(module.state_dict))
+            self._override(module, "state_dict", _host_state_dict(module.state_dict, module))
             porting.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
@@ -415,13 +415,16 @@ def _state(slots, prefix: str = "") -> dict:
     return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
 
 
-def _host_state_dict(state_dict):
-    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX."""
+def _host_state_dict(state_dict, module):
+    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX; quantized
+    weights as stock holds them, never their int8 values."""
 
     def host_state_dict(*args, **kwargs):
         result = state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
         for key, value in result.items():
-            result[key] = _to_cpu(value)
+            result[key] = quantize.host_weight(quantized[key]) if key in quantized else _to_cpu(value)
         return result
 
     host_state_dict.__wrapped__ = state_dict

@@ -195,7 +195,7 @@ def restore(module: torch.nn.Module) -> None:
             if slot.keep_original is not None:
                 restored[id(tensor)] = slot.keep_original
             elif slot.scale is not None:
-                restored[id(tensor)] = jax_to_host(quantize.restore_array(slot, tensor.jax()), slot.restore_dtype)
+                restored[id(tensor)] = quantize.host_weight(slot)
             else:
                 restored[id(tensor)] = jax_to_host(tensor.jax(), slot.restore_dtype)
         _set(slot, restored[id(tensor)])

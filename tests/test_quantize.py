@@ -53,6 +53,8 @@ def test_linear_weights_are_int8_sharded_within_half_a_step_and_restored(referen
         assert (error <= np.asarray(scale)[:, None] * 0.5 + 1e-6).all(), name  # round to nearest: half a step
         assert np.abs(values).max() == 127  # the per-channel scale uses the full range
     assert pipe.transformer.patch_embedding.weight.dtype == torch.bfloat16  # not a linear layer: as placed
+    on_jax = pipe.transformer.state_dict()  # what save_pretrained writes: the weights, never int8 values
+    assert on_jax.keys() == restored.keys() and all(torch.equal(v, restored[k]) for k, v in on_jax.items())
     pipe.to("cpu")
     for name, value in pipe.transformer.state_dict().items():  # as the unquantized placement restores them
         assert torch.equal(value, restored[name]), name
