@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import backend
+from . import backend, quantize
 
 _LORA_TENSOR = re.compile(r"^(?P<base>.+)\.(?P<kind>lora_A|lora_B|lora_magnitude_vector)\.[^.]+(?:\.(?P<leaf>weight|bias))?$")
 ATTENTION_KWARGS = ("attention_kwargs", "joint_attention_kwargs", "cross_attention_kwargs")
@@ -78,7 +78,7 @@ def on_host_copies(method):
         if not base_on_jax(self):
             return method(self, *args, **kwargs)
         base = getattr(self.get_base_layer(), "weight", None)
-        if base is not None and base.dtype in (torch.int8, getattr(torch, "float8_e4m3fn", torch.int8)):
+        if base is not None and quantize.is_quantized(base):
             raise ValueError(f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
                              "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
                              "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights).")

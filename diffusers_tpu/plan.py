@@ -116,24 +116,13 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
 
 def abstract_weights(module, mesh, rules, dtype, quantize_format=None) -> dict:
     """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     from . import lowering, quantize
     from .backend import jax_dtype
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = lowering.abstract_state(module, mesh, rules, dtype, keep)
-    if quantize_format:
-        storage = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}[quantize_format]
-        for name in quantize.targets(module):
-            weight = state[name]
-            spec = weight.sharding.spec
-            scale = jax.ShapeDtypeStruct((weight.shape[0],), jnp.float32,
-                                         sharding=NamedSharding(mesh, P(spec[0] if len(spec) else None)))
-            state[name] = quantize.Quantized(jax.ShapeDtypeStruct(weight.shape, storage, sharding=weight.sharding),
-                                             scale, jnp.dtype(jax_dtype(dtype or torch.float32)))
+    for name in quantize.targets(module) if quantize_format else ():
+        state[name] = quantize.abstract(state[name], quantize_format, jax_dtype(dtype or torch.float32))
     return state
 
 

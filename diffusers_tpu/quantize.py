@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .backend import jax_dtype, jax_to_host
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("int8", "fp8")
@@ -81,15 +83,25 @@ def _quantize(weight: jax.Array, fmt: str):
     return values.astype(storage), scale
 
 
+def _scale_sharding(weight_sharding: NamedSharding) -> NamedSharding:
+    """A per-output-channel scale is sharded like its weight's output dimension."""
+    spec = weight_sharding.spec
+    return NamedSharding(weight_sharding.mesh, PartitionSpec(spec[0] if len(spec) else None))
+
+
 def quantize_array(weight: jax.Array, fmt: str) -> tuple[jax.Array, jax.Array]:
     """``(values, scale)`` of a ``[out, in]`` weight, sharded like it (the scale like its output dimension)."""
-    spec = weight.sharding.spec if isinstance(weight.sharding, NamedSharding) else PartitionSpec()
-    out_axis = spec[0] if len(spec) else None
-    mesh = weight.sharding.mesh if isinstance(weight.sharding, NamedSharding) else None
-    if mesh is None:
+    if not isinstance(weight.sharding, NamedSharding):
         return _quantize(weight, fmt)
-    shardings = (weight.sharding, NamedSharding(mesh, PartitionSpec(out_axis)))
+    shardings = (weight.sharding, _scale_sharding(weight.sharding))
     return jax.jit(_quantize.__wrapped__, static_argnames=("fmt",), out_shardings=shardings)(weight, fmt=fmt)
+
+
+def abstract(weight: jax.ShapeDtypeStruct, fmt: str, dtype) -> Quantized:
+    """The ``Quantized`` program argument a placed weight becomes, as shapes and shardings (``plan``)."""
+    values = jax.ShapeDtypeStruct(weight.shape, _STORAGE[fmt][0], sharding=weight.sharding)
+    scale = jax.ShapeDtypeStruct((weight.shape[0],), jnp.float32, sharding=_scale_sharding(weight.sharding))
+    return Quantized(values, scale, jnp.dtype(dtype))
 
 
 def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: str) -> None:
@@ -117,7 +129,6 @@ def host_weight(slot) -> torch.Tensor:
     """A quantized slot's weight on the host as stock would hold it (``pipe.to("cpu")``, ``state_dict()``): the
     kept original, or — for a weight that was never on the host (sharded loading) — its dequantized values."""
     from . import sharding
-    from .backend import jax_dtype, jax_to_host
 
     if slot.keep_original is not None:
         return slot.keep_original
@@ -128,9 +139,7 @@ def host_weight(slot) -> torch.Tensor:
 
 def program_value(slot, array: jax.Array):
     """What a compiled program receives for a slot: the array, or the quantized weight to rebuild."""
-    from .backend import jax_dtype
-
-    if getattr(slot, "scale", None) is None:
+    if slot.scale is None:
         return array
     return Quantized(array, slot.scale, jnp.dtype(jax_dtype(slot.dtype)))
 
@@ -141,4 +150,5 @@ def materialize(state: dict) -> dict:
 
 
 def is_quantized(tensor: torch.Tensor) -> bool:
+    """A tensor holding quantized values (a placed weight under ``TPUConfig(quantize=...)``)."""
     return tensor.dtype in (torch.int8, getattr(torch, "float8_e4m3fn", torch.int8))

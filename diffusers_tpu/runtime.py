@@ -229,11 +229,7 @@ class PipelineRuntime:
     def _width_input(self, array):
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
-        if array.ndim == 5 and array.shape[-1] % mesh.size == 0:
-            return distributed.place(array, NamedSharding(mesh, P(None, None, None, None, "spatial")))
-        if array.ndim == 5 and array.shape[-2] % mesh.size == 0:
-            return distributed.place(array, NamedSharding(mesh, P(None, None, None, "spatial", None)))
-        return distributed.place(array, NamedSharding(mesh, P()))
+        return distributed.place(array, NamedSharding(mesh, P(*sharding.spatial_spec(array.shape, mesh.size))))
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):

@@ -271,6 +271,16 @@ def _set(slot: _Slot, tensor: torch.Tensor) -> None:
         vars(slot.owner)[slot.name] = tensor
 
 
+def spatial_spec(shape, devices: int) -> tuple:
+    """A ``[B, C, T, H, W]`` video's spec on a VAE mesh: width over the ``spatial`` axis when it divides, else height,
+    else whole."""
+    if len(shape) == 5 and shape[-1] % devices == 0:
+        return (None, None, None, None, "spatial")
+    if len(shape) == 5 and shape[-2] % devices == 0:
+        return (None, None, None, "spatial", None)
+    return ()
+
+
 def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:
     """``with_sharding_constraint`` on a torchax tensor, dropping axes that do not divide its dims."""
     if not is_jax_tensor(tensor) or tensor.ndim < len(spec):

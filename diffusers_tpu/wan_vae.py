@@ -69,13 +69,8 @@ def _decode_first(vae, z, cache=None, start: int = 0):
 
 def _spatial(tensor, mesh):
     """Width (else height) over the VAE mesh's spatial axis, as the runtime places VAE inputs."""
-    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 5:
-        return tensor
-    if tensor.shape[-1] % mesh.size == 0:
-        return sharding.constrain(tensor, mesh, (None, None, None, None, "spatial"))
-    if tensor.shape[-2] % mesh.size == 0:
-        return sharding.constrain(tensor, mesh, (None, None, None, "spatial", None))
-    return tensor
+    spec = sharding.spatial_spec(tensor.shape, mesh.size) if isinstance(tensor, torch.Tensor) else ()
+    return sharding.constrain(tensor, mesh, spec) if spec else tensor
 
 
 def _decode_first_on_mesh(vae, mesh, z, cache=None, start: int = 0):
