@@ -229,6 +229,33 @@ def _check_call(pipe, arguments: dict) -> None:
     pipe.check_inputs(**{k: v for k, v in arguments.items() if k != "self"})
 
 
+def _latent_frames(pipe, num_frames: int) -> int:
+    """Latent frames of a ``num_frames`` video, rounded up to whole blocks."""
+    per_block = pipe.transformer.config.num_frame_per_block
+    latent = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
+    return -(-latent // per_block) * per_block
+
+
+def _plan_call(pipe, size: dict, text_tokens: int, dtype) -> dict:
+    """``plan``: blocks enough for ``num_frames`` (no guidance: the few-step model runs unguided)."""
+    embeddings = torch.zeros(1, text_tokens, pipe.transformer.config.text_dim, dtype=dtype)
+    return dict(prompt_embeds=embeddings, height=size["height"], width=size["width"], max_sequence_length=text_tokens,
+                num_blocks=_latent_frames(pipe, size["num_frames"]) // pipe.transformer.config.num_frame_per_block)
+
+
+def forward_flops(pipe, height: int, width: int, num_frames: int, text_tokens: int) -> int:
+    """Matmul FLOPs of the costliest pass of a ``num_frames`` video: the last block (``wan.forward_flops``), its
+    queries also attending to every earlier frame the cache keeps (Wan patches frames one by one)."""
+    config, per_block = pipe.transformer.config, pipe.transformer.config.num_frame_per_block
+    frames = _latent_frames(pipe, num_frames)
+    latent_h, latent_w = height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial
+    per_frame = (latent_h // config.patch_size[1]) * (latent_w // config.patch_size[2])
+    cached = min(frames, pipe.transformer.cache_frames(frames)) - per_block
+    dim = config.num_attention_heads * config.attention_head_dim
+    return (wan.forward_flops(config, per_block, latent_h, latent_w, text_tokens)
+            + config.num_layers * 4 * (per_block * per_frame) * (cached * per_frame) * dim)
+
+
 FAMILY = register(
     Family(
         name="causal_wan",
@@ -240,5 +267,9 @@ FAMILY = register(
         vae_methods=(),
         vae_install=wan_vae.install,
         check_call=_check_call,
+        plan_call=_plan_call,
+        # the clean block's cache-writing pass is a second program (it returns the cache)
+        plan_passes=lambda kwargs: [dict(kwargs, write_cache=True)] if not kwargs.get("write_cache") else [],
+        forward_flops=forward_flops,
     )
 )

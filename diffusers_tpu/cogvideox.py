@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import diffusers
 
-from .families import Family, register, zero_text
+from .families import Family, register, zero_text_call
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 SHARD_RULES = (
@@ -109,6 +109,6 @@ FAMILY = register(
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, latent_frames(pipe, f), h // pipe.vae_scale_factor_spatial,
             w // pipe.vae_scale_factor_spatial, text),
-        plan_text=lambda pipe, tokens, dtype: zero_text(tokens, pipe.transformer.config.text_embed_dim, dtype),
+        plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_embed_dim),
     )
 )

@@ -47,8 +47,11 @@ class Family:
             tensors (default: ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
         forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
             one denoiser forward for one sample (benchmarks report MFU from it).
-        plan_text: ``plan_text(pipe, text_tokens, dtype)`` -> the text-to-video call's keywords that stand in for the
-            text encoders (zero embeddings): ``plan`` runs the pipeline up to its first denoiser call with them.
+        plan_call: ``plan_call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size``
+            (``height``, ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the
+            text encoders: ``plan`` runs the pipeline up to its first denoiser call with them.
+        plan_passes: ``plan_passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its
+            first call's (causal Wan's cache-writing pass); ``plan`` analyses each.
     """
 
     name: str
@@ -67,7 +70,8 @@ class Family:
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None
     forward_flops: Callable[..., int] | None = None
-    plan_text: Callable[..., dict] | None = None
+    plan_call: Callable[..., dict] | None = None
+    plan_passes: Callable[[dict], list[dict]] | None = None
     vae_install: Callable[..., None] | None = None
     denoiser_forward: Callable | None = None
     tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
@@ -84,12 +88,17 @@ class Family:
 _families: list[Family] = []
 
 
-def zero_text(tokens: int, width: int, dtype) -> dict:
-    """Zero prompt and negative embeddings ``[1, tokens, width]``: the text inputs ``plan`` probes a pipeline with."""
-    import torch
+def zero_text_call(width_of: Callable[[object], int]) -> Callable[..., dict]:
+    """``plan_call`` of a text-to-video pipeline taking ``prompt_embeds`` / ``negative_prompt_embeds`` (zeros
+    ``[1, text_tokens, width_of(pipe)]``), ``num_frames`` and ``guidance_scale``."""
 
-    embeddings = torch.zeros(1, tokens, width, dtype=dtype)
-    return dict(prompt_embeds=embeddings, negative_prompt_embeds=embeddings)
+    def call(pipe, size: dict, tokens: int, dtype) -> dict:
+        import torch
+
+        embeddings = torch.zeros(1, tokens, width_of(pipe), dtype=dtype)
+        return dict(size, prompt_embeds=embeddings, negative_prompt_embeds=embeddings, num_inference_steps=2)
+
+    return call
 
 
 def register(family: Family) -> Family:

@@ -269,6 +269,20 @@ def stage_inputs(pipe, tensors, guidance_scale) -> dict:
     return dict(tensors)
 
 
+def plan_call(pipe, size: dict, text_tokens: int, dtype) -> dict:
+    """``plan``: the call with zero text embeddings of the pipeline's own lengths (its ``tokenizer_max_length`` MLLM
+    and ``tokenizer_2_max_length`` ByT5 tokens; ``text_tokens`` does not apply), all valid. The guidance scale
+    goes to the guider (``plan`` sets it)."""
+    config = pipe.transformer.config
+    texts = {}
+    for suffix, tokens, width in (("", pipe.tokenizer_max_length, config.text_embed_dim),
+                                  ("_2", pipe.tokenizer_2_max_length, config.text_embed_2_dim)):
+        for prefix in ("", "negative_"):
+            texts[f"{prefix}prompt_embeds{suffix}"] = torch.zeros(1, tokens, width, dtype=dtype)
+            texts[f"{prefix}prompt_embeds_mask{suffix}"] = torch.ones(1, tokens, dtype=dtype)
+    return dict(texts, height=size["height"], width=size["width"], num_frames=size["num_frames"], num_inference_steps=2)
+
+
 def decode_latents(pipe, latents, num_frames: int):
     """Stock ``__call__``'s tail after the loop (diffusers 0.42): unscale, decode."""
     latents = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor
@@ -308,6 +322,7 @@ FAMILY = register(
         stage_encode=stage_encode,
         stage_inputs=stage_inputs,
         decode_latents=decode_latents,
+        plan_call=plan_call,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, (f - 1) // pipe.vae_scale_factor_temporal + 1,
             h // pipe.vae_scale_factor_spatial, w // pipe.vae_scale_factor_spatial, _text_tokens(pipe)),

@@ -13,13 +13,15 @@ model), a size and a target (a chip slice or a mesh + HBM size), ``plan``:
 CPU-compiled plans approximate the TPU's: the CPU backend fuses and lays out differently (``plan_command.CPU_MEMORY_FLAGS`` make
 it schedule for memory as a TPU compiler does) and the Pallas attention kernel is compiled in interpret mode, so
 temporaries are estimates; the weights and arguments are exact. The Wan VAE's decode programs are planned the same
-way (``vae_decode_memory``); not included yet: other VAEs' decode activations (their weights are counted) and
-on-device text encoders (the default runs them on the host).
+way (``vae_decode_memory``), block by block for causal Wan; not included yet: other VAEs' decode activations (their
+weights are counted) and on-device text encoders (the default runs them on the host).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import os
 
 import torch
@@ -42,21 +44,24 @@ CHIPS = {
 }
 
 
-# text-to-video pipelines whose family gives ``plan_text`` (others take images or stream blocks)
-PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline")
+# pipelines whose family gives ``plan_call`` (image-to-video ones take images, not planned yet)
+PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "CausalWanPipeline")
 
 
 class _FirstCall(Exception):
     pass
 
 
-def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) -> tuple[tuple, dict]:
-    """The positional and keyword arguments of the pipeline's first denoiser call, with text embeddings given
-    as zeros (``Family.plan_text``), the denoiser reporting ``dtype`` as it will once placed."""
+def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, runtime=None) -> tuple[tuple, dict, bool]:
+    """The positional and keyword arguments of the pipeline's first denoiser call for a video of ``size``
+    (``height``, ``width``, ``num_frames``, ``guidance_scale``), text embeddings given as zeros
+    (``Family.plan_call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
+    guided (a second, unconditional pass per step). ``runtime``: its family's ``prepare`` wraps the probe as it
+    would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument)."""
     from .families import family_of
 
-    text = family_of(pipe).plan_text
-    if text is None or type(pipe).__name__ not in PLANNED_PIPELINES:
+    family = family_of(pipe)
+    if family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES:
         raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")
     module = pipe.transformer
     seen = {}
@@ -70,20 +75,52 @@ def probe_denoiser_call(pipe, call: dict, text_tokens: int, dtype: torch.dtype) 
     cls, pipe_cls = type(module), type(pipe)
     module.__class__ = type(cls.__name__, (cls,), {"dtype": property(lambda self: dtype)})
     pipe.__class__ = type(pipe_cls.__name__, (pipe_cls,), {"_execution_device": property(lambda self: torch.device("cpu"))})
-    vars(module)["forward"] = record
+    if runtime is not None:
+        runtime._override(module, "forward", record)  # where the compiled entry goes (undone with the runtime)
+        if family.prepare is not None:
+            family.prepare(pipe, runtime)
+    else:
+        vars(module)["forward"] = record
     bar = dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     try:
-        pipe(**text(pipe, text_tokens, dtype), output_type="latent", **call)
-    except _FirstCall:
-        pass
+        with guidance(pipe, size["guidance_scale"]):
+            guided = False
+            try:
+                pipe(**family.plan_call(pipe, size, text_tokens, dtype), output_type="latent")
+            except _FirstCall:
+                guided = _guided(pipe)
     finally:
-        del vars(module)["forward"]
+        if runtime is None:
+            del vars(module)["forward"]
         module.__class__, pipe.__class__ = cls, pipe_cls
         pipe._progress_bar_config = bar
     if "call" not in seen:
         raise RuntimeError(f"{type(pipe).__name__} did not call its denoiser")
-    return seen["call"]
+    return (*seen["call"], guided)
+
+
+@contextlib.contextmanager
+def guidance(pipe, scale: float):
+    """Pipelines with a ``guider`` take the guidance scale there, not as a call argument: set it for a while."""
+    guider = getattr(pipe, "guider", None)
+    if guider is None or "guidance_scale" in inspect.signature(pipe.__call__).parameters:
+        yield
+        return
+    pipe.guider = guider.new(guidance_scale=scale)
+    try:
+        yield
+    finally:
+        pipe.guider = guider
+
+
+def _guided(pipe) -> bool:
+    """Whether the call under way runs a second, unguided denoiser pass per step."""
+    guider = getattr(pipe, "guider", None)
+    if guider is not None:
+        return guider._enabled and guider.num_conditions > 1
+    flag = getattr(pipe, "do_classifier_free_guidance", None)  # Wan's property; CogVideoX keeps only the scale
+    return bool(flag) if flag is not None else getattr(pipe, "_guidance_scale", 1.0) > 1.0
 
 
 def _concrete(value, batch: int):
@@ -126,9 +163,13 @@ def abstract_weights(module, mesh, rules, dtype, quantize_format=None) -> dict:
     return state
 
 
-def denoiser_memory(pipe, call: dict, config, devices, text_tokens: int, vae: bool = False) -> dict:
-    """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it; ``vae``: also
-    of the VAE decode programs for the latents the call makes (``report["vae_decode"]``, None without them)."""
+def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False) -> dict:
+    """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it, for a video of
+    ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Family.plan_passes``) reports the
+    largest, each in ``report["passes"]``. ``vae``: also the VAE decode programs for the latents the call makes
+    (``report["vae_decode"]``, None without them)."""
+    from torch.utils import _pytree as pytree
+
     from . import backend, compile as jit
     from .families import family_of
     from .runtime import PipelineRuntime
@@ -144,28 +185,33 @@ def denoiser_memory(pipe, call: dict, config, devices, text_tokens: int, vae: bo
     runtime = PipelineRuntime(pipe, family, config, target, mesh, None)
     rules = family.rules(module, mesh_shape)
     state = abstract_weights(module, mesh, rules, config.dtype, config.quantize)
-    args, kwargs = probe_denoiser_call(pipe, call, text_tokens, _reported_dtype(module, state))
     try:
-        entry = runtime.denoiser_entry(module, rules, state=lambda: state)
-        batch = 2 if runtime.pairing is not None and call.get("guidance_scale", 5.0) > 1.0 else 1
-        args = tuple(_concrete(a, batch) for a in args)
-        kwargs = {k: _concrete(v, batch) for k, v in kwargs.items()}
-        report = jit.memory_analysis(entry.whole, *args, **kwargs)
+        entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
+        args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, _reported_dtype(module, state), runtime)
+        batch = 2 if runtime.pairing is not None and guided else 1
+        args, kwargs = pytree.tree_map(lambda value: _concrete(value, batch), (args, kwargs))
+        passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
+        analyses = [jit.memory_analysis(entry.whole, *args, **keywords) for keywords in passes]
+        report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
         if vae:
             latents = kwargs.get("hidden_states", args[0] if args else None)
-            report["vae_decode"] = vae_decode_memory(pipe, config, runtime, (1, *latents.shape[1:]))
+            # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
+            block = getattr(module.config, "num_frame_per_block", None)
+            report["vae_decode"] = vae_decode_memory(pipe, config, runtime, (1, *latents.shape[1:]),
+                                                     chunk=latents.shape[2] if block else config.vae_decode_chunk)
     finally:
         runtime.undo()
     report["mesh"] = dict(mesh.shape)
     report["cfg_batch"] = batch
+    report["guided"] = guided
     report["attention"] = runtime.attention.implementation
     return report
 
 
-def vae_decode_memory(pipe, config, runtime, latent_shape: tuple) -> dict | None:
+def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
     """XLA's memory analysis (bytes per device) of the Wan VAE's decode programs as the runtime compiles them for
-    ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program the rest run in
-    (its carried cache from the first). None for a VAE without such programs."""
+    ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program (``chunk`` latent
+    frames) the rest run in (its carried cache from the first). None for a VAE without such programs."""
     from . import compile as jit, lowering
 
     vae = getattr(pipe, "vae", None)
@@ -180,8 +226,8 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple) -> dict | None
     report = {"decode_first": first, "peak_bytes": first["peak_bytes"]}
     if frames > 2:
         _, cache = jit.zero_outputs(programs["decode_first"], head)
-        chunk = torch.zeros(batch, channels, config.vae_decode_chunk, height, width)
-        report["decode_chunk"] = jit.memory_analysis(programs["decode_chunk"], chunk, cache)
+        report["decode_chunk"] = jit.memory_analysis(programs["decode_chunk"],
+                                                      torch.zeros(batch, channels, chunk, height, width), cache)
         report["peak_bytes"] = max(first["peak_bytes"], report["decode_chunk"]["peak_bytes"])
     return report
 
@@ -192,11 +238,12 @@ def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
                for p in module.parameters())
 
 
-def plan(pipe, call: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int) -> dict:
-    """The plan for one configuration: memory per device, verdict, FLOPs per step and the floor step time."""
+def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int) -> dict:
+    """The plan for one configuration (a video of ``size``: ``height``, ``width``, ``num_frames``,
+    ``guidance_scale``): memory per device, verdict, FLOPs per step and the floor step time."""
     from .families import family_of
 
-    memory = denoiser_memory(pipe, call, config, devices, text_tokens, vae=True)
+    memory = denoiser_memory(pipe, size, config, devices, text_tokens, vae=True)
     vae = getattr(pipe, "vae", None)
     memory["vae_weight_bytes"] = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
     # every weight stays on the devices: the steps run beside the VAE's weights, the decode beside the denoiser's
@@ -210,8 +257,8 @@ def plan(pipe, call: dict, config, devices, chip: Chip | None, hbm_gib: float | 
               "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}
     family = family_of(pipe)
     if family.forward_flops is not None:
-        cfg = 2 if call.get("guidance_scale", 5.0) > 1.0 else 1
-        per_step = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text_tokens) * cfg
+        cfg = 2 if memory["guided"] else 1
+        per_step = family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens) * cfg
         report["flops_per_step"] = per_step
         if chip:
             report["floor_step_seconds"] = per_step / (chip.peak_tflops * 1e12 * len(devices))

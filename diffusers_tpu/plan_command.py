@@ -49,8 +49,10 @@ def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
 def add_arguments(parser) -> None:
     from .arguments import mesh_arg
 
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")
-    parser.add_argument("--model", help="a local Wan or CogVideoX pipeline folder, or a tiny model (tiny:wan, ...)")
+    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
+                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
+    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model "
+                        "(tiny:wan, ...)")
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--frames", type=int, default=81)
@@ -100,12 +102,12 @@ def main(args, argv: list[str] | None = None) -> int:
     from .families import family_of
 
     heads = family_of(pipe).num_heads(pipe)
-    if args.max_sequence_length is None:
-        args.max_sequence_length = inspect.signature(pipe.__call__).parameters["max_sequence_length"].default
+    if args.max_sequence_length is None:  # HunyuanVideo-1.5 has fixed text lengths instead
+        parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+        args.max_sequence_length = parameter.default if parameter is not None else None
     meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
     formats = [args.quantize] if args.quantize else [None, "int8"]
-    call = dict(height=args.height, width=args.width, num_frames=args.frames, num_inference_steps=2,
-                guidance_scale=args.guidance)
+    call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     rows, recommended = [], None
     for fmt in formats:
         for mesh in meshes:
@@ -158,9 +160,10 @@ def check(args, argv: list[str] | None, count: int) -> int:
 
     import jax
 
-    from . import architectures, runtime
+    from . import architectures, plan as plan_module, runtime
     from .arguments import load_pipeline
     from .config import TPUConfig
+    from .families import family_of
 
     platform = jax.default_backend()
     if platform == "cpu" or argv is None:
@@ -185,9 +188,11 @@ def check(args, argv: list[str] | None, count: int) -> int:
     pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
     config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"])
     pipe.to("jax", config=config)
-    pipe(prompt="a cat walks on the grass", height=args.height, width=args.width, num_frames=args.frames,
-         num_inference_steps=2, guidance_scale=args.guidance, max_sequence_length=args.max_sequence_length,
-         output_type="latent")  # the denoiser steps the plan covers, not the VAE decode
+    # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
+    size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    with plan_module.guidance(pipe, args.guidance):
+        pipe(**family_of(pipe).plan_call(pipe, size, report["size"]["text_tokens"], pipe.transformer.dtype),
+             output_type="latent")
     stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
     measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
     report["check"] = {"platform": platform, "device_kind": jax.devices()[0].device_kind,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import diffusers
 
 from . import wan_vae
-from .families import Family, register, zero_text
+from .families import Family, register, zero_text_call
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -112,6 +112,6 @@ FAMILY = register(
                           "control_hidden_states", "fps"),
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
-        plan_text=lambda pipe, tokens, dtype: zero_text(tokens, pipe.transformer.config.text_dim, dtype),
+        plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_dim),
     )
 )

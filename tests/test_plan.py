@@ -13,40 +13,53 @@ CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=
 SIZE = {k: CALL[k] for k in ("height", "width", "num_frames", "num_inference_steps")}
 
 
-def runtime_step_memory(pipe, config) -> dict:
-    """Attach for real, run, and analyse the program the denoiser's calls actually ran with their arguments."""
+def runtime_step_memory(pipe, config, call=CALL) -> list[dict]:
+    """Attach for real, run, and analyse the programs the denoiser's calls actually ran with their arguments (the
+    first call of each program, in order)."""
     pipe.to("jax", config=config)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
-    calls, whole = [], entry.whole
+    calls, whole = {}, entry.whole
 
     def recorded(*args, **kwargs):
-        calls.append((args, kwargs))
+        static = tuple((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, float, str, type(None))))
+        calls.setdefault(static, (args, kwargs))
         return whole(*args, **kwargs)
 
     entry.whole = recorded
     try:
-        generate(pipe, **CALL)
-        args, kwargs = calls[0]
-        return jit.memory_analysis(whole, *args, **kwargs)
+        pipe(**call, generator=torch.Generator().manual_seed(0))
+        return [jit.memory_analysis(whole, *args, **kwargs) for args, kwargs in calls.values()]
     finally:
         entry.whole = whole
         pipe.to("cpu")
 
 
-PIPELINES = {"wan": lambda: tiny.wan_pipeline("wan-4head"), "cogvideox": lambda: tiny.cogvideox_pipeline("cogvideox-5b")}
+HUNYUAN_CALL = dict(prompt="a cat", negative_prompt="blurry, low quality", height=32, width=48, num_frames=9,
+                    num_inference_steps=2)
+CAUSAL_CALL = dict(prompt="a cat walks on the grass", num_blocks=2, height=32, width=48, max_sequence_length=24)
+PIPELINES = {"wan": (lambda: tiny.wan_pipeline("wan-4head"), CALL),
+             "cogvideox": (lambda: tiny.cogvideox_pipeline("cogvideox-5b"), CALL),
+             "hunyuanvideo15": (tiny.hunyuan15_pipeline, HUNYUAN_CALL),
+             # 9 frames: 3 latent frames, whole blocks of 2 -> the call's 2 blocks
+             "causal_wan": (tiny.causal_wan_pipeline, CAUSAL_CALL)}
 
 
 @pytest.mark.parametrize("settings,family", [(dict(), "wan"), (dict(dtype=torch.bfloat16, quantize="int8"), "wan"),
-                                             (dict(), "cogvideox")],
-                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32"])
+                                             (dict(), "cogvideox"), (dict(), "hunyuanvideo15"), (dict(), "causal_wan")],
+                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32"])
 def test_plan_reports_the_runtime_programs_memory(settings, family):
     config = TPUConfig(**settings)
-    actual = runtime_step_memory(PIPELINES[family](), config)
-    planned = plan.denoiser_memory(PIPELINES[family](), dict(SIZE, guidance_scale=5.0), config,
-                                   jax.devices()[:1], text_tokens=CALL["max_sequence_length"])
-    for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
-        assert planned[key] == actual[key], (key, planned, actual)
+    build, call = PIPELINES[family]
+    actual = runtime_step_memory(build(), config, call)
+    planned = plan.denoiser_memory(build(), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1],
+                                   text_tokens=CALL["max_sequence_length"])
+    assert len(planned["passes"]) == len(actual) == (2 if family == "causal_wan" else 1)
+    for planned_pass, actual_pass in zip(planned["passes"], actual):
+        for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
+            assert planned_pass[key] == actual_pass[key], (key, planned_pass, actual_pass)
+    assert planned["peak_bytes"] == max(p["peak_bytes"] for p in actual)
     assert planned["argument_bytes"] > 0 and planned["mesh"] == {"dp": 1, "sp": 1, "tp": 1}
+    assert planned["guided"] == (family != "causal_wan")
 
 
 def test_int8_halves_the_planned_weights():
