@@ -527,7 +527,7 @@ def add_arguments(parser) -> None:
     add_runtime_args(parser, default_model=BENCH_MODEL)
     add_size_args(parser)
     parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
-                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B")
+                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B (--blocks)")
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
     parser.add_argument("--negative-prompt", default="blurry, low quality, static")
     parser.add_argument("--guidance", type=float, default=5.0)

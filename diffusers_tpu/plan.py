@@ -193,7 +193,9 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
         analyses = [jit.memory_analysis(entry.whole, *args, **keywords) for keywords in passes]
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
-        if vae:
+        if vae and family.vae_install is None and family.decode_latents is not None:
+            report["vae_decode"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs, size)
+        elif vae:
             latents = kwargs.get("hidden_states", args[0] if args else None)
             # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
             block = getattr(module.config, "num_frame_per_block", None)
@@ -230,6 +232,56 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) ->
                                                       torch.zeros(batch, channels, chunk, height, width), cache)
         report["peak_bytes"] = max(first["peak_bytes"], report["decode_chunk"]["peak_bytes"])
     return report
+
+
+def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict) -> dict | None:
+    """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
+    through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
+    CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
+    the host around them, each program answering with zeros of its outputs (``compile.zero_outputs``)."""
+    from torch.utils import _pytree as pytree
+
+    from . import compile as jit, lowering
+
+    vae, family = pipe.vae, runtime.family
+    state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+    programs, saved = {}, []
+
+    def host_zeros(tree):
+        return pytree.tree_map(lambda v: torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v, tree)
+
+    def recorder(compiled):
+        def record(*call_args, **call_kwargs):
+            leaves = pytree.tree_leaves((call_args, call_kwargs))
+            key = (compiled, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
+            if key not in programs:
+                programs[key] = (jit.memory_analysis(compiled, *call_args, **call_kwargs),
+                                 host_zeros(jit.zero_outputs(compiled, *call_args, **call_kwargs)))
+            return programs[key][1]
+
+        return record
+
+    for spec in family.vae_methods:
+        path, _, method = spec.rpartition(".")
+        owner = vae.get_submodule(path) if path else vae
+        prefix = f"{path}." if path else ""
+        owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
+        compiled = jit.compiled_method(owner, method, state=lambda owned=owned: owned, activate=runtime.active,
+                                       place_input=runtime._width_input)
+        saved.append((owner, method, vars(owner).get(method)))
+        setattr(owner, method, recorder(compiled))
+    try:
+        latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
+        with torch.no_grad():  # one video's latents as the loop leaves them
+            family.decode_latents(pipe, torch.zeros(1, *latents.shape[1:], dtype=latents.dtype), size["num_frames"])
+    finally:
+        for owner, method, previous in saved:
+            if previous is None:
+                vars(owner).pop(method, None)
+            else:
+                setattr(owner, method, previous)
+    analyses = [analysis for analysis, _ in programs.values()]
+    return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
 
 
 def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:

@@ -137,3 +137,34 @@ def test_json_reports_get_the_users_file_mode(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
+@pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox"])
+def test_plan_reports_the_runtime_vae_method_programs(family):
+    """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches): the programs the stock
+    decode ran through them on the placed pipeline, planned from the denoiser's latents with abstract weights."""
+    from torch.utils import _pytree as pytree
+
+    build, call = PIPELINES[family]
+    frames = 17 if family == "cogvideox" else 9  # CogVideoX: 5 latent frames, two frame batches (the cache carried)
+    call = dict(call, num_frames=frames)
+    planned = plan.denoiser_memory(build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(),
+                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
+    pipe = build().to("jax")
+    decoder = pipe.vae.decoder
+    guarded, seen = decoder.forward, {}
+
+    def recorded(*args, **kwargs):
+        key = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves((args, kwargs)))
+        seen.setdefault(key, (args, kwargs))
+        return guarded(*args, **kwargs)
+
+    vars(decoder)["forward"] = recorded
+    try:
+        pipe(**call, generator=torch.Generator().manual_seed(0))
+        actual = [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
+    finally:
+        vars(decoder)["forward"] = guarded
+        pipe.to("cpu")
+    assert len(actual) == (2 if family == "cogvideox" else 1) and planned["programs"] == actual
+    assert planned["peak_bytes"] == max(a["peak_bytes"] for a in actual) > 0
