@@ -195,6 +195,13 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
         if vae and family.vae_install is None and family.decode_latents is not None:
             report["vae_decode"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs, size)
+            if hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:  # the alternative plan() may need
+                pipe.vae.enable_tiling()
+                try:
+                    report["vae_decode_tiled"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs,
+                                                                   size)
+                finally:
+                    pipe.vae.disable_tiling()
         elif vae:
             latents = kwargs.get("hidden_states", args[0] if args else None)
             # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
@@ -301,9 +308,13 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
     # every weight stays on the devices: the steps run beside the VAE's weights, the decode beside the denoiser's
     steps = memory["peak_bytes"] + memory["vae_weight_bytes"]
     decode = memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] if memory["vae_decode"] else 0
-    total = max(steps, decode)
     hbm = (chip.hbm_gib if chip else hbm_gib)
-    report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm,
+    tiled = memory.get("vae_decode_tiled")
+    tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
+    if tiling:
+        decode = memory["argument_bytes"] + tiled["peak_bytes"]
+    total = max(steps, decode)
+    report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm, "vae_tiling": tiling,
               "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
               "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
               "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}

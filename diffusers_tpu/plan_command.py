@@ -127,6 +127,7 @@ def main(args, argv: list[str] | None = None) -> int:
         floor = recommended.get("floor_step_seconds")
         print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
               + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
+              + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
               + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
@@ -148,6 +149,7 @@ def _line(row: dict) -> str:
             f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
             f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
             + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
+            + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
             + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
             + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else ""))
 
