@@ -48,16 +48,23 @@ CHIPS = {
 PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "CausalWanPipeline")
 
 
+# the prompt of planned calls that run the text encoders (quoted text: HunyuanVideo-1.5 runs its glyph encoder,
+# ByT5, only for prompts with some)
+PLAN_PROMPT = 'a cat holding a sign saying "hello" walks on the grass'
+
+
 class _FirstCall(Exception):
     pass
 
 
-def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, runtime=None) -> tuple[tuple, dict, bool]:
+def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, runtime=None,
+                        prompt: str | None = None) -> tuple[tuple, dict, bool]:
     """The positional and keyword arguments of the pipeline's first denoiser call for a video of ``size``
     (``height``, ``width``, ``num_frames``, ``guidance_scale``), text embeddings given as zeros
     (``Family.plan_call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
     guided (a second, unconditional pass per step). ``runtime``: its family's ``prepare`` wraps the probe as it
-    would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument)."""
+    would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument). ``prompt``: the call takes
+    this prompt (and an empty negative one) instead, its text encoders run."""
     from .families import family_of
 
     family = family_of(pipe)
@@ -87,7 +94,8 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
         with guidance(pipe, size["guidance_scale"]):
             guided = False
             try:
-                pipe(**family.plan_call(pipe, size, text_tokens, dtype), output_type="latent")
+                pipe(**_call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt),
+                     output_type="latent")
             except _FirstCall:
                 guided = _guided(pipe)
     finally:
@@ -98,6 +106,21 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
     if "call" not in seen:
         raise RuntimeError(f"{type(pipe).__name__} did not call its denoiser")
     return (*seen["call"], guided)
+
+
+def _call_keywords(pipe, keywords: dict, text_tokens: int | None, prompt: str | None) -> dict:
+    """``plan_call``'s keywords, or with ``prompt``: its text embeddings replaced by the prompt (the text
+    encoders' inputs padded to ``text_tokens`` where the pipeline takes ``max_sequence_length``)."""
+    if prompt is None:
+        return keywords
+    parameters = inspect.signature(pipe.__call__).parameters
+    keywords = {k: v for k, v in keywords.items() if "prompt_embeds" not in k}
+    keywords["prompt"] = prompt
+    if "negative_prompt" in parameters:
+        keywords["negative_prompt"] = ""
+    if "max_sequence_length" in parameters and text_tokens:
+        keywords["max_sequence_length"] = text_tokens
+    return keywords
 
 
 @contextlib.contextmanager
@@ -208,6 +231,9 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
             block = getattr(module.config, "num_frame_per_block", None)
             report["vae_decode"] = vae_decode_memory(pipe, config, runtime, (1, *latents.shape[1:]),
                                                      chunk=latents.shape[2] if block else config.vae_decode_chunk)
+        if vae and config.text_encoder != "host":
+            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens,
+                                                          _reported_dtype(module, state))
     finally:
         runtime.undo()
     report["mesh"] = dict(mesh.shape)
@@ -252,22 +278,7 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
 
     vae, family = pipe.vae, runtime.family
     state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
-    programs, saved = {}, []
-
-    def host_zeros(tree):
-        return pytree.tree_map(lambda v: torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v, tree)
-
-    def recorder(compiled):
-        def record(*call_args, **call_kwargs):
-            leaves = pytree.tree_leaves((call_args, call_kwargs))
-            key = (compiled, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
-            if key not in programs:
-                programs[key] = (jit.memory_analysis(compiled, *call_args, **call_kwargs),
-                                 host_zeros(jit.zero_outputs(compiled, *call_args, **call_kwargs)))
-            return programs[key][1]
-
-        return record
-
+    programs = {}
     for spec in family.vae_methods:
         path, _, method = spec.rpartition(".")
         owner = vae.get_submodule(path) if path else vae
@@ -275,20 +286,57 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
         owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = jit.compiled_method(owner, method, state=lambda owned=owned: owned, activate=runtime.active,
                                        place_input=runtime._width_input)
-        saved.append((owner, method, vars(owner).get(method)))
-        setattr(owner, method, recorder(compiled))
-    try:
-        latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
-        with torch.no_grad():  # one video's latents as the loop leaves them
-            family.decode_latents(pipe, torch.zeros(1, *latents.shape[1:], dtype=latents.dtype), size["num_frames"])
-    finally:
-        for owner, method, previous in saved:
-            if previous is None:
-                vars(owner).pop(method, None)
-            else:
-                setattr(owner, method, previous)
+        runtime._override(owner, method, _zero_answers(compiled, programs))  # undone with the runtime
+    latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
+    with torch.no_grad():  # one video's latents as the loop leaves them
+        family.decode_latents(pipe, torch.zeros(1, *latents.shape[1:], dtype=latents.dtype), size["num_frames"])
     analyses = [analysis for analysis, _ in programs.values()]
     return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
+
+
+def _zero_answers(compiled, programs: dict):
+    """A stand-in for the compiled method ``compiled``: each new program it is called with is analysed
+    (``programs``: key -> (analysis, outputs)) and answered with host zeros of its outputs."""
+    from torch.utils import _pytree as pytree
+
+    from . import compile as jit
+
+    def host_zeros(tree):
+        return pytree.tree_map(lambda v: torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v, tree)
+
+    def record(*args, **kwargs):
+        leaves = pytree.tree_leaves((args, kwargs))
+        key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
+        if key not in programs:
+            programs[key] = (jit.memory_analysis(compiled, *args, **kwargs),
+                             host_zeros(jit.zero_outputs(compiled, *args, **kwargs)))
+        return programs[key][1]
+
+    return record
+
+
+def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dtype: torch.dtype) -> dict | None:
+    """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
+    prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
+    tokenizer (a folder planned without its text encoders)."""
+    from . import compile as jit, lowering
+    from .runtime import component_dtype
+
+    names = [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
+    if not names or getattr(pipe, "tokenizer", None) is None:
+        return None
+    programs, weights = {}, 0
+    for name in names:
+        module = getattr(pipe, name)
+        keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+        state = lowering.abstract_state(module, runtime.mesh, (), component_dtype(
+            runtime.family, config, runtime.target, name, None), keep)
+        weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
+        compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
+        runtime._override(module, "forward", _zero_answers(compiled, programs))
+    probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=PLAN_PROMPT)
+    analyses = [analysis for analysis, _ in programs.values()]
+    return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
 
 
 def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
@@ -305,17 +353,22 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
     memory = denoiser_memory(pipe, size, config, devices, text_tokens, vae=True)
     vae = getattr(pipe, "vae", None)
     memory["vae_weight_bytes"] = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
-    # every weight stays on the devices: the steps run beside the VAE's weights, the decode beside the denoiser's
-    steps = memory["peak_bytes"] + memory["vae_weight_bytes"]
-    decode = memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] if memory["vae_decode"] else 0
+    # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
+    # the decode beside the denoiser's, the text encoders beside both
+    text = memory.get("text_encoders")
+    text_weights = text["weight_bytes"] if text else 0
+    steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
+    decode = memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] + text_weights if memory["vae_decode"] else 0
     hbm = (chip.hbm_gib if chip else hbm_gib)
     tiled = memory.get("vae_decode_tiled")
     tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
     if tiling:
-        decode = memory["argument_bytes"] + tiled["peak_bytes"]
-    total = max(steps, decode)
+        decode = memory["argument_bytes"] + tiled["peak_bytes"] + text_weights
+    encode = text["peak_bytes"] + memory["argument_bytes"] + memory["vae_weight_bytes"] if text else 0
+    total = max(steps, decode, encode)
     report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm, "vae_tiling": tiling,
               "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
+              "text_encode_bytes_per_device": encode or None,
               "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
               "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}
     family = family_of(pipe)

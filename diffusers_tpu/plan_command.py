@@ -64,6 +64,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
+    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
+                        help="jax: plan the text encoders on the devices too (TPUConfig(text_encoder='jax'))")
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
                         "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
@@ -111,7 +113,7 @@ def main(args, argv: list[str] | None = None) -> int:
     rows, recommended = [], None
     for fmt in formats:
         for mesh in meshes:
-            config = TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt)
+            config = TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder)
             row = plan(pipe, call, config, devices, chip, args.hbm_gb, args.max_sequence_length)
             rows.append(row)
             print(_line(row), flush=True)
@@ -144,12 +146,13 @@ def _line(row: dict) -> str:
     memory = row["memory_per_device"]
     gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
     verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
-    decode = memory["vae_decode"]
+    decode, text = memory["vae_decode"], memory.get("text_encoders")
     return (f"mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: step "
             f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
             f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
             + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
             + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
+            + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text else "")
             + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
             + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else ""))
 
@@ -188,13 +191,16 @@ def check(args, argv: list[str] | None, count: int) -> int:
         raise ValueError("plan --check: the plan found no configuration that fits; nothing to run.")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
-    config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"])
+    config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"],
+                       text_encoder=args.text_encoder)
     pipe.to("jax", config=config)
     # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     with plan_module.guidance(pipe, args.guidance):
-        pipe(**family_of(pipe).plan_call(pipe, size, report["size"]["text_tokens"], pipe.transformer.dtype),
-             output_type="latent")
+        tokens = report["size"]["text_tokens"]
+        keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
+        prompt = plan_module.PLAN_PROMPT if args.text_encoder == "jax" else None  # as planned: encoders too
+        pipe(**plan_module._call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
     stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
     measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
     report["check"] = {"platform": platform, "device_kind": jax.devices()[0].device_kind,

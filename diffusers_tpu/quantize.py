@@ -115,10 +115,10 @@ def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: 
         if slot.qualified not in originals:
             continue
         tensor = sharding._get(slot)
-        if id(tensor) not in done:
+        if id(tensor) not in done:  # a tied weight's places share one quantized Parameter (the tensor held)
             values, scale = quantize_array(tensor.jax(), fmt)
-            done[id(tensor)] = (wrap(values), scale)
-        values, slot.scale = done[id(tensor)]
+            done[id(tensor)] = (tensor, torch.nn.Parameter(wrap(values), requires_grad=False), scale)
+        _, values, slot.scale = done[id(tensor)]
         original = originals[slot.qualified]
         if original.device.type != "meta":  # what restore would have returned unquantized
             slot.keep_original = original if original.dtype == slot.restore_dtype else original.to(slot.restore_dtype)

@@ -139,23 +139,19 @@ CHECKPOINT_ATTR = "_diffusers_tpu_checkpoint"  # qualified name -> a source with
 
 def place(module: torch.nn.Module, slots: list[_Slot], mesh) -> None:
     """Replace the planned tensors by torchax tensors sharded over ``mesh`` (shared tensors stay shared)."""
-    converted: dict[int, torch.Tensor] = {}
     checkpoint = getattr(module, CHECKPOINT_ATTR, {})  # sharded loading: meta tensors read from their files
-    for slot in slots:
-        tensor = _get(slot)
+
+    def placed(slot, tensor):
         if is_jax_tensor(tensor):
-            continue  # already placed (resync)
-        if id(tensor) not in converted:
-            sharding = NamedSharding(mesh, slot.spec or PartitionSpec())
-            if tensor.device.type == "meta":
-                if slot.qualified not in checkpoint:
-                    raise ValueError(f"{slot.qualified} has no values (a meta tensor) and no checkpoint to read.")
-                array = checkpoint[slot.qualified].place(tuple(tensor.shape), slot.dtype, sharding)
-            else:
-                source = tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
-                array = host_to_jax(source, sharding)
-            converted[id(tensor)] = wrap(array)
-        _set(slot, converted[id(tensor)])
+            return None  # already placed (resync)
+        sharding = NamedSharding(mesh, slot.spec or PartitionSpec())
+        if tensor.device.type == "meta":
+            if slot.qualified not in checkpoint:
+                raise ValueError(f"{slot.qualified} has no values (a meta tensor) and no checkpoint to read.")
+            return wrap(checkpoint[slot.qualified].place(tuple(tensor.shape), slot.dtype, sharding))
+        return wrap(host_to_jax(tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype), sharding))
+
+    replace(slots, placed)
     setattr(module, _SAVED, slots)
 
 
@@ -188,17 +184,15 @@ def restore(module: torch.nn.Module) -> None:
     slots = getattr(module, _SAVED, None)
     if slots is None:
         return
-    restored: dict[int, torch.Tensor] = {}
-    for slot in slots:
-        tensor = _get(slot)
-        if id(tensor) not in restored:
-            if slot.keep_original is not None:
-                restored[id(tensor)] = slot.keep_original
-            elif slot.scale is not None:
-                restored[id(tensor)] = quantize.host_weight(slot)
-            else:
-                restored[id(tensor)] = jax_to_host(tensor.jax(), slot.restore_dtype)
-        _set(slot, restored[id(tensor)])
+
+    def host(slot, tensor):
+        if slot.keep_original is not None:
+            return slot.keep_original
+        if slot.scale is not None:
+            return quantize.host_weight(slot)
+        return jax_to_host(tensor.jax(), slot.restore_dtype)
+
+    replace(slots, host)
     delattr(module, _SAVED)
 
 
@@ -213,14 +207,16 @@ def sharding_of(tensor: torch.Tensor):
 
 def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast placed floating tensors in place on the device (keeps their sharding)."""
-    for slot in getattr(module, _SAVED, ()):
-        tensor = _get(slot)
+    slots = getattr(module, _SAVED, ())
+    changes = {id(slot): _get(slot).is_floating_point() and _get(slot).dtype != dtype for slot in slots}
+    replace(slots, lambda slot, tensor: wrap(tensor.jax().astype(jax_dtype(dtype)))
+            if slot.scale is None and changes[id(slot)] else None)
+    for slot in slots:
         if slot.scale is not None:  # quantized: only the dtype it is rebuilt in changes
             slot.dtype = slot.restore_dtype = dtype
             if slot.keep_original is not None:
                 slot.keep_original = slot.keep_original.to(dtype)
-        elif tensor.is_floating_point() and tensor.dtype != dtype:
-            _set(slot, wrap(tensor.jax().astype(jax_dtype(dtype))))
+        elif changes[id(slot)]:
             slot.dtype = slot.restore_dtype = dtype
             slot.keep_original = None
 
@@ -237,21 +233,41 @@ def to_host_copies(module: torch.nn.Module) -> dict:
     """Swap the module's JAX tensors for host copies (to run stock torch code on them); returns their shardings
     for ``back_to_devices``."""
     shardings = {}
-    for slot in _tensors(module):
-        tensor = _get(slot)
-        if is_jax_tensor(tensor):
-            shardings[(id(slot.owner), slot.kind, slot.name)] = tensor.jax().sharding
-            _set(slot, jax_to_host(tensor.jax()))
+
+    def host_copy(slot, tensor):
+        if not is_jax_tensor(tensor):
+            return None
+        shardings[(id(slot.owner), slot.kind, slot.name)] = tensor.jax().sharding
+        return jax_to_host(tensor.jax())
+
+    replace(list(_tensors(module)), host_copy)  # a tied tensor's other places share the first one's copy
     return shardings
 
 
 def back_to_devices(module: torch.nn.Module, shardings: dict) -> None:
     """Put host tensors back where ``to_host_copies`` found them; new tensors stay for ``resync``."""
-    for slot in _tensors(module):
+
+    def placed(slot, tensor):
         sharding = shardings.get((id(slot.owner), slot.kind, slot.name))
+        return wrap(host_to_jax(tensor, sharding)) if sharding is not None and not is_jax_tensor(tensor) else None
+
+    replace(list(_tensors(module)), placed)
+
+
+def replace(slots: list[_Slot], new_value) -> None:
+    """Give each slot ``new_value(slot, tensor)`` (None: leave it). Slots that share a tensor (tied weights) get
+    one new tensor — one ``Parameter`` object, as before — so ties survive placing, casting and restoring."""
+    done = {}
+    for slot in slots:
         tensor = _get(slot)
-        if sharding is not None and not is_jax_tensor(tensor):
-            _set(slot, wrap(host_to_jax(tensor, sharding)))
+        if id(tensor) not in done:
+            value = new_value(slot, tensor)
+            if value is not None and slot.kind == "param" and not isinstance(value, torch.nn.Parameter):
+                value = torch.nn.Parameter(value, requires_grad=False)
+            done[id(tensor)] = (tensor, value)  # the old tensor held: its id is not reused meanwhile
+        value = done[id(tensor)][1]
+        if value is not None:
+            _set(slot, value)
 
 
 def _get(slot: _Slot) -> torch.Tensor:
@@ -264,7 +280,8 @@ def _get(slot: _Slot) -> torch.Tensor:
 
 def _set(slot: _Slot, tensor: torch.Tensor) -> None:
     if slot.kind == "param":
-        slot.owner._parameters[slot.name] = torch.nn.Parameter(tensor, requires_grad=False)
+        slot.owner._parameters[slot.name] = (tensor if isinstance(tensor, torch.nn.Parameter)
+                                             else torch.nn.Parameter(tensor, requires_grad=False))
     elif slot.kind == "buffer":
         slot.owner._buffers[slot.name] = tensor
     else:

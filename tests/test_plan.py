@@ -168,3 +168,37 @@ def test_plan_reports_the_runtime_vae_method_programs(family):
         pipe.to("cpu")
     assert len(actual) == (2 if family == "cogvideox" else 1) and planned["programs"] == actual
     assert planned["peak_bytes"] == max(a["peak_bytes"] for a in actual) > 0
+
+
+def test_plan_reports_the_runtime_text_encoder_programs():
+    """TPUConfig(text_encoder="jax"): the programs HunyuanVideo-1.5's two text encoders (the MLLM, and ByT5 for the
+    prompt's quoted text) ran on the placed pipeline, planned with abstract replicated weights."""
+    config = TPUConfig(text_encoder="jax")
+    planned = plan.denoiser_memory(tiny.hunyuan15_pipeline(), dict(SIZE, guidance_scale=5.0), config,
+                                   jax.devices()[:1], 24, vae=True)["text_encoders"]
+    pipe = tiny.hunyuan15_pipeline().to("jax", config=config)
+    actual = []
+    for name in ("text_encoder", "text_encoder_2"):
+        module = getattr(pipe, name)
+        compiled, outer = module.forward, module.forward
+        while not hasattr(compiled, "programs"):  # the runtime's compiled program under its wrappers
+            compiled = compiled.__wrapped__
+        calls = []
+
+        def recorded(*args, _calls=calls, _outer=outer, **kwargs):
+            _calls.append((args, kwargs))
+            return _outer(*args, **kwargs)
+
+        vars(module)["forward"] = recorded
+        actual.append((module, outer, compiled, calls))
+    try:
+        pipe(**dict(HUNYUAN_CALL, prompt=plan.PLAN_PROMPT, negative_prompt=""), generator=torch.Generator().manual_seed(0))
+        analyses = [jit.memory_analysis(compiled, *calls[0][0], **calls[0][1]) for _, _, compiled, calls in actual]
+    finally:
+        for module, outer, _, _ in actual:
+            vars(module)["forward"] = outer
+        pipe.to("cpu")
+    assert planned["programs"] == analyses  # both encoders ran (quoted text), one program each
+    weights = sum(p.numel() * p.element_size() for name in ("text_encoder", "text_encoder_2")
+                  for p in getattr(pipe, name).parameters())
+    assert planned["weight_bytes"] == weights

@@ -241,3 +241,21 @@ def test_vae_slicing_and_compiled_tiling(stock, moved):
         assert {(1, 16, 2, 3, 4), (1, 16, 2, 3, 2)} <= shapes  # one program per tile shape, none op by op
     finally:
         moved.vae.disable_tiling()
+
+
+def test_tied_weights_stay_tied():
+    """T5's input embedding is one Parameter in two places: placing, casting on the devices and coming back keep it
+    one (it was restored as two host copies, doubling its memory and untying later edits)."""
+    from diffusers_tpu import TPUConfig, tiny
+
+    pipe = tiny.hunyuan15_pipeline()
+    encoder = pipe.text_encoder_2  # ByT5: shared.weight is encoder.embed_tokens.weight
+    original = encoder.shared.weight.detach().clone()
+    pipe.to("jax", config=TPUConfig(text_encoder="jax"))
+    assert encoder.shared.weight is encoder.encoder.embed_tokens.weight
+    pipe.to(torch.bfloat16)
+    assert encoder.shared.weight is encoder.encoder.embed_tokens.weight
+    pipe.to("cpu")
+    assert encoder.shared.weight is encoder.encoder.embed_tokens.weight
+    assert encoder.shared.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(encoder.shared.weight.float(), original.to(torch.bfloat16).float(), rtol=0, atol=0)
