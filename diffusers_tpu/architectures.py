@@ -29,15 +29,17 @@ BYT5_SMALL = dict(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=1
 
 # family, transformer / text encoder / VAE configs ({} = the diffusers class defaults, which are the real VAEs).
 ARCHITECTURES = {
-    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0),
-    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0),
+    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0,
+                        vae_dtype=torch.float32),
+    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0,
+                       vae_dtype=torch.float32),
     "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B, text_encoder=T5_V11_XXL, vae={}),
     # the 480p text-to-video checkpoint; its 1000 MLLM + 256 ByT5 text tokens are the pipeline's own lengths
     "HunyuanVideo-1.5-8.3B": dict(family="hunyuanvideo15", transformer=hunyuan.HUNYUANVIDEO15_8B,
                                   text_encoder=QWEN25_VL_7B_TEXT, text_encoder_2=BYT5_SMALL, vae={}, flow_shift=5.0),
     # Wan2.1-1.3B run block-causally (Self-Forcing's recipe: 3 latent frames a block, every earlier frame attended)
     "CausalWan2.1-1.3B": dict(family="causal_wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={},
-                              flow_shift=5.0),
+                              flow_shift=5.0, vae_dtype=torch.float32),
 }
 
 
@@ -76,11 +78,13 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
     pipe = _BUILDERS[spec["family"]](spec)
     generator = torch.Generator().manual_seed(seed)
     # The denoiser and text encoders in ``dtype`` (keeping the models' float32 modules, as from_pretrained does);
-    # the VAE in float32, as diffusers' examples load it.
+    # the VAE as diffusers' examples load it: float32 for Wan, else ``dtype`` (CogVideoX's pipeline hands the
+    # denoiser's latents to the VAE uncast, so they must agree).
     for component in ("transformer", "text_encoder", "text_encoder_2", "vae"):
         module = getattr(pipe, component, None)
         if module is not None:
-            _fill(module, torch.float32 if component == "vae" else dtype, generator if weights else None)
+            vae_dtype = spec.get("vae_dtype", dtype)
+            _fill(module, vae_dtype if component == "vae" else dtype, generator if weights else None)
             module.eval()
     return pipe
 

@@ -60,6 +60,15 @@ def check_frames(pipe, num_frames: int | None, output_type: str = "np") -> None:
 
 def _check_call(pipe, kwargs) -> None:
     check_frames(pipe, kwargs.get("num_frames"), kwargs.get("output_type", "np"))
+    # stock makes the latents in the prompt embeddings' dtype and hands them to the denoiser (and the VAE) uncast
+    embeds, encoder = kwargs.get("prompt_embeds"), pipe.text_encoder
+    latents = embeds.dtype if embeds is not None else encoder.dtype if encoder is not None else None
+    if latents is not None and latents != pipe.transformer.dtype:
+        raise ValueError(
+            f"CogVideoXPipeline makes its latents in the text embeddings' dtype ({latents}) and passes them to the "
+            f"denoiser uncast, whose weights are {pipe.transformer.dtype}: the first step would fail. Cast the whole "
+            f"pipeline instead (from_pretrained(..., torch_dtype={pipe.transformer.dtype}) or "
+            f"pipe.to({pipe.transformer.dtype}) before the move) and leave TPUConfig(dtype=...) unset.")
 
 
 def forward_flops(config, latent_frames_: int, latent_height: int, latent_width: int, text_tokens: int) -> int:

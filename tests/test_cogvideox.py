@@ -52,6 +52,22 @@ def test_even_latent_frame_counts_are_refused_before_anything_compiles():
     assert latents.shape[1] == 4
 
 
+def test_a_bfloat16_denoiser_in_a_float32_pipeline_is_refused_before_anything_compiles():
+    """Stock CogVideoX feeds the text encoder's dtype to the denoiser uncast: TPUConfig(dtype=bf16) on a float32
+    pipeline is named, not a conv dtype error inside the first step; casting the pipeline works."""
+    import torch
+
+    from diffusers_tpu import TPUConfig
+
+    pipe = tiny.cogvideox_pipeline("cogvideox-5b").to("jax", config=TPUConfig(dtype=torch.bfloat16))
+    with jit.compile_log() as log, pytest.raises(ValueError, match="pipe.to\\(torch.bfloat16\\) before the move"):
+        generate(pipe, output_type="latent", max_sequence_length=32, num_frames=9)
+    assert log.compilations == 0
+    pipe.to("cpu").to(torch.bfloat16).to("jax")
+    latents = generate(pipe, output_type="latent", max_sequence_length=32, num_frames=9)
+    assert latents.dtype == torch.bfloat16 and torch.isfinite(latents.float()).all()
+
+
 def test_other_frame_counts_behave_like_stock(caplog):
     pipe = tiny.cogvideox_pipeline("cogvideox-5b", scheduler="ddim")
     stock = generate(pipe, output_type="np", max_sequence_length=32, num_frames=10)  # stock: 9 frames
