@@ -267,7 +267,24 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
     bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
     (arguments + outputs - aliased + temporaries)."""
-    stats = lower(compiled, *args, **kwargs).compile().memory_analysis()
+    return _memory_report(lower(compiled, *args, **kwargs).compile())
+
+
+def analysed_zero_outputs(compiled, *args, **kwargs) -> tuple[dict, object]:
+    """``memory_analysis`` of the call, and what it would return with host zeros for every tensor (arguments it
+    edits in place left as they are), from one lowering and no device allocation: ``plan`` walks stock decode
+    code through compiled methods with them."""
+    from torchax.ops import mappings
+
+    lowered, program = _lowered(compiled, args, kwargs)
+    zeros = iter([torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype))
+                  for info in jax.tree_util.tree_leaves(lowered.out_info)])
+    out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
+    return _memory_report(lowered.compile()), out
+
+
+def _memory_report(executable) -> dict:
+    stats = executable.memory_analysis()
     report = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
               "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
     report["peak_bytes"] = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]

@@ -278,7 +278,7 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
 
     vae, family = pipe.vae, runtime.family
     state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
-    programs = {}
+    programs, stand_ins = {}, {}
     for spec in family.vae_methods:
         path, _, method = spec.rpartition(".")
         owner = vae.get_submodule(path) if path else vae
@@ -286,12 +286,29 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
         owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = jit.compiled_method(owner, method, state=lambda owned=owned: owned, activate=runtime.active,
                                        place_input=runtime._width_input)
-        runtime._override(owner, method, _zero_answers(compiled, programs))  # undone with the runtime
+        stand_ins[(owner, method)] = _zero_answers(compiled, programs)
     latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
-    with torch.no_grad():  # one video's latents as the loop leaves them
+    with _standing_in(stand_ins), torch.no_grad():  # one video's latents as the loop leaves them
         family.decode_latents(pipe, torch.zeros(1, *latents.shape[1:], dtype=latents.dtype), size["num_frames"])
     analyses = [analysis for analysis, _ in programs.values()]
     return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
+
+
+@contextlib.contextmanager
+def _standing_in(stand_ins: dict):
+    """``{(owner, method name): function}`` installed for a while (each compiled from the method it replaces,
+    which must not be an earlier stand-in)."""
+    previous = {key: vars(key[0]).get(key[1]) for key in stand_ins}
+    for (owner, method), function in stand_ins.items():
+        setattr(owner, method, function)
+    try:
+        yield
+    finally:
+        for (owner, method), function in previous.items():
+            if function is None:
+                vars(owner).pop(method, None)
+            else:
+                setattr(owner, method, function)
 
 
 def _zero_answers(compiled, programs: dict):
@@ -301,15 +318,11 @@ def _zero_answers(compiled, programs: dict):
 
     from . import compile as jit
 
-    def host_zeros(tree):
-        return pytree.tree_map(lambda v: torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v, tree)
-
     def record(*args, **kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
         if key not in programs:
-            programs[key] = (jit.memory_analysis(compiled, *args, **kwargs),
-                             host_zeros(jit.zero_outputs(compiled, *args, **kwargs)))
+            programs[key] = jit.analysed_zero_outputs(compiled, *args, **kwargs)
         return programs[key][1]
 
     return record
@@ -325,7 +338,7 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     names = [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
     if not names or getattr(pipe, "tokenizer", None) is None:
         return None
-    programs, weights = {}, 0
+    programs, weights, stand_ins = {}, 0, {}
     for name in names:
         module = getattr(pipe, name)
         keep = getattr(module, "_keep_in_fp32_modules", None) or ()
@@ -333,8 +346,9 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
             runtime.family, config, runtime.target, name, None), keep)
         weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
-        runtime._override(module, "forward", _zero_answers(compiled, programs))
-    probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=PLAN_PROMPT)
+        stand_ins[(module, "forward")] = _zero_answers(compiled, programs)
+    with _standing_in(stand_ins):
+        probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=PLAN_PROMPT)
     analyses = [analysis for analysis, _ in programs.values()]
     return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
 

@@ -202,3 +202,42 @@ def test_plan_reports_the_runtime_text_encoder_programs():
     weights = sum(p.numel() * p.element_size() for name in ("text_encoder", "text_encoder_2")
                   for p in getattr(pipe, name).parameters())
     assert planned["weight_bytes"] == weights
+
+
+def test_a_decode_that_does_not_fit_is_planned_tiled():
+    """The whole-video decode plans untiled and tiled (the VAE's tile settings); the tiled programs are the ones
+    the runtime runs with tiling on, and a budget between the two recommends pipe.vae.enable_tiling()."""
+    from torch.utils import _pytree as pytree
+
+    def build():
+        pipe = tiny.hunyuan15_pipeline()  # 4 x 6 latents: 2 x 2 latent tiles
+        pipe.vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_latent_min_height=2,
+                               tile_latent_min_width=2, tile_overlap_factor=0.25)
+        pipe.vae.disable_tiling()
+        return pipe
+
+    size = dict(SIZE, guidance_scale=5.0)
+    memory = plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True)
+    whole, tiled = memory["vae_decode"], memory["vae_decode_tiled"]
+    assert len(tiled["programs"]) > 1 and tiled["peak_bytes"] < whole["peak_bytes"]
+    pipe = build().to("jax")
+    pipe.vae.enable_tiling()
+    decoder, seen = pipe.vae.decoder, {}
+    guarded = decoder.forward
+
+    def recorded(*args, **kwargs):
+        key = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves((args, kwargs)))
+        seen.setdefault(key, (args, kwargs))
+        return guarded(*args, **kwargs)
+
+    vars(decoder)["forward"] = recorded
+    try:
+        pipe(**HUNYUAN_CALL, generator=torch.Generator().manual_seed(0))
+        actual = [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
+    finally:
+        vars(decoder)["forward"] = guarded
+        pipe.to("cpu")
+    assert tiled["programs"] == actual and all(a["argument_bytes"] > 0 for a in actual)
+    between = (memory["argument_bytes"] + (whole["peak_bytes"] + tiled["peak_bytes"]) / 2) / plan.GIB
+    report = plan.plan(build(), size, TPUConfig(), jax.devices()[:1], None, between, 24)
+    assert report["vae_tiling"] and report["fits"]
