@@ -186,11 +186,14 @@ def abstract_weights(module, mesh, rules, dtype, quantize_format=None) -> dict:
     return state
 
 
-def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False) -> dict:
+def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
+                    tile_above: float | None = None) -> dict:
     """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it, for a video of
     ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Family.plan_passes``) reports the
     largest, each in ``report["passes"]``. ``vae``: also the VAE decode programs for the latents the call makes
-    (``report["vae_decode"]``, None without them)."""
+    (``report["vae_decode"]``, None without them); a VAE that can tile is planned tiled too
+    (``report["vae_decode_tiled"]``) when its whole-video decode beside the denoiser's arguments exceeds
+    ``tile_above`` bytes."""
     from torch.utils import _pytree as pytree
 
     from . import backend, compile as jit
@@ -216,9 +219,15 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
         analyses = [jit.memory_analysis(entry.whole, *args, **keywords) for keywords in passes]
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
+        if vae and config.text_encoder != "host":
+            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens,
+                                                          _reported_dtype(module, state))
         if vae and family.vae_install is None and family.decode_latents is not None:
             report["vae_decode"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs, size)
-            if hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:  # the alternative plan() may need
+            whole, text = report["vae_decode"], report.get("text_encoders")
+            beside = report["argument_bytes"] + (text["weight_bytes"] if text else 0)  # as plan() adds them
+            if (tile_above is not None and whole and whole["peak_bytes"] + beside > tile_above
+                    and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling):
                 pipe.vae.enable_tiling()
                 try:
                     report["vae_decode_tiled"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs,
@@ -231,9 +240,6 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
             block = getattr(module.config, "num_frame_per_block", None)
             report["vae_decode"] = vae_decode_memory(pipe, config, runtime, (1, *latents.shape[1:]),
                                                      chunk=latents.shape[2] if block else config.vae_decode_chunk)
-        if vae and config.text_encoder != "host":
-            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens,
-                                                          _reported_dtype(module, state))
     finally:
         runtime.undo()
     report["mesh"] = dict(mesh.shape)
@@ -364,7 +370,9 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
     ``guidance_scale``): memory per device, verdict, FLOPs per step and the floor step time."""
     from .families import family_of
 
-    memory = denoiser_memory(pipe, size, config, devices, text_tokens, vae=True)
+    hbm = (chip.hbm_gib if chip else hbm_gib)
+    memory = denoiser_memory(pipe, size, config, devices, text_tokens, vae=True,
+                             tile_above=hbm * GIB if hbm else None)
     vae = getattr(pipe, "vae", None)
     memory["vae_weight_bytes"] = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
     # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
@@ -373,7 +381,6 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
     text_weights = text["weight_bytes"] if text else 0
     steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
     decode = memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] + text_weights if memory["vae_decode"] else 0
-    hbm = (chip.hbm_gib if chip else hbm_gib)
     tiled = memory.get("vae_decode_tiled")
     tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
     if tiling:

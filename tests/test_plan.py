@@ -217,7 +217,9 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
         return pipe
 
     size = dict(SIZE, guidance_scale=5.0)
-    memory = plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True)
+    memory = plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True, tile_above=0)
+    assert "vae_decode_tiled" not in plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True,
+                                                          tile_above=plan.GIB)  # it fits whole: no tiles planned
     whole, tiled = memory["vae_decode"], memory["vae_decode_tiled"]
     assert len(tiled["programs"]) > 1 and tiled["peak_bytes"] < whole["peak_bytes"]
     pipe = build().to("jax")
