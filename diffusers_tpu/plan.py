@@ -290,8 +290,7 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
         owner = vae.get_submodule(path) if path else vae
         prefix = f"{path}." if path else ""
         owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
-        compiled = jit.compiled_method(owner, method, state=lambda owned=owned: owned, activate=runtime.active,
-                                       place_input=runtime._width_input)
+        compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
         stand_ins[(owner, method)] = _zero_answers(compiled, programs)
     latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
     with _standing_in(stand_ins), torch.no_grad():  # one video's latents as the loop leaves them

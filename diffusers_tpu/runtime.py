@@ -266,7 +266,10 @@ class PipelineRuntime:
                     owner = module.get_submodule(path) if path else module
                     prefix = f"{path}." if path else ""
                     owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
-                    self._jit(owner, method, owned, place_input)
+                    if name == "vae":
+                        self._override(owner, method, self.compiled_vae_method(owner, method, owned))
+                    else:
+                        self._jit(owner, method, owned, place_input)
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
@@ -333,6 +336,15 @@ class PipelineRuntime:
         for name in ("encode", "decode"):
             if callable(getattr(vae, name, None)):
                 self._override(vae, name, self.public(getattr(vae, name)))
+
+    def compiled_vae_method(self, owner, method: str, state):
+        """A VAE method (``Family.vae_methods``) compiled on the VAE mesh: video inputs spatially sharded, and on
+        several devices its video outputs too (``sharding.spatial_outputs``)."""
+        function = getattr(owner, method)
+        if self.vae_mesh.size > 1:
+            function = sharding.spatial_outputs(function, self.vae_mesh)
+        return jit.compiled_function(owner, function, state=state, activate=functools.partial(self.active, None),
+                                     place_input=self._width_input)
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)

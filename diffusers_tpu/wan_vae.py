@@ -67,17 +67,11 @@ def _decode_first(vae, z, cache=None, start: int = 0):
     return torch.cat(outs, 2), cache
 
 
-def _spatial(tensor, mesh):
-    """Width (else height) over the VAE mesh's spatial axis, as the runtime places VAE inputs."""
-    spec = sharding.spatial_spec(tensor.shape, mesh.size) if isinstance(tensor, torch.Tensor) else ()
-    return sharding.constrain(tensor, mesh, spec) if spec else tensor
-
-
 def _decode_first_on_mesh(vae, mesh, z, cache=None, start: int = 0):
     """``_decode_first`` with its outputs (pixels, feature cache) kept spatially sharded: left free, XLA's
     partitioner replicated the whole program (every device decoding all of frames 0-1; ``plan`` found it)."""
     out, cache = _decode_first(vae, z, cache, start)
-    return _spatial(out, mesh), [_spatial(entry, mesh) for entry in cache]
+    return sharding.spatially(out, mesh), [sharding.spatially(entry, mesh) for entry in cache]
 
 
 def _decode_chunk(vae, z, cache):

@@ -244,14 +244,18 @@ def plan_run():
     from diffusers_tpu import plan
 
     config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, dtype=torch.bfloat16, quantize="int8")
-    actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)
+    actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)[0]
     planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
                                    jax.devices(), text_tokens=CALL["max_sequence_length"])
     # the VAE decode programs at a latent width of 8 (width-sharded over the 8 devices) vs on one device
     wide = dict(SIZE, width=64, guidance_scale=5.0)
     vae = {n: plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), wide, TPUConfig(mesh=mesh), jax.devices()[:n], 24,
                                    vae=True)["vae_decode"] for n, mesh in ((8, None), (1, {"dp": 1}))}
-    return dict(actual=actual, planned=planned, vae=vae)
+    # CogVideoX's decoder programs (compiled by method; two frame batches, the conv cache carried) likewise
+    cog = {n: plan.denoiser_memory(tiny.cogvideox_pipeline("cogvideox-5b"), dict(wide, num_frames=17), TPUConfig(mesh=mesh),
+                                   jax.devices()[:n], 24, vae=True)["vae_decode"]["programs"]
+           for n, mesh in ((8, None), (1, {"dp": 1}))}
+    return dict(actual=actual, planned=planned, vae=vae, cogvideox_vae=cog)
 
 
 def cache_runs():

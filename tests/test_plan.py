@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import generate
 
 import jax
 
@@ -139,18 +138,11 @@ def test_json_reports_get_the_users_file_mode(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
 
 
-@pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox"])
-def test_plan_reports_the_runtime_vae_method_programs(family):
-    """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches): the programs the stock
-    decode ran through them on the placed pipeline, planned from the denoiser's latents with abstract weights."""
+def runtime_decoder_memory(pipe, call) -> list[dict]:
+    """Run a pipeline placed on JAX; XLA's memory analysis of each program its compiled VAE decoder ran (first
+    call of each shape, in order); the pipeline goes back to the CPU."""
     from torch.utils import _pytree as pytree
 
-    build, call = PIPELINES[family]
-    frames = 17 if family == "cogvideox" else 9  # CogVideoX: 5 latent frames, two frame batches (the cache carried)
-    call = dict(call, num_frames=frames)
-    planned = plan.denoiser_memory(build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(),
-                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
-    pipe = build().to("jax")
     decoder = pipe.vae.decoder
     guarded, seen = decoder.forward, {}
 
@@ -162,10 +154,22 @@ def test_plan_reports_the_runtime_vae_method_programs(family):
     vars(decoder)["forward"] = recorded
     try:
         pipe(**call, generator=torch.Generator().manual_seed(0))
-        actual = [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
+        return [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
     finally:
         vars(decoder)["forward"] = guarded
         pipe.to("cpu")
+
+
+@pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox"])
+def test_plan_reports_the_runtime_vae_method_programs(family):
+    """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches): the programs the stock
+    decode ran through them on the placed pipeline, planned from the denoiser's latents with abstract weights."""
+    build, call = PIPELINES[family]
+    frames = 17 if family == "cogvideox" else 9  # CogVideoX: 5 latent frames, two frame batches (the cache carried)
+    call = dict(call, num_frames=frames)
+    planned = plan.denoiser_memory(build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(),
+                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
+    actual = runtime_decoder_memory(build().to("jax"), call)
     assert len(actual) == (2 if family == "cogvideox" else 1) and planned["programs"] == actual
     assert planned["peak_bytes"] == max(a["peak_bytes"] for a in actual) > 0
 
@@ -207,7 +211,6 @@ def test_plan_reports_the_runtime_text_encoder_programs():
 def test_a_decode_that_does_not_fit_is_planned_tiled():
     """The whole-video decode plans untiled and tiled (the VAE's tile settings); the tiled programs are the ones
     the runtime runs with tiling on, and a budget between the two recommends pipe.vae.enable_tiling()."""
-    from torch.utils import _pytree as pytree
 
     def build():
         pipe = tiny.hunyuan15_pipeline()  # 4 x 6 latents: 2 x 2 latent tiles
@@ -224,21 +227,7 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
     assert len(tiled["programs"]) > 1 and tiled["peak_bytes"] < whole["peak_bytes"]
     pipe = build().to("jax")
     pipe.vae.enable_tiling()
-    decoder, seen = pipe.vae.decoder, {}
-    guarded = decoder.forward
-
-    def recorded(*args, **kwargs):
-        key = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves((args, kwargs)))
-        seen.setdefault(key, (args, kwargs))
-        return guarded(*args, **kwargs)
-
-    vars(decoder)["forward"] = recorded
-    try:
-        pipe(**HUNYUAN_CALL, generator=torch.Generator().manual_seed(0))
-        actual = [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
-    finally:
-        vars(decoder)["forward"] = guarded
-        pipe.to("cpu")
+    actual = runtime_decoder_memory(pipe, HUNYUAN_CALL)
     assert tiled["programs"] == actual and all(a["argument_bytes"] > 0 for a in actual)
     between = (memory["argument_bytes"] + (whole["peak_bytes"] + tiled["peak_bytes"]) / 2) / plan.GIB
     report = plan.plan(build(), size, TPUConfig(), jax.devices()[:1], None, between, 24)
