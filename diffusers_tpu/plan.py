@@ -213,25 +213,27 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
     state = abstract_weights(module, mesh, rules, config.dtype, config.quantize)
     try:
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
-        args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, _reported_dtype(module, state), runtime)
+        reported = _reported_dtype(module, state)
+        args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
         batch = 2 if runtime.pairing is not None and guided else 1
         args, kwargs = pytree.tree_map(lambda value: _concrete(value, batch), (args, kwargs))
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
         analyses = [jit.memory_analysis(entry.whole, *args, **keywords) for keywords in passes]
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
         if vae and config.text_encoder != "host":
-            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens,
-                                                          _reported_dtype(module, state))
+            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens, reported)
         if vae and family.vae_install is None and family.decode_latents is not None:
-            report["vae_decode"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs, size)
+            # one video's latents as the loop leaves them (the denoiser's output shape)
+            out = pytree.tree_leaves(jit.zero_outputs(entry.whole, *args, **kwargs))[0]
+            latents = torch.zeros(1, *out.shape[1:], dtype=out.dtype)
+            report["vae_decode"] = vae_method_memory(pipe, config, runtime, latents, size)
             whole, text = report["vae_decode"], report.get("text_encoders")
             beside = report["argument_bytes"] + (text["weight_bytes"] if text else 0)  # as plan() adds them
             if (tile_above is not None and whole and whole["peak_bytes"] + beside > tile_above
                     and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling):
                 pipe.vae.enable_tiling()
                 try:
-                    report["vae_decode_tiled"] = vae_method_memory(pipe, config, runtime, entry.whole, args, kwargs,
-                                                                   size)
+                    report["vae_decode_tiled"] = vae_method_memory(pipe, config, runtime, latents, size)
                 finally:
                     pipe.vae.disable_tiling()
         elif vae:
@@ -273,14 +275,13 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) ->
     return report
 
 
-def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict) -> dict | None:
+def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) -> dict | None:
     """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
     through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
-    the host around them, each program answering with zeros of its outputs (``compile.zero_outputs``)."""
-    from torch.utils import _pytree as pytree
-
-    from . import compile as jit, lowering
+    the host around them, each program answering with zeros of its outputs (``compile.analysed_zero_outputs``);
+    ``latents``: one video's, as the denoising loop leaves them."""
+    from . import lowering
 
     vae, family = pipe.vae, runtime.family
     state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
@@ -292,9 +293,8 @@ def vae_method_memory(pipe, config, runtime, denoiser, args, kwargs, size: dict)
         owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
         stand_ins[(owner, method)] = _zero_answers(compiled, programs)
-    latents = pytree.tree_leaves(jit.zero_outputs(denoiser, *args, **kwargs))[0]
-    with _standing_in(stand_ins), torch.no_grad():  # one video's latents as the loop leaves them
-        family.decode_latents(pipe, torch.zeros(1, *latents.shape[1:], dtype=latents.dtype), size["num_frames"])
+    with _standing_in(stand_ins), torch.no_grad():
+        family.decode_latents(pipe, latents, size["num_frames"])
     analyses = [analysis for analysis, _ in programs.values()]
     return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
 
