@@ -8,6 +8,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import base64  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -46,6 +47,7 @@ def compare(out, ref, pil_out, pil_ref):
 
 
 def main():
+    started = time.perf_counter()
     report = {"devices": len(jax.devices()), "runs": {}}
     pipe = tiny.wan_pipeline("wan-4head")
     ref, pil_ref = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
@@ -67,15 +69,14 @@ def main():
                                         .decode(), shape=list(np.shape(out)))
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
-    report["cogvideox"] = cogvideox_runs()
-    report["wan22"] = wan22_runs()
-    report["hunyuan15"] = hunyuan15_runs()
-    report["causal_wan"] = causal_wan_runs()
-    report["lora"] = lora_runs()
-    report["caches"] = cache_runs()
-    report["families_14"] = family_runs()
-    report["quantize"] = quantize_run()
-    report["plan"] = plan_run()
+    seconds = report["seconds"] = {"wan_meshes": time.perf_counter() - started}
+    for name, run in (("cogvideox", cogvideox_runs), ("wan22", wan22_runs), ("hunyuan15", hunyuan15_runs),
+                      ("causal_wan", causal_wan_runs), ("lora", lora_runs), ("caches", cache_runs),
+                      ("families_14", family_runs), ("quantize", quantize_run), ("plan", plan_run)):
+        began = time.perf_counter()
+        report[name] = run()
+        seconds[name] = time.perf_counter() - began
+        print(f"phase {name}: {seconds[name]:.0f} s", file=sys.stderr, flush=True)  # where the worker's time goes
 
     errors = {}
     two_heads = tiny.wan_pipeline("wan")

@@ -18,13 +18,17 @@ def run_cli(*args, env=None):
 
 def test_generate_writes_the_requested_frames(tmp_path):
     out = tmp_path / "videos" / "cat.mp4"
-    result = run_cli("generate", "--frames", "13", "--height", "32", "--width", "48", "--steps", "2",
+    result = run_cli("generate", "--frames", "19", "--height", "32", "--width", "48", "--steps", "2",
                      "--platform", "cpu", "--output", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     frames = iio.imread(out)
-    assert frames.shape == (13, 32, 48, 3) and frames.dtype == np.uint8
-    assert "compile" in result.stdout and "run" in result.stdout and "wrote 13 frames" in result.stdout
+    assert frames.shape == (19, 32, 48, 3) and frames.dtype == np.uint8
+    assert "compile" in result.stdout and "run" in result.stdout and "wrote 19 frames" in result.stdout
     assert [p.name for p in out.parent.iterdir()] == ["cat.mp4"]  # no temp file left behind
+    # the demo transformer's temporal patch spans 5 latent frames: 13 frames (7 latent) are refused, nothing written
+    result = run_cli("generate", "--frames", "13", "--steps", "2", "--platform", "cpu", "--output", str(out))
+    assert result.returncode == 2 and "Use num_frames=9 or 19" in result.stderr
+    assert [p.name for p in out.parent.iterdir()] == ["cat.mp4"]
 
 
 def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):

@@ -29,4 +29,7 @@ def load_pipeline(folder: str = MODEL_DIR):
     if not os.path.isfile(os.path.join(folder, "model_index.json")):
         raise FileNotFoundError(f"The demo model is missing from {folder}: reinstall diffusers_tpu, or rebuild it with "
                                 f"`python -m diffusers_tpu.demo.train --output {folder}`.")
-    return diffusers.WanPipeline.from_pretrained(folder, use_safetensors=True)  # float32, as saved
+    import torch
+
+    # the transformer is stored in float16 (``demo.train.save``); the pipeline runs in float32
+    return diffusers.WanPipeline.from_pretrained(folder, use_safetensors=True, dtype=torch.float32)

@@ -1,6 +1,7 @@
 """Prompt-following accuracy of a demo pipeline: generate each caption, read the video back with ``scenes.analyse``.
 
     python -m diffusers_tpu.demo.evaluate [--platform torch|cpu|tpu|...] [--mesh 2,1,4] [--dtype bfloat16]
+                                          [--quantize int8]
 
 Reports, over the training captions and the held-out colour/direction pairs (never seen in training), the share of
 videos whose colour is right, whose direction is right, and both. Seeds 0..N-1 per caption.
@@ -47,16 +48,20 @@ def main(argv=None) -> int:
     parser.add_argument("--mesh", type=mesh_arg)
     parser.add_argument("--attention", default=None)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--quantize", choices=("int8", "fp8"), help="store the transformer's linear weights so (JAX)")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--json", help="also write the rows and summaries here")
     args = parser.parse_args(argv)
+    if args.quantize and args.platform == "torch":
+        parser.error("--quantize needs a JAX platform (--platform cpu, tpu, ...)")
     pipe = load_pipeline(args.model) if args.model else load_pipeline()
     device = device_for(args.platform)
     if device != "torch":
         import diffusers_tpu
 
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-        pipe.to(device, config=diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype))
+        pipe.to(device, config=diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
+                                                       quantize=args.quantize))
     elif args.dtype == "bfloat16":
         pipe.transformer.to(torch.bfloat16)
     report = {}
