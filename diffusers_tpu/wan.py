@@ -69,31 +69,24 @@ def latent_size(pipe, height: int, width: int, num_frames: int) -> tuple[int, in
             width // pipe.vae_scale_factor_spatial)
 
 
-def check_patches(pipe, kwargs) -> None:
-    """Latents the transformer cannot cut into whole patches fail deep inside stock code (a temporal patch over 1
-    drops the leftover frames and the scheduler step then meets two shapes). Refuse them before anything compiles and
-    name counts that work."""
+def check_frames(pipe, kwargs) -> None:
+    """A temporal patch over 1 with a latent frame count it does not divide fails inside the first scheduler step
+    in stock code (the transformer drops the leftover frames). Refuse it before anything compiles and name counts
+    that work. (Height and width need no check: stock rounds them to whole patches itself, with a warning.)"""
     transformer = pipe.transformer if pipe.transformer is not None else getattr(pipe, "transformer_2", None)
-    height, width, frames = kwargs.get("height"), kwargs.get("width"), kwargs.get("num_frames")
-    if transformer is None or None in (height, width, frames) or kwargs.get("output_type") == "latent":
+    frames = kwargs.get("num_frames")
+    if transformer is None or frames is None or kwargs.get("output_type") == "latent":
         return
-    p_t, p_h, p_w = transformer.config.patch_size
+    p_t = transformer.config.patch_size[0]
     stride = pipe.vae_scale_factor_temporal
     frames = frames // stride * stride + 1 if frames % stride != 1 else frames  # stock's own rounding
-    latent_frames, latent_height, latent_width = latent_size(pipe, height, width, frames)
+    latent_frames = (frames - 1) // stride + 1
     if latent_frames % p_t:
         below = max(1, latent_frames // p_t) * p_t
         raise ValueError(
             f"num_frames={kwargs['num_frames']} gives {latent_frames} latent frames, not a multiple of the "
             f"transformer's temporal patch ({p_t}). Use num_frames={(below - 1) * stride + 1} or "
             f"{(below + p_t - 1) * stride + 1}.")
-    step_h, step_w = p_h * pipe.vae_scale_factor_spatial, p_w * pipe.vae_scale_factor_spatial
-    if height % 16 or width % 16:
-        return  # stock's check_inputs refuses these itself, in its own words
-    if latent_height % p_h or latent_width % p_w:
-        raise ValueError(f"height={height} and width={width} must be multiples of {step_h} and {step_w} (VAE scale x "
-                         f"transformer patch); e.g. height={height // step_h * step_h or step_h}, "
-                         f"width={width // step_w * step_w or step_w}.")
 
 
 def unnormalize_latents(vae, latents):
@@ -137,7 +130,7 @@ FAMILY = register(
         cfg_negative=lambda encoded: encoded[1],
         cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
                           "control_hidden_states", "fps"),
-        check_call=check_patches,
+        check_call=check_frames,
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
         plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_dim),

@@ -85,11 +85,18 @@ def test_demo_model_follows_the_prompt_on_jax_as_on_torch(torch_videos):
         assert reading.follows(colour, direction) and on_torch.follows(colour, direction), (item, reading, on_torch)
         assert 0.01 < reading.coverage < 0.5
     assert diffusers_tpu.stats(pipe).compilations == 0  # every prompt after the first reused the programs
-    # its transformer's temporal patch spans the whole clip: other frame counts are refused before anything compiles
-    with jit.compile_log() as log, pytest.raises(ValueError, match=r"num_frames=17 gives 9 latent frames.*num_frames=9 or 19"):
+    # its transformer's temporal patch spans the whole clip: other frame counts (which fail inside stock's first
+    # step, see below) are refused before anything compiles
+    refusal = r"num_frames=17 gives 9 latent frames, not a multiple of the transformer's temporal patch \(5\)"
+    with jit.compile_log() as log, pytest.raises(ValueError, match=refusal + r". Use num_frames=9 or 19"):
         _generate(pipe, PROMPTS[0], num_frames=17)
     assert log.compilations == 0
     np.testing.assert_array_equal(_generate(pipe, PROMPTS[0]), on_jax[PROMPTS[0]])  # and the pipeline still works
+
+
+def test_stock_fails_on_frame_counts_the_temporal_patch_does_not_divide():
+    with pytest.raises(RuntimeError, match="must match"):  # what JAX refuses up front (test above)
+        _generate(demo.load_pipeline(), PROMPTS[0], num_frames=17, num_inference_steps=1)
 
 
 def test_untrained_weights_fail_the_same_check():

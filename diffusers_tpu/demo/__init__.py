@@ -1,9 +1,9 @@
 """The demo model: a small trained Wan (stock ``WanPipeline``) that draws "a red square moves left" and the like.
 
 ``diffusers-tpu generate`` uses it by default (``--model demo``). It was trained on the CPU by ``demo.train`` (a
-1.2M-parameter ``WanTransformer3DModel``, flow matching on clips ``demo.scenes`` renders); its VAE and text encoder
+3.8M-parameter ``WanTransformer3DModel``, flow matching on clips ``demo.scenes`` renders); its VAE and text encoder
 are built, not trained (``demo.build``). ``demo.evaluate`` measures how well it follows prompts with
-``scenes.analyse``. The weights ship with the package (``demo/model``, safetensors, ~5 MB).
+``scenes.analyse``. The weights ship with the package (``demo/model``, safetensors, 8 MB).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from .scenes import DEFAULT_PROMPT  # noqa: F401
 
 MODEL_DIR = os.path.join(os.path.dirname(__file__), "model")
 NAME = "demo"
-# The size it was trained at (64x64 pixels, 9 frames = 5 latent frames), its sampler's steps and guidance, and its
-# text length: 16 tokens (captions are 6), not Wan's default 512 — hundreds of identical padding keys drown the
-# words in cross-attention, and the model never learned to read the direction word through them. The empty
-# negative prompt is the one it learned for classifier-free guidance. Call it with these: ``pipe(prompt, **CALL)``.
+# The size it was trained at (64x64 pixels, 9 frames = 5 latent frames = one temporal patch), its sampler's steps
+# and guidance, and the text length it was trained with: 16 tokens (captions are 6), not Wan's default 512. The
+# empty negative prompt is the one it learned for classifier-free guidance. Call it with these: ``pipe(prompt, **CALL)``.
 CALL = dict(height=64, width=64, num_frames=9, num_inference_steps=20, guidance_scale=5.0, negative_prompt="",
             max_sequence_length=16)
 
