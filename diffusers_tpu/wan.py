@@ -75,7 +75,7 @@ def check_frames(pipe, kwargs) -> None:
     that work. (Height and width need no check: stock rounds them to whole patches itself, with a warning.)"""
     transformer = pipe.transformer if pipe.transformer is not None else getattr(pipe, "transformer_2", None)
     frames = kwargs.get("num_frames")
-    if transformer is None or frames is None or kwargs.get("output_type") == "latent":
+    if transformer is None or frames is None:
         return
     p_t = transformer.config.patch_size[0]
     stride = pipe.vae_scale_factor_temporal

@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     if args.init:
         from diffusers import WanTransformer3DModel
 
-        pipe.transformer = WanTransformer3DModel.from_pretrained(args.init, subfolder="transformer").eval()
+        pipe.transformer = WanTransformer3DModel.from_pretrained(args.init, subfolder="transformer",
+                                                                 dtype=torch.float32).eval()  # stored float16
     count = sum(p.numel() for p in pipe.transformer.parameters())
     print(f"training a {count / 1e6:.2f}M-parameter WanTransformer3DModel for {args.steps} steps", flush=True)
     train(pipe, args.steps, args.batch, args.seed, save_every=args.save_every, output=args.output)
