@@ -48,22 +48,25 @@ def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
                                       max_sequence_length=CALL["max_sequence_length"])[0][0] for p in prompts}
 
 
-def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_every: int = 0,
-          output: str | None = None) -> list[float]:
-    transformer = pipe.transformer
+LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 8e-4, 0.01, 1.0
+
+
+def schedule_factor(step: int, steps: int) -> float:
+    """The learning rate's factor at ``step``: linear warm-up, then cosine decay to 10%."""
+    warmup = max(1, min(100, steps // 10))
+    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+
+def batches(pipe, steps: int, batch: int, seed: int):
+    """``steps`` training batches ``(noisy, sigma, context, target)`` (torch tensors), the same on every platform:
+    rendered clips, caption embeddings (10% empty), shifted logit-normal noise levels, flow-matching targets."""
     latent_frames = (CALL["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
     size = CALL["height"] // pipe.vae_scale_factor_spatial
     items = scenes.captions(held_out=False)
     texts = _embeddings(pipe, [scenes.caption(*item) for item in items] + [""])
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(transformer.parameters(), lr=8e-4, weight_decay=0.01)
-    warmup = min(100, steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
-    transformer.train()
-    losses, start = [], time.perf_counter()
-    for step in range(steps):
+    for _ in range(steps):
         picks = [items[i] for i in rng.integers(len(items), size=batch)]
         clips = torch.from_numpy(np.stack([scenes.render(*p, latent_frames, size, rng) for p in picks]))
         context = torch.stack([texts["" if rng.random() < 0.1 else scenes.caption(*p)] for p in picks])
@@ -71,22 +74,47 @@ def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_eve
         u = torch.sigmoid(torch.randn(batch, generator=generator))
         sigma = SHIFT * u / (1 + (SHIFT - 1) * u)
         s = sigma.view(-1, 1, 1, 1, 1)
-        noisy = (1 - s) * clips + s * noise
-        prediction = transformer(noisy, timestep=sigma * 1000, encoder_hidden_states=context, return_dict=False)[0]
-        loss = torch.nn.functional.mse_loss(prediction, noise - clips)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(float(loss.detach()))
-        if (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
+        yield (1 - s) * clips + s * noise, sigma, context, noise - clips
+
+
+def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_every: int = 0,
+          output: str | None = None, step_function=None) -> list[float]:
+    """Train ``pipe.transformer`` in place; returns the losses. ``step_function(transformer, steps)`` gives a
+    ``step(index, noisy, sigma, context, target) -> loss`` (default: torch's AdamW; ``demo.train_jax`` runs on JAX)."""
+    transformer = pipe.transformer
+    transformer.train()
+    step_function = step_function or torch_steps
+    step, finish = step_function(transformer, steps)
+    losses, start = [], time.perf_counter()
+    for index, data in enumerate(batches(pipe, steps, batch, seed)):
+        losses.append(step(index, *data))
+        if (index + 1) % log_every == 0:
+            print(f"step {index + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
-        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
-            save(pipe, f"{output}-step{step + 1}")
+        if save_every and (index + 1) % save_every == 0 and index + 1 < steps:
+            finish()
+            save(pipe, f"{output}-step{index + 1}")
+    finish()
     transformer.eval()
     return losses
+
+
+def torch_steps(transformer, steps: int):
+    """AdamW with gradient clipping, on torch; the weights are updated in place (nothing to finish)."""
+    optimizer = torch.optim.AdamW(transformer.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_factor(s, steps))
+
+    def step(index, noisy, sigma, context, target) -> float:
+        prediction = transformer(noisy, timestep=sigma * 1000, encoder_hidden_states=context, return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(prediction, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(transformer.parameters(), CLIP_NORM)
+        optimizer.step()
+        schedule.step()
+        return float(loss.detach())
+
+    return step, lambda: None
 
 
 def save(pipe, folder: str) -> None:
@@ -109,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")
     parser.add_argument("--save-every", type=int, default=0, help="also save OUTPUT-stepN every N steps")
+    parser.add_argument("--platform", choices=("torch", "jax"), default="torch",
+                        help="torch (the shipped weights) or jax: the same training traced through torchax")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the shipped weights are what one thread computes)")
     args = parser.parse_args(argv)
@@ -122,7 +152,11 @@ def main(argv=None) -> int:
                                                                  dtype=torch.float32).eval()  # stored float16
     count = sum(p.numel() for p in pipe.transformer.parameters())
     print(f"training a {count / 1e6:.2f}M-parameter WanTransformer3DModel for {args.steps} steps", flush=True)
-    train(pipe, args.steps, args.batch, args.seed, save_every=args.save_every, output=args.output)
+    step_function = None
+    if args.platform == "jax":
+        from .train_jax import jax_steps as step_function
+    train(pipe, args.steps, args.batch, args.seed, save_every=args.save_every, output=args.output,
+          step_function=step_function)
     save(pipe, args.output)
     print(f"saved to {args.output}", flush=True)
     return 0
