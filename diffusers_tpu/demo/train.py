@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the shipped weights are what one thread computes)")
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch < 1 or args.threads < 1:
+        parser.error("--steps, --batch and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     pipe = new_pipeline(args.seed)
