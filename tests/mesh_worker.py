@@ -18,7 +18,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import generate, pil_array  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
-from diffusers_tpu import TPUConfig, compile as jit, lowering, tiny  # noqa: E402
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.planner import lowering
+from diffusers_tpu.testing import tiny, tiny_generic  # noqa: E402
 
 # (mesh, attention_kv_threshold, attention). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16:
 # both shard heads over tp; 10000 (the default): both shard the query sequence; 100: self queries, cross heads.
@@ -100,7 +103,7 @@ def main(part: str):
     errors["still_on_torch"] = all(type(p) is torch.nn.Parameter for p in two_heads.transformer.parameters())
     report["errors"] = errors
 
-    mesh = diffusers_tpu.backend.build_mesh({"dp": 2, "sp": 1, "tp": 4}, jax.devices())
+    mesh = diffusers_tpu.interop.backend.build_mesh({"dp": 2, "sp": 1, "tp": 4}, jax.devices())
     report["export"] = export_realistic(mesh)
     print("REPORT " + json.dumps(report))
 
@@ -253,7 +256,7 @@ def plan_run():
     import torch
     from test_plan import CALL, SIZE, runtime_step_memory
 
-    from diffusers_tpu import plan
+    from diffusers_tpu.planner import plan
 
     config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, dtype=torch.bfloat16, quantize="int8")
     actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)[0]
@@ -296,7 +299,7 @@ def family_runs():
     pair batched over dp), on dp2-sp1-tp4 and dp1-sp2-tp4."""
     import copy
 
-    from diffusers_tpu import tiny_families, tiny_images
+    from diffusers_tpu.testing import tiny_families, tiny_images
 
     runs = {}
     cases = [("latte", "dp2-sp1-tp4"), ("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"),
@@ -308,7 +311,7 @@ def family_runs():
     references = {}
     for name, mesh_name in cases:
         if name == "latte":
-            make = lambda: (tiny.generic_pipeline("latte"), tiny.generic_call(tiny.generic_pipeline("latte")))  # noqa: E731
+            make = lambda: (tiny_generic.generic_pipeline("latte"), tiny_generic.generic_call(tiny_generic.generic_pipeline("latte")))  # noqa: E731
         else:
             make = lambda name=name: (tiny_images if name in tiny_images.PIPELINES else tiny_families).pipeline(name)  # noqa: E731
         pipe, call = make()
@@ -343,7 +346,7 @@ def family_runs():
 
 
 def _first_attention(transformer):
-    from diffusers_tpu.generic import is_attention
+    from diffusers_tpu.families.generic import is_attention
 
     return next(m for n, m in transformer.named_modules()
                 if is_attention(m) and n.split(".")[0] in ("blocks", "transformer_blocks", "layers"))
@@ -354,8 +357,8 @@ def export_realistic(mesh):
     import jax.numpy as jnp
 
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from diffusers_tpu import wan
-    from diffusers_tpu.lowering import abstract
+    from diffusers_tpu.families import wan
+    from diffusers_tpu.planner.lowering import abstract
 
     with torch.device("meta"):
         transformer = WanTransformer3DModel(**wan.WAN21_1_3B)

@@ -19,7 +19,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import generate  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
-from diffusers_tpu import TPUConfig, cli, compile as jit, tiny, tiny_families  # noqa: E402
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.commands import cli
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.testing import tiny, tiny_families  # noqa: E402
 import jax  # noqa: E402
 
 MESHES = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp1-sp2-tp4": {"dp": 1, "sp": 2, "tp": 4}}

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from jax.sharding import PartitionSpec as P
 
-from diffusers_tpu import attention, backend
-from diffusers_tpu.backend import host_to_jax, wrap
+from diffusers_tpu.runtime import attention
+from diffusers_tpu.interop import backend
+from diffusers_tpu.interop.backend import host_to_jax, wrap
 
 
 def settings(implementation="splash_exp2", threshold=64):

@@ -11,8 +11,10 @@ from conftest import generate
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import backend, runtime, tiny
-from diffusers_tpu import compile as jit
+from diffusers_tpu.interop import backend
+from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.testing import tiny
+from diffusers_tpu.interop import compile as jit
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,7 @@ def test_config_rejects_nonsense(kwargs, message):
 ])
 def test_bad_cluster_environment_is_named(monkeypatch, env, message):
     """A malformed multi-process environment fails with the variable and the fix, before JAX is touched."""
-    from diffusers_tpu import distributed
+    from diffusers_tpu.interop import distributed
 
     monkeypatch.setenv("DIFFUSERS_TPU_COORDINATOR", "127.0.0.1:1234")
     for name, value in env.items():
@@ -176,7 +178,7 @@ def test_bad_cluster_environment_is_named(monkeypatch, env, message):
 
 def test_late_cluster_start_says_to_import_first(monkeypatch):
     """JAX already in use (the test process): initializing a cluster now fails with what to do instead."""
-    from diffusers_tpu import distributed
+    from diffusers_tpu.interop import distributed
 
     monkeypatch.setenv("DIFFUSERS_TPU_COORDINATOR", "127.0.0.1:1234")
     monkeypatch.setenv("DIFFUSERS_TPU_NUM_PROCESSES", "2")

@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from diffusers_tpu import bench, cli, cogvideox, wan
+from diffusers_tpu.commands import bench, cli
+from diffusers_tpu.families import cogvideox, wan
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_peak_table():
 
 
 def test_unknown_architecture_is_refused():
-    from diffusers_tpu import architectures
+    from diffusers_tpu.planner import architectures
 
     with pytest.raises(ValueError, match="Wan2.1-14B"):
         architectures.build("Wan9-1T")
@@ -100,7 +101,8 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     import diffusers
     import torch
 
-    from diffusers_tpu import architectures, tiny
+    from diffusers_tpu.planner import architectures
+    from diffusers_tpu.testing import tiny
 
     model = architectures._empty(lambda: diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]))
     assert any(p.is_meta for p in model.parameters()) and not model.rope.freqs_cos.is_meta
@@ -117,7 +119,8 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
 def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     """The --arch path (random weights, no download) end to end, on a small registered architecture; the real
     ones differ only in their configs (too large for a CI machine's RAM)."""
-    from diffusers_tpu import architectures, tiny
+    from diffusers_tpu.planner import architectures
+    from diffusers_tpu.testing import tiny
 
     small = dict(family="wan", transformer=tiny.WAN_TRANSFORMERS["wan-4head"], flow_shift=3.0, vae=tiny.WAN_VAE,
                  text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"})

@@ -6,9 +6,11 @@ import contextlib
 import pytest
 import torch
 
-from diffusers_tpu import attention, backend, runtime, tiny
-from diffusers_tpu import compile as jit
-from diffusers_tpu.causal_wan import CausalWanTransformer3DModel, visible_frames
+from diffusers_tpu.runtime import attention, attach as runtime
+from diffusers_tpu.interop import backend
+from diffusers_tpu.testing import tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
 
 # (frames per block, sinks, window, latent frames): the first wraps the ring (4 blocks, 3-frame window + 1 sink).
 CASES = [(2, 1, 3, 8), (3, 0, -1, 6), (1, 2, 2, 6)]

@@ -7,7 +7,8 @@ import torch
 
 from conftest import assert_np_matches, assert_pil_matches
 
-from diffusers_tpu import tiny, wan_vae
+from diffusers_tpu.testing import tiny
+from diffusers_tpu.families import wan_vae
 
 CALL = dict(prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"], num_blocks=3,
             height=32, width=48, max_sequence_length=24)
@@ -65,7 +66,8 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
             decoder = wan_vae.StreamingDecoder(vae)
             streamed = torch.cat([decoder.decode(latents[:, :, i:i + per_block]) for i in range(0, 6, per_block)], 2)
             torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
-    from diffusers_tpu import compile as jit, runtime
+    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.runtime import attach as runtime
 
     attached = runtime.runtime_of(pipe)
     for per_block in (1, 3):
@@ -101,7 +103,7 @@ def test_block_options_act_on_the_right_blocks(pipes):
 ])
 def test_bad_input_fails_before_anything_runs(pipes, bad, message):
     _, pipe = pipes
-    from diffusers_tpu import compile as jit
+    from diffusers_tpu.interop import compile as jit
 
     with jit.compile_log() as log, pytest.raises(ValueError, match=message):
         _run(pipe, **bad)
@@ -118,7 +120,7 @@ def test_wrong_scheduler_names_the_fix():
 
 
 def test_bench_reports_per_block_figures(pipes):
-    from diffusers_tpu import bench
+    from diffusers_tpu.commands import bench
 
     _, pipe = pipes
     report, frames = bench.measure(pipe, dict(CALL, output_type="pil", num_frames=9), runs=2, warmup=1)

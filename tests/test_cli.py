@@ -8,11 +8,11 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from diffusers_tpu import arguments, cli
+from diffusers_tpu.commands import arguments, cli
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "diffusers_tpu.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.cli", *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, **(env or {})})
 
 

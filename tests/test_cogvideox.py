@@ -7,8 +7,8 @@ from conftest import assert_np_matches, assert_pil_matches, generate
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import compile as jit
-from diffusers_tpu import tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.testing import tiny
 
 CALL = dict(max_sequence_length=32, num_frames=17)  # 5 latent frames: the VAE decodes 3 chunks
 CASES = [("cogvideox-2b", "dpm"), ("cogvideox-5b", "ddim"), ("cogvideox1.5", "dpm"), ("cogvideox1.5", "ddim")]

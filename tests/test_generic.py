@@ -8,19 +8,20 @@ from conftest import assert_np_matches, assert_pil_matches
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import compile as jit
-from diffusers_tpu import generic, tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.families import generic
+from diffusers_tpu.testing import tiny_generic
 
 
 def call(pipe, **overrides):
-    kwargs = dict(tiny.generic_call(pipe), **overrides)
+    kwargs = dict(tiny_generic.generic_call(pipe), **overrides)
     return pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames
 
 
 @pytest.mark.parametrize("name", ["latte", "mochi"])
 def test_generic_pipeline_matches_stock(name, caplog):
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")
-    ref, pipe = tiny.generic_pipeline(name), tiny.generic_pipeline(name)
+    ref, pipe = tiny_generic.generic_pipeline(name), tiny_generic.generic_pipeline(name)
     expected, expected_pil = call(ref), call(ref, output_type="pil")
     pipe.to("jax")
     assert f"{type(pipe).__name__} runs on diffusers_tpu's generic path" in caplog.text
@@ -37,7 +38,7 @@ def test_generic_pipeline_matches_stock(name, caplog):
 
 
 def test_inferred_rules_shard_whole_heads():
-    transformer = tiny.generic_pipeline("latte").transformer  # 4 heads
+    transformer = tiny_generic.generic_pipeline("latte").transformer  # 4 heads
     rules = dict(generic.infer_rules(transformer, {"dp": 1, "sp": 1, "tp": 4}))
     q = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_q\\.weight" in pattern)
     out = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_out\\.0\\.weight" in pattern)

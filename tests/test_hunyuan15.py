@@ -10,8 +10,12 @@ from conftest import all_equations, assert_np_matches, assert_pil_matches
 import diffusers
 import diffusers_tpu
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
-from diffusers_tpu import TPUConfig, backend, hunyuan, runtime, tiny
-from diffusers_tpu import compile as jit
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import backend
+from diffusers_tpu.families import hunyuan
+from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.testing import tiny
+from diffusers_tpu.interop import compile as jit
 
 # A CFG pair of different padded lengths; the prompt's quoted text goes through ByT5, the negative has none (all
 # its ByT5 tokens are padding). Guidance is on (scale 6).
@@ -161,11 +165,11 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
     with torch.no_grad():
         expected = attn(video, text, attention_mask=mask)
-    settings = diffusers_tpu.attention.AttentionSettings(None, attention)
+    settings = diffusers_tpu.runtime.attention.AttentionSettings(None, attention)
     weights = {name: backend.host_to_jax(value) for name, value in attn.state_dict().items()}
 
     def active():
-        return contextlib_nested(backend.jax_mode(), diffusers_tpu.attention.use(settings))
+        return contextlib_nested(backend.jax_mode(), diffusers_tpu.runtime.attention.use(settings))
 
     for mode in ("mask", "zero_kv"):
         processor = hunyuan.KeyMaskProcessor(mode)
@@ -294,7 +298,7 @@ def test_cli_generates_with_guider_scale_and_staged(tmp_path):
 
 
 def test_guidance_scale_goes_to_the_guider():
-    from diffusers_tpu.cli import call_arguments
+    from diffusers_tpu.commands.cli import call_arguments
 
     pipe = tiny.hunyuan15_pipeline()
     call = call_arguments(pipe, dict(prompt="a", guidance_scale=3.5, max_sequence_length=None, num_frames=5))

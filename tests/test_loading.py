@@ -11,7 +11,8 @@ from conftest import assert_np_matches, generate
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import loading, tiny
+from diffusers_tpu.runtime import loading
+from diffusers_tpu.testing import tiny
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import safetensors.torch
 import torch
 from conftest import assert_np_matches, generate
 
-from diffusers_tpu import compile as jit
-from diffusers_tpu import tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.testing import tiny
 
 STEPS = 2
 TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",

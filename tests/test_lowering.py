@@ -7,8 +7,11 @@ import pytest
 import torch
 
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from diffusers_tpu import backend, lowering, tiny, wan
-from diffusers_tpu.lowering import abstract
+from diffusers_tpu.interop import backend
+from diffusers_tpu.planner import lowering
+from diffusers_tpu.testing import tiny
+from diffusers_tpu.families import wan
+from diffusers_tpu.planner.lowering import abstract
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,8 @@ def test_int8_weights_on_the_mesh_match_one_device(report):
     import numpy as np
     from conftest import generate
 
-    from diffusers_tpu import TPUConfig, tiny
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.testing import tiny
 
     run = report["quantize"]
     assert run["finite"] and run["warm_compilations"] == 0

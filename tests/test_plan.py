@@ -5,7 +5,10 @@ import torch
 
 import jax
 
-from diffusers_tpu import TPUConfig, compile as jit, plan, tiny
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.planner import plan
+from diffusers_tpu.testing import tiny
 
 CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_frames=9,
             num_inference_steps=2, max_sequence_length=24)
@@ -73,7 +76,7 @@ def test_int8_halves_the_planned_weights():
 def test_plan_command(tmp_path, capfd):
     import json
 
-    from diffusers_tpu import cli
+    from diffusers_tpu.commands import cli
 
     out = tmp_path / "plan.json"
     assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "0.00001", "--height", "32",
@@ -100,7 +103,7 @@ def test_plan_of_a_folder_reads_no_weights(tmp_path):
 
 
 def test_check_needs_an_accelerator(capfd):
-    from diffusers_tpu import cli
+    from diffusers_tpu.commands import cli
 
     assert cli.main(["plan", "--model", "tiny:wan-4head", "--chips", "v5e-1", "--check"]) == 2
     assert "TPU or GPU" in capfd.readouterr().err
@@ -108,7 +111,7 @@ def test_check_needs_an_accelerator(capfd):
 
 def test_plan_reports_the_runtime_vae_decode_programs():
     """The Wan VAE's two decode programs, planned with abstract weights, match the placed runtime's programs."""
-    from diffusers_tpu import runtime
+    from diffusers_tpu.runtime import attach as runtime
 
     config = TPUConfig(vae_decode_chunk=2)
     planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
@@ -129,7 +132,7 @@ def test_plan_reports_the_runtime_vae_decode_programs():
 def test_json_reports_get_the_users_file_mode(tmp_path):
     import os
 
-    from diffusers_tpu.stages import _write_atomically
+    from diffusers_tpu.runtime.stages import _write_atomically
 
     path = tmp_path / "report.json"
     _write_atomically(str(path), lambda temp: open(temp, "w").write("{}"))

@@ -10,8 +10,9 @@ from conftest import CALL, assert_np_matches, generate
 
 import diffusers
 from diffusers.callbacks import PipelineCallback
-from diffusers_tpu import compile as jit
-from diffusers_tpu import runtime, tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.testing import tiny
 
 STEPS = 2
 
@@ -246,7 +247,8 @@ def test_vae_slicing_and_compiled_tiling(stock, moved):
 def test_tied_weights_stay_tied():
     """T5's input embedding is one Parameter in two places: placing, casting on the devices and coming back keep it
     one (it was restored as two host copies, doubling its memory and untying later edits)."""
-    from diffusers_tpu import TPUConfig, tiny
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.testing import tiny
 
     pipe = tiny.hunyuan15_pipeline()
     encoder = pipe.text_encoder_2  # ByT5: shared.weight is encoder.embed_tokens.weight

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from diffusers.video_processor import VideoProcessor
-from diffusers_tpu import backend, postprocess
-from diffusers_tpu.backend import host_to_jax, wrap
+from diffusers_tpu.interop import backend
+from diffusers_tpu.runtime import postprocess
+from diffusers_tpu.interop.backend import host_to_jax, wrap
 
 
 def video(dtype=torch.float32, channels=3):

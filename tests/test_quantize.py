@@ -9,7 +9,10 @@ import torch
 from conftest import generate
 
 import diffusers_tpu
-from diffusers_tpu import TPUConfig, compile as jit, quantize, sharding, tiny
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import compile as jit, sharding
+from diffusers_tpu.runtime import quantize
+from diffusers_tpu.testing import tiny
 
 VARIANT = "wan-4head"
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import CALL, pil_array
 
-from diffusers_tpu import stages, tiny
+from diffusers_tpu.runtime import stages
+from diffusers_tpu.testing import tiny
 
 SIZES = dict(height=32, width=32, num_frames=9, num_inference_steps=3)
 PROMPTS = dict(prompt=CALL["prompt"], negative_prompt=CALL["negative_prompt"])
@@ -83,7 +84,7 @@ def test_broken_or_mismatched_stage_files_raise(tmp_path):
 
 
 def _cli(*args):
-    return [sys.executable, "-m", "diffusers_tpu.cli", *args]
+    return [sys.executable, "-m", "diffusers_tpu.commands.cli", *args]
 
 
 def test_a_run_killed_after_denoise_is_finished_by_decode(tmp_path):

@@ -6,7 +6,7 @@ from conftest import assert_np_matches, assert_pil_matches, generate
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import tiny
+from diffusers_tpu.testing import tiny
 
 PIPELINES = {
     "wan2.2-a14b": (tiny.wan22_a14b_pipeline, {}),

@@ -7,8 +7,8 @@ from conftest import CALL, assert_np_matches, assert_pil_matches, generate
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu import compile as jit
-from diffusers_tpu import tiny
+from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.testing import tiny
 
 CASES = [("wan", "flow_match"), ("wan", "unipc"), ("wan-4head", "flow_match"), ("wan-4head", "unipc")]
 
@@ -175,7 +175,7 @@ def test_compile_cache_dir_knob(tmp_path):
 
 
 def test_save_pretrained_while_on_jax_round_trips(tmp_path):
-    from diffusers_tpu import runtime
+    from diffusers_tpu.runtime import attach as runtime
 
     pipe = tiny.wan_pipeline("wan-4head")
     reference = generate(pipe, output_type="np")

@@ -9,7 +9,10 @@ import pytest
 import torch
 from conftest import assert_np_matches, generate
 
-from diffusers_tpu import TPUConfig, backend, compile as jit, runtime, sharding, tiny
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import backend, compile as jit, sharding
+from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.testing import tiny
 
 
 def latents(frames, seed=0, width=6):

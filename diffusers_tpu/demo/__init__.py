@@ -4,6 +4,9 @@
 3.8M-parameter ``WanTransformer3DModel``, flow matching on clips ``demo.scenes`` renders); its VAE and text encoder
 are built, not trained (``demo.build``). ``demo.evaluate`` measures how well it follows prompts with
 ``scenes.analyse``. The weights ship with the package (``demo/model``, safetensors, 8 MB).
+
+A layer of its own below ``commands`` (whose ``--model demo`` loads it): may import the public API, ``interop``,
+``runtime`` and ``families``; never ``testing`` or ``commands``.
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import tiny
-
-WORDS_PAD, WORDS_EOS, WORDS_UNK = tiny.PAD, tiny.EOS, tiny.UNK
+WORDS_PAD, WORDS_EOS, WORDS_UNK = "<pad>", "</s>", "<unk>"  # T5's special tokens
 OFFSET, CONSTANT = 20.0, 1.0e4
 VAE_CONFIG = dict(base_dim=8, z_dim=3, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[True],
                   latents_mean=[0.0] * 3, latents_std=[1.0] * 3, scale_factor_temporal=2, scale_factor_spatial=2)
-TEXT_ENCODER = dict(tiny.UMT5, vocab_size=64)
+# A frozen random UMT5 encoder (2 layers, width 32): the words only need distinct, stable embeddings.
+TEXT_ENCODER = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                    relative_attention_max_distance=32, dropout_rate=0.0, feed_forward_proj="gated-gelu",
+                    is_encoder_decoder=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
 
 def word_tokenizer(words: list[str], model_max_length: int = 512):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import time
 
 import numpy as np
 import torch
 
 from . import CALL, build, scenes
+from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, schedule_factor
 
 # One temporal patch spans the whole clip (5 latent frames = the 9 frames of ``CALL``): each token draws its 4x4
 # latent pixels through all frames, so the direction word steers a pattern inside a token, as the colour word does.
@@ -46,15 +46,6 @@ def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         return {p: pipe.encode_prompt(p, do_classifier_free_guidance=False, device="cpu",
                                       max_sequence_length=CALL["max_sequence_length"])[0][0] for p in prompts}
-
-
-LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 8e-4, 0.01, 1.0
-
-
-def schedule_factor(step: int, steps: int) -> float:
-    """The learning rate's factor at ``step``: linear warm-up, then cosine decay to 10%."""
-    warmup = max(1, min(100, steps // 10))
-    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
 
 
 def batches(pipe, steps: int, batch: int, seed: int):

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import backend, compat
-from .train import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, schedule_factor
+from ..interop import backend, compat
+from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, schedule_factor
 
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 

@@ -1,0 +1,172 @@
+"""Command-line helpers shared by ``diffusers-tpu`` subcommands (``cli``) and the benchmark (``bench``): argument
+groups, platform choice, model loading (local folders or built-in tiny models) and call arguments."""
+
+from __future__ import annotations
+
+
+from ..interop.backend import device_for  # noqa: F401  (the commands' --platform)
+from ..runtime.config import mesh_arg
+
+TINY_PREFIX = "tiny:"
+DEMO_MODEL = "demo"
+DEFAULT_MODEL = DEMO_MODEL
+# Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
+TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4)
+PROMPT_DEFAULTS = dict(prompt="A cat walks on the grass, realistic", negative_prompt="blurry, low quality, static")
+TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
+
+
+def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
+    if model:
+        parser.add_argument("--model", help="local diffusers folder, the built-in trained demo model (demo: "
+                            "'a <colour> <square|circle> moves <left|right|up|down>'), or a built-in tiny "
+                            "random-weight model: tiny:wan, tiny:wan-4head, "
+                            "tiny:cogvideox-2b / -5b / 1.5, tiny:hunyuanvideo15, tiny:causal-wan, tiny:ltx, tiny:ltx-i2v, "
+                            "tiny:ltx2 (video + a .wav beside it), "
+                            "tiny:hunyuan-video, tiny:skyreels-v2, tiny:flux, tiny:qwen-image, tiny:z-image (images), "
+                            f"tiny:latte, tiny:mochi (generic path) (default: {default_model}; staged stages after encode "
+                            "default to the stage directory's model)")
+    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
+                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
+                        "torch: stock diffusers on the CPU, no JAX")
+    parser.add_argument("--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic")
+    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
+                        help="attention kernel (default: per platform)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
+    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
+                        help="run text encoders on the host CPU (default) or compiled on the devices")
+    parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
+                        help="float32 products: highest = full float32 as stock (default); default = the platform's "
+                        "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")
+    parser.add_argument("--quantize", choices=("int8", "fp8"),
+                        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
+                        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')")
+
+
+def add_prompt_args(parser):
+    parser.add_argument("--prompt", help="default: the demo model's own example (demo.DEFAULT_PROMPT), else "
+                        f"{PROMPT_DEFAULTS['prompt']!r}")
+    parser.add_argument("--negative-prompt", help=f"default: empty for the demo model, else "
+                        f"{PROMPT_DEFAULTS['negative_prompt']!r}")
+    parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
+
+
+def add_size_args(parser):
+    parser.add_argument("--frames", type=int, help="frame count; default: the pipeline's (tiny models: 9)")
+    parser.add_argument("--height", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--width", type=int, help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny models: 4)")
+    parser.add_argument("--blocks", type=int, help="causal (streaming) pipelines: blocks to generate (default: 3)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_output_args(parser):
+    parser.add_argument("--fps", type=int, default=16)
+    parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
+                        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
+
+
+def model_defaults(model: str) -> dict:
+    """Argument defaults that depend on the model: sizes (tiny and demo models), prompt, negative prompt, guidance."""
+    if model == DEMO_MODEL:  # the size, steps and guidance it was trained for, and its own kind of prompt
+        from .. import demo
+
+        call = demo.CALL
+        return dict(frames=call["num_frames"], height=call["height"], width=call["width"],
+                    steps=call["num_inference_steps"], guidance=call["guidance_scale"],
+                    negative_prompt=call["negative_prompt"], prompt=demo.DEFAULT_PROMPT)
+    return {**(TINY_DEFAULTS if model.startswith(TINY_PREFIX) else {}), **PROMPT_DEFAULTS}
+
+
+def fill_defaults(args, model: str) -> None:
+    """Set the arguments left unset (None) to ``model``'s defaults."""
+    for name, value in model_defaults(model).items():
+        if getattr(args, name, "absent") is None:
+            setattr(args, name, value)
+
+
+def sequence_length(pipe, model: str) -> int | None:
+    """The text length a built-in model needs (None: the pipeline's default)."""
+    if model == DEMO_MODEL:
+        from .. import demo
+
+        return demo.CALL["max_sequence_length"]
+    if model.startswith(TINY_PREFIX):
+        from ..runtime.registry import family_of
+
+        return TINY_SEQUENCE_LENGTH.get(family_of(pipe).name)
+    return None
+
+
+def _tiny_more() -> dict:
+    from ..testing import tiny_families, tiny_generic, tiny_images
+
+    found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "ltx2", "hunyuan-video",
+                                                                                  "skyreels-v2")}
+    found.update({name: (lambda name=name: tiny_images.pipeline(name)) for name in tiny_images.PIPELINES})
+    found.update({name: (lambda name=name: (tiny_generic.generic_pipeline(name),
+                                            tiny_generic.generic_call(tiny_generic.generic_pipeline(name))))
+                  for name in tiny_generic.PIPELINES})
+    return found
+
+
+_CLI_OWNED = {"prompt", "negative_prompt", "height", "width", "num_frames", "num_inference_steps", "output_type"}
+
+
+def tiny_models() -> list[str]:
+    from ..testing import tiny
+
+    return (sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
+            + sorted(_tiny_more()))
+
+
+def makes_images(pipe) -> bool:
+    """An image pipeline: its call takes no frame count."""
+    import inspect
+
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    return not any(name in accepted for name in ("num_frames", "video_length", "num_blocks"))
+
+
+def load_pipeline(model: str):
+    """A pipeline from a local diffusers folder (safetensors only, no remote code) or a tiny built-in model."""
+    import torch
+
+    from ..testing import tiny
+
+    if model == DEMO_MODEL:
+        from .. import demo
+
+        return demo.load_pipeline()
+    if model.startswith(TINY_PREFIX):
+        variant = model[len(TINY_PREFIX):]
+        if variant in tiny.WAN_TRANSFORMERS:
+            return tiny.wan_pipeline(variant)
+        if variant in tiny.COGVIDEOX_TRANSFORMERS:
+            return tiny.cogvideox_pipeline(variant)
+        if variant == "hunyuanvideo15":
+            return tiny.hunyuan15_pipeline()
+        if variant == "causal-wan":
+            return tiny.causal_wan_pipeline()
+        more = _tiny_more()  # the newer families' tiny models and the generic path's
+        if variant in more:
+            pipe, call = more[variant]()
+            # the builder's pipeline-specific call arguments (templates, true CFG, text length) become CLI defaults
+            pipe._diffusers_tpu_tiny_call = {k: v for k, v in call.items() if k not in _CLI_OWNED}
+            return pipe
+        raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {tiny_models()}.")
+    import diffusers
+
+    return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)
+
+
+def call_arguments(pipe, call: dict) -> dict:
+    """``call`` minus the arguments this pipeline's ``__call__`` does not take. Pipelines that guide through a
+    diffusers guider (HunyuanVideo-1.5) take ``guidance_scale`` on their guider instead."""
+    import inspect
+
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    scale = call.get("guidance_scale")
+    if "guidance_scale" not in accepted and scale is not None and getattr(pipe, "guider", None) is not None:
+        pipe.guider = pipe.guider.new(guidance_scale=scale)
+    return {name: value for name, value in call.items() if name in accepted}

@@ -1,0 +1,553 @@
+"""``diffusers-tpu bench``: per-stage timings (mean / median / P95), compile accounting, analytic MFU, and the same
+pipeline on stock torch side by side.
+
+Stages are timed through the stock pipeline's own seams — ``encode_prompt``, the progress bar's per-step updates,
+``vae.decode``, ``video_processor.postprocess_video`` — so the same probe measures a JAX pipeline and a torch one.
+Every stage waits for the device (``block_until_ready`` / ``cuda.synchronize``) before its clock stops: dispatch
+time is not compute time. Warm-up calls are reported apart (they include compilation); any compilation during
+the timed calls is a recompilation, which is a bug, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import inspect
+import json
+import time
+
+import numpy as np
+import torch
+
+from ..interop import backend
+from ..runtime import attach as runtime
+from ..interop.compile import compile_log
+from ..runtime.registry import family_of
+
+# Dense bf16 peak TFLOP/s per chip (vendor figures). device_kind substrings, most specific first.
+PEAK_TFLOPS = (
+    (("v5 lite", "v5e"), 197.0), (("v5p",), 459.0), (("v6 lite", "v6e"), 918.0), (("7x", "v7"), 2307.0),
+    (("v4",), 275.0), (("v5",), 459.0), (("h200",), 989.0), (("h100",), 989.0),
+)
+
+
+BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    kind = device_kind.lower()
+    for names, peak in PEAK_TFLOPS:
+        if any(name in kind for name in names):
+            return peak
+    return None
+
+
+def summarize(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0}
+    array = np.asarray(values, dtype=np.float64)
+    return {"count": len(values), "mean_s": float(array.mean()), "median_s": float(np.median(array)),
+            "p95_s": float(np.percentile(array, 95)), "min_s": float(array.min()), "max_s": float(array.max())}
+
+
+def _nbytes(frames) -> int:
+    if isinstance(frames, np.ndarray):
+        return frames.nbytes
+    if isinstance(frames, torch.Tensor):
+        return frames.numel() * frames.element_size()
+    if isinstance(frames, (list, tuple)):
+        return sum(_nbytes(f) for f in frames)
+    return np.asarray(frames).nbytes  # a PIL image
+
+
+class Probe:
+    """Times one pipeline's stages through its stock seams (instance overrides, removed by ``remove``)."""
+
+    def __init__(self, pipe):
+        self.pipe, self.runs, self._undo = pipe, [], []
+        self.cuda = not runtime.is_attached(pipe) and pipe._execution_device.type == "cuda"
+        self._last, self._run = None, None
+        self._wrap(pipe, "encode_prompt", self._timed("text_encoding"))
+        self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
+        self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
+        self._wrap(pipe, "progress_bar", self._stepping)
+        self._counters = []  # per denoiser: how many hooked blocks computed so far (step caches skip some)
+        attached = runtime.runtime_of(pipe)
+        for name in family_of(pipe).denoisers:
+            module = getattr(pipe, name, None)
+            if module is None:
+                continue
+            if attached is not None:
+                entry = attached.denoisers[name]
+                self._counters.append(lambda entry=entry: entry.hooked_calls)
+            else:
+                self._counters.append(self._count_hooked_blocks(module))
+            self._wrap(module, "forward", self._recording)
+
+    def _count_hooked_blocks(self, module):
+        """On torch: count executions of the forward inside each hook chain below the denoiser."""
+        from ..runtime.denoiser import active_hooks, hook_reference
+
+        count = [0]
+        for sub in active_hooks(module):
+            if sub is module:
+                continue
+            reference, attribute = hook_reference(sub)
+            inner = getattr(reference, attribute)
+
+            def counted(*args, _inner=inner, **kwargs):
+                count[0] += 1
+                return _inner(*args, **kwargs)
+
+            setattr(reference, attribute, counted)
+            self._undo.append(lambda r=reference, a=attribute, f=inner: setattr(r, a, f))
+        return lambda: count[0]
+
+    def _wrap(self, owner, name, make):
+        had, previous = name in vars(owner), vars(owner).get(name)
+        object.__setattr__(owner, name, make(getattr(owner, name)))
+        self._undo.append(lambda: object.__setattr__(owner, name, previous) if had else vars(owner).pop(name, None))
+
+    def remove(self):
+        for undo in reversed(self._undo):
+            undo()
+
+    def sync(self, value=None):
+        if self.cuda:
+            torch.cuda.synchronize()
+        elif value is not None:
+            backend.synchronize(value)
+
+    def _timed(self, stage, count_bytes=False):
+        def make(method):
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                out = method(*args, **kwargs)
+                self.sync(out)
+                self._run[stage].append(time.perf_counter() - start)
+                if count_bytes:
+                    self._run["bytes_to_host"].append(_nbytes(out))
+                return out
+
+            return timed
+
+        return make
+
+    def _recording(self, forward):
+        def recorded(*args, **kwargs):
+            before = sum(counter() for counter in self._counters)
+            self._last = forward(*args, **kwargs)
+            self._run["hooked_blocks"].append(sum(counter() for counter in self._counters) - before)
+            return self._last
+
+        return recorded
+
+    def _stepping(self, progress_bar):
+        def stepping(iterable=None, total=None):
+            bar = progress_bar(iterable=iterable, total=total)
+            update, mark = bar.update, [time.perf_counter()]
+
+            def timed_update(n=1):
+                self.sync(self._last)
+                now = time.perf_counter()
+                self._run["steps"].append(now - mark[0])
+                mark[0] = now
+                return update(n)
+
+            bar.update = timed_update
+            return bar
+
+        return stepping
+
+    @contextlib.contextmanager
+    def run(self):
+        self._run = collections.defaultdict(list)
+        start = time.perf_counter()
+        yield
+        self._run["end_to_end"].append(time.perf_counter() - start)
+        self.runs.append(dict(self._run))
+
+
+def cache_report(runs: list[dict]) -> dict:
+    """Denoiser passes that a step cache shortened: passes whose hooked blocks did not all compute."""
+    passes = [n for run in runs for n in run.get("hooked_blocks", [])]
+    if not passes or max(passes) == 0:
+        return {}
+    full = max(passes)
+    return {"denoiser_passes": len(passes), "cached_passes": sum(n < full for n in passes),
+            "hooked_blocks_per_full_pass": full}
+
+
+def _stages(runs: list[dict]) -> dict:
+    pooled = collections.defaultdict(list)
+    for run in runs:
+        for stage, values in run.items():
+            if stage in ("text_encoding", "vae_decode", "postprocess", "end_to_end"):
+                pooled[stage].append(sum(values))
+            elif stage == "steps":
+                pooled["steps"].extend(values)
+    result = {stage: summarize(values) for stage, values in pooled.items()}
+    if runs and runs[0].get("bytes_to_host"):
+        result["postprocess"]["bytes_to_host"] = sum(runs[0]["bytes_to_host"])
+    return result
+
+
+def blocks_report(timed: list[list], warmup: list[list]) -> dict:
+    """Per-block figures of a causal pipeline: each transformer pass, the first block and the later (steady)
+    blocks end to end (noise to frames on the host), frames per second of the steady blocks, and compilations in
+    any block after the first (0 is correct: one program set serves every later block)."""
+    if not timed or not timed[0]:
+        return {}
+    steady = [block.seconds for run in timed for block in run[1:]]
+    frames = timed[0][-1].frames
+    report = {"forward": summarize([s for run in timed for block in run for s in block.forward_seconds]),
+              "forwards_per_block": len(timed[0][0].forward_seconds), "first_block": summarize([r[0].seconds for r in timed]),
+              "block": summarize(steady), "frames_per_block": frames, "blocks_per_call": len(timed[0]),
+              "compilations_after_first_block": sum(b.compilations for run in warmup + timed for b in run[1:])}
+    report["fps"] = frames / report["block"]["median_s"] if steady else None
+    return report
+
+
+def _frames(output) -> np.ndarray:
+    return np.stack([np.stack([np.asarray(f) for f in video]) for video in output.frames]).astype(np.int16)
+
+
+def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None,
+            seed: int = 0) -> tuple[dict, np.ndarray]:
+    """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
+    from .arguments import call_arguments
+
+    streaming = hasattr(pipe, "block_timings")  # a causal pipeline: time each transformer pass and block
+    call = call_arguments(pipe, dict(call, timing=True) if streaming else call)
+    probe = Probe(pipe)
+    blocks = {"warmup": [], "timed": []}
+    try:
+        with compile_log() as warm_log:
+            for _ in range(warmup):
+                with probe.run():
+                    output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+                blocks["warmup"].append(list(getattr(pipe, "block_timings", [])))
+        warm_runs, probe.runs = probe.runs, []
+        with compile_log() as timed_log:
+            for index in range(runs):
+                tracing = trace_dir is not None and index == 0 and runtime.is_attached(pipe)
+                with _trace(trace_dir) if tracing else contextlib.nullcontext(), probe.run():
+                    output = pipe(**call, generator=torch.Generator().manual_seed(seed))
+                blocks["timed"].append(list(getattr(pipe, "block_timings", [])))
+    finally:
+        probe.remove()
+    report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs), "cache": cache_report(probe.runs)}
+    if streaming:
+        # progress updates are whole blocks, and postprocessing waits for the block's VAE decode: see "blocks"
+        for stage in ("steps", "postprocess"):
+            report["stages"].pop(stage, None)
+        report["blocks"] = blocks_report(blocks["timed"], blocks["warmup"])
+    if warm_runs and warm_runs[0].get("steps"):
+        report["warmup"]["first_step_s"] = warm_runs[0]["steps"][0]
+    if runtime.is_attached(pipe):
+        report["compile"] = {"seconds": warm_log.seconds, "compilations": warm_log.compilations,
+                             "persistent_cache_hits": warm_log.cache_hits,
+                             "recompilations_after_warmup": timed_log.compilations}
+    report["peak_memory_bytes"] = _peak_memory(pipe, probe.cuda)
+    return report, _frames(output)
+
+
+@contextlib.contextmanager
+def _trace(directory):
+    import jax
+
+    with jax.profiler.trace(directory):
+        yield
+
+
+def _peak_memory(pipe, cuda: bool):
+    if cuda:
+        return int(torch.cuda.max_memory_allocated())
+    attached = runtime.runtime_of(pipe)
+    if attached is None:
+        return None
+    stats = [d.memory_stats() or {} for d in attached.mesh.devices.flat]
+    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+    return max(peaks) if peaks else None
+
+
+def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: str) -> dict:
+    family = family_of(pipe)
+    if family.forward_flops is None or "steps" not in stages:
+        return {}
+    prompts = call["prompt"] if isinstance(call["prompt"], list) else [call["prompt"]]
+    guider = getattr(pipe, "guider", None)
+    scale = call.get("guidance_scale", getattr(guider, "guidance_scale", 1.0))
+    cfg = 2 if scale is not None and scale > 1.0 else 1
+    text = call.get("max_sequence_length") or 0  # families with fixed text lengths count their own
+    per_forward = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text)
+    per_step = per_forward * len(prompts) * cfg
+    achieved = per_step / stages["steps"]["median_s"]
+    peak = peak_tflops(device_kind)
+    return {"per_forward_per_sample": per_forward, "per_step": per_step, "achieved_tflops": achieved / 1e12,
+            "peak_tflops_per_chip": peak, "chips": num_devices,
+            "mfu": achieved / (peak * 1e12 * num_devices) if peak else None}
+
+
+def _versions() -> dict:
+    import importlib.metadata as metadata
+
+    names = ("jax", "jaxlib", "torch", "torchax", "diffusers", "transformers", "diffusers-tpu")
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _sizes(pipe, args, model: str) -> dict:
+    """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
+    from .arguments import model_defaults
+    from ..runtime.stages import _defaults
+
+    defaults = _defaults(pipe)
+    config = pipe.transformer.config
+    sample = {name: getattr(config, f"sample_{name}", None) for name in ("height", "width", "frames")}
+    fallback = {
+        "height": defaults.get("height") or sample["height"] and sample["height"] * pipe.vae_scale_factor_spatial,
+        "width": defaults.get("width") or sample["width"] and sample["width"] * pipe.vae_scale_factor_spatial,
+        "frames": defaults.get("num_frames") or sample["frames"],
+        "steps": defaults.get("num_inference_steps"),
+    }
+    fallback.update({k: v for k, v in model_defaults(model).items() if k in fallback})
+    sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
+    missing = [f"--{name}" for name, value in sizes.items() if value is None and takes[name] in accepted]
+    if missing:
+        raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
+    return sizes
+
+
+def run(args) -> dict:
+    """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
+    from ..planner import architectures
+    from .arguments import call_arguments, device_for, load_pipeline, sequence_length
+    from ..runtime.config import TPUConfig
+
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    device = device_for(args.platform)  # a bad platform fails before any weight is built
+    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
+                       text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
+                       quantize=args.quantize)
+    model = args.arch or args.model or BENCH_MODEL
+    pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
+    sizes = _sizes(pipe, args, model)
+    sequence = sequence_length(pipe, model)
+    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
+                width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
+                guidance_scale=args.guidance, output_type="pil",
+                max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"))
+    if args.blocks is not None:
+        call["num_blocks"] = args.blocks
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": _versions(), "model": model, "pipeline": type(pipe).__name__,
+              "settings": {k: v for k, v in call_arguments(pipe, call).items()
+                           if k not in ("prompt", "negative_prompt", "output_type")}
+              | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup}}
+    torch_frames = None
+    if args.cache:
+        report["settings"]["cache"] = args.cache
+    if args.vs == "torch":
+        torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+        pipe.to(torch_device)
+        enable_cache(pipe, args.cache, sizes["steps"])
+        measured, torch_frames = measure(pipe, dict(call), args.runs, args.warmup)
+        disable_cache(pipe, args.cache)
+        kind = torch.cuda.get_device_name() if torch_device == "cuda" else "cpu"
+        measured.update(device=torch_device, device_kind=kind,
+                        flops=flops_report(pipe, call, measured["stages"], 1, kind) if torch_device == "cuda" else {})
+        report["torch"] = measured
+        pipe.to("cpu")
+        if torch_device == "cuda":  # hand torch's cached blocks back before JAX allocates on the same GPU
+            torch.cuda.empty_cache()
+    pipe.to(device, config=config)
+    attached = runtime.runtime_of(pipe)
+    if args.cache:  # the same run without the cache first: the cache's speed-up on this platform
+        uncached, _ = measure(pipe, dict(call), args.runs, args.warmup)
+        report["jax_uncached"] = {"stages": uncached["stages"]}
+        enable_cache(pipe, args.cache, sizes["steps"])
+    measured, frames = measure(pipe, dict(call), args.runs, args.warmup, args.trace)
+    if args.cache:
+        before, after = _loop_seconds(uncached["stages"]), _loop_seconds(measured["stages"])
+        measured["cache"]["denoise_speedup"] = before / after if before and after else None
+    devices = list(attached.mesh.devices.flat)
+    measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
+                    mesh=dict(attached.mesh.shape), attention=attached.attention.implementation,
+                    matmul_precision=attached.config.matmul_precision, quantize=attached.config.quantize)
+    measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
+    if attached.target.platform == "cpu" and measured["flops"]:
+        measured["flops"]["mfu"] = None  # CPU: no meaningful peak
+    report["jax"] = measured
+    if torch_frames is not None:
+        diff = np.abs(frames - torch_frames)
+        report["max_output_difference_levels"] = int(diff.max())
+        report["output_difference_fraction"] = float((diff > 0).mean())
+        report["speedup_torch_over_jax"] = {
+            stage: report["torch"]["stages"][stage]["median_s"] / measured["stages"][stage]["median_s"]
+            for stage in measured["stages"] if stage in report["torch"]["stages"]
+        }
+    return report
+
+
+def _loop_seconds(stages: dict) -> float | None:
+    steps = stages.get("steps")
+    return steps["mean_s"] * steps["count"] if steps and steps.get("count") else None
+
+
+CACHES = {"fbc": 0.05, "mag": 0.06}  # name -> default threshold
+
+
+def cache_arg(text: str) -> str:
+    """``--cache fbc[:threshold]`` or ``mag[:threshold]``."""
+    import argparse
+
+    name, _, threshold = text.partition(":")
+    try:
+        if name not in CACHES or threshold and float(threshold) <= 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cache takes fbc[:threshold] or mag[:threshold], got {text!r}") from None
+    return text
+
+
+def enable_cache(pipe, spec: str | None, steps: int) -> None:
+    """A diffusers step cache on every denoiser: FirstBlockCache, or MagCache with diffusers' FLUX_MAG_RATIOS
+    interpolated to the step count (a stand-in: real runs calibrate ratios for their model)."""
+    if not spec:
+        return
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    name, _, threshold = spec.partition(":")
+    threshold = float(threshold) if threshold else CACHES[name]
+    for denoiser in family_of(pipe).denoisers:
+        module = getattr(pipe, denoiser, None)
+        if module is None:
+            continue
+        if name == "fbc":
+            module.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        else:
+            module.enable_cache(MagCacheConfig(threshold=threshold, num_inference_steps=steps,
+                                               mag_ratios=FLUX_MAG_RATIOS))
+
+
+def disable_cache(pipe, spec: str | None) -> None:
+    if spec:
+        for denoiser in family_of(pipe).denoisers:
+            module = getattr(pipe, denoiser, None)
+            if module is not None:
+                module.disable_cache()
+
+
+def _defaults_of(pipe) -> dict:
+    from ..runtime.stages import _defaults
+
+    return _defaults(pipe)
+
+
+def format_table(report: dict) -> str:
+    jax_side, torch_side = report["jax"], report.get("torch")
+    lines = [f"{report['pipeline']} ({report['model']}) {report['settings']}",
+             f"JAX on {jax_side['platform']} ({jax_side['device_kind']} x{jax_side['devices']}, mesh {jax_side['mesh']}, "
+             f"attention {jax_side['attention']}, matmul precision {jax_side.get('matmul_precision')}"
+             + (f", {jax_side['quantize']} weights" if jax_side.get("quantize") else "") + ")"
+             + (f" vs torch on {torch_side['device']}" if torch_side else "")]
+    header = f"{'stage':<15}{'mean s':>10}{'median s':>10}{'p95 s':>10}"
+    if torch_side:
+        header += f"{'torch median':>14}{'torch/jax':>10}"
+    lines.append(header)
+    names = {"text_encoding": "text encoding", "steps": "denoise step", "vae_decode": "VAE decode",
+             "postprocess": "postprocess", "end_to_end": "end to end"}
+    for stage, label in names.items():
+        entry = jax_side["stages"].get(stage)
+        if not entry or not entry.get("count"):
+            continue
+        row = f"{label:<15}{entry['mean_s']:>10.4f}{entry['median_s']:>10.4f}{entry['p95_s']:>10.4f}"
+        if torch_side and stage in torch_side["stages"]:
+            row += f"{torch_side['stages'][stage]['median_s']:>14.4f}{report['speedup_torch_over_jax'][stage]:>10.2f}"
+        lines.append(row)
+    lines.extend(_block_lines(jax_side.get("blocks"), (torch_side or {}).get("blocks")))
+    warm, compiled = jax_side["warmup"], jax_side.get("compile", {})
+    lines.append(f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "
+                 f"{compiled.get('compilations', 0)} programs; recompilations after warm-up: "
+                 f"{compiled.get('recompilations_after_warmup', 0)}")
+    post = jax_side["stages"].get("postprocess", {})
+    lines.append(f"device->host {post.get('bytes_to_host', 0) / 1e6:.2f} MB; peak device memory "
+                 + (f"{jax_side['peak_memory_bytes'] / 2**30:.2f} GiB" if jax_side.get("peak_memory_bytes") else "n/a"))
+    flops = jax_side.get("flops") or {}
+    if flops:
+        mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
+        lines.append(f"{flops['per_step']:.3e} FLOP/step, {flops['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}")
+    cache = jax_side.get("cache") or {}
+    if cache:
+        speedup = cache.get("denoise_speedup")
+        theirs = (torch_side or {}).get("cache") or {}
+        lines.append(f"step cache {report['settings'].get('cache')}: {cache['cached_passes']} of "
+                     f"{cache['denoiser_passes']} denoiser passes cached"
+                     + (f" (torch: {theirs['cached_passes']} of {theirs['denoiser_passes']})" if theirs else "")
+                     + (f"; denoising loop {speedup:.2f}x faster than without it" if speedup else ""))
+    if "max_output_difference_levels" in report:
+        lines.append(f"max output difference vs torch: {report['max_output_difference_levels']} levels on "
+                     f"{report['output_difference_fraction']:.4%} of subpixels")
+    if jax_side["platform"] == "cpu":
+        lines.append("CPU numbers (Pallas kernels in interpret mode) are not speed claims.")
+    return "\n".join(lines)
+
+
+def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
+    if not blocks:
+        return []
+    lines = []
+    for key, label in (("forward", "forward"), ("first_block", "first block"), ("block", "block (steady)")):
+        entry = blocks[key]
+        if entry.get("count"):
+            row = f"{label:<15}{entry['mean_s']:>10.4f}{entry['median_s']:>10.4f}{entry['p95_s']:>10.4f}"
+            if torch_blocks and torch_blocks[key].get("count"):
+                theirs = torch_blocks[key]["median_s"]
+                row += f"{theirs:>14.4f}{theirs / entry['median_s']:>10.2f}"
+            lines.append(row)
+    fps = f"{blocks['fps']:.1f}" if blocks.get("fps") else "n/a"
+    lines.append(f"streaming: {blocks['frames_per_block']} frames per block, {fps} frames/s (steady blocks), "
+                 f"{blocks['forwards_per_block']} forwards per block; compilations after the first block: "
+                 f"{blocks['compilations_after_first_block']}")
+    return lines
+
+
+def add_arguments(parser) -> None:
+    from .arguments import add_runtime_args, add_size_args
+
+    add_runtime_args(parser, default_model=BENCH_MODEL)
+    add_size_args(parser)
+    parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
+                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B (--blocks)")
+    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
+    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--runs", type=int, default=3, help="timed calls (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up calls (they compile)")
+    parser.add_argument("--vs", choices=("torch",), help="also run stock diffusers on torch (CUDA if present)")
+    parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--trace", help="write a jax.profiler trace of the first timed call to this directory")
+    parser.add_argument("--cache", type=cache_arg, help="a diffusers step cache on the denoiser: fbc[:threshold] "
+                        "(FirstBlockCache) or mag[:threshold] (MagCache, FLUX_MAG_RATIOS as a stand-in); reports the "
+                        "cached denoiser passes and the speed-up over the same JAX run without it")
+
+
+def main(args) -> int:
+    report = run(args)
+    print(format_table(report), flush=True)
+    if args.json:
+        from ..runtime.stages import _write_atomically
+
+        text = json.dumps(report, indent=2)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+    return 0

@@ -1,0 +1,255 @@
+"""``diffusers-tpu``: generate a video with a stock diffusers pipeline on TPU (or any JAX platform).
+
+    diffusers-tpu generate --output video.mp4                      # one shot, built-in tiny Wan model
+    diffusers-tpu generate --stage-dir run1 --output video.mp4     # staged: encode -> denoise -> decode on disk
+    diffusers-tpu encode --stage-dir run1 --prompt "..."           # or one stage at a time; a run killed after
+    diffusers-tpu denoise --stage-dir run1                         # denoise is finished by `decode` alone
+    diffusers-tpu decode --stage-dir run1 --output video.mp4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+from ..interop import distributed
+from .arguments import DEFAULT_MODEL, add_output_args, add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="text-to-video, one shot or staged (--stage-dir)")
+    for add in (add_runtime_args, add_prompt_args, add_size_args, add_output_args):
+        add(gen)
+    gen.add_argument("--stage-dir", help="run staged, keeping each stage's output in this directory")
+    gen.add_argument("--stop-after", choices=("encode", "denoise"), help="with --stage-dir: stop after this stage")
+    gen.add_argument("--force", action="store_true", help="with --stage-dir: recompute stages that already exist")
+    bench = commands.add_parser("bench", help="per-stage timings, compile accounting, MFU; --vs torch")
+    from . import bench as bench_module
+
+    bench_module.add_arguments(bench)
+    plan = commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device")
+    from . import plan_command
+
+    plan_command.add_arguments(plan)
+    stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
+    for name, help_text in stage_help.items():
+        sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
+        sub.add_argument("--stage-dir", required=True)
+        sub.add_argument("--force", action="store_true", help="recompute even if the stage's output exists")
+        add_runtime_args(sub, model=True)
+        if name == "encode":
+            add_prompt_args(sub)
+        if name == "denoise":
+            add_size_args(sub)
+        if name == "decode":
+            add_output_args(sub)
+    return parser
+
+
+def say(message: str) -> None:
+    """Progress for the user: from process 0 only in a multi-host run (every host runs the same command)."""
+    if distributed.is_main_process():
+        print(message, flush=True)
+
+
+def write_atomically(path: str, write) -> None:
+    """``stages._write_atomically`` (temp file beside ``path``, one rename, the user's file mode); in a multi-host run
+    only process 0 writes (every process holds the same result)."""
+    if distributed.is_main_process():
+        from ..runtime.stages import _write_atomically
+
+        _write_atomically(path, write)
+
+
+def write_video_atomically(frames, path: str, fps: int) -> None:
+    """Write frames with diffusers' ``export_to_video``, atomically."""
+    from diffusers.utils import export_to_video
+
+    def write(temp):
+        with warnings.catch_warnings():
+            # imageio starts ffmpeg with fork+exec; JAX's at-fork hook warns about forking, needlessly here.
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            export_to_video(frames, temp, fps=fps)
+
+    write_atomically(path, write)
+
+
+def write_audio_atomically(audio, path: str, rate: int) -> None:
+    """``audio``: float [channels, samples] in [-1, 1] -> 16-bit PCM WAV (stdlib ``wave``), atomically."""
+    import wave
+
+    import numpy as np
+
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 2 or audio.shape[0] < 1:
+        raise ValueError(f"audio must be [channels, samples] with at least one channel, got shape {audio.shape}.")
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767).round().astype("<i2")
+
+    def write(temp):
+        with wave.open(temp, "wb") as out:
+            out.setnchannels(pcm.shape[0])
+            out.setsampwidth(2)
+            out.setframerate(int(rate))
+            out.writeframes(pcm.T.tobytes())
+
+    write_atomically(path, write)
+
+
+def _prepare(args, model: str):
+    """Fill the model's defaults, load, and place the pipeline (bad platforms fail before loading weights)."""
+    import torch
+
+    import diffusers_tpu
+
+    device = device_for(args.platform)
+    fill_defaults(args, model)
+    config = None
+    if device != "torch":
+        dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+        config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
+                                         text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
+                                         quantize=args.quantize)
+    start = time.perf_counter()
+    pipe = load_pipeline(model)
+    if args.command == "generate":
+        _check_output(pipe, args)  # before any weight moves
+    elif args.command == "decode" and args.output is None:
+        args.output = "video.mp4"
+    if device == "torch":
+        pipe.to("cpu")
+    else:
+        pipe.to(device, config=config)
+    say(f"loaded {model} and placed it in {time.perf_counter() - start:.1f} s: {type(pipe).__name__} on {device}")
+    return pipe
+
+
+def _report(pipe) -> None:
+    from ..runtime import attach as runtime
+
+    if runtime.is_attached(pipe) and runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
+        say(runtime.stats(pipe).summary())
+
+
+def _write(frames, args) -> None:
+    """``frames``: uint8 [frames, height, width, 3] (or PIL images)."""
+    import numpy as np
+    import PIL.Image
+
+    images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
+    write_video_atomically(images, args.output, args.fps)
+    say(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}")
+
+
+def _size_call(args) -> dict:
+    return dict(height=args.height, width=args.width, num_frames=args.frames, num_inference_steps=args.steps)
+
+
+def generate(args) -> int:
+    import torch
+
+    from ..runtime import stages
+
+    model = args.model or DEFAULT_MODEL
+    pipe = _prepare(args, model)
+    sequence = sequence_length(pipe, model)
+    if args.stage_dir:
+        frames = stages.generate(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                                 guidance_scale=args.guidance, max_sequence_length=sequence, seed=args.seed,
+                                 model=model, stop_after=args.stop_after, force=args.force, **_size_call(args))
+        _report(pipe)
+        if frames is None:
+            say(f"stopped after {args.stop_after}; continue with: diffusers-tpu "
+                f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}")
+            return 0
+        _write(frames[0], args)
+        return 0
+    call = {k: v for k, v in _size_call(args).items() if v is not None}
+    if args.blocks is not None:
+        call["num_blocks"] = args.blocks
+    if args.guidance is not None:
+        call["guidance_scale"] = args.guidance
+    if sequence is not None:
+        call["max_sequence_length"] = sequence
+    call.update(prompt=args.prompt, negative_prompt=args.negative_prompt, output_type="pil")
+    call = {**getattr(pipe, "_diffusers_tpu_tiny_call", {}), **call}
+    output = pipe(**call_arguments(pipe, call), generator=torch.Generator().manual_seed(args.seed))
+    _report(pipe)
+    if makes_images(pipe):
+        _write_image(output.images[0], args.output)
+    else:
+        _write(output.frames[0], args)
+    if getattr(output, "audio", None) is not None:  # LTX-2's soundtrack, beside the video
+        path = os.path.splitext(args.output)[0] + ".wav"
+        write_audio_atomically(output.audio[0].float().cpu().numpy(), path, pipe.vocoder.config.output_sampling_rate)
+        say(f"wrote {output.audio.shape[-1]} audio samples to {path}")
+    return 0
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def _check_output(pipe, args) -> None:
+    """Default the output path by what the pipeline makes; refuse a mismatch before anything runs."""
+    images = makes_images(pipe)
+    if args.output is None:
+        args.output = "image.png" if images else "video.mp4"
+    is_image_path = args.output.lower().endswith(IMAGE_SUFFIXES)
+    if images and not is_image_path:
+        raise ValueError(f"{type(pipe).__name__} makes images: pass --output with an image suffix "
+                         f"({', '.join(IMAGE_SUFFIXES)}), e.g. --output image.png.")
+    if not images and is_image_path:
+        raise ValueError(f"{type(pipe).__name__} makes videos: pass --output ending in .mp4.")
+
+
+def _write_image(image, path: str) -> None:
+    write_atomically(path, image.save)
+    say(f"wrote a {image.width}x{image.height} image to {path}")
+
+
+def stage(args) -> int:
+    from ..runtime import stages
+
+    recorded = stages.StageDir(args.stage_dir).settings("encode")
+    if args.command != "encode" and recorded is None:
+        raise stages.StageError(f"{args.stage_dir} has no encode stage yet: run `diffusers-tpu encode --stage-dir "
+                                f"{args.stage_dir}` first.")
+    model = args.model or (recorded or {}).get("model") or DEFAULT_MODEL
+    pipe = _prepare(args, model)
+    start = time.perf_counter()
+    if args.command == "encode":
+        stages.encode(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                      guidance_scale=args.guidance, max_sequence_length=sequence_length(pipe, model), model=model,
+                      force=args.force)
+    elif args.command == "denoise":
+        stages.denoise(pipe, args.stage_dir, seed=args.seed, force=args.force, **_size_call(args))
+    else:
+        _write(stages.decode(pipe, args.stage_dir, force=args.force)[0], args)
+    _report(pipe)
+    say(f"{args.command} done in {time.perf_counter() - start:.2f} s ({args.stage_dir})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "bench":
+            from . import bench
+
+            return bench.main(args)
+        if args.command == "plan":
+            from . import plan_command
+
+            return plan_command.main(args, argv if argv is not None else sys.argv[1:])
+        return generate(args) if args.command == "generate" else stage(args)
+    except (ValueError, RuntimeError) as error:
+        print(f"diffusers-tpu: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

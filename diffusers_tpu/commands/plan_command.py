@@ -1,0 +1,217 @@
+"""``diffusers-tpu plan``: the command around ``plan`` — target and candidates, a CPU process with enough simulated
+devices and a memory-minimizing schedule, the report, and ``--check`` on an accelerator."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+
+from ..planner.plan import CHIPS, GIB, candidate_meshes, folder_pipeline, plan
+
+# XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
+# over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
+# fusions; a TPU compiler schedules for memory and fuses broadcasts. Measured on Wan2.1-1.3B at 9,360 tokens:
+# temporaries 0.25 GB more per block without these flags, constant with them. jaxlib 0.10 flag names: XLA aborts
+# on unknown flags, so the command retries without them (and says so).
+CPU_MEMORY_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false", "--xla_cpu_experimental_ynn_fusion_type=")
+
+
+def cpu_device_flag(count: int) -> str:
+    return f"--xla_force_host_platform_device_count={count}"
+
+
+def cpu_devices(count: int) -> list | None:
+    """``count`` simulated CPU devices, or None when JAX started with fewer (the flag must precede its start)."""
+    import jax
+
+    devices = jax.devices("cpu")
+    return devices[:count] if len(devices) >= count else None
+
+
+def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
+    """The same command in a process whose XLA starts with ``count`` CPU devices (and the memory flags)."""
+    import subprocess
+    import sys
+
+    flags = [os.environ.get("XLA_FLAGS", ""), cpu_device_flag(count), *(CPU_MEMORY_FLAGS if memory_flags else ())]
+    env = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags if f), JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.cli", *argv], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    if result.returncode and memory_flags and "Unknown flag" in result.stderr:
+        print("plan: this jaxlib does not know the CPU scheduling flags; temporaries will be overestimated")
+        return _rerun(argv, count, memory_flags=False)
+    sys.stderr.write(result.stderr)
+    return result.returncode
+
+
+def add_arguments(parser) -> None:
+    from .arguments import mesh_arg
+
+    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
+                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
+    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model "
+                        "(tiny:wan, ...)")
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--steps", type=int, default=50, help="denoising steps (for the floor of the whole run)")
+    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--chips", choices=sorted(CHIPS), help="a TPU slice: its device count, HBM and peak")
+    parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
+    parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
+    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
+                        help="jax: plan the text encoders on the devices too (TPUConfig(text_encoder='jax'))")
+    parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
+                        "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
+
+
+def main(args, argv: list[str] | None = None) -> int:
+    import json
+
+    from ..planner import architectures
+    from .arguments import load_pipeline
+    from ..runtime.config import TPUConfig
+
+    if not args.chips and not (args.mesh and args.hbm_gb):
+        raise ValueError("plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
+                         % ", ".join(sorted(CHIPS)))
+    if bool(args.arch) == bool(args.model):
+        raise ValueError("plan needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
+    chip = CHIPS.get(args.chips)
+    count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
+    if args.check:
+        return check(args, argv, count)
+    devices = cpu_devices(count)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if argv is not None and (devices is None or cpu_device_flag(count) not in flags):
+        # importing the package started JAX: run again in a process whose XLA starts with the flags
+        return _rerun(argv, count, memory_flags=True)
+    if devices is None:
+        raise RuntimeError(f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before Python starts.")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    if args.arch:
+        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
+    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
+        pipe = folder_pipeline(args.model, dtype)
+    else:
+        pipe = load_pipeline(args.model)
+    from ..runtime.registry import family_of
+
+    heads = family_of(pipe).num_heads(pipe)
+    if args.max_sequence_length is None:  # HunyuanVideo-1.5 has fixed text lengths instead
+        parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+        args.max_sequence_length = parameter.default if parameter is not None else None
+    meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
+    formats = [args.quantize] if args.quantize else [None, "int8"]
+    call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    rows, recommended = [], None
+    for fmt in formats:
+        for mesh in meshes:
+            config = TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder)
+            row = plan(pipe, call, config, devices, chip, args.hbm_gb, args.max_sequence_length)
+            rows.append(row)
+            print(_line(row), flush=True)
+            if row["fits"] and recommended is None:
+                recommended = row
+        if recommended is not None:
+            break  # a format that fits: quantizing further would only cost quality
+    report = {"model": args.arch or args.model, "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS), "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
+              "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length), "candidates": rows,
+              "recommended": recommended,
+              "note": "CPU-compiled estimate of the denoiser step (+ VAE weights); see README 'Will it fit?'"}
+    if recommended is not None:
+        floor = recommended.get("floor_step_seconds")
+        print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
+              + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
+              + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
+              + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
+    else:
+        print("does not fit: no candidate mesh and weight format fits this target")
+    print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's.")
+    if args.json:
+        from ..runtime.stages import _write_atomically
+
+        text = json.dumps(report, indent=1, default=str)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+    return 0
+
+
+def _line(row: dict) -> str:
+    memory = row["memory_per_device"]
+    gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
+    verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
+    decode, text = memory["vae_decode"], memory.get("text_encoders")
+    return (f"mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: step "
+            f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
+            f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
+            + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
+            + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
+            + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text else "")
+            + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
+            + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else ""))
+
+
+def check(args, argv: list[str] | None, count: int) -> int:
+    """``plan --check``: the plan (in a CPU process), then its recommended configuration run here on the
+    accelerator for 2 steps, the measured peak device memory beside the estimate."""
+    import json
+    import tempfile
+
+    import jax
+
+    from ..planner import architectures, plan as plan_module
+    from ..runtime import attach as runtime
+    from .arguments import load_pipeline
+    from ..runtime.config import TPUConfig
+    from ..runtime.registry import family_of
+
+    platform = jax.default_backend()
+    if platform == "cpu" or argv is None:
+        raise ValueError("plan --check runs the plan's configuration on a TPU or GPU, but JAX sees only CPU devices "
+                         "here; run plan without --check for the estimate.")
+    if len(jax.devices()) != count:
+        raise ValueError(f"plan --check: the target has {count} devices, this machine {len(jax.devices())}.")
+    with tempfile.TemporaryDirectory() as folder:
+        planned = os.path.join(folder, "plan.json")
+        rest = [a for a in argv if a != "--check"]
+        if "--json" in rest:
+            at = rest.index("--json")
+            del rest[at:at + 2]
+        if _rerun([*rest, "--json", planned], count, memory_flags=True):
+            return 1
+        with open(planned) as handle:
+            report = json.load(handle)
+    chosen = report["recommended"]
+    if chosen is None:
+        raise ValueError("plan --check: the plan found no configuration that fits; nothing to run.")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
+    config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"],
+                       text_encoder=args.text_encoder)
+    pipe.to("jax", config=config)
+    # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
+    size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    with plan_module.guidance(pipe, args.guidance):
+        tokens = report["size"]["text_tokens"]
+        keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
+        prompt = plan_module.PLAN_PROMPT if args.text_encoder == "jax" else None  # as planned: encoders too
+        pipe(**plan_module._call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
+    stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
+    measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
+    report["check"] = {"platform": platform, "device_kind": jax.devices()[0].device_kind,
+                       "measured_peak_bytes_per_device": measured,
+                       "planned_bytes_per_device": chosen["total_bytes_per_device"]}
+    print(f"check on {platform}: measured peak {measured / GIB:.2f} GiB per device, planned "
+          f"{chosen['total_bytes_per_device'] / GIB:.2f} GiB" if measured else "check: the platform reports no peak")
+    if args.json:
+        from ..runtime.stages import _write_atomically
+
+        text = json.dumps(report, indent=1, default=str)
+        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+    return 0

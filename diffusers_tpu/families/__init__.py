@@ -1,0 +1,11 @@
+"""Model families: one file per family holding everything family-specific, plus the generic path.
+
+Each family module registers a ``runtime.registry.Family`` (sharding rules, CFG batching, VAE programs, checks)
+when imported; ``import diffusers_tpu`` imports them all. ``generic`` infers a family from any transformer
+pipeline's module structure; ``wan_vae`` holds the chunked Wan-VAE programs Wan, causal Wan and the generic
+path's Wan-like VAEs share; ``causal_wan`` is the causal transformer model (a new ``ModelMixin``), and
+``causal_wan_pipeline`` its pipeline and family.
+
+May import: ``interop``, ``runtime`` and ``kernels``; a family may build on another family (Flux on HunyuanVideo's
+helpers, LTX-2 on LTX). Never the planner, ``testing``, ``demo`` or ``commands``.
+"""

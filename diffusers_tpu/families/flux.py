@@ -1,0 +1,48 @@
+"""Flux (``FluxPipeline``): sharding, the true-CFG pair as one dp-sharded batch, FLOPs.
+
+Flux's transformer has the double-/single-stream layout of HunyuanVideo (same parameter names), so it shares that
+sharding table. The model is guidance-distilled; real classifier-free guidance (``true_cfg_scale > 1`` with a
+negative prompt) calls it twice per step in the "cond"/"uncond" cache contexts, with the negative embeddings and
+pooled projections from a second ``encode_prompt`` call: those are batched with the positive ones over ``dp``
+(the rebuilt ``timestep / 1000`` and text ids are compared by value). Images come out of the on-device
+postprocessing as uint8.
+"""
+
+from __future__ import annotations
+
+import diffusers
+
+from . import hunyuan_video
+from ..runtime.registry import Family, register
+
+
+def forward_flops(config, latent_height: int, latent_width: int, text_tokens: int) -> int:
+    """Matmul FLOPs of one forward for one sample (``hunyuan_video.forward_flops`` over image tokens)."""
+    tokens = (latent_height // 2) * (latent_width // 2)  # the pipeline packs 2x2 latent patches
+    dim = config.num_attention_heads * config.attention_head_dim
+    total, mlp = tokens + text_tokens, 4 * dim
+    double = 8 * total * dim**2 + 4 * total**2 * dim + 4 * total * dim * mlp
+    single = 6 * total * dim**2 + 4 * total**2 * dim + 2 * total * dim * mlp + 2 * total * (dim + mlp) * dim
+    edges = 2 * tokens * config.in_channels * dim * 2 + 2 * text_tokens * config.joint_attention_dim * dim
+    return config.num_layers * double + config.num_single_layers * single + edges
+
+
+FAMILY = register(
+    Family(
+        name="flux",
+        pipelines=(diffusers.FluxPipeline,),
+        denoisers=("transformer",),
+        shard_rules=hunyuan_video.SHARD_RULES,
+        activation_rules=hunyuan_video.ACTIVATION_RULES,
+        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
+        vae_methods=("decoder.forward", "encoder.forward"),
+        # encode_prompt -> (embeddings, pooled, text ids); called a second time for the negative prompt
+        cfg_negative=lambda encoded: (encoded[0], encoded[1]),
+        cfg_condition_arg=("encoder_hidden_states", "pooled_projections"),
+        cfg_negative_call=1,
+        cfg_batched_args=("hidden_states", "timestep", "guidance"),
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, 2 * (h // (pipe.vae_scale_factor * 2)), 2 * (w // (pipe.vae_scale_factor * 2)),
+            text),
+    )
+)

@@ -1,0 +1,296 @@
+"""Wan VAE (``AutoencoderKLWan``, 2.1 and 2.2) decode and encode in fixed-size temporal chunks.
+
+The stock ``_decode`` loops over latent frames in Python, carrying a feature cache (the last two input frames of
+every causal conv). Its entries are ``None``, the marker ``"Rep"`` (no temporal upsampling yet) or 1-frame tensors
+while the first two latent frames go through; from then on every entry is a 2-frame tensor. So:
+
+- program A decodes latent frames 0 and 1 exactly as stock does (``first_chunk`` for frame 0);
+- program B decodes ``vae_decode_chunk`` frames given the now uniform cache, with ``lax.scan`` over the frames
+  (the cache is the carry), calling the stock decoder once per frame as stock does;
+- the remaining frames are zero-padded to a chunk multiple and the extra output trimmed (the decoder is causal:
+  trailing padding cannot change earlier frames).
+
+Two programs serve every frame count at a resolution, results are the stock decode's, and the program memory
+does not depend on the frame count (one frame's activations at a time). Encoding mirrors it: the encoder's first
+two calls (frame 0, then frames 1-4) in program A, then chunks of ``vae_encode_chunk`` latent frames (4 input
+frames each) in program B.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..interop import backend, sharding
+from ..interop.compile import compiled_function
+
+
+def _scan(step, cache: list, frames, per_call: int):
+    """``step(cache, x) -> (cache, out)`` over ``frames`` ``[B, C, K * per_call, H, W]`` in calls of ``per_call``
+    frames, with ``lax.scan``; returns the cache and the outputs concatenated along time."""
+    array = backend.to_jax_array(frames)
+    batch, channels, total, height, width = array.shape
+    calls = array.reshape(batch, channels, total // per_call, per_call, height, width)
+    calls = jnp.moveaxis(calls, 2, 0)  # [K, B, C, per_call, H, W]
+
+    # Cache slots of convs that never cache stay None: they ride along as constants, the rest is the carry.
+    live = [i for i, entry in enumerate(cache) if isinstance(entry, torch.Tensor)]
+
+    def full(carry):
+        entries = list(cache)
+        for i, array in zip(live, carry):
+            entries[i] = backend.wrap(array)
+        return entries
+
+    def body(carry, x):
+        with backend.jax_mode():
+            new_cache, out = step(full(carry), backend.wrap(x))
+        return [backend.to_jax_array(new_cache[i]) for i in live], backend.to_jax_array(out)
+
+    carry, outs = jax.lax.scan(body, [backend.to_jax_array(cache[i]) for i in live], calls)
+    outs = jnp.moveaxis(outs, 0, 2)  # [B, C', K, f, H', W']
+    b, c, k, f, h, w = outs.shape
+    return full(carry), backend.wrap(outs.reshape(b, c, k * f, h, w))
+
+
+def _decode_first(vae, z, cache=None, start: int = 0):
+    """Stock ``_decode``'s loop over latent frames ``start, start + 1, ...`` (``cache``: the feature cache after
+    frame ``start - 1``; a fresh one for ``start=0``)."""
+    x = vae.post_quant_conv(z)
+    cache = [None] * vae._cached_conv_counts["decoder"] if cache is None else list(cache)
+    outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
+            for i in range(z.shape[2])]
+    return torch.cat(outs, 2), cache
+
+
+def _decode_first_on_mesh(vae, mesh, z, cache=None, start: int = 0):
+    """``_decode_first`` with its outputs (pixels, feature cache) kept spatially sharded: left free, XLA's
+    partitioner replicated the whole program (every device decoding all of frames 0-1; ``plan`` found it)."""
+    out, cache = _decode_first(vae, z, cache, start)
+    return sharding.spatially(out, mesh), [sharding.spatially(entry, mesh) for entry in cache]
+
+
+def _decode_chunk(vae, z, cache):
+    def frame(cache_, x):
+        cache_ = list(cache_)
+        return cache_, vae.decoder(x, feat_cache=cache_, feat_idx=[0])
+
+    cache, out = _scan(frame, cache, vae.post_quant_conv(z), per_call=1)
+    return out, cache
+
+
+def _encode_first(vae, x):
+    cache = [None] * vae._cached_conv_counts["encoder"]
+    outs = [vae.encoder(x[:, :, :1], feat_cache=cache, feat_idx=[0])]
+    if x.shape[2] > 1:
+        outs.append(vae.encoder(x[:, :, 1:5], feat_cache=cache, feat_idx=[0]))
+    return vae.quant_conv(torch.cat(outs, 2)), cache
+
+
+def _encode_chunk(vae, x, cache):
+    def call(cache_, frames):
+        cache_ = list(cache_)
+        return cache_, vae.encoder(frames, feat_cache=cache_, feat_idx=[0])
+
+    cache, out = _scan(call, cache, x, per_call=4)
+    return vae.quant_conv(out), cache
+
+
+def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
+    """Run program A on ``head`` then program B over ``tail`` zero-padded to ``chunk`` calls; trim to ``keep``
+    outputs of the tail."""
+    out, cache = first(head)
+    pieces = [out]
+    if tail is not None:
+        array = backend.to_jax_array(tail)
+        padded = math.ceil(array.shape[2] / per_chunk_frames) * per_chunk_frames
+        array = jnp.pad(array, ((0, 0), (0, 0), (0, padded - array.shape[2]), (0, 0), (0, 0)))
+        produced = 0
+        for start in range(0, padded, per_chunk_frames):
+            out, cache = chunk_program(backend.wrap(array[:, :, start:start + per_chunk_frames]), cache)
+            pieces.append(out)
+            produced += out.shape[2]
+        extra = produced - keep
+        if extra:
+            pieces[-1] = pieces[-1][:, :, : pieces[-1].shape[2] - extra]
+    return torch.cat(pieces, 2)
+
+
+def _finish(vae, out):
+    """Stock ``_decode``'s tail: unpatchify (Wan 2.2's VAE), clamp to [-1, 1]."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    if vae.config.patch_size is not None:
+        out = unpatchify(out, patch_size=vae.config.patch_size)
+    return torch.clamp(out, min=-1.0, max=1.0)
+
+
+def _copy(cache: list) -> list:
+    return [backend.wrap(jnp.copy(backend.to_jax_array(x))) if isinstance(x, torch.Tensor) else x for x in cache]
+
+
+class StreamingDecoder:
+    """Decodes a video block by block, carrying the causal feature cache: the concatenated outputs equal one
+    stock ``vae.decode`` of all the latents (a causal conv only ever looks at its cached past frames).
+
+    On JAX it reuses the VAE's compiled programs: latent frames 0 and 1 (whose cache entries are still uneven)
+    in program A, every later frame in the chunk program (cache carried, donated). The first block also runs the
+    programs the next blocks need on zeros (on copies of the cache; once per block shape), so no block after the
+    first compiles.
+    """
+
+    def __init__(self, vae):
+        self.vae, self.cache, self.start = vae, None, 0
+        self.programs = getattr(vae, "_diffusers_tpu_programs", None)
+        self.rehearsal = None  # on JAX, after the first block: what a later block's decode returns (zeros' pixels)
+
+    def _run(self, z, cache, start: int):
+        if self.programs is None:  # plain torch: the stock per-frame loop
+            return _decode_first(self.vae, z, cache, start)
+        early = max(0, min(2 - start, z.shape[2]))
+        pieces = []
+        if early:
+            out, cache = self.programs["decode_first"](z[:, :, :early], cache, start)
+            pieces.append(out)
+        if z.shape[2] > early:
+            out, cache = self.programs["decode_chunk"](z[:, :, early:], cache)
+            pieces.append(out)
+        return torch.cat(pieces, 2), cache
+
+    def decode(self, z):
+        """Pixels ``[B, C, frames, H, W]`` in [-1, 1] for the next latent frames ``z`` (normalized as
+        ``vae.decode`` takes them)."""
+        first = self.start == 0
+        out, self.cache = self._run(z, self.cache, self.start)
+        self.start += z.shape[2]
+        rehearsed = self.programs["rehearsed"] if self.programs is not None else None
+        if first and rehearsed is not None and (tuple(z.shape), z.dtype) not in rehearsed:
+            rehearsed.add((tuple(z.shape), z.dtype))  # once per block shape: later calls find the programs built
+            cache, start, zeros = _copy(self.cache), self.start, torch.zeros_like(z)
+            while True:  # the next block's programs; one more when that block still holds frame 1
+                rehearsed, cache = self._run(zeros, cache, start)
+                start += z.shape[2]
+                if start - z.shape[2] >= 2:
+                    break
+            self.rehearsal = _finish(self.vae, rehearsed)  # also compiles the tail ops at the later blocks' shape
+        return _finish(self.vae, out)
+
+
+class _Tiles:
+    """``vae.enable_tiling()`` on JAX: stock's tiled decode/encode with every tile through the compiled chunk programs
+    (two programs per tile shape; a frame grid has at most four tile shapes) and the blending and assembly as one
+    compiled program of stock's own ``blend_v`` / ``blend_h`` code."""
+
+    def __init__(self, vae, runtime, decode_frames, encode_frames):
+        self.vae, self.runtime = vae, runtime
+        self.decode_frames, self.encode_frames = decode_frames, encode_frames
+        self.assemble = compiled_function(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
+
+    def decode(self, z, return_dict: bool = True):
+        from diffusers.models.autoencoders.vae import DecoderOutput
+
+        vae, ratio, patch = self.vae, self.vae.spatial_compression_ratio, self.vae.config.patch_size or 1
+        _, _, _, height, width = z.shape
+        tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+        stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        with self.runtime.active():
+            rows = [[self.decode_frames(z[:, :, :, i:i + tile_h, j:j + tile_w]) for j in range(0, width, stride_w)]
+                    for i in range(0, height, stride_h)]
+            out = self.assemble(rows, vae.tile_sample_min_height // patch - vae.tile_sample_stride_height // patch,
+                                vae.tile_sample_min_width // patch - vae.tile_sample_stride_width // patch,
+                                vae.tile_sample_stride_height // patch, vae.tile_sample_stride_width // patch,
+                                height * ratio // patch, width * ratio // patch)
+            out = _finish(vae, out)
+        return (out,) if not return_dict else DecoderOutput(sample=out)
+
+    def encode(self, x):
+        vae, ratio = self.vae, self.vae.spatial_compression_ratio // (self.vae.config.patch_size or 1)
+        _, _, _, height, width = x.shape
+        min_h, min_w = vae.tile_sample_min_height, vae.tile_sample_min_width
+        latent_min_h, latent_min_w = min_h // ratio, min_w // ratio
+        stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        with self.runtime.active():
+            rows = [[self.encode_frames(x[:, :, :, i:i + min_h, j:j + min_w])
+                     for j in range(0, width, vae.tile_sample_stride_width)]
+                    for i in range(0, height, vae.tile_sample_stride_height)]
+            return self.assemble(rows, latent_min_h - stride_h, latent_min_w - stride_w, stride_h, stride_w,
+                                 height // ratio, width // ratio)
+
+
+def _assemble(vae, rows, blend_height: int, blend_width: int, stride_h: int, stride_w: int, height: int, width: int):
+    """Stock ``tiled_decode`` / ``tiled_encode``'s blending of overlapping tiles (diffusers 0.42)."""
+    rows = [list(row) for row in rows]
+    result_rows = []
+    for i, row in enumerate(rows):
+        result_row = []
+        for j, tile in enumerate(row):
+            if i > 0:
+                tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
+            if j > 0:
+                tile = vae.blend_h(row[j - 1], tile, blend_width)
+            result_row.append(tile[:, :, :, :stride_h, :stride_w])
+        result_rows.append(torch.cat(result_row, dim=-1))
+    return torch.cat(result_rows, dim=3)[:, :, :, :height, :width]
+
+
+def install(vae, runtime, state, place_input) -> None:
+    """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    config = runtime.config
+    dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
+    compile_ = functools.partial(compiled_function, vae, state=state, activate=runtime.active,
+                                 place_input=place_input, compute_dtype=dtype)
+    decode_first = compile_(functools.partial(_decode_first_on_mesh, vae, runtime.vae_mesh))
+    # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
+    # never reads it again.
+    decode_chunk = compile_(functools.partial(_decode_chunk, vae), donate=1)
+    encode_first = compile_(functools.partial(_encode_first, vae))
+    encode_chunk = compile_(functools.partial(_encode_chunk, vae), donate=1)
+    stock_decode, stock_encode = vae._decode, vae._encode
+
+    def decode_frames(z):  # stock's per-frame decoder loop (one cache), before unpatchify and clamp
+        frames = z.shape[2]
+        head, tail = z[:, :, : min(frames, 2)], z[:, :, 2:] if frames > 2 else None
+        return _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
+                       keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
+
+    def encode_frames(x):  # stock's encoder loop (1 frame, then 4 at a time; one cache), quant_conv applied
+        calls = 1 + (x.shape[2] - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
+        head = x[:, :, : min(x.shape[2], 5) if calls > 1 else 1]
+        tail = x[:, :, 5: 1 + 4 * (calls - 1)] if calls > 2 else None
+        return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk, keep=max(calls - 2, 0))
+
+    def _decode(z, return_dict: bool = True):
+        _, _, frames, height, width = z.shape
+        tile_h = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        tile_w = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        if vae.use_tiling and (width > tile_w or height > tile_h):
+            return stock_decode(z, return_dict=return_dict)  # -> vae.tiled_decode: compiled tiles below
+        with runtime.active():
+            out = _finish(vae, decode_frames(z))
+        return (out,) if not return_dict else DecoderOutput(sample=out)
+
+    def _encode(x):
+        _, _, frames, height, width = x.shape
+        if vae.use_tiling and (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+            return stock_encode(x)  # -> vae.tiled_encode: compiled tiles below
+        with runtime.active():
+            if vae.config.patch_size is not None:
+                x = patchify(x, patch_size=vae.config.patch_size)
+            return encode_frames(x)
+
+    runtime._override(vae, "_decode", _decode)
+    runtime._override(vae, "_encode", _encode)
+    tiles = _Tiles(vae, runtime, decode_frames, encode_frames)
+    runtime._override(vae, "tiled_decode", tiles.decode)
+    runtime._override(vae, "tiled_encode", tiles.encode)
+    runtime.enter_public_vae_methods(vae)
+    runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
+                                                       "encode_first": encode_first, "encode_chunk": encode_chunk,
+                                                       "rehearsed": set()})  # StreamingDecoder's block shapes

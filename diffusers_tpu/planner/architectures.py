@@ -1,0 +1,136 @@
+"""Real-size pipelines with random weights, built from published configs with no download (for benchmarks).
+
+Parameters are created empty (accelerate's ``init_empty_weights``) and then filled in place — normal(0, 0.02)
+for matrices, ones for norm scales, zeros for biases — so no time goes into torch's default initializers, while
+buffers (RoPE tables and the like) keep their real computed values. The videos are noise; the shapes, FLOPs and
+memory are the real model's. Host memory: the text encoders are large (UMT5-XXL is 6.7B parameters, 13.5 GB in
+bfloat16), so Wan2.1-1.3B needs roughly 24 GB of host RAM or more; TPU and GPU hosts have that, small VMs do not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..families import cogvideox, hunyuan, wan
+from . import standins
+
+# UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
+_T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128, feed_forward_proj="gated-gelu", dropout_rate=0.0,
+               is_encoder_decoder=False, pad_token_id=0, eos_token_id=1)
+UMT5_XXL = dict(_T5_XXL, vocab_size=256384)
+T5_V11_XXL = dict(_T5_XXL, vocab_size=32128)
+# HunyuanVideo-1.5's encoders: Qwen2.5-VL-7B-Instruct's language model (the MLLM) and ByT5-small's encoder (glyphs).
+QWEN25_VL_7B_TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+BYT5_SMALL = dict(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12, num_heads=6,
+                  feed_forward_proj="gated-gelu", dropout_rate=0.0, is_encoder_decoder=False, pad_token_id=0,
+                  eos_token_id=1)
+
+# family, transformer / text encoder / VAE configs ({} = the diffusers class defaults, which are the real VAEs).
+ARCHITECTURES = {
+    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0,
+                        vae_dtype=torch.float32),
+    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0,
+                       vae_dtype=torch.float32),
+    "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B, text_encoder=T5_V11_XXL, vae={}),
+    # the 480p text-to-video checkpoint; its 1000 MLLM + 256 ByT5 text tokens are the pipeline's own lengths
+    "HunyuanVideo-1.5-8.3B": dict(family="hunyuanvideo15", transformer=hunyuan.HUNYUANVIDEO15_8B,
+                                  text_encoder=QWEN25_VL_7B_TEXT, text_encoder_2=BYT5_SMALL, vae={}, flow_shift=5.0),
+    # Wan2.1-1.3B run block-causally (Self-Forcing's recipe: 3 latent frames a block, every earlier frame attended)
+    "CausalWan2.1-1.3B": dict(family="causal_wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={},
+                              flow_shift=5.0, vae_dtype=torch.float32),
+}
+
+
+def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
+    """``generator=None``: parameters stay on ``meta``, only their dtypes are set (as ``from_pretrained`` would)."""
+    from ..interop.sharding import _keep_in_fp32
+
+    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+    for prefix, owner in module.named_modules():
+        for name, param in list(owner._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            qualified = f"{prefix}.{name}" if prefix else name
+            value = torch.empty(param.shape, dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype,
+                                device="cpu" if generator is not None else "meta")
+            if generator is not None and param.ndim >= 2:
+                value.normal_(0.0, 0.02, generator=generator)
+            elif generator is not None:
+                value.fill_(0.0 if name == "bias" else 1.0)
+            owner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def _empty(build):
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        return build()
+
+
+def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights: bool = True):
+    """The named real-size pipeline (``ARCHITECTURES``) with random weights, on the CPU; ``weights=False``: its
+    parameters stay on the ``meta`` device (shapes only, for ``plan``)."""
+    if name not in ARCHITECTURES:
+        raise ValueError(f"Unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}.")
+    spec = ARCHITECTURES[name]
+    pipe = _BUILDERS[spec["family"]](spec)
+    generator = torch.Generator().manual_seed(seed)
+    # The denoiser and text encoders in ``dtype`` (keeping the models' float32 modules, as from_pretrained does);
+    # the VAE as diffusers' examples load it: float32 for Wan, else ``dtype`` (CogVideoX's pipeline hands the
+    # denoiser's latents to the VAE uncast, so they must agree).
+    for component in ("transformer", "text_encoder", "text_encoder_2", "vae"):
+        module = getattr(pipe, component, None)
+        if module is not None:
+            vae_dtype = spec.get("vae_dtype", dtype)
+            _fill(module, vae_dtype if component == "vae" else dtype, generator if weights else None)
+            module.eval()
+    return pipe
+
+
+def _wan(spec, causal: bool = False):
+    import diffusers
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
+    from ..families.causal_wan_pipeline import CausalWanPipeline
+
+    model = CausalWanTransformer3DModel if causal else diffusers.WanTransformer3DModel
+    parts = dict(transformer=_empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
+                 vae=_empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"])),
+                 text_encoder=_empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"]))),
+                 tokenizer=standins.char_tokenizer())
+    if causal:
+        return CausalWanPipeline(**parts, scheduler=diffusers.FlowMatchLCMScheduler(shift=spec["flow_shift"]))
+    return diffusers.WanPipeline(**parts, scheduler=diffusers.UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=spec["flow_shift"]))
+
+
+def _cogvideox(spec):
+    import diffusers
+    from transformers import T5Config, T5EncoderModel
+
+    return diffusers.CogVideoXPipeline(
+        transformer=_empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"])),
+        vae=_empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"])),
+        text_encoder=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder"]))),
+        tokenizer=standins.char_tokenizer(), scheduler=diffusers.CogVideoXDPMScheduler(**standins.COGVIDEOX_SCHEDULER))
+
+
+def _hunyuanvideo15(spec):
+    import diffusers
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    return diffusers.HunyuanVideo15Pipeline(
+        transformer=_empty(lambda: diffusers.HunyuanVideo15Transformer3DModel(**spec["transformer"])),
+        vae=_empty(lambda: diffusers.AutoencoderKLHunyuanVideo15(**spec["vae"])),
+        text_encoder=_empty(lambda: Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**spec["text_encoder"]))),
+        tokenizer=standins.chat_tokenizer(), text_encoder_2=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder_2"]))),
+        tokenizer_2=ByT5Tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=spec["flow_shift"]),
+        guider=diffusers.ClassifierFreeGuidance(guidance_scale=6.0))
+
+
+_BUILDERS = {"wan": _wan, "causal_wan": lambda spec: _wan(spec, causal=True), "cogvideox": _cogvideox,
+             "hunyuanvideo15": _hunyuanvideo15}

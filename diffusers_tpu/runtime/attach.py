@@ -1,0 +1,576 @@
+"""Attach a stock diffusers pipeline to JAX (place, shard, compile) and detach it again.
+
+``pipe.to("tpu")`` lands in ``attach``: it validates everything (platform, family, mesh, sharding plans)
+before a single weight moves, then places each component, installs per-instance overrides and records them,
+so ``pipe.to("cpu")`` (``detach``) restores the plain torch pipeline exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import logging
+import time
+import types
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import diffusers
+
+from . import attention, cfg, porting, postprocess, quantize, schedulers
+from ..interop import backend, boundary, compile as jit, distributed, sharding
+from .config import TPUConfig
+from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
+from .registry import Family, family_of, vae_methods
+
+logger = logging.getLogger(__name__)
+_ATTR = "_diffusers_tpu_runtime"
+
+
+# --- reading pipe.to(...) arguments ----------------------------------------------------------------------
+def _device_arg(args, kwargs):
+    if "device" in kwargs:
+        return kwargs["device"]
+    return args[0] if args and not isinstance(args[0], torch.dtype) else None
+
+
+def jax_target_of(args, kwargs) -> str | None:
+    return backend.parse_device(_device_arg(args, kwargs))
+
+
+def dtype_of(args, kwargs) -> torch.dtype | None:
+    if "dtype" in kwargs:
+        return kwargs["dtype"]
+    return next((a for a in args[:2] if isinstance(a, torch.dtype)), None)
+
+
+def is_dtype_only(args, kwargs) -> bool:
+    return _device_arg(args, kwargs) is None and dtype_of(args, kwargs) is not None
+
+
+def runtime_of(pipe) -> PipelineRuntime | None:
+    return vars(pipe).get(_ATTR)
+
+
+def is_attached(pipe) -> bool:
+    return runtime_of(pipe) is not None
+
+
+@dataclasses.dataclass
+class CallStats:
+    """Timings of the last pipeline call. Step times wait for the device (block_until_ready)."""
+
+    total_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    compilations: int = 0
+    cache_hits: int = 0
+    step_seconds: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def run_seconds(self) -> float:
+        return max(self.total_seconds - self.compile_seconds, 0.0)
+
+    def summary(self) -> str:
+        steps = self.step_seconds
+        per_step = f", {sum(steps[1:]) / (len(steps) - 1):.3f} s/step warm" if len(steps) > 1 else ""
+        return (
+            f"compile {self.compile_seconds:.2f} s ({self.compilations} programs, {self.cache_hits} from the "
+            f"persistent cache), run {self.run_seconds:.2f} s"
+            f"{per_step}, total {self.total_seconds:.2f} s"
+        )
+
+
+class PipelineRuntime:
+    def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
+        self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
+        # Eager ops' arrays: on this process's first mesh device (a multi-host run cannot hold another host's).
+        self.home_device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+        # The VAE runs on its own mesh over the same devices: a redundant batch axis x a spatial axis.
+        self.vae_mesh = backend.build_mesh({"batch": 1, "spatial": mesh.size}, list(mesh.devices.flat))
+        self.user_dtype = user_dtype
+        self.attention = attention.AttentionSettings(
+            mesh, config.attention_for(target.platform), config.attention_kv_threshold,
+            config.attention_block_sizes, config.attention_k_smoothing,
+        )
+        batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
+        self.pairing = None
+        if batch_cfg and family.cfg_negative is not None:
+            self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args, family.cfg_negative_call,
+                                          family.cfg_pad_text)
+        self.last_call = CallStats()
+        self.attached = True
+        self.denoisers: dict[str, Denoiser] = {}
+        self._undo: list = []
+        self._last_output = None
+        self._log: jit.CompileLog | None = None
+        self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
+
+    # -- context every JAX call runs in --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def active(self, settings: attention.AttentionSettings | None = None):
+        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe).
+        The matmul precision is part of every program's trace (TPU and GPU would otherwise run float32 products
+        in bfloat16 / TF32 and leave stock's results)."""
+        with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
+                jax.default_device(self.home_device), jax.default_matmul_precision(self.config.matmul_precision):
+            yield
+
+    @contextlib.contextmanager
+    def call_scope(self):
+        """Like a pipeline call (JAX tensors flow between entry points), for a pipeline's own generator methods."""
+        self._depth += 1
+        try:
+            with self.active():
+                yield
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def outside(self):
+        """User code running inside a call (a step callback): plain torch, and entry points convert as from outside."""
+        depth, self._depth = self._depth, 0
+        try:
+            with backend.torch_mode():
+                yield
+        finally:
+            self._depth = depth
+
+    def public(self, method):
+        """An entry point users call: outside a pipeline call its tensor inputs may be CPU tensors and its outputs
+        are CPU tensors (``boundary``); inside one it passes JAX tensors through."""
+
+        @functools.wraps(method)
+        def entry(*args, **kwargs):
+            if self._depth:
+                return method(*args, **kwargs)
+            self._depth += 1
+            try:
+                with self.active():
+                    return boundary.to_host(method(*boundary.to_device(args), **boundary.to_device(kwargs)))
+            finally:
+                self._depth -= 1
+
+        return entry
+
+    def run_pipeline_call(self, stock_call, pipe, args, kwargs):
+        if self._depth:  # a subclass __call__ wrapping the stock one
+            return stock_call(pipe, *args, **kwargs)
+        bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+        if self.family.check_call is not None:  # bad input fails here, before anything compiles
+            checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+            checked.apply_defaults()
+            self.family.check_call(pipe, checked.arguments)
+        self._host_callback(bound)
+        self._unwrap_compiled_components()
+        self._depth, self.last_call = 1, CallStats()
+        if self.pairing:
+            self.pairing.reset()
+        start = time.perf_counter()
+        try:
+            with self.active(), jit.compile_log() as log, self._schedulers_on_device():
+                self._log = log
+                out = boundary.to_host(stock_call(*bound.args, **bound.kwargs))
+        finally:
+            self._depth, self._last_output, self._log = 0, None, None
+        self.last_call.total_seconds = time.perf_counter() - start
+        self.last_call.compile_seconds, self.last_call.compilations = log.seconds, log.compilations
+        self.last_call.cache_hits = log.cache_hits
+        logger.info("%s on %s: %s", type(pipe).__name__, self.target.platform, self.last_call.summary())
+        return out
+
+    def _host_callback(self, bound) -> None:
+        """A step callback sees host tensors (``boundary.host_callback``); a PipelineCallback keeps its tensor list."""
+        callback = bound.arguments.get("callback_on_step_end")
+        if callback is None:
+            return
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
+        bound.arguments["callback_on_step_end"] = boundary.host_callback(callback, self.outside)
+
+    def _unwrap_compiled_components(self) -> None:
+        """``pipe.transformer = torch.compile(pipe.transformer)`` after the move: XLA compiles it already."""
+        for name, module in list(self.pipe.components.items()):
+            original = getattr(module, "_orig_mod", None)
+            if isinstance(module, torch.nn.Module) and sharding.is_placed(original or module) and original is not None:
+                porting.warn_once(f"torch.compile-{name}", f"pipe.{name} was torch.compile'd on JAX: XLA compiles it "
+                                  "already, so the original module runs.")
+                setattr(self.pipe, name, original)
+
+    @contextlib.contextmanager
+    def _schedulers_on_device(self):
+        """During a call, scheduler tables that device timesteps index live on JAX (``schedulers``); outside one the
+        scheduler is a plain host object (a user's own loop, a scheduler swapped after the move)."""
+        undo = []
+        for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
+            undo.extend(schedulers.place(scheduler))
+            if self.config.scheduler_dtype is not None:
+                undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
+        try:
+            yield
+        finally:
+            for step in reversed(undo):
+                step()
+            for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
+                schedulers.to_host(scheduler)
+
+    # -- placement -------------------------------------------------------------------------------------------
+    def _batch_input(self, array):
+        if array.ndim and array.shape[0] % self.mesh.shape["dp"] == 0:
+            return distributed.place(array, NamedSharding(self.mesh, P("dp")))
+        return distributed.place(array, NamedSharding(self.mesh, P()))
+
+    def _width_input(self, array):
+        """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
+        mesh = self.vae_mesh
+        return distributed.place(array, NamedSharding(mesh, P(*sharding.spatial_spec(array.shape, mesh.size))))
+
+    def _recording_output(self, forward):
+        def recorded(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            self._last_output = out
+            return out
+
+        recorded.__wrapped__ = forward
+        return recorded
+
+    def place(self, plans: dict) -> None:
+        pipe, family = self.pipe, self.family
+        for name, (module, slots, rules) in plans.items():
+            quantized = self.config.quantize is not None and name in family.denoisers
+            if quantized:  # the host tensors, for an exact restore
+                names = quantize.targets(module)
+                originals = {slot.qualified: sharding._get(slot) for slot in slots if slot.qualified in names}
+            sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
+            if quantized:
+                quantize.quantize_placed(module, slots, originals, self.config.quantize)
+            self._undo.append(functools.partial(sharding.restore, module))
+            self._override(module, "state_dict", _host_state_dict(module.state_dict, module))
+            porting.install_module_overrides(self, module)
+            state = functools.partial(_state, slots)
+            if name in family.denoisers:
+                self._place_denoiser(name, module, rules)
+            elif name == "vae" and family.vae_install is not None:
+                family.vae_install(module, self, state, self._width_input)
+            elif name == "vae" or _autoencoder_parts(module):  # a second autoencoder too (LTX-2's audio VAE)
+                methods, place_input = ((family.vae_methods, self._width_input) if name == "vae"
+                                        else (_autoencoder_parts(module), lambda array: array))
+                for spec in methods:
+                    path, _, method = spec.rpartition(".")
+                    owner = module.get_submodule(path) if path else module
+                    prefix = f"{path}." if path else ""
+                    owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
+                    if name == "vae":
+                        self._override(owner, method, self.compiled_vae_method(owner, method, owned))
+                    else:
+                        self._jit(owner, method, owned, place_input)
+                self.enter_public_vae_methods(module)
+            else:
+                self._jit(module, "forward", state)
+                self._override(module, "forward", self.public(module.forward))
+        for name in _host_text_encoders(pipe, self.config):
+            module = getattr(pipe, name)
+            self._override(module, "forward", _on_host(module.forward, self))
+            if self.user_dtype is not None:
+                module.to(self.user_dtype)
+        if self.pairing is not None:
+            self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
+        if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
+            self._override(pipe, "encode_prompt", self.public(pipe.encode_prompt))
+        self._override(pipe, "progress_bar", self._timed_progress_bar(pipe.progress_bar))
+        processor = getattr(pipe, "video_processor", None)
+        if self.config.postprocess_on_device and processor is not None:
+            postprocess.install(processor)
+            self._undo.append(functools.partial(postprocess.uninstall, processor))
+        image_processor = getattr(pipe, "image_processor", None)
+        if self.config.postprocess_on_device and image_processor is not None and postprocess.install_image(
+                image_processor):
+            self._undo.append(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
+        if family.prepare is not None:
+            family.prepare(pipe, self)
+        for entry in self.denoisers.values():
+            module = entry.module
+            if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
+                self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
+                self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+            self._override(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
+
+    def denoiser_entry(self, module, rules, state=None) -> Denoiser:
+        """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
+        where its weights come from (default: the placed tensors; ``plan`` passes abstract ones)."""
+        family = self.family
+        forward = innermost_forward(module)
+        if family.denoiser_forward is not None:
+            forward = types.MethodType(family.denoiser_forward, module)
+        handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
+        self._undo.extend(handle.remove for handle in handles)
+        return Denoiser(self, module, forward, rules, self.attention, self._batch_input, state=state)
+
+    def _place_denoiser(self, name: str, module, rules) -> None:
+        entry = self.denoiser_entry(module, rules)
+        self.denoisers[name] = entry
+        self._install_forward(module, entry)
+        self._override(module, "forward", self._recording_output(module.forward))
+
+    def _install_forward(self, module, forward) -> None:
+        """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
+        keep running around it), else as an instance attribute."""
+        found = hook_reference(module)
+        if found is None:
+            self._override(module, "forward", forward)
+            return
+        reference, attribute = found
+        stock = getattr(reference, attribute)
+        setattr(reference, attribute, forward)
+        self._undo.append(lambda: setattr(reference, attribute, stock))
+
+    def enter_public_vae_methods(self, vae) -> None:
+        """``vae.encode`` / ``vae.decode`` do tensor math around the compiled parts (slicing, tiling, the latent
+        distribution): public entry points, so they also work (and return host tensors) outside a pipeline call."""
+        for name in ("encode", "decode"):
+            if callable(getattr(vae, name, None)):
+                self._override(vae, name, self.public(getattr(vae, name)))
+
+    def compiled_vae_method(self, owner, method: str, state):
+        """A VAE method (``Family.vae_methods``) compiled on the VAE mesh: video inputs spatially sharded, and on
+        several devices its video outputs too (``sharding.spatial_outputs``)."""
+        function = getattr(owner, method)
+        if self.vae_mesh.size > 1:
+            function = sharding.spatial_outputs(function, self.vae_mesh)
+        return jit.compiled_function(owner, function, state=state, activate=functools.partial(self.active, None),
+                                     place_input=self._width_input)
+
+    def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
+        activate = functools.partial(self.active, settings)
+        compiled = jit.compiled_method(module, method, state=state, activate=activate, place_input=place_input)
+        self._override(module, method, compiled)
+
+    def _override(self, owner, name, value):
+        """Set ``owner.<name>`` for as long as the pipeline is on JAX. A function is guarded: once detached it calls
+        what was there before, so a wrapper someone installed on top of it (a diffusers hook) keeps working."""
+        had = name in vars(owner)
+        previous = vars(owner).get(name)
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+            value = self._guarded(owner, name, value, previous if had else None)
+        object.__setattr__(owner, name, value)
+
+        def undo():
+            if vars(owner).get(name) is not value:
+                return  # replaced on top of ours: ours (guarded) now falls through
+            if had:
+                object.__setattr__(owner, name, previous)
+            else:
+                vars(owner).pop(name, None)
+
+        self._undo.append(undo)
+
+    def _guarded(self, owner, name, value, previous):
+        @functools.wraps(value)
+        def guarded(*args, **kwargs):
+            if self.attached:
+                return value(*args, **kwargs)
+            fallback = previous if previous is not None else getattr(type(owner), name).__get__(owner)
+            return fallback(*args, **kwargs)
+
+        guarded.__wrapped__ = value
+        return guarded
+
+    # -- progress bar: per-step device time, compile reported apart -----------------------------------------
+    def _timed_progress_bar(self, stock_progress_bar):
+        runtime = self
+
+        def progress_bar(iterable=None, total=None):
+            bar = stock_progress_bar(iterable=iterable, total=total)
+            if iterable is not None:
+                return bar
+            stock_update = bar.update
+            marks = {"last": time.perf_counter(), "compile": 0.0}
+
+            def update(n=1):
+                if runtime._last_output is not None:
+                    jax.block_until_ready(pytree.tree_map(backend.to_jax_array, runtime._last_output))
+                now = time.perf_counter()
+                seconds, marks["last"] = now - marks["last"], now
+                compile_now = runtime._log.seconds if runtime._log is not None else 0.0
+                compiled, marks["compile"] = compile_now - marks["compile"], compile_now
+                runtime.last_call.step_seconds.append(seconds)
+                if hasattr(bar, "start_t"):  # a disabled bar has no clock
+                    bar.start_t += compiled  # rate and ETA count device time, not compilation
+                warm = runtime.last_call.step_seconds[1:] or runtime.last_call.step_seconds
+                bar.set_postfix(step=f"{seconds:.3f}s", avg=f"{sum(warm) / len(warm):.3f}s",
+                                compile=f"{compile_now:.1f}s", refresh=False)
+                return stock_update(n)
+
+            bar.update = update
+            return bar
+
+        return progress_bar
+
+    def undo(self) -> None:
+        self.attached = False
+        for step in reversed(self._undo):
+            step()
+        self._undo.clear()
+
+
+def _state(slots, prefix: str = "") -> dict:
+    return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
+
+
+def _host_state_dict(state_dict, module):
+    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX; quantized
+    weights as stock holds them, never their int8 values."""
+
+    def host_state_dict(*args, **kwargs):
+        result = state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
+        for key, value in result.items():
+            result[key] = quantize.host_weight(quantized[key]) if key in quantized else _to_cpu(value)
+        return result
+
+    host_state_dict.__wrapped__ = state_dict
+    return host_state_dict
+
+
+def _on_host(forward, runtime):
+    """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
+    outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
+    tensors, e.g. Qwen-Image's masked selection); called by the user, it returns host tensors."""
+
+    def host_forward(*args, **kwargs):
+        with backend.torch_mode():
+            args, kwargs = pytree.tree_map(_to_cpu, (args, kwargs))
+            out = forward(*args, **kwargs)
+        return boundary.to_device(out) if runtime._depth else out
+
+    host_forward.__wrapped__ = forward
+    return host_forward
+
+
+_to_cpu = boundary._to_cpu
+to_host = boundary.to_host
+
+
+def _autoencoder_parts(module) -> tuple[str, ...]:
+    """A component other than ``vae`` that decodes and encodes through ``decoder``/``encoder`` submodules (an audio
+    VAE): those parts are compiled like the VAE's, and ``encode``/``decode`` become public entry points, rather than
+    compiling a ``forward`` the pipeline never calls."""
+    if not (callable(getattr(module, "decode", None)) or callable(getattr(module, "encode", None))):
+        return ()
+    return vae_methods(module)
+
+
+def _host_text_encoders(pipe, config: TPUConfig) -> list[str]:
+    if config.text_encoder != "host":
+        return []
+    return [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
+
+
+def _modules_to_place(pipe, config: TPUConfig) -> dict:
+    host = set(_host_text_encoders(pipe, config))
+    return {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and n not in host}
+
+
+def component_dtype(family: Family, config: TPUConfig, target: backend.Target, name: str, default):
+    """A component's dtype on the devices: ``TPUConfig.component_dtypes``, else the family's TPU default on TPU."""
+    if config.component_dtypes is not None:
+        return config.component_dtypes.get(name, default)
+    if target.platform == "tpu":
+        return family.tpu_dtypes.get(name, default)
+    return default
+
+
+def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype | None = None):
+    """Validate, then place ``pipe`` on JAX. Raises before anything moves when something is wrong."""
+    if config is not None and not isinstance(config, TPUConfig):
+        raise ValueError(f"config must be a diffusers_tpu.TPUConfig, got {type(config).__name__}.")
+    config = config or TPUConfig()
+    family = family_of(pipe)
+    target = backend.resolve_target(kind)
+    current = runtime_of(pipe)
+    if current is not None and current.config == config and current.target == target and dtype is None:
+        return pipe
+    devices = backend.devices_for(target)
+    heads = family.num_heads(pipe)
+    if current is not None:
+        detach(pipe)  # re-placing with another config starts from the torch pipeline
+    prepared = porting.prepare_components(pipe)  # offload hooks, torch.compile wrappers (undone on failure/detach)
+    try:
+        modules = _modules_to_place(pipe, config)
+        for module in modules.values():
+            check_hooks(module, "pipe.to('tpu')")
+        hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
+        if config.mesh is None:
+            mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
+        else:
+            mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
+        plans = _plans(pipe, family, config, target, modules, mesh_shape, dtype)
+    except BaseException:
+        for step in reversed(prepared):
+            step()
+        raise
+    backend.enable_compile_cache(config.resolved_cache_dir())
+    mesh = backend.build_mesh(mesh_shape, devices)
+    runtime = PipelineRuntime(pipe, family, config, target, mesh, dtype)
+    runtime._undo.extend(prepared)
+    porting.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
+    try:
+        runtime.place(plans)
+    except BaseException:
+        runtime.undo()
+        raise
+    vars(pipe)[_ATTR] = runtime
+    logger.info("%s on %s, mesh %s, attention %s", type(pipe).__name__, target.platform, mesh_shape,
+                runtime.attention.implementation)
+    return pipe
+
+
+def _plans(pipe, family, config, target, modules, mesh_shape, dtype) -> dict:
+    """Every placed tensor's sharding and dtype, validated before anything moves."""
+    plans = {}
+    for name, module in modules.items():
+        denoiser = name in family.denoisers
+        rules = family.rules(module, mesh_shape) if denoiser else ()
+        module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
+        if name == "vae" and config.vae_weights_dtype is not None:
+            module_dtype = config.vae_weights_dtype
+        if dtype is None:
+            module_dtype = component_dtype(family, config, target, name, module_dtype)
+        keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
+        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep), rules)
+    return plans
+
+
+def detach(pipe) -> None:
+    runtime = vars(pipe).pop(_ATTR, None)
+    if runtime is not None:
+        runtime.undo()
+
+
+def cast(pipe, dtype: torch.dtype):
+    """``pipe.to(dtype)`` while on JAX: cast every component on its devices."""
+    runtime = runtime_of(pipe)
+    for name, module in pipe.components.items():
+        if not isinstance(module, torch.nn.Module):
+            continue
+        if sharding.is_placed(module):
+            sharding.cast(module, dtype)
+        else:
+            module.to(dtype)
+    runtime.user_dtype = dtype
+    return pipe
+
+
+def stats(pipe) -> CallStats:
+    """Timings of the last call of a pipeline on JAX."""
+    runtime = runtime_of(pipe)
+    if runtime is None:
+        raise ValueError("This pipeline is not on JAX; move it with pipe.to('tpu') or pipe.to('jax') first.")
+    return runtime.last_call

@@ -1,0 +1,209 @@
+"""TPUConfig: every knob of the JAX placement in one small dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..interop.backend import MESH_AXES
+
+ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
+TEXT_ENCODER_PLACEMENTS = ("host", "jax")
+TEXT_PADDING_MODES = ("mask", "zero_kv")
+MATMUL_PRECISIONS = ("highest", "high", "default")
+DEFAULT_CACHE_DIR = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "diffusers_tpu", "jax"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUConfig:
+    """How a pipeline runs on JAX. Every field has a working default.
+
+    Attributes:
+        mesh: device-mesh axis sizes, e.g. ``{"dp": 2, "sp": 1, "tp": 4}``. ``dp`` shards the batch (the
+            classifier-free-guidance pair included), ``sp`` the token sequence, ``tp`` attention heads and MLP
+            width. Missing axes have size 1; the key order is the device layout order (default dp, sp, tp).
+            The product must equal the number of devices. ``None`` picks a layout from the device count and
+            the model's head count.
+        attention: the denoiser's attention. ``"splash_exp2"``: the project's Pallas kernel (base-2 online
+            softmax; interpret mode off TPU); ``"splash"``: JAX's own Pallas splash kernel; ``"xla"``: plain
+            reference attention; ``"cudnn"``: cuDNN fused attention (NVIDIA GPUs). ``None``: splash_exp2 on TPU
+            and CPU, cudnn on GPU. VAE and text-encoder attention always runs the exact reference.
+        attention_kv_threshold: attention calls whose key/value length is at least this shard heads over
+            ``tp`` (self-attention); shorter ones (cross-attention to text) shard the query sequence instead
+            (the Wan 2.1 TPU guide used 10000).
+        attention_block_sizes: ``diffusers_tpu.kernels.BlockSizes`` for "splash_exp2" (default: the guide's
+            3328/2816/256/256, clamped for short sequences).
+        attention_k_smoothing: subtract the mean key before "splash_exp2" (exact; steadier in bfloat16).
+        dtype: cast the denoiser weights to this dtype on the move, keeping the model's
+            ``_keep_in_fp32_modules`` in float32 like ``from_pretrained(torch_dtype=...)`` does.
+        text_encoder: ``"host"`` runs text encoders with plain torch on the host CPU (as the TPU reference
+            projects do); ``"jax"`` moves them to the devices and compiles them too.
+        batch_cfg: run the conditional and unconditional passes of classifier-free guidance as one batch.
+            ``"auto"``: when ``dp >= 2`` (each half on its own devices).
+        postprocess_on_device: denormalize, quantize and lay out frames on the device, so "pil" output moves
+            uint8 (a quarter of the float bytes) to the host.
+        compile_cache_dir: JAX persistent compilation cache directory; ``None`` means the default user cache
+            dir (or ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
+        vae_decode_chunk / vae_encode_chunk: latent frames per compiled VAE chunk (Wan): one program serves every
+            frame count; larger chunks mean fewer calls but up to ``chunk - 1`` frames of padding.
+        vae_dtype: the VAE's compute dtype (weights are cast inside the compiled program); None: its weights'.
+        vae_weights_dtype: the VAE weights' dtype on the devices (bfloat16 halves their memory); None: as loaded.
+        scheduler_dtype: the dtype the scheduler keeps latents in between steps; None: as the pipeline does.
+        component_dtypes: dtype of named components on the devices, e.g. ``{"text_encoder_2": torch.bfloat16}``;
+            None: the family's TPU defaults on TPU (HunyuanVideo-1.5: ByT5 in bfloat16), as loaded elsewhere.
+        text_padding: how padded text tokens stay out of attention (HunyuanVideo-1.5). ``"mask"``: exactly, as a
+            key mask in the kernel; ``"zero_kv"``: their keys and values are zeroed, an approximation (padded
+            keys still take softmax weight) that TPU ports used before kernels had a key mask.
+        matmul_precision: how float32 matrix products and convolutions run (JAX's ``default_matmul_precision``).
+            ``"highest"``: full float32, like stock torch on the CPU, so float32 parts match stock. ``"default"``:
+            the platform's fast path — one bfloat16 pass on TPU, TF32 on NVIDIA GPUs — faster for float32 parts
+            (the float32 VAE), but their results move ~1e-3 away from stock; ``"high"`` lies between. bfloat16
+            operands are exact either way.
+        quantize: ``"int8"`` stores the denoiser's linear weights as int8 with per-output-channel scales (half
+            the bytes of bfloat16), rebuilt in the compute dtype inside each compiled matmul; activations untouched.
+            ``"fp8"``: float8_e4m3fn storage the same way. ``None`` (default): weights as placed. Lossy: see
+            BENCHMARKS.md "int8 weights" for the measured error.
+    """
+
+    mesh: Mapping[str, int] | None = None
+    attention: str | None = None
+    attention_kv_threshold: int = 10000
+    attention_block_sizes: Any = None
+    attention_k_smoothing: bool = False
+    dtype: torch.dtype | None = None
+    text_encoder: str = "host"
+    batch_cfg: bool | str = "auto"
+    postprocess_on_device: bool = True
+    compile_cache_dir: str | bool | None = None
+    vae_decode_chunk: int = 1
+    vae_encode_chunk: int = 1
+    vae_dtype: torch.dtype | None = None
+    vae_weights_dtype: torch.dtype | None = None
+    scheduler_dtype: torch.dtype | None = None
+    component_dtypes: Mapping[str, torch.dtype] | None = None
+    text_padding: str = "mask"
+    matmul_precision: str = "highest"
+    quantize: str | None = None
+
+    def __post_init__(self):
+        if self.mesh is not None:
+            if not isinstance(self.mesh, Mapping):
+                raise ValueError(
+                    f"TPUConfig(mesh=...) must be a dict of axis sizes such as {{'dp': 2, 'sp': 1, 'tp': 4}}, "
+                    f"got {self.mesh!r}."
+                )
+            unknown = [axis for axis in self.mesh if axis not in MESH_AXES]
+            if unknown:
+                raise ValueError(f"TPUConfig(mesh=...) has unknown axes {unknown}; the axes are {list(MESH_AXES)}.")
+            bad = {a: s for a, s in self.mesh.items() if isinstance(s, bool) or not isinstance(s, int) or s < 1}
+            if bad:
+                raise ValueError(f"TPUConfig(mesh=...) sizes must be positive integers, got {bad}.")
+            object.__setattr__(self, "mesh", dict(self.mesh))
+        if self.attention is not None and self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"TPUConfig(attention={self.attention!r}) is not an attention implementation; "
+                f"choose one of {list(ATTENTION_IMPLEMENTATIONS)} (or None for the platform default)."
+            )
+        if isinstance(self.attention_kv_threshold, bool) or not isinstance(self.attention_kv_threshold, int) or (
+            self.attention_kv_threshold < 0
+        ):
+            raise ValueError(
+                f"TPUConfig(attention_kv_threshold={self.attention_kv_threshold!r}) must be a non-negative int."
+            )
+        if self.attention_block_sizes is not None:
+            from ..kernels import BlockSizes
+
+            if not isinstance(self.attention_block_sizes, BlockSizes):
+                raise ValueError(
+                    "TPUConfig(attention_block_sizes=...) must be a diffusers_tpu.kernels.BlockSizes, e.g. "
+                    f"BlockSizes(block_q=1024, block_kv=1024), got {self.attention_block_sizes!r}."
+                )
+        if not isinstance(self.attention_k_smoothing, bool):
+            raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")
+        if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+            raise ValueError(
+                f"TPUConfig(dtype={self.dtype!r}) must be a floating torch dtype such as torch.bfloat16, or None."
+            )
+        if self.text_encoder not in TEXT_ENCODER_PLACEMENTS:
+            raise ValueError(
+                f"TPUConfig(text_encoder={self.text_encoder!r}) must be one of {list(TEXT_ENCODER_PLACEMENTS)}."
+            )
+        if self.batch_cfg not in (True, False, "auto"):
+            raise ValueError(f"TPUConfig(batch_cfg={self.batch_cfg!r}) must be True, False or 'auto'.")
+        if not isinstance(self.postprocess_on_device, bool):
+            raise ValueError(f"TPUConfig(postprocess_on_device={self.postprocess_on_device!r}) must be a bool.")
+        for name in ("vae_decode_chunk", "vae_encode_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TPUConfig({name}={value!r}) must be a positive number of latent frames.")
+        for name in ("vae_dtype", "vae_weights_dtype", "scheduler_dtype"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+                raise ValueError(f"TPUConfig({name}={value!r}) must be a floating torch dtype (e.g. torch.bfloat16) or None.")
+        if self.component_dtypes is not None:
+            if not isinstance(self.component_dtypes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, torch.dtype) and v.is_floating_point
+                for k, v in self.component_dtypes.items()
+            ):
+                raise ValueError(
+                    f"TPUConfig(component_dtypes={self.component_dtypes!r}) must map component names to floating "
+                    "torch dtypes, e.g. {'text_encoder_2': torch.bfloat16}."
+                )
+            object.__setattr__(self, "component_dtypes", dict(self.component_dtypes))
+        if self.text_padding not in TEXT_PADDING_MODES:
+            raise ValueError(f"TPUConfig(text_padding={self.text_padding!r}) must be one of {list(TEXT_PADDING_MODES)}.")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"TPUConfig(matmul_precision={self.matmul_precision!r}) must be one of {list(MATMUL_PRECISIONS)}."
+            )
+        from . import quantize
+
+        quantize.check_format(self.quantize)
+        if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
+            raise ValueError(
+                f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."
+            )
+
+    def attention_for(self, platform: str) -> str:
+        """The denoiser attention on a JAX platform; raises when the choice cannot run there."""
+        choice = self.attention or ("cudnn" if platform == "gpu" else "splash_exp2")
+        if choice == "cudnn" and platform != "gpu":
+            raise ValueError(
+                f"TPUConfig(attention='cudnn') needs an NVIDIA GPU platform, but this pipeline goes to {platform}; "
+                "use 'splash_exp2' (TPU, or interpret mode on CPU) or 'xla'."
+            )
+        if choice.startswith("splash") and platform == "gpu":
+            raise ValueError(
+                f"TPUConfig(attention={choice!r}) is a TPU Pallas kernel and cannot run on a GPU; use 'cudnn' "
+                "(the GPU default) or 'xla'."
+            )
+        return choice
+
+    def replace(self, **changes: Any) -> TPUConfig:
+        return dataclasses.replace(self, **changes)
+
+    def resolved_cache_dir(self) -> str | None:
+        if self.compile_cache_dir is False:
+            return None
+        if self.compile_cache_dir is None:
+            return os.environ.get("DIFFUSERS_TPU_CACHE_DIR") or DEFAULT_CACHE_DIR
+        return os.fspath(self.compile_cache_dir)
+
+
+def mesh_arg(text: str) -> dict[str, int]:
+    """``--mesh dp,sp,tp`` as every command line takes it (an argparse ``type``)."""
+    import argparse
+
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--mesh takes three positive sizes dp,sp,tp (e.g. 2,1,4), got {text!r}")
+    return dict(zip(("dp", "sp", "tp"), sizes))

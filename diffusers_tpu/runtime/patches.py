@@ -1,0 +1,220 @@
+"""Every patch this project applies to diffusers, peft and torch's public API, each with its reason and guard.
+
+This module sits at the top of the import graph (it imports the runtime); the low-level torch/torchax
+compatibility patches live in ``compat`` at the bottom. Nothing else in the package modifies a third-party class:
+family modules and the runtime only install per-instance overrides on the pipelines and modules a user moved to
+JAX (undone by ``pipe.to("cpu")``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+
+import torch
+
+from . import attention, lora, porting, attach as runtime
+from ..interop import compat
+from .registry import registered_pipelines
+
+logger = logging.getLogger(__name__)
+
+_applied: set[str] = set()
+
+
+# --- 1. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
+# Reason: stock ``to`` calls ``torch.device(arg)`` (pipeline_utils.py, ``to``), and torch has no "tpu" device;
+# "jax" parses only after torchax renamed the private backend, and moving modules with ``module.to("jax")``
+# leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
+# to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
+# previous JAX placement. A native "tpu" torch device registered by another package is left alone.
+# Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on 0.42; other versions get a warning at patch time.
+TESTED_DIFFUSERS = ((0, 42), (0, 43))  # [from, below)
+
+
+def _check_diffusers_version() -> bool:
+    import diffusers
+
+    version = tuple(int(part) for part in re.findall(r"\d+", diffusers.__version__)[:2])
+    tested = TESTED_DIFFUSERS[0] <= version < TESTED_DIFFUSERS[1]
+    if not tested:
+        logger.warning(
+            "diffusers %s is outside the versions diffusers_tpu is tested with (%s.x); pipe.to('tpu') may misbehave.",
+            diffusers.__version__, ".".join(map(str, TESTED_DIFFUSERS[0])),
+        )
+    return tested
+
+
+def _patch_pipeline_to():
+    from diffusers import DiffusionPipeline
+
+    _check_diffusers_version()
+
+    stock_to = DiffusionPipeline.to
+    if getattr(stock_to, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_to)
+    def to(self, *args, **kwargs):
+        config = kwargs.pop("config", None)
+        target = runtime.jax_target_of(args, kwargs)
+        if target is not None:
+            for cls in type(self).__mro__:  # subclasses with their own __call__ (diffusers_tpu's, users')
+                wrap_pipeline_call(cls)
+            return runtime.attach(self, target, config=config, dtype=runtime.dtype_of(args, kwargs))
+        if config is not None:
+            raise ValueError(
+                "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
+                "pipe.to('jax', config=...)."
+            )
+        if runtime.is_attached(self):
+            if runtime.is_dtype_only(args, kwargs):
+                return runtime.cast(self, runtime.dtype_of(args, kwargs))
+            runtime.detach(self)
+        return stock_to(self, *args, **kwargs)
+
+    to._diffusers_tpu = True
+    DiffusionPipeline.to = to
+    _applied.add("DiffusionPipeline.to")
+
+
+# --- 2. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
+# Reason: after a JAX placement every tensor the stock ``__call__`` touches (latents, timesteps, embeddings) is a
+# torchax tensor, which only computes inside the torchax environment. Wrapping ``__call__`` lets the stock body
+# run unchanged. Pipelines never moved to JAX take the original path untouched.
+# Guard: applied once per class that defines ``__call__``; the wrapper only acts on attached instances.
+def wrap_pipeline_call(pipeline_cls) -> None:
+    from diffusers import DiffusionPipeline
+
+    if "__call__" not in vars(pipeline_cls) or not issubclass(pipeline_cls, DiffusionPipeline):
+        return
+    stock_call = vars(pipeline_cls)["__call__"]
+    if getattr(stock_call, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_call)
+    def __call__(self, *args, **kwargs):
+        attached = runtime.runtime_of(self)
+        if attached is None:
+            return stock_call(self, *args, **kwargs)
+        return attached.run_pipeline_call(stock_call, self, args, kwargs)
+
+    __call__._diffusers_tpu = True
+    pipeline_cls.__call__ = __call__
+    _applied.add(f"{pipeline_cls.__name__}.__call__")
+
+
+# --- 3. peft adapters next to a base layer that lives on JAX ------------------------------------------------
+# Reason: peft moves a new adapter to its base layer's device (``_move_adapter_to_device_of_base_layer``), and
+# ``tensor.to("jax")`` fails outside the torchax environment (``aten::empty_strided`` on the 'jax' backend): a
+# LoRA loaded into a moved pipeline crashed. The adapter now stays on the host (cast to the base dtype); the
+# runtime shards it like the layer it adapts before the next call. ``merge``/``unmerge`` (fuse_lora/unfuse_lora)
+# compute on the weights: for a layer on JAX they run stock peft code on host copies of that layer's tensors,
+# which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
+# take the new path (peft 0.17 - 0.21 method names); without peft nothing is patched.
+def _patch_peft():
+    try:
+        from peft.tuners.lora import layer as lora_layer
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return
+    stock_move = BaseTunerLayer._move_adapter_to_device_of_base_layer
+    if getattr(stock_move, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_move)
+    def move_adapter(self, adapter_name, device=None):
+        if device is None and lora.base_on_jax(self):
+            device = torch.device("cpu")  # the dtype still follows the base layer
+        return stock_move(self, adapter_name, device)
+
+    move_adapter._diffusers_tpu = True
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = move_adapter
+    for cls in vars(lora_layer).values():
+        if isinstance(cls, type) and issubclass(cls, lora_layer.LoraLayer):
+            for name in ("merge", "unmerge"):
+                stock = vars(cls).get(name)
+                if stock is not None and not getattr(stock, "_diffusers_tpu", False):
+                    setattr(cls, name, lora.on_host_copies(stock))
+    _applied.add("peft adapters on JAX layers")
+
+
+# --- 4. torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------
+# Reason: GPU scripts write ``torch.Generator(device="cuda")``; torch rejects "tpu" ("Expected one of cpu, cuda,
+# ... device type") and the "jax" backend has no generator. On JAX pipelines diffusers draws latents on the
+# generator's device and moves them, so the TPU equivalent is a CPU generator: same stream as
+# ``torch.Generator()``, the same latents stock torch CPU draws. ``torch.Generator`` becomes a subclass that maps
+# those two device strings and leaves every other one (and isinstance checks on any generator) as they were.
+# Guard: replaced once; a torch whose Generator already accepts "tpu" is left alone.
+def _patch_generator():
+    if getattr(torch.Generator, "_diffusers_tpu", False):
+        return
+    try:
+        torch.Generator("tpu")
+        return  # a native "tpu" generator exists (torch_xla or similar)
+    except RuntimeError:
+        pass
+    stock = torch.Generator
+
+    class _AnyGenerator(type(stock)):
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, stock)
+
+        def __subclasscheck__(cls, subclass):
+            return issubclass(subclass, stock)
+
+    class Generator(stock, metaclass=_AnyGenerator):
+        __doc__ = stock.__doc__
+        _diffusers_tpu = True
+
+        def __new__(cls, device="cpu"):
+            return stock(porting.generator_device(device))
+
+    Generator.__module__, Generator.__qualname__ = stock.__module__, stock.__qualname__
+    torch.Generator = Generator
+    _applied.add("torch.Generator('tpu')")
+
+
+# --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
+# Reason: GPU scripts call CPU offloading, attention slicing and xformers; on a moved pipeline they would move
+# sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
+# meaning (``porting``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls warn
+# once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
+_PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", "enable_attention_slicing",
+                   "enable_xformers_memory_efficient_attention")
+
+
+def _patch_ported_methods():
+    from diffusers import DiffusionPipeline
+
+    for name in _PORTED_METHODS:
+        stock = getattr(DiffusionPipeline, name, None)
+        if stock is None or getattr(stock, "_diffusers_tpu", False):
+            continue
+
+        @functools.wraps(stock)
+        def ported(self, *args, _name=name, _stock=stock, **kwargs):
+            handled, result = porting.pipeline_method(self, runtime.runtime_of(self), _name, args, kwargs)
+            return result if handled else _stock(self, *args, **kwargs)
+
+        ported._diffusers_tpu = True
+        setattr(DiffusionPipeline, name, ported)
+        _applied.add(f"DiffusionPipeline.{name}")
+
+
+def apply() -> None:
+    """Apply every patch (idempotent). Called by ``import diffusers_tpu``."""
+    compat.apply()
+    compat.route_sdpa(attention.scaled_dot_product_attention)
+    _patch_pipeline_to()
+    for cls in registered_pipelines():
+        wrap_pipeline_call(cls)
+    _patch_peft()
+    _patch_generator()
+    _patch_ported_methods()
+
+
+def applied() -> list[str]:
+    """Names of the patches in effect, for bug reports."""
+    return sorted(_applied | compat.applied())

@@ -1,0 +1,181 @@
+"""The family contract and registry: each ``families/<family>.py`` registers one ``Family``; the generic path
+registers a fallback that infers a family from any transformer pipeline (``register_fallback``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import torch
+
+from ..interop.sharding import Rule
+
+DENOISERS = ("transformer", "transformer_2", "transformer_3")  # component names a denoiser may have
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Everything the generic runtime needs to know about one model family.
+
+    Attributes:
+        name: short name, e.g. "wan".
+        pipelines: the diffusers pipeline classes of the family that run on JAX (subclasses included).
+        denoisers: component names of the denoising transformers (sharded by ``shard_rules`` and compiled).
+        shard_rules: ``(regex, spec)`` rules for denoiser weights; unmatched weights are replicated.
+        activation_rules: ``(regex, spec)`` sharding constraints on the first input of matching submodules.
+        num_heads: the denoiser's attention head count (tensor parallelism must divide it).
+        vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method.
+        cfg_negative: picks the negative embeddings out of ``encode_prompt``'s return value, enabling the
+            classifier-free-guidance pair to run as one batch; None when the family batches CFG itself.
+        cfg_condition_arg: the denoiser keyword (or tuple of keywords, in ``cfg_negative``'s order) that differs between
+            the "cond" and "uncond" calls.
+        cfg_batched_args: denoiser keywords whose leading dim is the batch.
+        cfg_negative_call: which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the
+            first, which returns both; 1: a second call made for the negative prompt only).
+        cfg_pad_text: the cond and uncond text lengths may differ; batch them padded to the longer one with masked
+            tokens (only where the model masks padded text keys exactly).
+        prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
+        check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
+        decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
+            (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
+        vae_install: ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE
+            (instead of compiling ``vae_methods``), e.g. Wan's temporal chunks.
+        denoiser_forward: a jit-safe replacement for the denoiser's ``forward`` (same keywords), bound to the
+            module and compiled in place of the stock one.
+        tpu_dtypes: component name -> dtype on the TPU platform (e.g. a text encoder known to be safe in bf16),
+            unless ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
+        rules_for: ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after
+            ``shard_rules`` (the generic path's whole table).
+        stage_encode: ``stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the
+            named text tensors a staged run saves (default: ``encode_prompt``'s positive/negative embeddings).
+        stage_inputs: ``stage_inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text
+            tensors (default: ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
+        forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
+            one denoiser forward for one sample (benchmarks report MFU from it).
+        plan_call: ``plan_call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size``
+            (``height``, ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the
+            text encoders: ``plan`` runs the pipeline up to its first denoiser call with them.
+        plan_passes: ``plan_passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its
+            first call's (causal Wan's cache-writing pass); ``plan`` analyses each.
+    """
+
+    name: str
+    pipelines: tuple[type, ...]
+    denoisers: tuple[str, ...] = ("transformer",)
+    shard_rules: tuple[Rule, ...] = ()
+    activation_rules: tuple[Rule, ...] = ()
+    num_heads: Callable[[object], int | None] = lambda pipe: None
+    vae_methods: tuple[str, ...] = ("decode",)
+    cfg_negative: Callable[[object], object] | None = None
+    cfg_condition_arg: str | tuple[str, ...] = "encoder_hidden_states"
+    cfg_batched_args: tuple[str, ...] = ()
+    cfg_negative_call: int = 0
+    cfg_pad_text: bool = False
+    prepare: Callable[[object, object], None] | None = None
+    check_call: Callable[[object, dict], None] | None = None
+    decode_latents: Callable[[object, object, int], object] | None = None
+    forward_flops: Callable[..., int] | None = None
+    plan_call: Callable[..., dict] | None = None
+    plan_passes: Callable[[dict], list[dict]] | None = None
+    vae_install: Callable[..., None] | None = None
+    denoiser_forward: Callable | None = None
+    tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    rules_for: Callable[..., tuple] | None = None
+    stage_encode: Callable[..., dict] | None = None
+    stage_inputs: Callable[..., dict] | None = None
+
+    def rules(self, module, mesh_shape) -> tuple:
+        """Sharding rules of a denoiser: the family's table, then rules inferred from the module (``rules_for``)."""
+        inferred = self.rules_for(module, mesh_shape) if self.rules_for is not None else ()
+        return tuple(self.shard_rules) + tuple(inferred)
+
+
+_families: list[Family] = []
+_fallbacks: list[Callable[[object], Family | None]] = []
+
+
+def vae_methods(vae) -> tuple[str, ...]:
+    """The VAE's tensor-in, tensor-out parts: its decoder and encoder modules (the code around them, tiling and
+    frame loops, runs as stock)."""
+    if vae is None:
+        return ()
+    return tuple(f"{n}.forward" for n in ("decoder", "encoder") if isinstance(getattr(vae, n, None), torch.nn.Module))
+
+
+def zero_text_call(width_of: Callable[[object], int]) -> Callable[..., dict]:
+    """``plan_call`` of a text-to-video pipeline taking ``prompt_embeds`` / ``negative_prompt_embeds`` (zeros
+    ``[1, text_tokens, width_of(pipe)]``), ``num_frames`` and ``guidance_scale``."""
+
+    def call(pipe, size: dict, tokens: int, dtype) -> dict:
+        import torch
+
+        embeddings = torch.zeros(1, tokens, width_of(pipe), dtype=dtype)
+        return dict(size, prompt_embeds=embeddings, negative_prompt_embeds=embeddings, num_inference_steps=2)
+
+    return call
+
+
+def register(family: Family) -> Family:
+    _families.append(family)  # patches.apply (or the first pipe.to) wraps the pipelines' __call__
+    return family
+
+
+def register_fallback(family_for: Callable[[object], Family | None]) -> None:
+    """``family_for(pipe)``: a family for a pipeline no registered family claims, or None (the generic path)."""
+    if family_for not in _fallbacks:
+        _fallbacks.append(family_for)
+
+
+def registered_pipelines() -> list[type]:
+    return [cls for family in _families for cls in family.pipelines]
+
+
+_catalogue: dict[str, str] | None = None
+
+
+def supported_pipelines() -> dict[str, str]:
+    """Every diffusers pipeline class -> how it runs on JAX: ``"family <name>"`` (a family file), ``"generic"`` (any
+    pipeline with a transformer denoiser), or why it cannot (``"unsupported: ..."``). Imports every pipeline class
+    once (seconds)."""
+    global _catalogue
+    if _catalogue is None:
+        import inspect
+
+        import diffusers
+
+        found = {}
+        for name in sorted(n for n in dir(diffusers) if n.endswith("Pipeline") and n != "DiffusionPipeline"):
+            try:
+                cls = getattr(diffusers, name)
+                parameters = inspect.signature(cls.__init__).parameters
+            except Exception as error:  # an optional dependency missing
+                found[name] = f"unsupported: cannot import ({type(error).__name__})"
+                continue
+            family = next((f for f in _families if issubclass(cls, f.pipelines)), None)
+            if family is not None:
+                found[name] = f"family {family.name}"
+            elif any(p.startswith("transformer") for p in parameters):
+                found[name] = "generic"
+            elif "unet" in parameters:
+                found[name] = "unsupported: UNet denoiser"
+            else:
+                found[name] = "unsupported: no transformer denoiser"
+        _catalogue = found
+    extra = {cls.__name__: f"family {f.name}" for f in _families for cls in f.pipelines}  # diffusers_tpu's classes
+    return {**_catalogue, **extra}
+
+
+def family_of(pipe) -> Family:
+    for family in _families:
+        if isinstance(pipe, family.pipelines):
+            return family
+    for family_for in _fallbacks:
+        family = family_for(pipe)
+        if family is not None:
+            return family
+    raise ValueError(
+        f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer denoiser (components "
+        f"{sorted(pipe.components)}); UNet pipelines are not supported. Families: "
+        f"{sorted({f.name for f in _families})}; any pipeline with a `transformer` takes the generic path "
+        "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."
+    )

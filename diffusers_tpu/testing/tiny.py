@@ -1,0 +1,251 @@
+"""Tiny random-weight pipeline components built offline (no hub access): for tests, the CLI default and notebooks.
+
+The tokenizer is a character-level WordLevel model built with the `tokenizers` library, so prompts of different
+lengths pad differently, exactly what masking and padding bugs need to be seen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..planner.standins import COGVIDEOX_SCHEDULER, HUNYUAN15_TEMPLATE_TOKENS, char_tokenizer, chat_tokenizer  # noqa: F401
+
+
+# Two transformer shapes: parity is tested on both. "wan-4head" has heads that tp=4 divides (8-device mesh).
+WAN_TRANSFORMERS = {
+    "wan": dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ),
+    "wan-4head": dict(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=64, ffn_dim=48, num_layers=3, cross_attn_norm=False,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ),
+}
+WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+# Wan 2.2 TI2V-5B: a 48-channel residual VAE that works on 2x2 pixel patches (16x spatial compression).
+WAN22_VAE = dict(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                 temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+                 patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+WAN22_TI2V_TRANSFORMER = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=48, out_channels=48, num_layers=2)
+# Wan 2.1 I2V: 36 input channels (noise 16 + frame mask 4 + image latents 16), CLIP image tokens in cross-attention.
+WAN_I2V_TRANSFORMER = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=36, out_channels=16, num_layers=2,
+                           image_dim=16, added_kv_proj_dim=32)
+CLIP_VISION = dict(hidden_size=16, projection_dim=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                   intermediate_size=32, patch_size=8)
+UMT5 = dict(
+    vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+    relative_attention_max_distance=32, dropout_rate=0.0, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
+    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+)
+
+
+_COGVIDEOX = dict(
+    num_attention_heads=4, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8, text_embed_dim=32,
+    num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
+    max_text_seq_length=32,
+)
+# 1.0 as CogVideoX-2b (sincos positions) and -5b (RoPE: head_dim splits in even t/h/w parts); 1.5 adds
+# temporal patches (patch_size_t=2).
+COGVIDEOX_TRANSFORMERS = {
+    "cogvideox-2b": dict(_COGVIDEOX),
+    "cogvideox-5b": dict(_COGVIDEOX, num_layers=3, attention_head_dim=16, use_rotary_positional_embeddings=True),
+    "cogvideox1.5": dict(_COGVIDEOX, attention_head_dim=16, patch_size_t=2, patch_bias=False,
+                         use_rotary_positional_embeddings=True),
+}
+COGVIDEOX_VAE = dict(
+    in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+    up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
+    layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+)
+
+
+def tiny_umt5(seed: int = 0):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    return UMT5EncoderModel(UMT5Config(**UMT5)).eval()
+
+
+def tiny_t5(seed: int = 0):
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    config = {k: v for k, v in UMT5.items() if k != "is_encoder_decoder"}
+    return T5EncoderModel(T5Config(**config)).eval()
+
+
+def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
+    """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+    from diffusers import WanTransformer3DModel
+
+    if variant not in WAN_TRANSFORMERS:
+        raise ValueError(f"Unknown tiny Wan variant {variant!r}; choose one of {sorted(WAN_TRANSFORMERS)}.")
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(**WAN_TRANSFORMERS[variant]).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLWan(**WAN_VAE).eval()
+    if scheduler == "flow_match":
+        sched = FlowMatchEulerDiscreteScheduler(shift=7.0)
+    elif scheduler == "unipc":
+        sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    else:
+        raise ValueError(f"Unknown scheduler {scheduler!r}; choose 'flow_match' or 'unipc'.")
+    return dict(
+        transformer=transformer, vae=vae, scheduler=sched, text_encoder=tiny_umt5(seed + 2),
+        tokenizer=char_tokenizer(),
+    )
+
+
+def wan_pipeline(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match", cls=None):
+    """A tiny stock ``diffusers.WanPipeline`` (or ``cls``) on CPU."""
+    if cls is None:
+        from diffusers import WanPipeline as cls
+    return cls(**wan_components(variant, seed, scheduler))
+
+
+def wan22_a14b_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.2 A14B in miniature: two transformers (high-noise, low-noise) switching at the boundary timestep."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed + 10)
+    components["transformer_2"] = WanTransformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
+    return WanPipeline(**components, boundary_ratio=0.875)
+
+
+def wan22_ti2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.2 TI2V-5B in miniature: the 48-channel VAE and per-token timesteps (``expand_timesteps``)."""
+    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed)
+    components["transformer"] = WanTransformer3DModel(**WAN22_TI2V_TRANSFORMER).eval()
+    torch.manual_seed(seed + 1)
+    components["vae"] = AutoencoderKLWan(**WAN22_VAE).eval()
+    return WanPipeline(**components, expand_timesteps=True)
+
+
+def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
+    """Wan 2.1 image-to-video in miniature: a CLIP vision encoder and image tokens in cross-attention."""
+    import transformers
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    # the PIL backend: the default one needs torchvision, which has no CPU wheel here
+    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
+
+    components = wan_components("wan-4head", seed, scheduler)
+    torch.manual_seed(seed)
+    components["transformer"] = WanTransformer3DModel(**WAN_I2V_TRANSFORMER).eval()
+    torch.manual_seed(seed + 3)
+    components["image_encoder"] = CLIPVisionModel(CLIPVisionConfig(**CLIP_VISION)).eval()
+    components["image_processor"] = processor_cls(crop_size=32, size=32)
+    return WanImageToVideoPipeline(**components)
+
+
+# Causal Wan in miniature: blocks of 2 latent frames, 1 sink frame and a 2-frame window, so a 3-block video
+# already wraps the ring buffer.
+CAUSAL_WAN = dict(num_frame_per_block=2, sink_size=1, local_attn_size=2)
+
+
+def causal_wan_pipeline(seed: int = 0, **causal):
+    """A tiny ``diffusers_tpu.CausalWanPipeline`` on CPU (the "wan-4head" weights; ``causal`` overrides
+    ``CAUSAL_WAN``)."""
+    from diffusers import FlowMatchLCMScheduler
+
+    from ..families.causal_wan import CausalWanTransformer3DModel
+    from ..families.causal_wan_pipeline import CausalWanPipeline
+
+    components = wan_components("wan-4head", seed)
+    components["transformer"] = CausalWanTransformer3DModel.from_transformer(components["transformer"],
+                                                                             **{**CAUSAL_WAN, **causal})
+    components["scheduler"] = FlowMatchLCMScheduler(shift=5.0)
+    return CausalWanPipeline(**components)
+
+
+def test_image(height: int = 32, width: int = 32, seed: int = 0):
+    """A deterministic RGB PIL image (for image-to-video)."""
+    import numpy as np
+    import PIL.Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return PIL.Image.fromarray(pixels)
+
+
+def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> str:
+    """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
+    wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)
+    return str(path)
+
+
+def cogvideox_components(variant: str = "cogvideox-5b", seed: int = 0, scheduler: str = "dpm") -> dict:
+    """Components for ``diffusers.CogVideoXPipeline``; ``scheduler``: "dpm", "ddim" or "cogvideox_ddim".
+    Call the pipeline with ``max_sequence_length=32`` (the tiny transformer's text length)."""
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler
+    from diffusers import CogVideoXTransformer3DModel, DDIMScheduler
+
+    if variant not in COGVIDEOX_TRANSFORMERS:
+        raise ValueError(f"Unknown tiny CogVideoX variant {variant!r}; choose one of {sorted(COGVIDEOX_TRANSFORMERS)}.")
+    schedulers = {"dpm": CogVideoXDPMScheduler, "ddim": DDIMScheduler, "cogvideox_ddim": CogVideoXDDIMScheduler}
+    if scheduler not in schedulers:
+        raise ValueError(f"Unknown scheduler {scheduler!r}; choose one of {sorted(schedulers)}.")
+    torch.manual_seed(seed)
+    transformer = CogVideoXTransformer3DModel(**COGVIDEOX_TRANSFORMERS[variant]).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLCogVideoX(**COGVIDEOX_VAE).eval()
+    return dict(transformer=transformer, vae=vae, scheduler=schedulers[scheduler](**COGVIDEOX_SCHEDULER),
+                text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer())
+
+
+def cogvideox_pipeline(variant: str = "cogvideox-5b", seed: int = 0, scheduler: str = "dpm", cls=None):
+    """A tiny stock ``diffusers.CogVideoXPipeline`` (or ``cls``) on CPU."""
+    if cls is None:
+        from diffusers import CogVideoXPipeline as cls
+    return cls(**cogvideox_components(variant, seed, scheduler))
+
+
+# HunyuanVideo-1.5 in miniature: a Qwen2.5-VL text model (the MLLM encoder), ByT5 for quoted glyph text, the
+# 1.5 VAE (8x spatial here instead of 16x, so tiny frames keep a few tokens per latent frame).
+HUNYUAN15_TRANSFORMER = dict(
+    in_channels=9, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=2, num_refiner_layers=2,
+    mlp_ratio=2.0, text_embed_dim=16, text_embed_2_dim=32, image_embed_dim=12, rope_axes_dim=(2, 2, 4),
+    target_size=32, task_type="t2v",
+)
+HUNYUAN15_VAE = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+                     spatial_compression_ratio=8, temporal_compression_ratio=4)
+QWEN25_VL_TEXT = dict(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=512,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+                      bos_token_id=None, eos_token_id=1, pad_token_id=0)
+# The stock pipeline crops this many template tokens (its system prompt) off the encoder output.
+# The stock lengths (1000 MLLM tokens, 256 ByT5 tokens, 729 image tokens) shortened for CPU tests.
+HUNYUAN15_LENGTHS = dict(tokenizer_max_length=40, tokenizer_2_max_length=24, vision_num_semantic_tokens=6)
+
+
+def hunyuan15_pipeline(seed: int = 0, cls=None):
+    """A tiny stock ``diffusers.HunyuanVideo15Pipeline`` (or ``cls``) on CPU, text lengths shortened
+    (``HUNYUAN15_LENGTHS``). Quoted text in a prompt (``'a sign saying "hi"'``) goes through ByT5."""
+    from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler
+    from diffusers import HunyuanVideo15Transformer3DModel
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    if cls is None:
+        from diffusers import HunyuanVideo15Pipeline as cls
+    torch.manual_seed(seed)
+    transformer = HunyuanVideo15Transformer3DModel(**HUNYUAN15_TRANSFORMER).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLHunyuanVideo15(**HUNYUAN15_VAE).eval()
+    torch.manual_seed(seed + 2)
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**QWEN25_VL_TEXT)).eval()
+    pipe = cls(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        text_encoder=text_encoder, tokenizer=chat_tokenizer(), text_encoder_2=tiny_t5(seed + 3),
+        tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    )
+    for name, value in HUNYUAN15_LENGTHS.items():
+        setattr(pipe, name, value)
+    return pipe

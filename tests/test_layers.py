@@ -1,0 +1,163 @@
+"""The package's import graph: zero circles, and every import runs down the layers (README "Layout").
+
+Every import counts, those inside functions too: a lazy import still ties the two modules together."""
+
+import ast
+import functools
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Bottom to top; a module may import its own layer (without a circle) and the layers below it.
+LAYERS = ("kernels", "interop", "runtime", "families", "api", "planner", "testing", "demo", "commands")
+ONLY_IMPORTED_BY = {"testing": {"testing", "commands"}}  # test models stay out of the product's import graph
+SHIMS = {"diffusers_tpu.quantize_error": "commands"}  # old module paths README uses (-m), kept as one-line entries
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for folder, package in (("diffusers_tpu", "diffusers_tpu"), ("kernels", "diffusers_tpu.kernels")):
+        for directory, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                relative = os.path.relpath(os.path.join(directory, name), os.path.join(ROOT, folder))[:-3]
+                parts = [package] + [p for p in relative.split(os.sep) if p != "__init__"]
+                found[".".join(parts)] = os.path.join(directory, name)
+    return found
+
+
+def _imported(module: str, path: str, modules) -> set[str]:
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    targets = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name not in modules and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in modules and name != module:
+                targets.add(name)
+    return targets
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {module: _imported(module, path, modules) for module, path in modules.items()}
+
+
+def layer_of(module: str) -> str:
+    if module in SHIMS:
+        return SHIMS[module]
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] not in LAYERS:
+        return "api"
+    return parts[1]
+
+
+def _cycles(edges) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def floors(edges) -> int:
+    """The longest import chain, in modules (the graph's depth)."""
+    @functools.cache
+    def depth(node):
+        return 1 + max((depth(n) for n in edges[node]), default=0)
+
+    return max(depth(n) for n in edges)
+
+
+def test_graph_sees_the_package():
+    edges = graph()
+    assert {"diffusers_tpu", "diffusers_tpu.interop.sharding", "diffusers_tpu.runtime.attach",
+            "diffusers_tpu.families.wan", "diffusers_tpu.kernels", "diffusers_tpu.commands.cli"} <= set(edges)
+    assert "diffusers_tpu.interop.backend" in edges["diffusers_tpu.runtime.attach"]  # relative imports resolved
+    assert "diffusers_tpu.runtime.registry" in edges["diffusers_tpu.families.generic"]
+
+
+def test_no_import_circles():
+    assert _cycles(graph()) == []
+
+
+def wrong_way(edges) -> list[str]:
+    wrong = []
+    for module, targets in sorted(edges.items()):
+        here = layer_of(module)
+        for target in sorted(targets):
+            there = layer_of(target)
+            allowed = ONLY_IMPORTED_BY.get(there)
+            if LAYERS.index(there) > LAYERS.index(here) or (allowed is not None and here not in allowed):
+                wrong.append(f"{module} ({here}) imports {target} ({there})")
+    return wrong
+
+
+def test_imports_run_down_the_layers():
+    assert wrong_way(graph()) == []
+
+
+def test_compat_at_the_bottom_patches_at_the_top():
+    """compat imports nothing of the package, nothing but the package's __init__ imports patches, and bench / cli
+    share their helpers instead of importing each other."""
+    edges, p = graph(), "diffusers_tpu."
+    assert edges[p + "interop.compat"] == set()
+    assert {m for m, targets in edges.items() if p + "runtime.patches" in targets} == {"diffusers_tpu"}
+    assert p + "commands.cli" not in edges[p + "commands.bench"]
+
+
+def test_fewer_floors_than_the_flat_layout():
+    assert floors(graph()) < 15  # the flat package had 15 floors (and 5 circles)
+
+
+@pytest.mark.parametrize("edges, circle", [({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c"]),
+                                           ({"a": {"b"}, "b": set()}, None)])
+def test_the_checks_catch_what_they_look_for(edges, circle):
+    assert _cycles(edges) == ([circle] if circle else [])
+    assert layer_of("diffusers_tpu.interop.sharding") == "interop" and layer_of("diffusers_tpu") == "api"
+    assert floors({"a": {"b"}, "b": {"c"}, "c": set()}) == 3
+
+
+def test_wrong_way_imports_are_caught():
+    p = "diffusers_tpu."
+    edges = {p + "interop.sharding": {p + "runtime.lora"}, p + "runtime.lora": {p + "interop.sharding"},
+             p + "demo.build": {p + "testing.tiny"}, p + "commands.cli": {p + "testing.tiny"}, p + "testing.tiny": set()}
+    assert wrong_way(edges) == [f"{p}demo.build (demo) imports {p}testing.tiny (testing)",
+                                f"{p}interop.sharding (interop) imports {p}runtime.lora (runtime)"]
