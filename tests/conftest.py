@@ -5,6 +5,14 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DIFFUSERS_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="diffusers-tpu-test-cache-"))
+# The suite compiles hundreds of tiny programs, most of them more than once (every test builds its own pipeline;
+# CLI, notebook, mesh and pod subprocesses start cold). Inherited by every subprocess:
+# - the run's compilation cache keeps every program, not only those over JAX's 1 s default;
+# - LLVM's optimisation passes off: XLA:CPU compiles in half the time, runs tiny programs a little slower. The
+#   arithmetic is the same IEEE float32 (no fast-math either way); CPU timings are never speed claims here.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
