@@ -132,7 +132,7 @@ def test_plan_reports_the_runtime_vae_decode_programs():
 def test_json_reports_get_the_users_file_mode(tmp_path):
     import os
 
-    from diffusers_tpu.runtime.stages import _write_atomically
+    from diffusers_tpu.runtime.outputs import write_atomically as _write_atomically
 
     path = tmp_path / "report.json"
     _write_atomically(str(path), lambda temp: open(temp, "w").write("{}"))

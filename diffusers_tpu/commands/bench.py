@@ -543,11 +543,14 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from ..runtime import outputs
+
+    if args.json:
+        outputs.check_destination(args.json, what="--json")  # before minutes of benchmarking
     report = run(args)
     print(format_table(report), flush=True)
     if args.json:
-        from ..runtime.stages import _write_atomically
+        from ..runtime import outputs
 
-        text = json.dumps(report, indent=2)
-        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+        outputs.write_text(args.json, json.dumps(report, indent=2))
     return 0

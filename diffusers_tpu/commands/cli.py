@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 
 from ..interop import distributed
 from .arguments import DEFAULT_MODEL, add_output_args, add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
@@ -57,47 +56,35 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
-def write_atomically(path: str, write) -> None:
-    """``stages._write_atomically`` (temp file beside ``path``, one rename, the user's file mode); in a multi-host run
-    only process 0 writes (every process holds the same result)."""
+def _main_process_writes(write, *args) -> None:
+    """Outputs are written whole and verified (``runtime.outputs``); in a multi-host run only process 0 writes
+    (every process holds the same result)."""
     if distributed.is_main_process():
-        from ..runtime.stages import _write_atomically
-
-        _write_atomically(path, write)
+        write(*args)
 
 
-def write_video_atomically(frames, path: str, fps: int) -> None:
-    """Write frames with diffusers' ``export_to_video``, atomically."""
-    from diffusers.utils import export_to_video
-
-    def write(temp):
-        with warnings.catch_warnings():
-            # imageio starts ffmpeg with fork+exec; JAX's at-fork hook warns about forking, needlessly here.
-            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-            export_to_video(frames, temp, fps=fps)
-
-    write_atomically(path, write)
-
-
-def write_audio_atomically(audio, path: str, rate: int) -> None:
-    """``audio``: float [channels, samples] in [-1, 1] -> 16-bit PCM WAV (stdlib ``wave``), atomically."""
-    import wave
-
+def write_audio(audio, path: str, rate: int) -> None:
+    """``audio``: float [channels, samples] in [-1, 1] -> 16-bit PCM WAV."""
     import numpy as np
+
+    from ..runtime import outputs
 
     audio = np.asarray(audio, dtype=np.float32)
     if audio.ndim != 2 or audio.shape[0] < 1:
         raise ValueError(f"audio must be [channels, samples] with at least one channel, got shape {audio.shape}.")
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).round().astype("<i2")
+    _main_process_writes(outputs.write_wav, np.ascontiguousarray(pcm.T), path, rate)
 
-    def write(temp):
-        with wave.open(temp, "wb") as out:
-            out.setnchannels(pcm.shape[0])
-            out.setsampwidth(2)
-            out.setframerate(int(rate))
-            out.writeframes(pcm.T.tobytes())
 
-    write_atomically(path, write)
+def _check_destinations(args) -> None:
+    """Every path the command will write, checked before anything is loaded or compiled (exit 2 naming the path)."""
+    from ..runtime import outputs
+
+    if getattr(args, "stage_dir", None):
+        outputs.check_destination(os.path.join(args.stage_dir, "generation_config.json"), what="--stage-dir")
+    if args.command in ("generate", "decode") and not (args.command == "generate" and getattr(args, "stop_after", None)):
+        pixels = (args.frames or 1) * (args.height or 64) * (args.width or 64) if args.command == "generate" else 0
+        outputs.check_destination(args.output or "video.mp4", needed_bytes=max(1 << 16, pixels * 3 // 100))
 
 
 def _prepare(args, model: str):
@@ -108,6 +95,7 @@ def _prepare(args, model: str):
 
     device = device_for(args.platform)
     fill_defaults(args, model)
+    _check_destinations(args)
     config = None
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
@@ -140,8 +128,10 @@ def _write(frames, args) -> None:
     import numpy as np
     import PIL.Image
 
+    from ..runtime import outputs
+
     images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
-    write_video_atomically(images, args.output, args.fps)
+    _main_process_writes(outputs.write_video, images, args.output, args.fps)
     say(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}")
 
 
@@ -185,7 +175,7 @@ def generate(args) -> int:
         _write(output.frames[0], args)
     if getattr(output, "audio", None) is not None:  # LTX-2's soundtrack, beside the video
         path = os.path.splitext(args.output)[0] + ".wav"
-        write_audio_atomically(output.audio[0].float().cpu().numpy(), path, pipe.vocoder.config.output_sampling_rate)
+        write_audio(output.audio[0].float().cpu().numpy(), path, pipe.vocoder.config.output_sampling_rate)
         say(f"wrote {output.audio.shape[-1]} audio samples to {path}")
     return 0
 
@@ -207,7 +197,9 @@ def _check_output(pipe, args) -> None:
 
 
 def _write_image(image, path: str) -> None:
-    write_atomically(path, image.save)
+    from ..runtime import outputs
+
+    _main_process_writes(outputs.write_image, image, path)
     say(f"wrote a {image.width}x{image.height} image to {path}")
 
 
@@ -249,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # an output could not be written (the old file is unchanged; nothing partial is left)
+        from ..runtime.outputs import OutputError
+
+        if not isinstance(error, OutputError):
+            raise
+        print(f"diffusers-tpu: error: {error}; any previous file there is unchanged", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

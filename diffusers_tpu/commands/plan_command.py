@@ -78,6 +78,10 @@ def main(args, argv: list[str] | None = None) -> int:
     from .arguments import load_pipeline
     from ..runtime.config import TPUConfig
 
+    if args.json:
+        from ..runtime import outputs
+
+        outputs.check_destination(args.json, what="--json")  # before minutes of compiling
     if not args.chips and not (args.mesh and args.hbm_gb):
         raise ValueError("plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
                          % ", ".join(sorted(CHIPS)))
@@ -135,10 +139,9 @@ def main(args, argv: list[str] | None = None) -> int:
         print("does not fit: no candidate mesh and weight format fits this target")
     print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's.")
     if args.json:
-        from ..runtime.stages import _write_atomically
+        from ..runtime import outputs
 
-        text = json.dumps(report, indent=1, default=str)
-        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+        outputs.write_text(args.json, json.dumps(report, indent=1, default=str))
     return 0
 
 
@@ -210,8 +213,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
     print(f"check on {platform}: measured peak {measured / GIB:.2f} GiB per device, planned "
           f"{chosen['total_bytes_per_device'] / GIB:.2f} GiB" if measured else "check: the platform reports no peak")
     if args.json:
-        from ..runtime.stages import _write_atomically
+        from ..runtime import outputs
 
-        text = json.dumps(report, indent=1, default=str)
-        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+        outputs.write_text(args.json, json.dumps(report, indent=1, default=str))
     return 0

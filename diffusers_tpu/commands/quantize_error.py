@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="blocks in the real-width stack")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
+    if args.json:
+        from ..runtime import outputs
+
+        outputs.check_destination(args.json, what="--json")
     report = {"format": args.format, "weight_bytes": {}}
     for name in ("Wan2.1-1.3B", "Wan2.1-14B", "CogVideoX1.5-5B"):
         spec = architectures.ARCHITECTURES[name]
@@ -123,10 +127,9 @@ def main(argv=None) -> int:
     report["stack"] = stack_errors(args.layers, args.format)
     print(json.dumps(report, indent=1))
     if args.json:
-        from ..runtime.stages import _write_atomically
+        from ..runtime import outputs
 
-        text = json.dumps(report, indent=1)
-        _write_atomically(args.json, lambda temp: open(temp, "w").write(text))
+        outputs.write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -72,8 +72,9 @@ def main(argv=None) -> int:
         print(f"{name}: " + ", ".join(f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}"
                                       for k, v in summary(rows).items()), flush=True)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=1)
+        from ..runtime import outputs
+
+        outputs.write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, cfg, porting, postprocess, quantize, schedulers
+from . import attention, cfg, limits, porting, postprocess, quantize, schedulers
 from ..interop import backend, boundary, compile as jit, distributed, sharding
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
@@ -161,9 +161,10 @@ class PipelineRuntime:
         if self._depth:  # a subclass __call__ wrapping the stock one
             return stock_call(pipe, *args, **kwargs)
         bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+        checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
+        checked.apply_defaults()
+        limits.check_fits(pipe, checked.arguments, list(self.mesh.devices.flat))  # before anything is allocated
         if self.family.check_call is not None:  # bad input fails here, before anything compiles
-            checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
-            checked.apply_defaults()
             self.family.check_call(pipe, checked.arguments)
         self._host_callback(bound)
         self._unwrap_compiled_components()

@@ -57,34 +57,37 @@ def _read_whole(path: str, key: str) -> torch.Tensor:
         return handle.get_tensor(key)
 
 
-def _weight_files(folder: str) -> list[str]:
-    """The safetensors files of a model folder (sharded with an index, or one file); clear errors otherwise."""
+def _weight_files(folder: str) -> tuple[list[str], dict[str, str]]:
+    """The safetensors files of a model folder (sharded with an index, or one file) and the index's weight -> file
+    map (empty without an index); clear errors otherwise."""
     index = [f for f in os.listdir(folder) if f.endswith(".safetensors.index.json")]
     if index:
         path = os.path.join(folder, sorted(index)[0])
         try:
             with open(path) as handle:
-                names = sorted(set(json.load(handle)["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as error:
+                weight_map = dict(json.load(handle)["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
             raise CheckpointError(f"{path} is not a readable safetensors index ({error}).") from None
+        names = sorted(set(weight_map.values()))
         missing = [n for n in names if not os.path.exists(os.path.join(folder, n))]
         if missing:
             raise CheckpointError(f"{path} names {missing}, absent from {folder}: the download is incomplete; fetch "
                                   "those files again.")
-        return [os.path.join(folder, n) for n in names]
+        return [os.path.join(folder, n) for n in names], {k: os.path.join(folder, v) for k, v in weight_map.items()}
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not files:
         raise CheckpointError(f"{folder} has no .safetensors weights (diffusers_tpu loads safetensors only; convert "
                               "a .bin checkpoint with save_pretrained(safe_serialization=True)).")
-    return [os.path.join(folder, f) for f in files]
+    return [os.path.join(folder, f) for f in files], {}
 
 
-def _checkpoint(folder: str) -> dict[str, tuple[str, tuple, str]]:
-    """key -> (file, shape, dtype) from the files' headers (nothing else is read)."""
+def _checkpoint(folder: str) -> tuple[dict[str, tuple[str, tuple, str]], dict[str, str]]:
+    """key -> (file, shape, dtype) from the files' headers (nothing else is read), and the index's key -> file."""
     from safetensors import safe_open
 
     found = {}
-    for path in _weight_files(folder):
+    files, weight_map = _weight_files(folder)
+    for path in files:
         try:
             with safe_open(path, framework="pt") as handle:
                 for key in handle.keys():
@@ -92,7 +95,17 @@ def _checkpoint(folder: str) -> dict[str, tuple[str, tuple, str]]:
                     found[key] = (path, tuple(piece.get_shape()), piece.get_dtype())
         except Exception as error:  # safetensors raises its own error types for a damaged header
             raise CheckpointError(f"{path} is not a readable safetensors file ({error}); fetch it again.") from None
-    return found
+    return found, weight_map
+
+
+def _missing(name: str, files: list[str], weight_map: dict[str, str]) -> str:
+    """Where a weight should have been: the file the index maps it to (its header lacks the name: damaged, or
+    from another checkpoint), or the single weights file."""
+    if name in weight_map:
+        return (f"{name} is missing from {os.path.basename(weight_map[name])} (the index maps it there: that file's "
+                "header is damaged or from another checkpoint; fetch it again)")
+    where = os.path.basename(files[0]) if len(files) == 1 else "every weights file"
+    return f"{name} is missing from {where}"
 
 
 def _keep_fp32(name: str, modules) -> bool:
@@ -103,13 +116,14 @@ def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
     """The model with meta parameters (buffers computed as usual), each tied to its place in the checkpoint."""
     from accelerate import init_empty_weights
 
-    found = _checkpoint(folder)
+    found, weight_map = _checkpoint(folder)
+    files = sorted({path for path, _, _ in found.values()} | set(weight_map.values())) or _weight_files(folder)[0]
     with init_empty_weights():
         model = model_class.from_config(model_class.load_config(folder))
     sources, problems = {}, []
     for name, parameter in model.named_parameters():
         if name not in found:
-            problems.append(f"{name} is missing")
+            problems.append(_missing(name, files, weight_map))
             continue
         path, shape, stored = found[name]
         if shape != tuple(parameter.shape):
@@ -118,6 +132,10 @@ def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
         elif parameter.is_floating_point() != (stored[0] in "FB"):  # F16/F32/F64/BF16 vs integer/bool
             problems.append(f"{name} is {stored} in {os.path.basename(path)}, the model expects {parameter.dtype}")
         sources[name] = SliceSource(path, name)
+    if problems:  # a name the model lacks, in some file, is likely the damaged one (alone, stock ignores it too)
+        expected = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+        problems += [f"{os.path.basename(path)} holds {name!r}, a name {model_class.__name__} does not have"
+                     for name, (path, _, _) in sorted(found.items()) if name not in expected]
     if problems:
         raise CheckpointError(f"{folder} does not match {model_class.__name__}'s config: " + "; ".join(problems[:5])
                               + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))

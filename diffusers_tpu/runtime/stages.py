@@ -16,14 +16,13 @@ import hashlib
 import inspect
 import json
 import os
-import tempfile
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..interop import backend
-from . import postprocess, attach as runtime
+from . import attach as runtime, outputs, postprocess
 from .registry import family_of
 
 CONFIG = "generation_config.json"
@@ -36,23 +35,14 @@ class StageError(ValueError):
     """A stage's input is missing, corrupted or from other settings."""
 
 
-def _write_atomically(path: str, write) -> None:
-    """``write(temp)`` writes a temp file beside ``path`` (same extension: writers pick formats by it), which then
-    replaces ``path`` in one rename: an interrupted run never leaves a half-written file nor destroys the old one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(suffix=os.path.splitext(path)[1], prefix=".partial-", dir=directory)
-    os.close(handle)
-    try:
-        write(temp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the user's usual mode
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise
+def _verify_tensors(path: str, tensors: dict) -> None:
+    """The written stage file holds every tensor with its shape (its header reads back)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as handle:
+        shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    if shapes != {key: tuple(value.shape) for key, value in tensors.items()}:
+        raise OSError(f"{path} reads back with other tensors than were written")
 
 
 def _sha256(path: str) -> str:
@@ -87,7 +77,7 @@ class StageDir:
 
     def _write_config(self, config: dict) -> None:
         text = json.dumps(config, indent=2, sort_keys=True)
-        _write_atomically(self.config_path, lambda temp: open(temp, "w").write(text))
+        outputs.write_text(self.config_path, text)
 
     def settings(self, stage: str) -> dict | None:
         entry = self.config()["stages"].get(stage)
@@ -96,8 +86,8 @@ class StageDir:
     def done(self, stage: str, settings: dict) -> bool:
         """True when ``stage``'s output exists, is intact and was made with ``settings``."""
         entry = self.config()["stages"].get(stage)
-        if entry is None:
-            return False
+        if entry is None or not os.path.exists(os.path.join(self.path, FILES[stage])):
+            return False  # never run, or its output was deleted: run it (again)
         if entry["settings"] != settings:
             raise StageError(
                 f"stage {stage!r} in {self.path} was run with other settings ({_diff(entry['settings'], settings)}); "
@@ -109,7 +99,8 @@ class StageDir:
     def save(self, stage: str, tensors: dict, settings: dict) -> None:
         path = os.path.join(self.path, FILES[stage])
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if v is not None}
-        _write_atomically(path, lambda temp: save_file(tensors, temp, metadata={"stage": stage}))
+        outputs.write_atomically(path, lambda temp: save_file(tensors, temp, metadata={"stage": stage}),
+                                 verify=lambda temp: _verify_tensors(temp, tensors))
         config = self.config()
         later = STAGES[STAGES.index(stage) + 1:]
         config["stages"] = {k: v for k, v in config["stages"].items() if k not in later}  # now stale
@@ -120,7 +111,9 @@ class StageDir:
         entry = self.config()["stages"].get(stage)
         path = os.path.join(self.path, FILES[stage])
         if entry is None or not os.path.exists(path):
-            raise StageError(f"{self.path} has no {stage!r} output ({FILES[stage]}): run the {stage} stage first.")
+            made = "was deleted" if entry is not None else "does not exist yet"
+            raise StageError(f"{self.path} has no {stage!r} output: {FILES[stage]} {made}; run the {stage} stage "
+                             f"first (CLI: diffusers-tpu {stage} --stage-dir {self.path}).")
         if _sha256(path) != entry["sha256"]:
             raise StageError(
                 f"{path} does not match the checksum recorded in {CONFIG} (modified or incomplete); re-run the "
