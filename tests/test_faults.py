@@ -26,6 +26,14 @@ CLI = [sys.executable, "-m", "diffusers_tpu.commands.cli"]
 SMALL = ["--height", "32", "--width", "32", "--frames", "9", "--steps", "2"]
 
 
+@pytest.fixture(autouse=True)
+def _platform_restored(monkeypatch):
+    """``--platform cpu`` in an in-process ``cli.main`` sets DIFFUSERS_TPU_PLATFORM: restored after each test, so
+    later subprocesses of this worker see the environment they expect."""
+    monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "")  # recorded as unset, so the teardown removes it again
+    monkeypatch.delenv("DIFFUSERS_TPU_PLATFORM")
+
+
 def _listing(folder) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
