@@ -235,3 +235,51 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
     between = (memory["argument_bytes"] + (whole["peak_bytes"] + tiled["peak_bytes"]) / 2) / plan.GIB
     report = plan.plan(build(), size, TPUConfig(), jax.devices()[:1], None, between, 24)
     assert report["vae_tiling"] and report["fits"]
+
+
+@pytest.mark.parametrize("family", ["wan", "hunyuanvideo15"])
+def test_candidates_planned_together_equal_one_by_one(family):
+    """``plan_all`` (the command's loop: programs compiled in background threads, the VAE analysed once) gives the
+    rows ``plan`` gives for each configuration alone, in order, the tiled decode too where a budget needs it."""
+    def build():
+        if family == "wan":
+            return tiny.wan_pipeline("wan-4head")
+        pipe = tiny.hunyuan15_pipeline()  # 4 x 6 latents: 2 x 2 latent tiles
+        pipe.vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_latent_min_height=2,
+                               tile_latent_min_width=2, tile_overlap_factor=0.25)
+        pipe.vae.disable_tiling()
+        return pipe
+
+    pipe, size = build(), dict(SIZE, guidance_scale=5.0)
+    configs = [TPUConfig(), TPUConfig(quantize="int8"), TPUConfig(dtype=torch.bfloat16)]
+    budget = 0.0001  # GiB: nothing fits, so every row plans the tiled decode where the VAE tiles
+    together = list(plan.plan_all(pipe, size, configs, jax.devices()[:1], None, budget, 24))
+    alone = [plan.plan(build(), size, config, jax.devices()[:1], None, budget, 24) for config in configs]
+    assert together == alone and len(together) == 3
+    tiled = together[0]["memory_per_device"].get("vae_decode_tiled")
+    assert (tiled is not None and len(tiled["programs"]) > 1) == (family == "hunyuanvideo15")
+
+
+def test_gpu_targets(monkeypatch, capfd):
+    """NVIDIA cards as plan targets: JAX on a GPU allocates from XLA_PYTHON_CLIENT_MEM_FRACTION of the memory."""
+    from diffusers_tpu.commands import cli
+
+    chip = plan.CHIPS["h100-80gb"]
+    assert chip.gpu and chip.devices == 1 and plan.CHIPS["h200-141gb-x8"].devices == 8
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert chip.usable_gib() == pytest.approx(79.65 * 0.75, abs=0.01)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert chip.usable_gib() == pytest.approx(79.65 * 0.9, abs=0.01)
+    assert plan.CHIPS["v6e-8"].usable_gib() == 32  # a TPU's HBM as it is
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "90")
+    with pytest.raises(ValueError, match="must be a fraction"):
+        chip.usable_gib()
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--help"])
+    assert "h100-80gb" in capfd.readouterr().out
+    assert cli.main(["plan", "--model", "tiny:wan-4head", "--chips", "h200-141gb", "--height", "32", "--width", "48",
+                     "--frames", "9", "--max-sequence-length", "24"]) == 0
+    out = capfd.readouterr().out
+    assert "JAX's memory pool is 105.3 GiB of the 140.4 GiB per GPU" in out and "of 105.3 GiB per device: fits" in out
+    assert "floor" in out and "[1/1," in out

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 
 import torch
 
-from ..planner.plan import CHIPS, GIB, candidate_meshes, folder_pipeline, plan
+from ..planner.plan import CHIPS, GIB, candidate_meshes, folder_pipeline, plan_all
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
 # over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
@@ -59,7 +60,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=50, help="denoising steps (for the floor of the whole run)")
     parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--chips", choices=sorted(CHIPS), help="a TPU slice: its device count, HBM and peak")
+    parser.add_argument("--chips", choices=sorted(CHIPS), metavar="NAME", help="the target: a TPU slice or NVIDIA "
+                        "GPUs (one, or an 8-GPU node), its device count, memory and bf16 peak: " + ", ".join(
+                            f"{name} ({chip.devices} x {chip.hbm_gib:g} GiB, {chip.peak_tflops:g} TFLOP/s)"
+                            for name, chip in CHIPS.items())
+                        + ". On a GPU, JAX allocates from a pool of XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of "
+                        "the memory: the plan uses that, read from the environment")
     parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
     parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -89,6 +95,9 @@ def main(args, argv: list[str] | None = None) -> int:
         raise ValueError("plan needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
+    if chip is not None and chip.gpu:
+        print(f"{args.chips}: JAX's memory pool is {chip.usable_gib():g} GiB of the {chip.hbm_gib:g} GiB per GPU "
+              "(XLA_PYTHON_CLIENT_MEM_FRACTION; JAX's default 0.75)", flush=True)
     if args.check:
         return check(args, argv, count)
     devices = cpu_devices(count)
@@ -114,13 +123,14 @@ def main(args, argv: list[str] | None = None) -> int:
     meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
     formats = [args.quantize] if args.quantize else [None, "int8"]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
-    rows, recommended = [], None
+    rows, recommended, start = [], None, time.perf_counter()
     for fmt in formats:
-        for mesh in meshes:
-            config = TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder)
-            row = plan(pipe, call, config, devices, chip, args.hbm_gb, args.max_sequence_length)
+        configs = [TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder) for mesh in meshes]
+        print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''} ...", flush=True)
+        for number, row in enumerate(plan_all(pipe, call, configs, devices, chip, args.hbm_gb,
+                                              args.max_sequence_length), 1):
             rows.append(row)
-            print(_line(row), flush=True)
+            print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {_line(row)}", flush=True)
             if row["fits"] and recommended is None:
                 recommended = row
         if recommended is not None:
@@ -137,6 +147,7 @@ def main(args, argv: list[str] | None = None) -> int:
               + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
+    print(f"planned {len(rows)} candidates in {time.perf_counter() - start:.0f} s")
     print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's.")
     if args.json:
         from ..runtime import outputs

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from . import compat
-from .backend import to_jax_array, wrap
+from .backend import is_jax_tensor, to_jax_array, wrap
 
 class Rebuilt:
     """A program argument standing for a weight that the program rebuilds next to its use (``rebuild()``, traced):
@@ -254,12 +254,31 @@ def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
     return _lowered(compiled, args, kwargs)[0]
 
 
-def zero_outputs(compiled, *args, **kwargs):
-    """What ``compiled(*args, **kwargs)`` would return, with zeros for every tensor, without running it (the
-    carried cache a chunk program takes, for ``plan``)."""
+def lowered_output_shapes(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered, object]:
+    """The program ``compiled(*args, **kwargs)`` runs, lowered, and what it would return as ``meta`` tensors (shapes
+    and dtypes, no data), without running it: ``plan`` lowers the next program with them (a carried cache)."""
     lowered, program = _lowered(compiled, args, kwargs)
-    zeros = [jnp.zeros(info.shape, info.dtype) for info in jax.tree_util.tree_leaves(lowered.out_info)]
-    return program.rebuild(zeros)
+    return lowered, _zeros(lowered, program, device="meta")
+
+
+def _zeros(lowered, program, device="cpu"):
+    from torchax.ops import mappings
+
+    zeros = iter([torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype), device=device)
+                  for info in jax.tree_util.tree_leaves(lowered.out_info)])
+    out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
+    return out
+
+
+def _abstract(value) -> jax.ShapeDtypeStruct:
+    """A tensor argument's shape and dtype as the program takes it (64-bit host types as 32-bit, as
+    ``to_jax_array`` converts them), without moving its data: lowering needs no values."""
+    if isinstance(value, jax.Array) or is_jax_tensor(value):
+        array = to_jax_array(value)
+        return jax.ShapeDtypeStruct(array.shape, array.dtype)
+    from torchax.ops import mappings
+
+    return jax.ShapeDtypeStruct(tuple(value.shape), jax.dtypes.canonicalize_dtype(mappings.t2j_dtype(value.dtype)))
 
 
 def _lowered(compiled, args, kwargs):
@@ -270,7 +289,8 @@ def _lowered(compiled, args, kwargs):
     key = (spec, static, shapes, extras.key() if extras is not None else None)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                      compiled.compute_dtype, compiled.donate, extras)
-    dynamic = [compiled.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+    # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
+    dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
@@ -284,17 +304,17 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     return _memory_report(lower(compiled, *args, **kwargs).compile())
 
 
-def analysed_zero_outputs(compiled, *args, **kwargs) -> tuple[dict, object]:
-    """``memory_analysis`` of the call, and what it would return with host zeros for every tensor (arguments it
-    edits in place left as they are), from one lowering and no device allocation: ``plan`` walks stock decode
-    code through compiled methods with them."""
-    from torchax.ops import mappings
+def compiled_memory(lowered: jax.stages.Lowered) -> dict:
+    """``memory_analysis`` of a program lowered already (``lower``): compiling needs no GIL, so a thread can."""
+    return _memory_report(lowered.compile())
 
+
+def lowered_zero_outputs(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered, object]:
+    """The program ``compiled(*args, **kwargs)`` runs, lowered (``compiled_memory`` analyses it), and what it would
+    return with host zeros for every tensor (arguments it edits in place left as they are), with no device
+    allocation: ``plan`` walks stock decode code through compiled methods with them."""
     lowered, program = _lowered(compiled, args, kwargs)
-    zeros = iter([torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype))
-                  for info in jax.tree_util.tree_leaves(lowered.out_info)])
-    out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
-    return _memory_report(lowered.compile()), out
+    return lowered, _zeros(lowered, program)
 
 
 def _memory_report(executable) -> dict:

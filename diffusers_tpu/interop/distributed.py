@@ -240,6 +240,8 @@ def place(array, sharding) -> jax.Array:
     """A host array (numpy) as a global device array: each process fills only the shards its own devices hold, from
     its own copy (weights: nothing crosses hosts). A JAX array computed on this process (a pipeline input) is placed
     by ``jax.device_put``, which checks that every process holds the same value."""
+    if isinstance(array, jax.ShapeDtypeStruct):  # lowering only (``plan``): the placement without the data
+        return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding)
     if sharding.is_fully_addressable:
         return jax.device_put(array, sharding)
     if isinstance(array, jax.Array):

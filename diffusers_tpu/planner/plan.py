@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
+from concurrent.futures import Future
 
 import torch
 
@@ -31,16 +33,38 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    devices: int  # JAX devices in the slice
+    devices: int  # JAX devices in the slice (or GPUs in the node)
     hbm_gib: float  # per device
     peak_tflops: float  # dense bf16, per device
+    gpu: bool = False
+
+    def usable_gib(self) -> float:
+        """Memory JAX can allocate per device: a TPU's HBM; on a GPU, JAX's pool, ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+        of the memory (JAX's default 0.75), read from the environment ``plan`` runs in (set it as the run will)."""
+        if not self.gpu:
+            return self.hbm_gib
+        return round(self.hbm_gib * gpu_memory_fraction(), 2)
 
 
-# Vendor figures as published (Cloud TPU docs). v5p and v4 slices are named by TensorCores (2 per chip, one
+def gpu_memory_fraction() -> float:
+    value = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
+    try:
+        fraction = float(value) if value else 0.75
+    except ValueError:
+        fraction = None
+    if fraction is None or not 0 < fraction <= 1:
+        raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={value!r} must be a fraction in (0, 1], e.g. 0.9.")
+    return fraction
+
+
+# Vendor figures as published (Cloud TPU docs; NVIDIA data sheets, SXM parts, dense bf16 without sparsity; memory
+# as the driver reports it: 81,559 MiB and 143,771 MiB). v5p and v4 slices are named by TensorCores (2 per chip, one
 # megacore device each); v7x-8 is taken as 4 chips of 2 TensorCores each seen as its own device: verify on hardware.
 CHIPS = {
     "v5e-1": Chip(1, 16, 197), "v5e-8": Chip(8, 16, 197), "v6e-1": Chip(1, 32, 918), "v6e-8": Chip(8, 32, 918),
     "v5p-8": Chip(4, 95, 459), "v7x-8": Chip(8, 96, 2307 / 2), "v4-32": Chip(16, 32, 275),
+    "h100-80gb": Chip(1, 79.65, 989.4, gpu=True), "h100-80gb-x8": Chip(8, 79.65, 989.4, gpu=True),
+    "h200-141gb": Chip(1, 140.4, 989.4, gpu=True), "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True),
 }
 
 
@@ -187,102 +211,173 @@ def abstract_weights(module, mesh, rules, dtype, quantize_format=None) -> dict:
     return state
 
 
+def _vae_key(config, devices, *shape) -> tuple:
+    """What a VAE decode analysis depends on: the VAE runs on every device as one spatial axis whatever the
+    denoiser's mesh, so candidates that differ only in ``mesh`` share it (``plan``'s ``shared``)."""
+    return (repr(dataclasses.replace(config, mesh=None)), tuple(d.id for d in devices), *shape)
+
+
+def _shared(shared: dict | None, key: tuple, analyse):
+    if shared is None:
+        return analyse()
+    if key not in shared:
+        shared[key] = analyse()
+    return shared[key]
+
+
 def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
-                    tile_above: float | None = None) -> dict:
+                    tile_above: float | None = None, shared: dict | None = None) -> dict:
     """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it, for a video of
     ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Family.plan_passes``) reports the
     largest, each in ``report["passes"]``. ``vae``: also the VAE decode programs for the latents the call makes
     (``report["vae_decode"]``, None without them); a VAE that can tile is planned tiled too
     (``report["vae_decode_tiled"]``) when its whole-video decode beside the denoiser's arguments exceeds
-    ``tile_above`` bytes."""
-    from torch.utils import _pytree as pytree
+    ``tile_above`` bytes. ``shared``: a dict kept across calls for the same pipeline, size and devices, in which
+    the VAE's analyses (independent of the denoiser's mesh) are computed once."""
+    return start_denoiser_memory(pipe, size, config, devices, text_tokens, vae, tile_above, shared)()
 
-    from ..interop import backend, compile as jit
-    from ..runtime.registry import family_of
+
+@contextlib.contextmanager
+def _attached(pipe, config, devices):
+    """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (mesh built, nothing placed), undone after."""
+    from ..interop import backend
     from ..runtime.attach import PipelineRuntime
+    from ..runtime.registry import family_of
 
     family = family_of(pipe)
-    name = family.denoisers[0]
-    module = getattr(pipe, name)
     heads = family.num_heads(pipe)
     mesh_shape = (backend.validate_mesh_shape(config.mesh, len(devices), heads) if config.mesh is not None
                   else backend.default_mesh_shape(len(devices), heads, pair_batch=True))
-    mesh = backend.build_mesh(mesh_shape, devices)
-    target = backend.Target("tpu", devices[0].platform)
-    runtime = PipelineRuntime(pipe, family, config, target, mesh, None)
-    rules = family.rules(module, mesh_shape)
-    state = abstract_weights(module, mesh, rules, config.dtype, config.quantize)
+    runtime = PipelineRuntime(pipe, family, config, backend.Target("tpu", devices[0].platform),
+                              backend.build_mesh(mesh_shape, devices), None)
     try:
+        yield runtime
+    finally:
+        runtime.undo()
+
+
+def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
+                          tile_above: float | None = None, shared: dict | None = None, compiler=None):
+    """``denoiser_memory`` in two halves, so candidates overlap: the denoiser's programs are traced and lowered
+    here, compiled by ``compiler`` (a ``concurrent.futures`` executor: XLA compiles without the GIL while this thread
+    traces the next candidate; None: here and now); the returned function waits for them and gives the report."""
+    from torch.utils import _pytree as pytree
+
+    from ..interop import compile as jit
+
+    submit = (lambda lowered: compiler.submit(jit.compiled_memory, lowered)) if compiler is not None else _now
+
+    extra, tiling = {}, None
+    with _attached(pipe, config, devices) as runtime:
+        family, mesh = runtime.family, runtime.mesh
+        module = getattr(pipe, family.denoisers[0])
+        rules = family.rules(module, dict(mesh.shape))
+        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = _reported_dtype(module, state)
         args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
         batch = 2 if runtime.pairing is not None and guided else 1
         args, kwargs = pytree.tree_map(lambda value: _concrete(value, batch), (args, kwargs))
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
-        analyses = [jit.memory_analysis(entry.whole, *args, **keywords) for keywords in passes]
-        report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses)
+        lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
+        pending = [submit(program) for program, _ in lowered]
         if vae and config.text_encoder != "host":
-            report["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens, reported)
+            extra["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens, reported)
         if vae and family.vae_install is None and family.decode_latents is not None:
             # one video's latents as the loop leaves them (the denoiser's output shape)
-            out = pytree.tree_leaves(jit.zero_outputs(entry.whole, *args, **kwargs))[0]
+            out = pytree.tree_leaves(lowered[0][1])[0]
             latents = torch.zeros(1, *out.shape[1:], dtype=out.dtype)
-            report["vae_decode"] = vae_method_memory(pipe, config, runtime, latents, size)
-            whole, text = report["vae_decode"], report.get("text_encoders")
-            beside = report["argument_bytes"] + (text["weight_bytes"] if text else 0)  # as plan() adds them
-            if (tile_above is not None and whole and whole["peak_bytes"] + beside > tile_above
-                    and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling):
-                pipe.vae.enable_tiling()
-                try:
-                    report["vae_decode_tiled"] = vae_method_memory(pipe, config, runtime, latents, size)
-                finally:
-                    pipe.vae.disable_tiling()
+            key = _vae_key(config, devices, tuple(latents.shape), latents.dtype, size["num_frames"])
+            extra["vae_decode"] = _shared(shared, (*key, "whole"),
+                                          lambda: _vae_method_started(pipe, config, runtime, latents, size, submit))
+            if tile_above is not None and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:
+                tiling = (key, latents)  # decided once the step's argument bytes are known
         elif vae:
             latents = kwargs.get("hidden_states", args[0] if args else None)
             # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
             block = getattr(module.config, "num_frame_per_block", None)
-            report["vae_decode"] = vae_decode_memory(pipe, config, runtime, (1, *latents.shape[1:]),
-                                                     chunk=latents.shape[2] if block else config.vae_decode_chunk)
-    finally:
-        runtime.undo()
-    report["mesh"] = dict(mesh.shape)
-    report["cfg_batch"] = batch
-    report["guided"] = guided
-    report["attention"] = runtime.attention.implementation
-    return report
+            shape, chunk = (1, *latents.shape[1:]), latents.shape[2] if block else config.vae_decode_chunk
+            extra["vae_decode"] = _shared(shared, _vae_key(config, devices, shape, chunk),
+                                          lambda: _vae_decode_started(pipe, config, runtime, shape, chunk, submit))
+        facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided,
+                     attention=runtime.attention.implementation)
+
+    def finish() -> dict:
+        analyses = [future.result() for future in pending]
+        finished = {name: value() if callable(value) else value for name, value in extra.items()}
+        report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses, **finished)
+        whole, text = report.get("vae_decode"), report.get("text_encoders")
+        beside = report["argument_bytes"] + (text["weight_bytes"] if text else 0)  # as plan() adds them
+        if tiling is not None and whole and whole["peak_bytes"] + beside > tile_above:
+            key, latents = tiling
+
+            def tiled():
+                with _attached(pipe, config, devices) as runtime:
+                    pipe.vae.enable_tiling()
+                    try:
+                        return vae_method_memory(pipe, config, runtime, latents, size)
+                    finally:
+                        pipe.vae.disable_tiling()
+
+            report["vae_decode_tiled"] = _shared(shared, (*key, "tiled"), lambda: functools.cache(tiled))()
+        return dict(report, **facts)
+
+    return finish
 
 
 def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
     """XLA's memory analysis (bytes per device) of the Wan VAE's decode programs as the runtime compiles them for
     ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program (``chunk`` latent
     frames) the rest run in (its carried cache from the first). None for a VAE without such programs."""
+    return _vae_decode_started(pipe, config, runtime, latent_shape, chunk, _now)()
+
+
+def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
+    """``vae_decode_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
     from ..interop import compile as jit
     from . import lowering
 
     vae = getattr(pipe, "vae", None)
     if vae is None or runtime.family.vae_install is None:
-        return None
+        return lambda: None
     state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
     runtime.family.vae_install(vae, runtime, lambda: state, runtime._width_input)
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
     head = torch.zeros(batch, channels, min(frames, 2), height, width)
-    first = jit.memory_analysis(programs["decode_first"], head)
-    report = {"decode_first": first, "peak_bytes": first["peak_bytes"]}
+    first, (_, cache) = jit.lowered_output_shapes(programs["decode_first"], head)
+    pending = {"decode_first": submit(first)}
     if frames > 2:
-        _, cache = jit.zero_outputs(programs["decode_first"], head)
-        report["decode_chunk"] = jit.memory_analysis(programs["decode_chunk"],
-                                                      torch.zeros(batch, channels, chunk, height, width), cache)
-        report["peak_bytes"] = max(first["peak_bytes"], report["decode_chunk"]["peak_bytes"])
-    return report
+        body = torch.zeros(batch, channels, chunk, height, width)
+        pending["decode_chunk"] = submit(jit.lower(programs["decode_chunk"], body, cache))
+
+    def finish() -> dict:
+        report = {name: future.result() for name, future in pending.items()}
+        return dict(report, peak_bytes=max(analysis["peak_bytes"] for analysis in report.values()))
+
+    return functools.cache(finish)
+
+
+def _now(lowered) -> Future:
+    """Compile here and now (``plan`` without a background compiler)."""
+    from ..interop import compile as jit
+
+    done = Future()
+    done.set_result(jit.compiled_memory(lowered))
+    return done
 
 
 def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) -> dict | None:
     """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
     through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
-    the host around them, each program answering with zeros of its outputs (``compile.analysed_zero_outputs``);
+    the host around them, each program answering with zeros of its outputs (``compile.lowered_zero_outputs``);
     ``latents``: one video's, as the denoising loop leaves them."""
+    return _vae_method_started(pipe, config, runtime, latents, size, _now)()
+
+
+def _vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
+    """``vae_method_memory`` walked here, its programs compiled by ``submit``: returns the function giving it."""
     from . import lowering
 
     vae, family = pipe.vae, runtime.family
@@ -294,11 +389,15 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
         prefix = f"{path}." if path else ""
         owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
-        stand_ins[(owner, method)] = _zero_answers(compiled, programs)
+        stand_ins[(owner, method)] = _zero_answers(compiled, programs, submit)
     with _standing_in(stand_ins), torch.no_grad():
         family.decode_latents(pipe, latents, size["num_frames"])
-    analyses = [analysis for analysis, _ in programs.values()]
-    return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
+
+    def finish() -> dict | None:
+        analyses = [future.result() for future, _ in programs.values()]
+        return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
+
+    return functools.cache(finish)
 
 
 @contextlib.contextmanager
@@ -318,9 +417,9 @@ def _standing_in(stand_ins: dict):
                 setattr(owner, method, function)
 
 
-def _zero_answers(compiled, programs: dict):
-    """A stand-in for the compiled method ``compiled``: each new program it is called with is analysed
-    (``programs``: key -> (analysis, outputs)) and answered with host zeros of its outputs."""
+def _zero_answers(compiled, programs: dict, submit=None):
+    """A stand-in for the compiled method ``compiled``: each new program it is called with is lowered, compiled by
+    ``submit`` (``programs``: key -> (future analysis, outputs)) and answered with host zeros of its outputs."""
     from torch.utils import _pytree as pytree
 
     from ..interop import compile as jit
@@ -329,7 +428,8 @@ def _zero_answers(compiled, programs: dict):
         leaves = pytree.tree_leaves((args, kwargs))
         key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
         if key not in programs:
-            programs[key] = jit.analysed_zero_outputs(compiled, *args, **kwargs)
+            lowered, out = jit.lowered_zero_outputs(compiled, *args, **kwargs)
+            programs[key] = ((submit or _now)(lowered), out)
         return programs[key][1]
 
     return record
@@ -357,7 +457,7 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
         stand_ins[(module, "forward")] = _zero_answers(compiled, programs)
     with _standing_in(stand_ins):
         probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=PLAN_PROMPT)
-    analyses = [analysis for analysis, _ in programs.values()]
+    analyses = [future.result() for future, _ in programs.values()]
     return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
 
 
@@ -367,41 +467,79 @@ def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
                for p in module.parameters())
 
 
-def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int) -> dict:
+def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
+         shared: dict | None = None) -> dict:
     """The plan for one configuration (a video of ``size``: ``height``, ``width``, ``num_frames``,
-    ``guidance_scale``): memory per device, verdict, FLOPs per step and the floor step time."""
+    ``guidance_scale``): memory per device, verdict, FLOPs per step and the floor step time. ``shared``: one dict
+    passed to every candidate of a pipeline, size and devices (what does not depend on the mesh is analysed once)."""
+    return start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared)()
+
+
+def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int):
+    """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
+    so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
+    thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared, workers = {}, max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0))))
+    with ThreadPoolExecutor(workers, thread_name_prefix="diffusers_tpu-plan-compile") as compiler:
+        started = deque()
+        for config in configs:
+            if len(started) == workers:
+                yield started.popleft()()
+            started.append(start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler))
+        while started:
+            yield started.popleft()()
+
+
+# at most this many candidate programs compile at once: each holds the whole step's HLO (a few GB for 14B models)
+COMPILE_THREADS = 2
+
+
+def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
+               shared: dict | None = None, compiler=None):
+    """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row."""
     from ..runtime.registry import family_of
 
-    hbm = (chip.hbm_gib if chip else hbm_gib)
-    memory = denoiser_memory(pipe, size, config, devices, text_tokens, vae=True,
-                             tile_above=hbm * GIB if hbm else None)
+    hbm = (chip.usable_gib() if chip else hbm_gib)
+    started = start_denoiser_memory(pipe, size, config, devices, text_tokens, vae=True,
+                                    tile_above=hbm * GIB if hbm else None, shared=shared, compiler=compiler)
     vae = getattr(pipe, "vae", None)
-    memory["vae_weight_bytes"] = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
-    # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
-    # the decode beside the denoiser's, the text encoders beside both
-    text = memory.get("text_encoders")
-    text_weights = text["weight_bytes"] if text else 0
-    steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
-    decode = memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] + text_weights if memory["vae_decode"] else 0
-    tiled = memory.get("vae_decode_tiled")
-    tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
-    if tiling:
-        decode = memory["argument_bytes"] + tiled["peak_bytes"] + text_weights
-    encode = text["peak_bytes"] + memory["argument_bytes"] + memory["vae_weight_bytes"] if text else 0
-    total = max(steps, decode, encode)
-    report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm, "vae_tiling": tiling,
-              "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
-              "text_encode_bytes_per_device": encode or None,
-              "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
-              "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}
+    vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
     family = family_of(pipe)
-    if family.forward_flops is not None:
-        cfg = 2 if memory["guided"] else 1
-        per_step = family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens) * cfg
-        report["flops_per_step"] = per_step
-        if chip:
-            report["floor_step_seconds"] = per_step / (chip.peak_tflops * 1e12 * len(devices))
-    return report
+    flops = (family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens)
+             if family.forward_flops is not None else None)
+
+    def finish() -> dict:
+        memory = started()
+        memory["vae_weight_bytes"] = vae_weights
+        # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
+        # the decode beside the denoiser's, the text encoders beside both
+        text = memory.get("text_encoders")
+        text_weights = text["weight_bytes"] if text else 0
+        steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
+        decode = (memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] + text_weights
+                  if memory["vae_decode"] else 0)
+        tiled = memory.get("vae_decode_tiled")
+        tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
+        if tiling:
+            decode = memory["argument_bytes"] + tiled["peak_bytes"] + text_weights
+        encode = text["peak_bytes"] + memory["argument_bytes"] + memory["vae_weight_bytes"] if text else 0
+        total = max(steps, decode, encode)
+        report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm,
+                  "vae_tiling": tiling, "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
+                  "text_encode_bytes_per_device": encode or None,
+                  "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
+                  "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}
+        if flops is not None:
+            per_step = flops * (2 if memory["guided"] else 1)
+            report["flops_per_step"] = per_step
+            if chip:
+                report["floor_step_seconds"] = per_step / (chip.peak_tflops * 1e12 * len(devices))
+        return report
+
+    return finish
 
 
 def folder_pipeline(folder: str, dtype: torch.dtype | None):
