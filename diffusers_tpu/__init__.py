@@ -47,6 +47,7 @@ from .runtime.attach import CallStats, stats  # noqa: E402
 from .runtime.config import TPUConfig  # noqa: E402
 from .runtime.loading import from_pretrained  # noqa: E402
 from .runtime.registry import supported_pipelines  # noqa: E402
+from .runtime.warmup import warm_up  # noqa: E402
 
 # Module paths from before the layered layout that README and the notebooks use (``from diffusers_tpu import tiny``,
 # ``diffusers_tpu.lowering.export_method``): resolved on first use, so the test models stay out of ``import``.
@@ -61,4 +62,4 @@ def __getattr__(name: str):
 
 __all__ = ["CallStats", "CausalWanPipeline", "CausalWanTransformer3DModel", "CogVideoXPipeline", "HunyuanVideo15Pipeline",
            "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "from_pretrained", "sharding_of", "stats",
-           "supported_pipelines"]
+           "supported_pipelines", "warm_up"]

@@ -109,6 +109,7 @@ class PipelineRuntime:
         self._last_output = None
         self._log: jit.CompileLog | None = None
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
+        self._encoding_on_host = 0  # > 0 inside a method run on the host (``_run_on_host``): text encoders' outputs stay there
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -275,11 +276,17 @@ class PipelineRuntime:
             else:
                 self._jit(module, "forward", state)
                 self._override(module, "forward", self.public(module.forward))
-        for name in _host_text_encoders(pipe, self.config):
+        host_encoders = _host_text_encoders(pipe, self.config)
+        for name in host_encoders:
             module = getattr(pipe, name)
             self._override(module, "forward", _on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
+        if host_encoders and "device" in _parameters(getattr(pipe, "encode_prompt", None)):
+            self._override(pipe, "encode_prompt", _run_on_host(pipe.encode_prompt, self))
+        for name in HOST_HELPERS:
+            if "device" in _parameters(getattr(pipe, name, None)):
+                self._override(pipe, name, _run_on_host(getattr(pipe, name), self))
         if self.pairing is not None:
             self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
@@ -440,6 +447,38 @@ def _host_state_dict(state_dict, module):
     return host_state_dict
 
 
+def _parameters(method) -> tuple[str, ...]:
+    return tuple(inspect.signature(method).parameters) if callable(method) else ()
+
+
+# Stock pipeline helpers that build tensors from sizes alone (CogVideoX's 3-D RoPE tables: ~100 one-off device
+# programs of iota/cumsum/outer products on a first call), run on the host like ``encode_prompt``.
+HOST_HELPERS = ("_prepare_rotary_positional_embeddings",)
+
+
+def _run_on_host(method, runtime):
+    """A stock pipeline method with a ``device`` parameter, run on the host (``device="cpu"``, plain torch) as a
+    whole, its tensor results moved to the devices in one transfer at the end. For ``encode_prompt`` with host text
+    encoders, the glue around the encoders (each prompt trimmed to its length and padded again, repeats, casts) then
+    runs where their outputs are, as stock does, instead of as a dozen one-off device programs per prompt length."""
+    signature = inspect.signature(method)
+
+    def on_host(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["device"] = torch.device("cpu")
+        runtime._encoding_on_host += 1
+        try:
+            with backend.torch_mode():
+                args, kwargs = pytree.tree_map(_to_cpu, (bound.args, bound.kwargs))
+                out = method(*args, **kwargs)
+        finally:
+            runtime._encoding_on_host -= 1
+        return boundary.to_device(out) if runtime._depth else out
+
+    on_host.__wrapped__ = method
+    return on_host
+
+
 def _on_host(forward, runtime):
     """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
     outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
@@ -449,7 +488,7 @@ def _on_host(forward, runtime):
         with backend.torch_mode():
             args, kwargs = pytree.tree_map(_to_cpu, (args, kwargs))
             out = forward(*args, **kwargs)
-        return boundary.to_device(out) if runtime._depth else out
+        return boundary.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
 
     host_forward.__wrapped__ = forward
     return host_forward

@@ -115,10 +115,12 @@ def _diagnose(directory: str, size: int) -> OSError | None:
 
 
 def write_atomically(path: str, write: Callable[[str], object], verify: Callable[[str], None] | None = None,
-                     expected_size: int = 0) -> None:
+                     expected_size: int = 0, before_replace: Callable[[str], None] | None = None) -> None:
     """``write(temp)`` writes a temporary file beside ``path`` (same extension: writers pick formats by it); after
     ``fsync`` and ``verify(temp)`` (raises on a bad file) it replaces ``path`` in one rename. On failure the old
-    ``path`` is untouched, the temporary file removed, and ``OutputError`` names the OS error."""
+    ``path`` is untouched, the temporary file removed, and ``OutputError`` names the OS error.
+    ``before_replace(temp)``: runs just before the rename (a stage records the file first, so a file under its
+    final name is always a recorded one, even if the process is killed in between)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -145,6 +147,8 @@ def write_atomically(path: str, write: Callable[[str], object], verify: Callable
                 reason = f"{cause.strerror or cause}" if cause is not None else f"{type(error).__name__}: {error}"
                 raise OutputError(cause.errno if cause is not None else errno.EIO,
                                   f"cannot write {path}: {reason}") from error
+            if before_replace is not None:
+                before_replace(temp)
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; the file gets the user's usual mode

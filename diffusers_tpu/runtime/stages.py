@@ -99,13 +99,15 @@ class StageDir:
     def save(self, stage: str, tensors: dict, settings: dict) -> None:
         path = os.path.join(self.path, FILES[stage])
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if v is not None}
+        def record(temp):  # before the file takes its name: a stage file on disk is always a recorded one
+            config = self.config()
+            later = STAGES[STAGES.index(stage) + 1:]
+            config["stages"] = {k: v for k, v in config["stages"].items() if k not in later}  # now stale
+            config["stages"][stage] = {"file": FILES[stage], "sha256": _sha256(temp), "settings": settings}
+            self._write_config(config)
+
         outputs.write_atomically(path, lambda temp: save_file(tensors, temp, metadata={"stage": stage}),
-                                 verify=lambda temp: _verify_tensors(temp, tensors))
-        config = self.config()
-        later = STAGES[STAGES.index(stage) + 1:]
-        config["stages"] = {k: v for k, v in config["stages"].items() if k not in later}  # now stale
-        config["stages"][stage] = {"file": FILES[stage], "sha256": _sha256(path), "settings": settings}
-        self._write_config(config)
+                                 verify=lambda temp: _verify_tensors(temp, tensors), before_replace=record)
 
     def load(self, stage: str) -> dict:
         entry = self.config()["stages"].get(stage)
