@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 # Programs per first call, measured 2026-11-24 in one process, in the worker's order (later families reuse earlier
-# ones' eager programs of the same shapes); before host-side glue: 52, 135, 41, 46, 25. A count above its figure
+# ones' eager programs of the same shapes); before host-side glue and the host timestep lookup: 52, 135, 41, 46, 25. A count above its figure
 # is a regression: find the new eager op (jax_log_compiles) and move it to the host or into a compiled program.
-BUDGET = {"wan": 36, "cogvideox": 45, "hunyuanvideo15": 29, "ltx": 50, "flux": 23}
+BUDGET = {"wan": 36, "cogvideox": 45, "hunyuanvideo15": 29, "ltx": 31, "flux": 23}
 
 
 def test_first_call_program_counts():
@@ -22,7 +22,7 @@ def test_first_call_program_counts():
     assert set(counts) == set(BUDGET)
     over = {name: (counts[name]["programs"], BUDGET[name]) for name in BUDGET if counts[name]["programs"] > BUDGET[name]}
     assert not over, f"first calls compile more programs than before (count, budget): {over}"
-    assert sum(c["programs"] for c in counts.values()) <= 0.62 * (52 + 135 + 41 + 46 + 25)
+    assert sum(c["programs"] for c in counts.values()) <= 0.56 * (52 + 135 + 41 + 46 + 25)
 
 
 def test_warm_up_compiles_ahead_for_the_served_sizes():
