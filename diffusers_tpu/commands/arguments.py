@@ -64,6 +64,8 @@ def add_output_args(parser):
     parser.add_argument("--fps", type=int, default=16)
     parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
                         "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
+    parser.add_argument("--strip", help="video pipelines: also write every frame side by side as one image (.png), "
+                        "e.g. to put a video on a page that cannot play it")
 
 
 def model_defaults(model: str) -> dict:

@@ -85,6 +85,11 @@ def _check_destinations(args) -> None:
     if args.command in ("generate", "decode") and not (args.command == "generate" and getattr(args, "stop_after", None)):
         pixels = (args.frames or 1) * (args.height or 64) * (args.width or 64) if args.command == "generate" else 0
         outputs.check_destination(args.output or "video.mp4", needed_bytes=max(1 << 16, pixels * 3 // 100))
+        if getattr(args, "strip", None):
+            if not args.strip.lower().endswith(IMAGE_SUFFIXES):
+                raise ValueError(f"--strip {args.strip}: the frame strip is an image; end it in .png "
+                                 f"(or {', '.join(IMAGE_SUFFIXES[1:])}).")
+            outputs.check_destination(args.strip, needed_bytes=max(1 << 16, pixels * 3 // 10), what="--strip")
 
 
 def _prepare(args, model: str):
@@ -133,6 +138,10 @@ def _write(frames, args) -> None:
     images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
     _main_process_writes(outputs.write_video, images, args.output, args.fps)
     say(f"wrote {len(images)} frames ({images[0].width}x{images[0].height}) to {args.output}")
+    if getattr(args, "strip", None):
+        strip = PIL.Image.fromarray(np.concatenate([np.asarray(image.convert("RGB")) for image in images], axis=1))
+        _main_process_writes(outputs.write_image, strip, args.strip)
+        say(f"wrote the {len(images)} frames side by side ({strip.width}x{strip.height}) to {args.strip}")
 
 
 def _size_call(args) -> dict:
@@ -189,6 +198,9 @@ def _check_output(pipe, args) -> None:
     if args.output is None:
         args.output = "image.png" if images else "video.mp4"
     is_image_path = args.output.lower().endswith(IMAGE_SUFFIXES)
+    if images and getattr(args, "strip", None):
+        raise ValueError(f"{type(pipe).__name__} makes images: --strip (a video's frames side by side) does not apply; "
+                         f"drop it.")
     if images and not is_image_path:
         raise ValueError(f"{type(pipe).__name__} makes images: pass --output with an image suffix "
                          f"({', '.join(IMAGE_SUFFIXES)}), e.g. --output image.png.")

@@ -4,7 +4,9 @@
                                           [--quantize int8]
 
 Reports, over the training captions and the held-out colour/direction pairs (never seen in training), the share of
-videos whose colour is right, whose direction is right, and both. Seeds 0..N-1 per caption.
+videos whose colour, shape and direction are right (each, and all three), and how clean the background is (the mean
+share of the pixels away from the shape within ``scenes.CLEAN_LEVELS`` of the background colour). Seeds 0..N-1 per
+caption.
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ def readings(pipe, items, seeds, call=None) -> list[dict]:
         for seed in seeds:
             frames = pipe(prompt, output_type="np", generator=torch.Generator().manual_seed(seed), **call).frames[0]
             read = scenes.analyse((frames * 255).round().clip(0, 255).astype("uint8"))
-            rows.append(dict(prompt=prompt, seed=seed, colour=read.colour, direction=read.direction,
-                             colour_ok=read.colour == colour, direction_ok=read.direction == direction,
-                             travel=read.travel))
+            rows.append(dict(prompt=prompt, seed=seed, colour=read.colour, shape=read.shape, direction=read.direction,
+                             colour_ok=read.colour == colour, shape_ok=read.shape == shape,
+                             direction_ok=read.direction == direction, travel=read.travel, fit=read.fit,
+                             clean=read.clean))
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
     count = len(rows)
     return dict(videos=count, colour=sum(r["colour_ok"] for r in rows) / count,
+                shape=sum(r["shape_ok"] for r in rows) / count,
                 direction=sum(r["direction_ok"] for r in rows) / count,
-                both=sum(r["colour_ok"] and r["direction_ok"] for r in rows) / count)
+                all=sum(r["colour_ok"] and r["shape_ok"] and r["direction_ok"] for r in rows) / count,
+                background=sum(r["clean"] for r in rows) / count)
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,15 @@
 """Train the demo model: a stock ``WanTransformer3DModel`` learns, by flow matching, to draw the clips of ``scenes``.
 
-    python -m diffusers_tpu.demo.train --output DIR [--steps 5000]
+    python -m diffusers_tpu.demo.train --output DIR [--steps 22000]
 
 Deterministic (seeded data, init and noise; torch on the CPU). The text encoder and VAE are built, not trained
 (``build``); text embeddings are computed once per caption through the stock pipeline's own ``encode_prompt`` so
 training sees exactly what generation will. 10% of the samples use the empty caption (the default negative prompt),
-which is what classifier-free guidance needs. Timesteps follow the sampler's shifted schedule (shift 3), so most of
-the effort goes to the high-noise steps where layout, colour and direction are decided.
+which is what classifier-free guidance needs. Noise levels are drawn as the sampler visits them (uniform steps through
+the shifted schedule, shift 3): most of the effort goes to the high-noise steps where layout, colour, shape and
+direction are decided, and the last, low-noise steps (which clean the background) are trained too — a logit-normal
+draw gave them < 1% of the samples and left patch speckle. The saved weights are the moving average of the trained
+ones (``recipe.EMA_DECAY``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 
 from . import CALL, build, scenes
-from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, schedule_factor
+from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
 
 # One temporal patch spans the whole clip (5 latent frames = the 9 frames of ``CALL``): each token draws its 4x4
 # latent pixels through all frames, so the direction word steers a pattern inside a token, as the colour word does.
@@ -50,7 +53,8 @@ def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
 
 def batches(pipe, steps: int, batch: int, seed: int):
     """``steps`` training batches ``(noisy, sigma, context, target)`` (torch tensors), the same on every platform:
-    rendered clips, caption embeddings (10% empty), shifted logit-normal noise levels, flow-matching targets."""
+    rendered clips, caption embeddings (10% empty), noise levels as the sampler's steps visit them, flow-matching
+    targets."""
     latent_frames = (CALL["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
     size = CALL["height"] // pipe.vae_scale_factor_spatial
     items = scenes.captions(held_out=False)
@@ -62,7 +66,7 @@ def batches(pipe, steps: int, batch: int, seed: int):
         clips = torch.from_numpy(np.stack([scenes.render(*p, latent_frames, size, rng) for p in picks]))
         context = torch.stack([texts["" if rng.random() < 0.1 else scenes.caption(*p)] for p in picks])
         noise = torch.randn(clips.shape, generator=generator)
-        u = torch.sigmoid(torch.randn(batch, generator=generator))
+        u = torch.rand(batch, generator=generator)  # the sampler's steps are uniform in u before the shift
         sigma = SHIFT * u / (1 + (SHIFT - 1) * u)
         s = sigma.view(-1, 1, 1, 1, 1)
         yield (1 - s) * clips + s * noise, sigma, context, noise - clips
@@ -70,12 +74,13 @@ def batches(pipe, steps: int, batch: int, seed: int):
 
 def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_every: int = 0,
           output: str | None = None, step_function=None) -> list[float]:
-    """Train ``pipe.transformer`` in place; returns the losses. ``step_function(transformer, steps)`` gives a
-    ``step(index, noisy, sigma, context, target) -> loss`` (default: torch's AdamW; ``demo.train_jax`` runs on JAX)."""
+    """Train ``pipe.transformer``; returns the losses and leaves the averaged weights in it. ``step_function(
+    transformer, steps)`` gives ``step(index, noisy, sigma, context, target) -> loss`` and ``averaged() -> {name:
+    tensor}``, the moving average so far (default: torch's AdamW; ``demo.train_jax`` runs on JAX)."""
     transformer = pipe.transformer
     transformer.train()
     step_function = step_function or torch_steps
-    step, finish = step_function(transformer, steps)
+    step, averaged = step_function(transformer, steps)
     losses, start = [], time.perf_counter()
     for index, data in enumerate(batches(pipe, steps, batch, seed)):
         losses.append(step(index, *data))
@@ -83,17 +88,23 @@ def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_eve
             print(f"step {index + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         if save_every and (index + 1) % save_every == 0 and index + 1 < steps:
-            finish()
-            save(pipe, f"{output}-step{index + 1}")
-    finish()
+            save(pipe, f"{output}-step{index + 1}", averaged())
+    _load(transformer, averaged())
     transformer.eval()
     return losses
 
 
+def _load(transformer, weights: dict) -> None:
+    with torch.no_grad():
+        for name, p in transformer.named_parameters():
+            p.copy_(weights[name])
+
+
 def torch_steps(transformer, steps: int):
-    """AdamW with gradient clipping, on torch; the weights are updated in place (nothing to finish)."""
+    """AdamW with gradient clipping, on torch, updating ``transformer`` in place; the average is kept beside it."""
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_factor(s, steps))
+    average = {name: p.detach().clone() for name, p in transformer.named_parameters()}
 
     def step(index, noisy, sigma, context, target) -> float:
         prediction = transformer(noisy, timestep=sigma * 1000, encoder_hidden_states=context, return_dict=False)[0]
@@ -103,17 +114,24 @@ def torch_steps(transformer, steps: int):
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), CLIP_NORM)
         optimizer.step()
         schedule.step()
+        with torch.no_grad():
+            decay = ema_decay(index)
+            for name, p in transformer.named_parameters():
+                average[name].mul_(decay).add_(p.detach(), alpha=1 - decay)
         return float(loss.detach())
 
-    return step, lambda: None
+    return step, lambda: {name: a.clone() for name, a in average.items()}
 
 
-def save(pipe, folder: str) -> None:
-    """``save_pretrained`` with the transformer's weights stored in float16 (7.7 MB instead of 15: the package ships
-    them); ``demo.load_pipeline`` reads them back as float32."""
+def save(pipe, folder: str, weights: dict | None = None) -> None:
+    """``save_pretrained`` with the transformer's weights (``weights`` if given) stored in float16 (7.7 MB instead of
+    15: the package ships them); ``demo.load_pipeline`` reads them back as float32."""
     transformer = pipe.transformer
+    stored = copy.deepcopy(transformer)
+    if weights is not None:
+        _load(stored, weights)
     # torch's own ``Module.to``: diffusers' warns that modules it keeps in float32 are cast, which is the point here
-    pipe.transformer = torch.nn.Module.to(copy.deepcopy(transformer), torch.float16)
+    pipe.transformer = torch.nn.Module.to(stored, torch.float16)
     try:
         pipe.save_pretrained(folder, safe_serialization=True)
     finally:
@@ -123,7 +141,7 @@ def save(pipe, folder: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.demo.train")
     parser.add_argument("--output", required=True, help="folder for the trained pipeline (save_pretrained)")
-    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=22000)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")

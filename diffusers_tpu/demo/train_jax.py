@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from ..interop import backend, compat
-from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, schedule_factor
+from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
 
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 
 
 def jax_steps(transformer, steps: int):
-    """``(step, finish)`` as ``demo.train.train`` takes them: ``step`` updates JAX copies of the weights,
-    ``finish`` writes them back into ``transformer``."""
+    """``(step, averaged)`` as ``demo.train.train`` takes them: ``step`` updates JAX copies of the weights and their
+    moving average, ``averaged`` returns host (torch) copies of the average."""
     from torch.func import functional_call
 
     params = {name: backend.to_jax_array(p.detach()) for name, p in transformer.named_parameters()}
@@ -41,7 +41,7 @@ def jax_steps(transformer, steps: int):
         return jnp.mean((backend.to_jax_array(out) - target) ** 2)
 
     @jax.jit
-    def update(weights, moments, count, lr, noisy, sigma, context, target):
+    def update(weights, moments, average, count, lr, decay, noisy, sigma, context, target):
         loss, grads = jax.value_and_grad(loss_of)(weights, noisy, sigma, context, target)
         norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads.values()))
         grads = {k: g * jnp.minimum(1.0, CLIP_NORM / (norm + 1e-6)) for k, g in grads.items()}  # clip_grad_norm_
@@ -50,20 +50,20 @@ def jax_steps(transformer, steps: int):
         correction1, correction2 = 1 - BETAS[0] ** count, 1 - BETAS[1] ** count
         new = {k: w * (1 - lr * WEIGHT_DECAY) - lr / correction1 * first[k]
                / (jnp.sqrt(second[k]) / jnp.sqrt(correction2) + EPSILON) for k, w in weights.items()}
-        return new, (first, second), loss
+        average = {k: decay * average[k] + (1 - decay) * w for k, w in new.items()}
+        return new, (first, second), average, loss
 
-    state = {"params": params, "moments": moments}
+    state = {"params": params, "moments": moments, "average": dict(params)}
 
     def step(index, noisy, sigma, context, target) -> float:
         lr = LEARNING_RATE * schedule_factor(index, steps)
         arrays = [backend.to_jax_array(t) for t in (noisy, sigma, context, target)]
         count = jnp.asarray(index + 1, jnp.float32)  # an argument, not a constant: one program for every step
-        state["params"], state["moments"], loss = update(state["params"], state["moments"], count, lr, *arrays)
+        state["params"], state["moments"], state["average"], loss = update(
+            state["params"], state["moments"], state["average"], count, lr, ema_decay(index), *arrays)
         return float(loss)
 
-    def finish():
-        with torch.no_grad():
-            for name, p in transformer.named_parameters():
-                p.copy_(torch.from_numpy(np.array(state["params"][name])))  # a writable host copy
+    def averaged():
+        return {name: torch.from_numpy(np.array(a)) for name, a in state["average"].items()}  # writable host copies
 
-    return step, finish
+    return step, averaged
