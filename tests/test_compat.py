@@ -92,3 +92,83 @@ def test_inplace_ops_on_a_view_write_through_like_torch(op):
         INPLACE_ON_VIEWS[op](out[..., 1:, :], torch.arange(6.0).reshape(2, 1, 3).to("jax"))
         got = torch.from_numpy(__import__("numpy").asarray(out.jax()))
     assert torch.allclose(got, expected, atol=1e-6), (got, expected)
+
+
+def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_it():
+    """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
+    compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped
+    tensors — however small — still run on the devices."""
+    import numpy as np
+
+    from diffusers_tpu.interop import backend
+    from diffusers_tpu.interop import compile as jit
+
+    assert "schedule glue on the host" in patches.applied() and "torchax host transfers" in patches.applied()
+    host = torch.linspace(1.0, 0.0, 7) ** 1.7 * 1000.0
+    with backend.jax_mode():
+        with jit.compile_log() as log:
+            sigmas = torch.linspace(1.0, 0.0, 7, device="jax") ** 1.7 * 1000.0  # constructor, pow, mul
+            sigmas = torch.cat([sigmas, torch.zeros(1, device="jax")])
+            steps = [t.expand(2).to(torch.bfloat16) for t in sigmas[:3]]  # iteration, expand, cast
+            dt = sigmas[4] - sigmas[3]  # two views
+            scale = torch.tensor([0.5, 2.0], device="jax").view(1, 2, 1, 1) * 3  # a per-channel vector
+            count = int((sigmas > 500).sum().item())
+            table = torch.linspace(0.999, 0.001, 1000, device="jax")  # a DDIM table indexed by device timesteps
+            picked = table[torch.tensor([3, 998], device="jax")]
+            by_host_index = table[torch.tensor([5])]  # a host index into a device table: a device result
+            host_only = torch.arange(3) * 2  # host tensors alone stay on the host
+        assert log.compilations == 0, "schedule glue compiled programs"
+        assert backend.is_jax_tensor(dt) and backend.is_jax_tensor(steps[0]) and scale.shape == (1, 2, 1, 1)
+        got = backend.jax_to_host(sigmas.jax())
+        sigmas[1:3].mul_(0.0)  # an in-place write through a view still reaches the device tensor
+        zeroed = backend.jax_to_host(sigmas.jax())
+        with jit.compile_log() as log:
+            latents = torch.ones(2, 3, 2, device="jax")  # several dimensions: the devices' work
+            latents = latents * dt
+        assert log.compilations > 0
+    expected = torch.cat([host, torch.zeros(1)])
+    assert torch.equal(got, expected)  # bit for bit: torch computed it
+    assert torch.equal(backend.jax_to_host(dt.jax()), expected[4] - expected[3])
+    assert steps[1].dtype == torch.bfloat16 and torch.equal(backend.jax_to_host(steps[1].jax()),
+                                                            expected[1].expand(2).to(torch.bfloat16))
+    assert count == int((expected > 500).sum())
+    assert torch.equal(backend.jax_to_host(picked.jax()), torch.linspace(0.999, 0.001, 1000)[torch.tensor([3, 998])])
+    assert backend.is_jax_tensor(by_host_index) and not backend.is_jax_tensor(host_only)
+    assert torch.equal(host_only, torch.tensor([0, 2, 4]))
+    assert torch.equal(zeroed[1:3], torch.zeros(2)) and torch.equal(zeroed[3:], expected[3:])
+    assert np.allclose(np.asarray(latents.jax()), float(expected[4] - expected[3]))
+
+
+def test_schedule_glue_keeps_the_placement_of_its_inputs():
+    """A replicated vector on a mesh stays replicated on that mesh (it meets sharded latents next), an uncommitted
+    one stays uncommitted; inside a trace nothing moves to the host."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from diffusers_tpu.interop import backend
+
+    mesh = backend.build_mesh({"dp": 1, "sp": 1, "tp": len(jax.devices())}, jax.devices())
+    replicated = NamedSharding(mesh, PartitionSpec())
+    with backend.jax_mode():
+        placed = backend.wrap(backend.host_to_jax(torch.arange(4.0), replicated))
+        loose = backend.wrap(backend.host_to_jax(torch.arange(4.0)))
+        out, free = placed * 2 + 1, loose[1:] - 1
+        assert out.jax().sharding == replicated and not free.jax().committed
+        traced = jax.jit(lambda a: (backend.wrap(a)[1:] * 2).jax())(loose.jax())
+    assert torch.equal(backend.jax_to_host(out.jax()), torch.arange(4.0) * 2 + 1)
+    assert torch.equal(backend.jax_to_host(traced), torch.arange(1.0, 4.0) * 2)
+
+
+def test_host_tensors_enter_jax_as_private_copies():
+    """``host_to_jax`` and torchax's own conversion are transfers, not programs, and never share the tensor's memory
+    (JAX on the CPU adopts aligned buffers): a later in-place change of the host tensor must not reach the copy."""
+    from diffusers_tpu.interop import backend
+    from diffusers_tpu.interop import compile as jit
+
+    host = torch.zeros(64, 64)
+    with backend.jax_mode(), jit.compile_log() as log:
+        ours, theirs = backend.host_to_jax(host), host.to("jax").jax()
+        half = torch.zeros(3, 5, dtype=torch.bfloat16).to("jax")
+    host += 1
+    assert log.compilations == 0
+    assert float(ours.sum()) == 0 and float(theirs.sum()) == 0 and half.dtype == torch.bfloat16

@@ -84,3 +84,24 @@ def test_a_block_shape_a_tpu_cannot_take_is_rejected():
 
     with pytest.raises(Exception, match="divisible by 8 and 128"):
         jax.export.export(jax.jit(bad), platforms=["tpu"])(jax.ShapeDtypeStruct((8, 300), jnp.float32))
+
+
+def test_bf16_denoiser_step_multiplies_in_bf16(mesh):
+    """Guard for the bf16 step (issue 27): every token-wise product of the lowered Wan denoiser step (q/k/v/out
+    projections, feed-forward, text projection, output head) takes bf16 operands — a float32 upcast of a bf16
+    matmul (a stray ``.float()`` before a linear layer, a weight left in float32) runs it at a fraction of the
+    matrix units' rate. Per-sample products of the modules stock keeps in float32 (``_keep_in_fp32_modules``: the
+    time embedder, [batch, dim]) are stock's choice. Attention is the kernel's (a Mosaic call). Lowered for TPU: the
+    same torch code traces the same products for a GPU (whose cuDNN attention cannot be lowered without one)."""
+    import re
+
+    transformer = tiny.wan_pipeline("wan").transformer
+    inputs = step_inputs(mesh, 2, 3, 4, 4, 512, 32, jnp.bfloat16)
+    exported = lowering.export_method(transformer, "forward", kwargs=inputs, mesh=mesh, rules=wan.SHARD_RULES,
+                                      dtype=torch.bfloat16)
+    products = [re.search(r":\s*\((.*?)\)\s*->\s*tensor<([0-9x]+)x", line)
+                for line in exported.mlir_module().splitlines() if "stablehlo.dot_general" in line]
+    tokenwise = [m.group(1) for m in products if m.group(2).count("x") >= 2]  # [batch, tokens, features]
+    assert len(tokenwise) >= 2 * 8 + 1  # q, k, v, out of both attentions and the feed-forward per block; the head
+    upcast = [types for types in tokenwise if "f32>" in types]
+    assert not upcast, upcast[:2]

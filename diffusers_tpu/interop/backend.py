@@ -198,9 +198,11 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
 
 
 def host_to_jax(tensor: torch.Tensor, sharding=None) -> jax.Array:
-    """Copy a CPU torch tensor to JAX (sharded if given; see ``distributed.place`` for several processes)."""
+    """Copy a CPU torch tensor to JAX (sharded if given; see ``distributed.place`` for several processes). A transfer,
+    not a program: ``jnp.asarray`` would compile one per shape. The copy keeps the JAX array from sharing the tensor's
+    memory (JAX on the CPU adopts aligned host buffers), which the caller may still change in place."""
     array = host_array(tensor)
-    return distributed.place(array, sharding) if sharding is not None else jax.numpy.asarray(array)
+    return distributed.place(array, sharding) if sharding is not None else jax.device_put(np.array(array, copy=True))
 
 
 def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Compatibility of torch, torchax and JAX: the low-level patches the backend needs, each with its reason and
-version guard. This module imports nothing of the package (it sits at the bottom of the import graph);
+version guard. This module imports nothing of the package but ``host_glue`` (both sit at the bottom of the import graph);
 ``patches`` holds the diffusers-level hooks at the top.
 """
 
@@ -247,6 +247,7 @@ def _patch_is_compiling():
 # --- 8. Indexing a view with a tensor -----------------------------------------------------------------------
 # Reason: torchax's ``__getitem__`` reads ``self._elem``, which its lazy ``View`` (what ``x[i]`` returns) does not
 # have: ``embeddings[i][mask[i]]`` (Z-Image's prompt encoding) raised AttributeError. A view is materialized first.
+# A scalar or vector indexed by tensors (a scheduler's table by a timestep) is read on the host (patch 11).
 # Guard: wraps the registered ``Tensor.__getitem__`` operator of the default environment (0.0.10 - 0.0.13) once.
 def _patch_view_getitem():
     from torchax.view import View
@@ -257,6 +258,10 @@ def _patch_view_getitem():
     stock = operator.func
 
     def getitem(self, indexes):
+        from . import host_glue
+
+        if (found := host_glue.getitem(self._env, self, indexes)) is not host_glue.NOT_GLUE:
+            return found
         return stock(self.torch() if isinstance(self, View) else self, indexes)
 
     getitem._diffusers_tpu = True
@@ -305,6 +310,66 @@ def _patch_inplace_on_views():
     _applied.add("torchax in-place ops on views")
 
 
+# --- 10. Host tensors enter JAX without a program ------------------------------------------------------------
+# Reason: torchax copies a CPU tensor with ``jnp.asarray``, which compiles a program (``stage``) per shape and dtype;
+# ``jax.device_put`` is the same transfer without one. The copy keeps the array from sharing the tensor's memory
+# (JAX on the CPU adopts aligned buffers). Guard: replaces ``torchax.ops.mappings.t2j`` (0.0.10 - 0.0.13) for CPU
+# tensors without DLPack; bfloat16 goes through its bits (numpy has no bfloat16 of its own).
+def _patch_host_transfers():
+    from torchax.ops import mappings
+
+    stock = mappings.t2j
+    if getattr(stock, "_diffusers_tpu", False):
+        return
+
+    def t2j(tensor, use_dlpack=True):
+        if use_dlpack or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            return stock(tensor, use_dlpack)
+        from . import host_glue
+
+        return jax.device_put(host_glue.host_numpy(tensor))
+
+    t2j._diffusers_tpu = True
+    mappings.t2j = t2j
+    _applied.add("torchax host transfers")
+
+
+# --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
+# Reason: every eager op on the devices is an XLA program of its own, compiled once per process, and the schedule
+# glue between a pipeline's models was a third of a first call's programs. Ops whose tensors are all scalars or
+# vectors run in torch on the host and their results are placed on the devices (``host_glue`` says what qualifies).
+# torchax views get their shape without running the slice, and a view of such a vector is read on the host.
+# Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.
+def _patch_glue_on_host():
+    from torchax.tensor import Environment
+    from torchax.view import NarrowInfo, View
+
+    from . import host_glue
+
+    stock = Environment.dispatch
+    if getattr(stock, "_diffusers_tpu_glue", False):
+        return
+
+    def dispatch(self, func, types, args, kwargs):
+        result = host_glue.run(self, func, args, kwargs or {})
+        return stock(self, func, types, args, kwargs) if result is host_glue.NOT_GLUE else result
+
+    def calculate_output_shape(self, source):
+        return list(jax.eval_shape(self.transform_tensor, source).shape)
+
+    stock_jax = View.jax
+
+    def view_jax(self):
+        array = host_glue.view_on_host(self)
+        return stock_jax(self) if array is None else array
+
+    dispatch._diffusers_tpu = dispatch._diffusers_tpu_glue = True
+    Environment.dispatch = dispatch
+    NarrowInfo.calculate_output_shape = calculate_output_shape
+    View.jax = view_jax
+    _applied.add("schedule glue on the host")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -315,6 +380,8 @@ def apply() -> None:
     _patch_is_compiling()
     _patch_view_getitem()
     _patch_inplace_on_views()
+    _patch_host_transfers()
+    _patch_glue_on_host()
 
 
 def applied() -> set[str]:

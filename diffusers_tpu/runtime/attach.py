@@ -212,7 +212,6 @@ class PipelineRuntime:
         undo = []
         for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
             undo.extend(schedulers.place(scheduler))
-            undo.extend(schedulers.index_on_host(scheduler))
             if self.config.scheduler_dtype is not None:
                 undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
         try:

@@ -38,29 +38,6 @@ def place(scheduler) -> list:
     return undo
 
 
-def index_on_host(scheduler) -> list:
-    """``index_for_timestep`` looks a device timestep up in the device schedule with ``nonzero`` and returns a
-    Python int — a host sync either way, but as eager device ops it is ~19 one-off programs on a first call
-    (FlowMatchEulerDiscreteScheduler: LTX, Flux, ...). It runs on host copies instead: the same float32 values, the
-    same int. Returns undo callables."""
-    import inspect
-
-    from ..interop.backend import torch_mode
-
-    stock = getattr(scheduler, "index_for_timestep", None)
-    if stock is None or "schedule_timesteps" not in inspect.signature(stock).parameters:
-        return []
-
-    def index_for_timestep(timestep, schedule_timesteps=None):
-        schedule = scheduler.timesteps if schedule_timesteps is None else schedule_timesteps
-        with torch_mode():
-            return stock(_on_host(timestep), _on_host(schedule))
-
-    index_for_timestep.__wrapped__ = stock
-    object.__setattr__(scheduler, "index_for_timestep", index_for_timestep)
-    return [lambda: vars(scheduler).pop("index_for_timestep", None)]
-
-
 def _on_host(value):
     from ..interop.backend import jax_to_host
 

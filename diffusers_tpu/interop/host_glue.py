@@ -1,0 +1,208 @@
+"""Schedule glue on the host: scalars and vectors between programs are computed by torch on the CPU.
+
+Every eager op on the devices is an XLA program of its own, compiled once per process. The glue pipelines run
+between their models — building a schedule, iterating its timesteps, ``t.expand(batch)``, sigma differences, a
+VAE's per-channel statistics — was a third of a first call's programs. An op qualifies when all its tensors are
+concrete torchax tensors (or views of them) holding a scalar or a vector: at most one dimension longer than 1 and at
+most ``GLUE_ELEMENTS`` values. Latents, embeddings and masks never do, at any model size, so tiny test models take
+the same path as real ones. torch computes the op on the host exactly as stock does on a CPU, and the result is
+placed where the op's first input was (a transfer, not a program). ``compat`` installs this in torchax's dispatch.
+Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import jax
+import torch
+
+GLUE_ELEMENTS = 4096
+_HOST_CONSTRUCTORS = ("zeros", "ones", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "eye")
+_CAST_KEYWORDS = {"dtype", "non_blocking", "copy", "memory_format"}
+NOT_GLUE = object()
+
+
+def _is_glue(array) -> bool:
+    return (not isinstance(array, jax.core.Tracer) and array.size <= GLUE_ELEMENTS
+            and sum(d > 1 for d in array.shape) <= 1
+            and (array.is_fully_addressable or array.sharding.is_fully_replicated))
+
+
+def _host_of(array):
+    """A concrete device array as numpy (this process's copy of a replicated one)."""
+    import numpy as np
+
+    return np.asarray(array if array.is_fully_addressable else array.addressable_data(0))
+
+
+def _placed(host, like) -> jax.Array:
+    """A numpy array on the devices as ``like`` is: committed to its sharding, or uncommitted as it was."""
+    import numpy as np
+
+    host = np.array(host, copy=True)
+    if like is None or not like.committed:
+        return jax.device_put(host)
+    if not like.sharding.is_fully_addressable:  # replicated over several processes: each fills its own devices
+        return jax.make_array_from_callback(host.shape, like.sharding, lambda index: host[index])
+    return jax.device_put(host, like.sharding)
+
+
+def _glue_view_source(view):
+    """The source array of a torchax view made only of slices of a scalar or vector, else None."""
+    from torchax.view import NarrowInfo
+
+    source = view.source_jax()
+    if not _is_glue(source) or not all(isinstance(i, NarrowInfo) for i in view.get_transformation_chain()):
+        return None
+    return source
+
+
+def _host_tensor(value) -> torch.Tensor | None:
+    """A torchax tensor or view that is schedule glue, as a host torch tensor; else None."""
+    import numpy as np
+    from torchax.tensor import Tensor
+    from torchax.view import View
+
+    if type(value) is torch.Tensor and value.device.type == "cpu":  # a host tensor mixed in (``compat`` patch 6)
+        glue = value.numel() <= GLUE_ELEMENTS and sum(d > 1 for d in value.shape) <= 1
+        return value if glue else None
+    if type(value) is Tensor:
+        array = value._elem
+        if not _is_glue(array):
+            return None
+        host = _host_of(array)
+    elif isinstance(value, View) and (array := _glue_view_source(value)) is not None:
+        host = _host_of(array)
+        for info in value.get_transformation_chain():
+            host = host[info.slices]
+        host = np.asarray(host)
+    else:
+        return None
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(host, copy=True))
+
+
+def _device_array(tensors):
+    """The array behind the first torchax tensor or view among ``tensors`` (where results go), or None."""
+    from torchax.tensor import Tensor
+    from torchax.view import View
+
+    for value in tensors:
+        if type(value) is Tensor:
+            return value._elem
+        if isinstance(value, View):
+            return value.source_jax()
+    return None
+
+
+def _is_glue_op(func, tensors) -> bool:
+    from torchax.view import View
+
+    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        return False  # in place: the devices' copy must change
+    # a view op on a torchax view makes a sub-view that writes through to its source: left to torchax
+    views = any(isinstance(t, View) for t in tensors)
+    return not (views and any(r.alias_info is not None for r in func._schema.returns))
+
+
+def _host_constructor(env, func, args, kwargs):
+    """``torch.zeros(1, device=...)`` and friends made on the host (outside traces: in one they are constants)."""
+    import torch.utils._pytree as pytree
+    from jax._src import core
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+
+    device = kwargs.get("device")
+    if device is None or not env._should_use_torchax_tensor(device) or not core.trace_state_clean():
+        return NOT_GLUE
+    if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((args, kwargs))):
+        return NOT_GLUE
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            result = func(*args, **{**kwargs, "device": "cpu"})
+    except Exception:
+        return NOT_GLUE
+    if result.numel() > GLUE_ELEMENTS or sum(d > 1 for d in result.shape) > 1:
+        return NOT_GLUE
+    return Tensor(_placed(host_numpy(result), None), env)
+
+
+def run(env, func, args, kwargs):
+    """The op's result computed on the host, or ``NOT_GLUE``."""
+    import torch.utils._pytree as pytree
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+
+    if getattr(func, "__name__", None) in _HOST_CONSTRUCTORS and getattr(torch, func.__name__, None) is func:
+        return _host_constructor(env, func, args, kwargs)
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if func is torch.Tensor.to:  # a cast (``t.float()``, ``t.to(torch.bfloat16)``); a move stays torchax's
+        if not all(isinstance(a, (torch.dtype, bool)) for a in args[1:]) or set(kwargs) - _CAST_KEYWORDS:
+            return NOT_GLUE
+    elif func is torch.ops.aten._to_copy.default:
+        device = kwargs.get("device")
+        if device is not None and not env._should_use_torchax_tensor(device):
+            return NOT_GLUE  # a copy to the host is the caller's own
+        kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    elif not _is_glue_op(func, tensors):
+        return NOT_GLUE
+    like = _device_array(tensors)
+    if like is None:  # host tensors only: torchax leaves those to torch
+        return NOT_GLUE
+    host = {id(t): _host_tensor(t) for t in tensors}
+    if any(h is None for h in host.values()):
+        return NOT_GLUE
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            host_args, host_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: host[id(t)], (args, kwargs))
+            result = func(*host_args, **host_kwargs)
+    except Exception:  # whatever torch on the CPU refuses goes to torchax as before
+        return NOT_GLUE
+    results = [x for x in pytree.tree_leaves(result) if isinstance(x, torch.Tensor)]
+    if any(t.numel() > GLUE_ELEMENTS or t.device.type != "cpu" for t in results):
+        return NOT_GLUE  # e.g. a scalar expanded to a latent's shape: that is the devices' work
+    return pytree.tree_map_only(torch.Tensor, lambda t: Tensor(_placed(host_numpy(t), like), env), result)
+
+
+def getitem(env, tensor, indexes):
+    """``table[index_tensor]`` of a scalar or vector by glue (or host) indexes, on the host; else ``NOT_GLUE``.
+    Indexing by tensors copies in torch too, so no write can go astray (slices stay torchax views)."""
+    import torch.utils._pytree as pytree
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+
+    leaves = pytree.tree_leaves(indexes)
+    if not any(isinstance(x, torch.Tensor) for x in leaves) or (table := _host_tensor(tensor)) is None:
+        return NOT_GLUE
+    moved = {id(x): _host_tensor(x) for x in leaves if isinstance(x, torch.Tensor)}
+    if any(h is None for h in moved.values()):
+        return NOT_GLUE
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            result = table[pytree.tree_map_only(torch.Tensor, lambda x: moved[id(x)], indexes)]
+    except Exception:  # e.g. an index out of range: torchax's own error
+        return NOT_GLUE
+    like = _device_array([tensor, *leaves])
+    if like is None or result.numel() > GLUE_ELEMENTS:
+        return NOT_GLUE
+    return Tensor(_placed(host_numpy(result), like), env)
+
+
+def view_on_host(view):
+    """A torchax view of a scalar or vector, read on the host and placed like its source; None for other views."""
+    source = _glue_view_source(view)
+    return None if source is None else _placed(host_numpy(_host_tensor(view)), source)
+
+
+def host_numpy(tensor: torch.Tensor):
+    """A private numpy copy of a CPU tensor (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    import numpy as np
+
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16).copy()
+    return np.array(tensor.numpy(), copy=True)
