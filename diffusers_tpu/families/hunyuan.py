@@ -175,6 +175,16 @@ class _PromptMemo:
         return value
 
 
+def _token_order_on_host(*tensors):
+    """``text_token_order`` in torch on the host (once per prompt): as eager device ops it was three one-off programs
+    of a first call. The compiled forward takes the host permutation as an input."""
+    from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
+
+    host = [jax_to_host(t.jax()) if is_jax_tensor(t) else t for t in tensors]
+    with torch_mode():
+        return text_token_order(*host)
+
+
 def with_token_order(compiled_forward):
     """Wrap the compiled transformer so the token permutation is computed once per prompt, outside it."""
     memo = _PromptMemo()
@@ -183,7 +193,7 @@ def with_token_order(compiled_forward):
         masks = (kwargs.get("encoder_attention_mask"), kwargs.get("encoder_attention_mask_2"), kwargs.get("image_embeds"))
         if args or any(m is None for m in masks) or "token_order" in kwargs:
             return compiled_forward(*args, **kwargs)
-        order, _ = memo.get(masks, text_token_order)
+        order, _ = memo.get(masks, _token_order_on_host)
         return compiled_forward(*args, token_order=order, **kwargs)
 
     call.__wrapped__ = compiled_forward
