@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     from . import bench as bench_module
 
     bench_module.add_arguments(bench)
+    profile = commands.add_parser("profile", help="one denoising step's kernels by category, JAX beside torch")
+    from . import profile_step
+
+    profile_step.add_arguments(profile)
     plan = commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device")
     from . import plan_command
 
@@ -245,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import bench
 
             return bench.main(args)
+        if args.command == "profile":
+            from . import profile_step
+
+            return profile_step.main(args)
         if args.command == "plan":
             from . import plan_command
 
