@@ -3,6 +3,7 @@ groups, platform choice, model loading (local folders or built-in tiny models) a
 
 from __future__ import annotations
 
+import inspect
 
 from ..interop.backend import device_for  # noqa: F401  (the commands' --platform)
 from ..runtime.config import mesh_arg
@@ -124,8 +125,6 @@ def tiny_models() -> list[str]:
 
 def makes_images(pipe) -> bool:
     """An image pipeline: its call takes no frame count."""
-    import inspect
-
     accepted = inspect.signature(type(pipe).__call__).parameters
     return not any(name in accepted for name in ("num_frames", "video_length", "num_blocks"))
 
@@ -165,10 +164,31 @@ def load_pipeline(model: str):
 def call_arguments(pipe, call: dict) -> dict:
     """``call`` minus the arguments this pipeline's ``__call__`` does not take. Pipelines that guide through a
     diffusers guider (HunyuanVideo-1.5) take ``guidance_scale`` on their guider instead."""
-    import inspect
-
     accepted = inspect.signature(type(pipe).__call__).parameters
     scale = call.get("guidance_scale")
     if "guidance_scale" not in accepted and scale is not None and getattr(pipe, "guider", None) is not None:
         pipe.guider = pipe.guider.new(guidance_scale=scale)
     return {name: value for name, value in call.items() if name in accepted}
+
+
+def call_sizes(pipe, args, model: str) -> dict:
+    """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
+    from ..runtime.stages import _defaults
+
+    defaults = _defaults(pipe)
+    config = pipe.transformer.config
+    sample = {name: getattr(config, f"sample_{name}", None) for name in ("height", "width", "frames")}
+    fallback = {
+        "height": defaults.get("height") or sample["height"] and sample["height"] * pipe.vae_scale_factor_spatial,
+        "width": defaults.get("width") or sample["width"] and sample["width"] * pipe.vae_scale_factor_spatial,
+        "frames": defaults.get("num_frames") or sample["frames"],
+        "steps": defaults.get("num_inference_steps"),
+    }
+    fallback.update({k: v for k, v in model_defaults(model).items() if k in fallback})
+    sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
+    missing = [f"--{name}" for name, value in sizes.items() if value is None and takes[name] in accepted]
+    if missing:
+        raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
+    return sizes

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import inspect
 import json
 import time
 
@@ -24,23 +23,11 @@ from ..interop import backend
 from ..runtime import attach as runtime
 from ..interop.compile import compile_log
 from ..runtime.registry import family_of
+from .measures import PEAK_TFLOPS, peak_memory as _peak_memory, peak_tflops, versions as _versions  # noqa: F401
 
-# Dense bf16 peak TFLOP/s per chip (vendor figures). device_kind substrings, most specific first.
-PEAK_TFLOPS = (
-    (("v5 lite", "v5e"), 197.0), (("v5p",), 459.0), (("v6 lite", "v6e"), 918.0), (("7x", "v7"), 2307.0),
-    (("v4",), 275.0), (("v5",), 459.0), (("h200",), 989.0), (("h100",), 989.0),
-)
 
 
 BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
-
-
-def peak_tflops(device_kind: str) -> float | None:
-    kind = device_kind.lower()
-    for names, peak in PEAK_TFLOPS:
-        if any(name in kind for name in names):
-            return peak
-    return None
 
 
 def summarize(values: list[float]) -> dict:
@@ -261,17 +248,6 @@ def _trace(directory):
         yield
 
 
-def _peak_memory(pipe, cuda: bool):
-    if cuda:
-        return int(torch.cuda.max_memory_allocated())
-    attached = runtime.runtime_of(pipe)
-    if attached is None:
-        return None
-    stats = [d.memory_stats() or {} for d in attached.mesh.devices.flat]
-    peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
-    return max(peaks) if peaks else None
-
-
 def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: str) -> dict:
     family = family_of(pipe)
     if family.forward_flops is None or "steps" not in stages:
@@ -290,47 +266,10 @@ def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: 
             "mfu": achieved / (peak * 1e12 * num_devices) if peak else None}
 
 
-def _versions() -> dict:
-    import importlib.metadata as metadata
-
-    names = ("jax", "jaxlib", "torch", "torchax", "diffusers", "transformers", "diffusers-tpu")
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def _sizes(pipe, args, model: str) -> dict:
-    """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
-    from .arguments import model_defaults
-    from ..runtime.stages import _defaults
-
-    defaults = _defaults(pipe)
-    config = pipe.transformer.config
-    sample = {name: getattr(config, f"sample_{name}", None) for name in ("height", "width", "frames")}
-    fallback = {
-        "height": defaults.get("height") or sample["height"] and sample["height"] * pipe.vae_scale_factor_spatial,
-        "width": defaults.get("width") or sample["width"] and sample["width"] * pipe.vae_scale_factor_spatial,
-        "frames": defaults.get("num_frames") or sample["frames"],
-        "steps": defaults.get("num_inference_steps"),
-    }
-    fallback.update({k: v for k, v in model_defaults(model).items() if k in fallback})
-    sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
-    accepted = inspect.signature(type(pipe).__call__).parameters
-    takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
-    missing = [f"--{name}" for name, value in sizes.items() if value is None and takes[name] in accepted]
-    if missing:
-        raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
-    return sizes
-
-
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     from ..planner import architectures
-    from .arguments import call_arguments, device_for, load_pipeline, sequence_length
+    from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
     from ..runtime.config import TPUConfig
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
@@ -340,7 +279,7 @@ def run(args) -> dict:
                        quantize=args.quantize)
     model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
-    sizes = _sizes(pipe, args, model)
+    sizes = call_sizes(pipe, args, model)
     sequence = sequence_length(pipe, model)
     call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
                 width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],

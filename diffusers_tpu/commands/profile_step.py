@@ -94,7 +94,7 @@ def jax_step(pipe, name: str, calls: list, runs: int) -> dict:
     from ..interop import backend, boundary
     from ..interop.compile import compile_log
     from ..runtime import attach
-    from .bench import _peak_memory
+    from .measures import peak_memory
 
     runtime = attach.runtime_of(pipe)
     module = getattr(pipe, name)
@@ -118,7 +118,7 @@ def jax_step(pipe, name: str, calls: list, runs: int) -> dict:
                 backend.synchronize(step())
             kernels = kernel_breakdown.jax_kernels(directory)
     timing.update(compile_seconds=warm.seconds, compilations=warm.compilations,
-                  recompilations_after_warmup=timed.compilations, peak_memory_bytes=_peak_memory(pipe, False),
+                  recompilations_after_warmup=timed.compilations, peak_memory_bytes=peak_memory(pipe, False),
                   breakdown=kernel_breakdown.summarize(kernels))
     return timing
 
@@ -140,8 +140,9 @@ def run(args) -> dict:
     from ..planner import architectures
     from ..runtime import attach
     from ..runtime.config import TPUConfig
-    from .arguments import device_for, load_pipeline, sequence_length
-    from .bench import _sizes, _versions, _defaults_of, peak_tflops
+    from ..runtime.stages import _defaults
+    from .arguments import call_sizes, device_for, load_pipeline, sequence_length
+    from .measures import peak_tflops, versions
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)
@@ -149,13 +150,13 @@ def run(args) -> dict:
                        text_encoder=args.text_encoder, matmul_precision=args.matmul_precision)
     model = args.arch or args.model or "tiny:wan"
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
-    sizes = _sizes(pipe, args, model)
+    sizes = call_sizes(pipe, args, model)
     call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
                 width=sizes["width"], num_frames=sizes["frames"], guidance_scale=args.guidance,
-                max_sequence_length=sequence_length(pipe, model) or _defaults_of(pipe).get("max_sequence_length"))
+                max_sequence_length=sequence_length(pipe, model) or _defaults(pipe).get("max_sequence_length"))
     torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     name, calls = capture_step(pipe, call, torch_device)
-    report = {"versions": _versions(), "model": model, "pipeline": type(pipe).__name__, "denoiser": name,
+    report = {"versions": versions(), "model": model, "pipeline": type(pipe).__name__, "denoiser": name,
               "settings": dict(sizes, dtype=args.dtype, runs=args.runs, calls_per_step=len(calls)),
               "flop_per_step": _step_flops(pipe, call, calls)}
     module = getattr(pipe, name)
