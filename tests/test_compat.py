@@ -219,3 +219,21 @@ def test_host_tensors_enter_jax_as_private_copies():
     host += 1
     assert log.compilations == 0
     assert float(ours.sum()) == 0 and float(theirs.sum()) == 0 and half.dtype == torch.bfloat16
+
+
+def test_torch_compile_works_beside_torchax():
+    """torchax claims torch's private backend, which torch then reported as the process's accelerator with no C++
+    hooks behind it: every ``torch.compile`` failed ("PyTorch is not linked with support for jax devices", on CPU
+    and on an H100). ``torch.accelerator`` now answers as stock does: CUDA when present, else no accelerator."""
+    from diffusers.utils.torch_utils import get_device
+
+    assert "torch.accelerator" in patches.applied()
+    expected = torch.device("cuda") if torch.cuda.is_available() else None
+    assert torch.accelerator.current_accelerator() == expected
+    assert torch.accelerator.is_available() == torch.cuda.is_available()
+    assert get_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(torch.compile(model)(x), model(x), atol=1e-6)

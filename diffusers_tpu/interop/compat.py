@@ -10,6 +10,7 @@ import contextvars
 import functools
 import importlib
 import inspect
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -444,9 +445,51 @@ def _patch_strided_set():
     _applied.add("strided slice assignment without scatter")
 
 
+# --- 13. torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
+# Reason: torchax renames torch's private backend to "jax" and registers a device module for it, so torch reports
+# "jax" as the process's accelerator, while the C++ hooks behind ``torch.accelerator`` do not exist for it. Every
+# ``torch.compile`` then fails in dynamo's stream tracking ("PyTorch is not linked with support for jax devices",
+# measured on the CPU and on an H100), and diffusers' ``get_device()`` says "jax" where stock says "cuda" or "cpu".
+# The module's functions now serve CUDA when it is available (``torch.cuda``'s own functions), else report no
+# accelerator, as stock torch does. Pipelines on JAX never go through ``torch.accelerator``.
+# Guard: only while torch's accelerator is torchax's renamed backend (torch >= 2.6 has ``torch.accelerator``).
+_CUDA_NAMES = {"current_device_idx": "current_device", "current_device_index": "current_device",
+               "set_device_idx": "set_device", "set_device_index": "set_device", "device_index": "device",
+               "get_memory_info": "mem_get_info", "empty_host_cache": "empty_cache"}
+
+
+def _patch_accelerator():
+    accelerator = getattr(torch, "accelerator", None)
+    claimed = getattr(torch._C, "_accelerator_getAccelerator", lambda: None)()
+    if accelerator is None or claimed is None or claimed.type != "jax" or "torch.accelerator" in _applied:
+        return
+    cuda = torch.cuda.is_available()
+
+    def no_accelerator(name):
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"torch.accelerator.{name}: no accelerator in this process (torchax's 'jax' device is "
+                               "not a torch accelerator; JAX devices are reached through pipe.to('tpu')).")
+        return refuse
+
+    replacements = {"current_accelerator": lambda check_available=False: torch.device("cuda") if cuda else None,
+                    "is_available": lambda: cuda, "device_count": torch.cuda.device_count if cuda else (lambda: 0)}
+    for name in accelerator.__all__:
+        if name not in replacements:
+            target = getattr(torch.cuda, _CUDA_NAMES.get(name, name), None) if cuda else None
+            replacements[name] = target if target is not None else no_accelerator(name)
+    for name, function in replacements.items():
+        setattr(accelerator, name, function)
+    utils = sys.modules.get("diffusers.utils.torch_utils")  # diffusers caches its answer on first use
+    detect = getattr(getattr(utils, "TorchDeviceBackend", None), "_detect_device_type", None)
+    if hasattr(detect, "cache_clear"):
+        detect.cache_clear()
+    _applied.add("torch.accelerator")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
+    _patch_accelerator()  # first: library code may ask torch for the accelerator as soon as torchax is in
     _patch_type_as()
     _patch_setitem()
     _patch_deepcopy()
