@@ -1,6 +1,6 @@
 """Train the demo model: a stock ``WanTransformer3DModel`` learns, by flow matching, to draw the clips of ``scenes``.
 
-    python -m diffusers_tpu.demo.train --output DIR [--steps 22000]
+    python -m diffusers_tpu.demo.train --output DIR [--steps 32000]
 
 Deterministic (seeded data, init and noise; torch on the CPU). The text encoder and VAE are built, not trained
 (``build``); text embeddings are computed once per caption through the stock pipeline's own ``encode_prompt`` so
@@ -141,7 +141,7 @@ def save(pipe, folder: str, weights: dict | None = None) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.demo.train")
     parser.add_argument("--output", required=True, help="folder for the trained pipeline (save_pretrained)")
-    parser.add_argument("--steps", type=int, default=22000)
+    parser.add_argument("--steps", type=int, default=32000)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")
