@@ -216,11 +216,31 @@ def format_report(report: dict) -> str:
         lines.append(kernel_breakdown.format_breakdown("  kernels", entry["breakdown"], entry["median_s"]))
     if not jax_side:
         return "\n".join(lines)
-    lines.append(f"JAX matmul precision {jax_side['matmul_precision']}; compile {jax_side['compile_seconds']:.1f} s, {jax_side['compilations']} programs, "
-                 f"recompilations after warm-up: {jax_side['recompilations_after_warmup']}")
+    lines.append(f"JAX matmul precision {jax_side['matmul_precision']}; compile {jax_side['compile_seconds']:.1f} s, "
+                 f"{jax_side['compilations']} programs, recompilations after warm-up: "
+                 f"{jax_side['recompilations_after_warmup']}")
     if jax_side["platform"] == "cpu":
         lines.append("CPU numbers are not speed claims.")
     return "\n".join(lines)
+
+
+def _at_least_one(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--runs takes a whole number of at least 1 (a median needs a run), got {text!r}")
+    return value
+
+
+def check_arguments(args) -> None:
+    """Refuse combinations that would profile nothing, before any weight is built."""
+    if args.torch_only and args.vs != "torch" and not args.torch_compile:
+        raise ValueError("profile --torch-only skips the JAX side, so it needs a torch side: add --vs torch "
+                         "(and/or --torch-compile).")
 
 
 def add_arguments(parser) -> None:
@@ -232,7 +252,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
     parser.add_argument("--negative-prompt", default="blurry, low quality, static")
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--runs", type=int, default=5, help="timed steps per side (after warm-up)")
+    parser.add_argument("--runs", type=_at_least_one, default=5, help="timed steps per side (after warm-up)")
     parser.add_argument("--vs", choices=("torch",), help="also time and profile stock torch eager on the same inputs")
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile(transformer)")
     parser.add_argument("--torch-only", action="store_true", help="skip the JAX side (on a GPU, torch's and JAX's "
@@ -243,6 +263,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     from ..runtime import outputs
 
+    check_arguments(args)
     if args.json:
         outputs.check_destination(args.json, what="--json")
     report = run(args)
