@@ -32,19 +32,24 @@ def kernels_for(platform: str) -> dict:
     return available
 
 
-def time_kernel(fn, args, repeats: int, warmup: int) -> dict:
-    jitted = jax.jit(fn)
+def _time(call, wait, repeats: int, warmup: int) -> dict:
+    """First call (compiles), ``warmup - 1`` more, then the median of ``repeats``, each ended by ``wait``."""
     start = time.perf_counter()
-    jax.block_until_ready(jitted(*args))
+    wait(call())
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
-        jax.block_until_ready(jitted(*args))
+        wait(call())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(jitted(*args))
+        wait(call())
         times.append(time.perf_counter() - start)
     return {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times), "runs": repeats}
+
+
+def time_kernel(fn, args, repeats: int, warmup: int) -> dict:
+    jitted = jax.jit(fn)
+    return _time(lambda: jitted(*args), jax.block_until_ready, repeats, warmup)
 
 
 def time_torch_sdpa(q, k, v, repeats: int, warmup: int) -> tuple[dict, np.ndarray]:
@@ -55,24 +60,11 @@ def time_torch_sdpa(q, k, v, repeats: int, warmup: int) -> tuple[dict, np.ndarra
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tq, tk, tv = (torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(device, getattr(torch, str(x.dtype)))
                   for x in (q, k, v))
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    wait = (lambda _: torch.cuda.synchronize()) if device == "cuda" else (lambda _: None)
     call = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)  # noqa: E731
     with torch.inference_mode():
-        start = time.perf_counter()
+        entry = dict(_time(call, wait, repeats, warmup), device=device)
         out = call()
-        sync()
-        first = time.perf_counter() - start
-        for _ in range(warmup - 1):
-            call()
-        sync()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call()
-            sync()
-            times.append(time.perf_counter() - start)
-    entry = {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times), "runs": repeats,
-             "device": device}
     return entry, out.float().cpu().numpy()
 
 

@@ -177,3 +177,20 @@ def test_benchmark_script_reports_platform_and_interpret_mode(tmp_path):
     assert report["speed_claim"] is (report["platform"] in ("tpu", "gpu"))
     with pytest.raises(ValueError, match="not benchmarked"):
         benchmark.run(kernels=["cudnn"], q_len=128, kv_len=128)
+
+
+def test_benchmark_times_torch_sdpa_and_skips_a_reference_too_large(monkeypatch):
+    """``--torch`` times torch's own SDPA on the same inputs; past ``REFERENCE_SCORE_BYTES`` the float32 reference
+    is not built and kernels are compared with the first one timed."""
+    from diffusers_tpu.kernels import benchmark
+
+    report = benchmark.run(heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1, kernels=["xla"],
+                           torch_sdpa=True)
+    entry = report["kernels"]["torch_sdpa"]
+    assert entry["median_s"] > 0 and entry["max_abs_diff_vs_xla"] < 1e-5 and entry["interpret_mode"] is False
+    monkeypatch.setattr(benchmark, "REFERENCE_SCORE_BYTES", 1)
+    report = benchmark.run(heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1,
+                           kernels=["splash_exp2"], torch_sdpa=True)
+    assert "xla" not in report["kernels"] and report["kernels"]["splash_exp2"]["max_abs_diff_vs_xla"] is None
+    assert report["kernels"]["torch_sdpa"]["max_abs_diff_vs_first"] < 1e-5
+    assert "n/a" in benchmark.format_table(report)
