@@ -44,6 +44,12 @@ def wan_runs(report):
                                      warm_compilations=log.compilations, shape=list(out.shape),
                                      frames=encode(out) if jax.process_index() == 0 else None)
         pipe.to("cpu")
+    # Text encoders on the devices (what TPUConfig(text_encoder="auto") picks on accelerators with room): the
+    # token ids enter the pod like any host input, every process gets the same embeddings.
+    pipe.to("tpu", config=TPUConfig(mesh=MESHES["dp2-sp1-tp4"], attention_kv_threshold=16, text_encoder="jax"))
+    report["wan-encoders-on-devices"] = dict(np_max_abs=float(np.abs(generate(pipe, output_type="np") - reference).max()),
+                                             placement=pipe._diffusers_tpu_runtime.text_encoder_placement)
+    pipe.to("cpu")
     # Different host inputs on the processes (another seed on process 1) must fail loudly, not mix.
     pipe.to("tpu", config=TPUConfig(mesh=MESHES["dp2-sp1-tp4"], attention_kv_threshold=16))
     try:

@@ -228,6 +228,9 @@ def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
         assert reports[0][f"wan-{mesh}"]["np_max_abs"] == reports[1][f"wan-{mesh}"]["np_max_abs"]
         single = report["runs"][mesh]
         assert np.abs(_frames(reports[0][f"wan-{mesh}"]) - _frames(single)).max() <= 1e-5
+    for r in reports:  # text encoders compiled on the pod's devices
+        assert r["wan-encoders-on-devices"]["placement"] == "jax"
+        assert r["wan-encoders-on-devices"]["np_max_abs"] <= 1e-4, r["wan-encoders-on-devices"]
     assert all("disagree on a pipeline input" in r["disagreement"] for r in reports), reports[0]["disagreement"]
     assert all(r["loading_equal"] for r in reports)  # sharded loading = stock loading + .to(), shard by shard
     assert [r["cli"]["code"] for r in reports] == [0, 0] and reports[0]["cli"]["wrote"]

@@ -34,8 +34,9 @@ def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
     parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
                         help="attention kernel (default: per platform)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
-    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
-                        help="run text encoders on the host CPU (default) or compiled on the devices")
+    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
+                        help="text encoders on the host CPU or compiled on the devices; auto (default): on the "
+                             "devices when all weights take <= 40%% of a device's memory, on the host on CPU")
     parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
                         help="float32 products: highest = full float32 as stock (default); default = the platform's "
                         "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")

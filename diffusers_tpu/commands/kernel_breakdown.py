@@ -71,9 +71,12 @@ def jax_kernels(trace_dir: str) -> dict[str, tuple[float, int]]:
     events = data["traceEvents"] if isinstance(data, dict) else data
     processes = {e["pid"]: e["args"]["name"] for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
     timed = [e for e in events if e.get("ph") == "X" and "dur" in e]
     device = [e for e in timed if processes.get(e["pid"], "").startswith("/device:")]
-    chosen = device or [e for e in timed if "hlo_op" in e.get("args", {}) and not e["name"].startswith("end:")]
+    chosen = _kernel_lines(device, threads) or [e for e in timed if "hlo_op" in e.get("args", {})
+                                                  and not e["name"].startswith("end:")]
     table: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in chosen:
         name = event["name"]
@@ -82,6 +85,17 @@ def jax_kernels(trace_dir: str) -> dict[str, tuple[float, int]]:
         table[key][0] += event["dur"] * 1e-6
         table[key][1] += 1
     return {name: (seconds, calls) for name, (seconds, calls) in table.items()}
+
+
+def _kernel_lines(device: list, threads: dict) -> list:
+    """A device's kernels, each once: a GPU plane also carries lines derived from them (``XLA Modules`` spans a
+    whole program, ``XLA Ops`` repeats the kernels under their HLO names); keep the stream lines when there are
+    any, else the op line, never the module line."""
+    line = lambda e: threads.get((e["pid"], e.get("tid")), "")  # noqa: E731
+    streams = [e for e in device if line(e).lower().startswith("stream")]
+    if streams:
+        return streams
+    return [e for e in device if "module" not in line(e).lower() and "step" not in line(e).lower()]
 
 
 def torch_kernels(profile) -> dict[str, tuple[float, int]]:

@@ -87,8 +87,11 @@ def torch_step(module, calls: list, device: str, runs: int, compiled: bool = Fal
     return timing
 
 
-def jax_step(pipe, name: str, calls: list, runs: int) -> dict:
-    """The runtime's compiled denoiser program on the recorded inputs (the pipeline must be attached)."""
+def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) -> dict:
+    """The runtime's compiled denoiser program on the recorded inputs (the pipeline must be attached); ``trace``:
+    keep the profiled step's ``jax.profiler`` trace in this folder (else a temporary one)."""
+    import contextlib
+
     import jax
 
     from ..interop import backend, boundary
@@ -113,7 +116,8 @@ def jax_step(pipe, name: str, calls: list, runs: int) -> dict:
             first = time.perf_counter() - start
         with compile_log() as timed:
             timing = dict(_timed(step, backend.synchronize, runs, warmup=0), warmup_s=first)
-        with tempfile.TemporaryDirectory() as directory:
+        folder = contextlib.nullcontext(trace) if trace else tempfile.TemporaryDirectory()
+        with folder as directory:
             with jax.profiler.trace(directory, create_perfetto_trace=True):
                 backend.synchronize(step())
             kernels = kernel_breakdown.jax_kernels(directory)
@@ -180,7 +184,7 @@ def run(args) -> dict:
         torch.cuda.empty_cache()  # hand torch's blocks back before JAX allocates on the same GPU
     pipe.to(device, config=config)
     attached = attach.runtime_of(pipe)
-    report["jax"] = jax_step(pipe, name, calls, args.runs)
+    report["jax"] = jax_step(pipe, name, calls, args.runs, args.trace)
     devices = list(attached.mesh.devices.flat)
     report["jax"].update(platform=attached.target.platform, device_kind=devices[0].device_kind,
                          devices=len(devices), attention=attached.attention.implementation,
@@ -258,6 +262,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--torch-only", action="store_true", help="skip the JAX side (on a GPU, torch's and JAX's "
                         "profilers both need CUPTI: profile each side in its own process)")
     parser.add_argument("--json", help="write the report (with the top kernels of each side) to this file")
+    parser.add_argument("--trace", help="keep the JAX side's jax.profiler trace of one step in this folder")
 
 
 def main(args) -> int:

@@ -281,7 +281,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
         lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         pending = [submit(program) for program, _ in lowered]
-        if vae and config.text_encoder != "host":
+        if vae and config.text_encoder == "jax":
             extra["text_encoders"] = text_encoder_memory(pipe, config, runtime, size, text_tokens, reported)
         if vae and family.vae_install is None and family.decode_latents is not None:
             # one video's latents as the loop leaves them (the denoiser's output shape)
@@ -441,9 +441,10 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     tokenizer (a folder planned without its text encoders)."""
     from ..interop import compile as jit
     from . import lowering
+    from ..runtime import placement
     from ..runtime.attach import component_dtype
 
-    names = [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
+    names = placement.text_encoder_names(pipe)
     if not names or getattr(pipe, "tokenizer", None) is None:
         return None
     programs, weights, stand_ins = {}, 0, {}

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, cfg, limits, porting, postprocess, quantize, schedulers
+from . import attention, cfg, limits, placement, porting, postprocess, quantize, schedulers
 from ..interop import backend, boundary, compile as jit, distributed, sharding
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
@@ -110,6 +110,8 @@ class PipelineRuntime:
         self._log: jit.CompileLog | None = None
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
         self._encoding_on_host = 0  # > 0 inside a method run on the host (``_run_on_host``): text encoders' outputs stay there
+        # "host" or "jax" (``attach`` resolves TPUConfig(text_encoder="auto") with ``placement``)
+        self.text_encoder_placement = "host" if config.text_encoder == "auto" else config.text_encoder
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -276,7 +278,7 @@ class PipelineRuntime:
             else:
                 self._jit(module, "forward", state)
                 self._override(module, "forward", self.public(module.forward))
-        host_encoders = _host_text_encoders(pipe, self.config)
+        host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
             self._override(module, "forward", _on_host(module.forward, self))
@@ -507,15 +509,19 @@ def _autoencoder_parts(module) -> tuple[str, ...]:
     return vae_methods(module)
 
 
-def _host_text_encoders(pipe, config: TPUConfig) -> list[str]:
-    if config.text_encoder != "host":
-        return []
-    return [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
-
-
-def _modules_to_place(pipe, config: TPUConfig) -> dict:
-    host = set(_host_text_encoders(pipe, config))
-    return {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and n not in host}
+def _encoder_placement(pipe, family, config, target, modules, mesh_shape, dtype, devices) -> str:
+    """``"host"`` or ``"jax"``: the config's, or for ``"auto"`` the rule of ``placement`` on the weights as
+    ``_plans`` would place them (nothing moves)."""
+    if config.text_encoder != "auto":
+        return config.text_encoder
+    limit = placement.device_memory_limit(devices)
+    if limit is None or not placement.text_encoder_names(pipe):
+        return "host"
+    total = 0
+    for name, (module, slots, _) in _plans(pipe, family, config, target, modules, mesh_shape, dtype).items():
+        int8 = frozenset(quantize.targets(module)) if config.quantize and name in family.denoisers else frozenset()
+        total += placement.per_device_bytes(slots, mesh_shape, int8)
+    return placement.choose(total, limit)
 
 
 def component_dtype(family: Family, config: TPUConfig, target: backend.Target, name: str, default):
@@ -543,14 +549,22 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         detach(pipe)  # re-placing with another config starts from the torch pipeline
     prepared = porting.prepare_components(pipe)  # offload hooks, torch.compile wrappers (undone on failure/detach)
     try:
-        modules = _modules_to_place(pipe, config)
-        for module in modules.values():
-            check_hooks(module, "pipe.to('tpu')")
+        modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+        text_encoders = placement.text_encoder_names(pipe)
+        for name, module in modules.items():
+            if name not in text_encoders or config.text_encoder == "jax":
+                check_hooks(module, "pipe.to('tpu')")
         hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
         if config.mesh is None:
             mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
         else:
             mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
+        encoders = _encoder_placement(pipe, family, config, target, modules, mesh_shape, dtype, devices)
+        if encoders == "host":
+            modules = {n: m for n, m in modules.items() if n not in text_encoders}
+        elif config.text_encoder == "auto":
+            for name in text_encoders:
+                check_hooks(modules[name], "pipe.to('tpu')")
         plans = _plans(pipe, family, config, target, modules, mesh_shape, dtype)
     except BaseException:
         for step in reversed(prepared):
@@ -559,6 +573,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     backend.enable_compile_cache(config.resolved_cache_dir())
     mesh = backend.build_mesh(mesh_shape, devices)
     runtime = PipelineRuntime(pipe, family, config, target, mesh, dtype)
+    runtime.text_encoder_placement = encoders
     runtime._undo.extend(prepared)
     porting.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
     try:

@@ -12,7 +12,7 @@ import torch
 from ..interop.backend import MESH_AXES
 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
-TEXT_ENCODER_PLACEMENTS = ("host", "jax")
+TEXT_ENCODER_PLACEMENTS = ("auto", "host", "jax")
 TEXT_PADDING_MODES = ("mask", "zero_kv")
 MATMUL_PRECISIONS = ("highest", "high", "default")
 DEFAULT_CACHE_DIR = os.path.join(
@@ -43,7 +43,9 @@ class TPUConfig:
         dtype: cast the denoiser weights to this dtype on the move, keeping the model's
             ``_keep_in_fp32_modules`` in float32 like ``from_pretrained(torch_dtype=...)`` does.
         text_encoder: ``"host"`` runs text encoders with plain torch on the host CPU (as the TPU reference
-            projects do); ``"jax"`` moves them to the devices and compiles them too.
+            projects do); ``"jax"`` moves them to the devices and compiles them too. ``"auto"`` (default): on the
+            devices when every component's weights take at most 40% of a device's memory, else on the host;
+            always on the host with CPU devices (``runtime.placement`` has the rule and its reasons).
         batch_cfg: run the conditional and unconditional passes of classifier-free guidance as one batch.
             ``"auto"``: when ``dp >= 2`` (each half on its own devices).
         postprocess_on_device: denormalize, quantize and lay out frames on the device, so "pil" output moves
@@ -77,7 +79,7 @@ class TPUConfig:
     attention_block_sizes: Any = None
     attention_k_smoothing: bool = False
     dtype: torch.dtype | None = None
-    text_encoder: str = "host"
+    text_encoder: str = "auto"
     batch_cfg: bool | str = "auto"
     postprocess_on_device: bool = True
     compile_cache_dir: str | bool | None = None
