@@ -26,6 +26,22 @@ def test_first_call_program_counts():
     assert sum(c["programs"] for c in counts.values()) <= 0.5 * (52 + 135 + 41 + 46 + 25)  # at least halved
 
 
+def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path):
+    """JAX caches only programs slower than 1 s to compile by default; the runtime lowers that to 0 for its cache, so
+    a restarted service loads its small glue programs too instead of compiling them again (3 of Wan's 20 before)."""
+    worker = os.path.join(os.path.dirname(__file__), "first_call_worker.py")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DIFFUSERS_TPU_CACHE_DIR": str(tmp_path)}
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)  # the suite's own setting (conftest): JAX's default
+    runs = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, worker, "wan"], capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(json.loads(result.stdout.strip().splitlines()[-1])["wan"])
+    cold, warm = runs
+    assert cold["cache_hits"] == 0 and cold["programs"] > 0
+    assert warm["programs"] == cold["programs"] and warm["cache_hits"] == warm["programs"], runs
+
+
 def test_warm_up_compiles_ahead_for_the_served_sizes():
     """``diffusers_tpu.warm_up``: after it, a request of a warmed size and step count compiles nothing (another
     prompt and seed; a multistep scheduler: UniPC); another size still compiles (the count is real)."""

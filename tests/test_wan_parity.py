@@ -162,16 +162,27 @@ def test_dtype_casts_follow_stock_semantics():
 
 
 def test_compile_cache_dir_knob(tmp_path):
-    import jax
-
-    pipe = tiny.wan_pipeline("wan").to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=str(tmp_path)))
-    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
-    pipe.to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=False))
-    assert jax.config.jax_compilation_cache_dir is None
-    pipe.to("jax")  # default: $DIFFUSERS_TPU_CACHE_DIR (set by conftest) or the user cache dir
     import os
 
-    assert jax.config.jax_compilation_cache_dir == os.environ["DIFFUSERS_TPU_CACHE_DIR"]
+    import jax
+
+    suite_threshold = jax.config.jax_persistent_cache_min_compile_time_secs  # conftest lowers it for the suite
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # JAX's own default
+    pipe = tiny.wan_pipeline("wan")
+    try:
+        pipe.to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=str(tmp_path)))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0  # small programs cached too
+        pipe.to("jax", config=diffusers_tpu.TPUConfig(compile_cache_dir=False))
+        assert jax.config.jax_compilation_cache_dir is None
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0  # JAX's default back
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.5)  # a user's own threshold is kept
+        pipe.to("jax")  # default: $DIFFUSERS_TPU_CACHE_DIR (set by conftest) or the user cache dir
+        assert jax.config.jax_compilation_cache_dir == os.environ["DIFFUSERS_TPU_CACHE_DIR"]
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 2.5
+    finally:
+        pipe.to("cpu")
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", suite_threshold)
 
 
 def test_save_pretrained_while_on_jax_round_trips(tmp_path):

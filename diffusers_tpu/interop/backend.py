@@ -271,10 +271,14 @@ def build_mesh(shape: Mapping[str, int], devices: Sequence) -> Mesh:
 _cache_dir_we_set: str | None = None
 
 
+_JAX_MIN_COMPILE_TIME = 1.0  # jax_persistent_cache_min_compile_time_secs's default
+_min_compile_time_we_replaced = None
+
+
 def enable_compile_cache(directory: str | None) -> None:
     """Point JAX's persistent compilation cache at ``directory``; None turns off a cache this package turned on
     (a cache the user configured in JAX themselves is left alone)."""
-    global _cache_dir_we_set
+    global _cache_dir_we_set, _min_compile_time_we_replaced
     current = jax.config.jax_compilation_cache_dir
     if directory is None:
         if current is None or current != _cache_dir_we_set:
@@ -287,6 +291,14 @@ def enable_compile_cache(directory: str | None) -> None:
         logger.info("JAX compilation cache moves from %s to %s", current, directory)
     jax.config.update("jax_compilation_cache_dir", directory)
     _cache_dir_we_set = directory
+    # JAX caches only programs that took over 1 s to compile; a pipeline's small programs (its eager glue: ~20 a
+    # first call) would then compile again in every new process. Cache them all, unless the user set a threshold.
+    if directory is not None and jax.config.jax_persistent_cache_min_compile_time_secs == _JAX_MIN_COMPILE_TIME:
+        _min_compile_time_we_replaced = _JAX_MIN_COMPILE_TIME
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    elif directory is None and _min_compile_time_we_replaced is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", _min_compile_time_we_replaced)
+        _min_compile_time_we_replaced = None
     try:
         from jax.experimental.compilation_cache import compilation_cache
 
