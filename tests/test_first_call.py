@@ -42,6 +42,27 @@ def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path
     assert warm["programs"] == cold["programs"] and warm["cache_hits"] == warm["programs"], runs
 
 
+def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
+    """``python -m diffusers_tpu.commands.first_step``: two fresh processes on one new cache; the second loads the
+    denoiser's program instead of compiling it, and both stop at the first step's dispatch."""
+    from diffusers_tpu.commands import first_step
+    from diffusers_tpu.testing import tiny
+
+    folder = tiny.save_wan_pipeline(tmp_path / "wan")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.first_step", folder, "--height", "32",
+                             "--width", "32", "--frames", "9", "--cache-dir", str(tmp_path / "cache"), "--json",
+                             str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cold, warm = json.loads((tmp_path / "runs.json").read_text())
+    assert cold["cache_hits"] == 0 and cold["programs"] > 0
+    assert warm["cache_hits"] == warm["programs"] == cold["programs"]
+    for run in (cold, warm):
+        assert list(run["phases"]) == list(first_step.PHASES) and all(s >= 0 for s in run["phases"].values())
+        assert run["to_first_step_s"] >= sum(run["phases"].values()) - 0.05
+
+
 def test_warm_up_compiles_ahead_for_the_served_sizes():
     """``diffusers_tpu.warm_up``: after it, a request of a warmed size and step count compiles nothing (another
     prompt and seed; a multistep scheduler: UniPC); another size still compiles (the count is real)."""
