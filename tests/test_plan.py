@@ -91,6 +91,34 @@ def test_plan_command(tmp_path, capfd):
     assert "--chips" in capfd.readouterr().err
 
 
+def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
+    """``plan --text-encoder auto`` (default) plans the encoders where ``TPUConfig(text_encoder="auto")`` puts them
+    on the target: on the devices when all weights take <= 40% of its memory (then their programs are planned too),
+    else on the host; and the runtime, given that memory, decides the same."""
+    import json
+
+    from diffusers_tpu.commands import cli
+    from diffusers_tpu.runtime import attach, placement
+
+    config = TPUConfig(dtype=torch.bfloat16)  # plan's --dtype default
+    weights = attach.weights_per_device(tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1})
+    rows = {}
+    for label, hbm_bytes in (("room", weights / placement.WEIGHT_SHARE * 1.01),
+                             ("tight", weights / placement.WEIGHT_SHARE * 0.99)):
+        out = tmp_path / f"{label}.json"
+        assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", str(hbm_bytes / 2**30),
+                         "--height", "32", "--width", "48", "--frames", "9", "--max-sequence-length", "24",
+                         "--json", str(out)]) == 0
+        rows[label] = json.loads(out.read_text())["candidates"][0]
+        monkeypatch.setattr(placement, "device_memory_limit", lambda devices, _limit=hbm_bytes: int(_limit))
+        pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
+        assert attach.runtime_of(pipe).text_encoder_placement == rows[label]["text_encoder"]
+        pipe.to("cpu")
+    assert rows["room"]["text_encoder"] == "jax" and rows["room"]["memory_per_device"]["text_encoders"]["weight_bytes"] > 0
+    assert rows["tight"]["text_encoder"] == "host" and "text_encoders" not in rows["tight"]["memory_per_device"]
+    assert rows["room"]["total_bytes_per_device"] > rows["tight"]["total_bytes_per_device"]
+
+
 def test_plan_of_a_folder_reads_no_weights(tmp_path):
     """A saved pipeline plans with its denoiser on meta and no text encoder: the same figures as in memory."""
     tiny.wan_pipeline("wan-4head").save_pretrained(tmp_path)

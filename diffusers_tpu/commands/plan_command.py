@@ -70,8 +70,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
-    parser.add_argument("--text-encoder", choices=("host", "jax"), default="host",
-                        help="jax: plan the text encoders on the devices too (TPUConfig(text_encoder='jax'))")
+    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
+                        help="where the text encoders are planned: auto (default) as pipe.to's rule places them on "
+                             "the target (TPUConfig(text_encoder='auto')), host, or jax (on the devices)")
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
                         "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
@@ -126,6 +127,8 @@ def main(args, argv: list[str] | None = None) -> int:
     rows, recommended, start = [], None, time.perf_counter()
     for fmt in formats:
         configs = [TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder) for mesh in meshes]
+        if args.text_encoder == "auto":
+            configs = [_encoders_as_placed(pipe, c, count, heads, chip, args.hbm_gb) for c in configs]
         print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''} ...", flush=True)
         for number, row in enumerate(plan_all(pipe, call, configs, devices, chip, args.hbm_gb,
                                               args.max_sequence_length), 1):
@@ -156,6 +159,23 @@ def main(args, argv: list[str] | None = None) -> int:
     return 0
 
 
+def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
+    """``config`` with the text encoders where ``TPUConfig(text_encoder="auto")`` puts them on the target: the rule
+    of ``runtime.placement`` on the weights per device, against the memory JAX can allocate there."""
+    import dataclasses
+
+    from ..interop import backend
+    from ..runtime import attach, placement
+
+    mesh_shape = config.mesh or backend.default_mesh_shape(count, heads, pair_batch=True)
+    platform = "gpu" if chip is not None and chip.gpu else "tpu"
+    limit = (chip.usable_gib() if chip else hbm_gib) * GIB
+    choice = "host"
+    if placement.text_encoder_names(pipe):
+        choice = placement.choose(attach.weights_per_device(pipe, config, platform, mesh_shape), limit)
+    return dataclasses.replace(config, text_encoder=choice)
+
+
 def _line(row: dict) -> str:
     memory = row["memory_per_device"]
     gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
@@ -166,7 +186,8 @@ def _line(row: dict) -> str:
             f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
             + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
             + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
-            + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text else "")
+            + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text
+               else "; text encoders on the host" if row.get("text_encoder") == "host" else "")
             + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
             + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else ""))
 
@@ -207,14 +228,14 @@ def check(args, argv: list[str] | None, count: int) -> int:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
     config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"],
-                       text_encoder=args.text_encoder)
+                       text_encoder=chosen["text_encoder"])
     pipe.to("jax", config=config)
     # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     with plan_module.guidance(pipe, args.guidance):
         tokens = report["size"]["text_tokens"]
         keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
-        prompt = plan_module.PLAN_PROMPT if args.text_encoder == "jax" else None  # as planned: encoders too
+        prompt = plan_module.PLAN_PROMPT if chosen["text_encoder"] == "jax" else None  # as planned: encoders too
         pipe(**plan_module._call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
     stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
     measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None

@@ -532,7 +532,8 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
                   "vae_tiling": tiling, "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
                   "text_encode_bytes_per_device": encode or None,
                   "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
-                  "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize}
+                  "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize,
+                  "text_encoder": config.text_encoder}
         if flops is not None:
             per_step = flops * (2 if memory["guided"] else 1)
             report["flops_per_step"] = per_step

@@ -517,11 +517,20 @@ def _encoder_placement(pipe, family, config, target, modules, mesh_shape, dtype,
     limit = placement.device_memory_limit(devices)
     if limit is None or not placement.text_encoder_names(pipe):
         return "host"
+    return placement.choose(weights_per_device(pipe, config, target.platform, mesh_shape, dtype), limit)
+
+
+def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict, dtype=None) -> int:
+    """Bytes of every component's weights that one device holds as ``pipe.to`` places them on ``platform``, text
+    encoders included: the figure ``TPUConfig(text_encoder="auto")`` decides on (``plan`` asks it too)."""
+    family = family_of(pipe)
+    modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    target = backend.Target("tpu", platform)
     total = 0
     for name, (module, slots, _) in _plans(pipe, family, config, target, modules, mesh_shape, dtype).items():
-        int8 = frozenset(quantize.targets(module)) if config.quantize and name in family.denoisers else frozenset()
-        total += placement.per_device_bytes(slots, mesh_shape, int8)
-    return placement.choose(total, limit)
+        one_byte = frozenset(quantize.targets(module)) if config.quantize and name in family.denoisers else frozenset()
+        total += placement.per_device_bytes(slots, mesh_shape, one_byte)
+    return total
 
 
 def component_dtype(family: Family, config: TPUConfig, target: backend.Target, name: str, default):

@@ -10,7 +10,8 @@ is on the weights, which it knows exactly as they will be placed:
   rules, encoders and VAE replicated), take at most ``WEIGHT_SHARE`` of the smallest device's memory limit; on the
   host otherwise, and on the host when a device reports no limit.
 
-``diffusers-tpu plan --text-encoder jax`` gives the exact figure for a size; ``"host"``/``"jax"`` override.
+``diffusers-tpu plan`` applies the same rule to its target and gives the exact figure for a size; ``"host"``/``"jax"``
+override.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ def text_encoder_names(pipe) -> list[str]:
     return [n for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
 
 
-def per_device_bytes(slots: list, mesh_shape: dict, int8_names: frozenset = frozenset()) -> int:
+def per_device_bytes(slots: list, mesh_shape: dict, one_byte_names: frozenset = frozenset()) -> int:
     """Bytes one device holds of a placed module: each tensor once (tied ones share), divided by the devices its
-    spec splits it over; ``int8_names``: weights stored as one byte a value (``TPUConfig(quantize=...)``)."""
+    spec splits it over; ``one_byte_names``: weights stored as int8 or fp8 (``TPUConfig(quantize=...)``)."""
     total = 0
     for slot in slots:
         if slot.spec is None:  # a tensor tied to one counted already
             continue
         tensor = sharding._get(slot)
-        itemsize = 1 if slot.qualified in int8_names else slot.dtype.itemsize
+        itemsize = 1 if slot.qualified in one_byte_names else slot.dtype.itemsize
         split = math.prod(sharding.axis_size(entry, mesh_shape) for entry in slot.spec if entry is not None)
         total += tensor.numel() * itemsize // split
     return total
