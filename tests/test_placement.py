@@ -95,3 +95,21 @@ def test_per_device_bytes_follow_the_sharding_and_the_weight_format(pipe):
 def test_bad_placement_names_the_choices():
     with pytest.raises(ValueError, match=r"'auto', 'host', 'jax'"):
         diffusers_tpu.TPUConfig(text_encoder="device")
+
+
+def test_auto_keeps_an_encoder_with_a_hook_jax_refuses_on_the_host(monkeypatch):
+    """A hook JAX cannot run on a text encoder: "jax" refuses with the reason, "auto" runs the encoder on the host."""
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    pipe = tiny.wan_pipeline("wan")
+    # registered under the name enable_layerwise_casting gives its hook (a no-op here, so the host run is stock's)
+    HookRegistry.check_if_exists_or_initialize(pipe.text_encoder).register_hook(ModelHook(), "layerwise_casting")
+    monkeypatch.setattr(placement, "device_memory_limit", lambda devices: 1 << 50)
+    with pytest.raises(ValueError, match="enable_layerwise_casting"):
+        pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
+    pipe.to("jax")
+    try:
+        assert attach.runtime_of(pipe).text_encoder_placement == "host"
+        assert generate(pipe, output_type="np").shape[0] == 2
+    finally:
+        pipe.to("cpu")

@@ -509,7 +509,16 @@ def _autoencoder_parts(module) -> tuple[str, ...]:
     return vae_methods(module)
 
 
-def _encoder_placement(pipe, family, config, target, modules, mesh_shape, dtype, devices) -> str:
+def _runs_on_jax(modules: dict, names: list[str]) -> bool:
+    try:
+        for name in names:
+            check_hooks(modules[name], "pipe.to('tpu')")
+    except ValueError:
+        return False
+    return True
+
+
+def _encoder_placement(pipe, config, target, mesh_shape, dtype, devices) -> str:
     """``"host"`` or ``"jax"``: the config's, or for ``"auto"`` the rule of ``placement`` on the weights as
     ``_plans`` would place them (nothing moves)."""
     if config.text_encoder != "auto":
@@ -568,12 +577,11 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
             mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
         else:
             mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
-        encoders = _encoder_placement(pipe, family, config, target, modules, mesh_shape, dtype, devices)
+        encoders = _encoder_placement(pipe, config, target, mesh_shape, dtype, devices)
+        if encoders == "jax" and config.text_encoder == "auto" and not _runs_on_jax(modules, text_encoders):
+            encoders = "host"  # a hook JAX refuses on an encoder: "auto" keeps it where stock runs it
         if encoders == "host":
             modules = {n: m for n, m in modules.items() if n not in text_encoders}
-        elif config.text_encoder == "auto":
-            for name in text_encoders:
-                check_hooks(modules[name], "pipe.to('tpu')")
         plans = _plans(pipe, family, config, target, modules, mesh_shape, dtype)
     except BaseException:
         for step in reversed(prepared):
