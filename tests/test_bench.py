@@ -53,6 +53,21 @@ def test_profiler_trace_written(report):
     assert any(path.suffix == ".pb" for path in trace.rglob("*")), list(trace.rglob("*"))
 
 
+def test_peak_memory_after_each_stage(monkeypatch, tmp_path, capsys):
+    """Where a call's peak happens: the device's peak so far after each stage, for the first call (which compiles)
+    and the last. CPU devices report no memory, so a growing reading stands in for one."""
+    readings = iter(range(1, 10**6))
+    monkeypatch.setattr(bench, "_peak_memory", lambda pipe, cuda: next(readings) * 2**30)
+    path = tmp_path / "report.json"
+    assert bench.main(cli._parser().parse_args(["bench", "--runs", "1", "--json", str(path)])) == 0
+    peaks = json.loads(path.read_text())["jax"]["peak_memory_after_stage"]
+    for call in ("first_call", "last_call"):
+        assert list(peaks[call]) == ["text_encoding", "steps", "vae_decode", "postprocess"]
+        assert list(peaks[call].values()) == sorted(peaks[call].values())
+    assert max(peaks["first_call"].values()) < min(peaks["last_call"].values())
+    assert "peak device memory after each stage, first call: text_encoding 1.00 GiB, steps" in capsys.readouterr().out
+
+
 def test_wan_flops_by_hand():
     config = types.SimpleNamespace(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, ffn_dim=32,
                                    num_layers=2, in_channels=16, out_channels=16, text_dim=32)

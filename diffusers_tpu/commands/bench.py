@@ -113,6 +113,7 @@ class Probe:
                 out = method(*args, **kwargs)
                 self.sync(out)
                 self._run[stage].append(time.perf_counter() - start)
+                self._note_peak(stage)
                 if count_bytes:
                     self._run["bytes_to_host"].append(_nbytes(out))
                 return out
@@ -120,6 +121,13 @@ class Probe:
             return timed
 
         return make
+
+    def _note_peak(self, stage):
+        """The device's peak so far, after ``stage``: a peak only grows, so the first stage that reaches a call's
+        final figure is where it happened (and a first call's peak above a later one's is compilation's)."""
+        peak = _peak_memory(self.pipe, self.cuda)
+        if peak is not None:
+            self._run["peak_after"].append((stage, peak))
 
     def _recording(self, forward):
         def recorded(*args, **kwargs):
@@ -139,6 +147,7 @@ class Probe:
                 self.sync(self._last)
                 now = time.perf_counter()
                 self._run["steps"].append(now - mark[0])
+                self._note_peak("steps")
                 mark[0] = now
                 return update(n)
 
@@ -237,6 +246,9 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
                              "persistent_cache_hits": warm_log.cache_hits,
                              "recompilations_after_warmup": timed_log.compilations}
     report["peak_memory_bytes"] = _peak_memory(pipe, probe.cuda)
+    if warm_runs and warm_runs[0].get("peak_after"):
+        report["peak_memory_after_stage"] = {"first_call": dict(warm_runs[0]["peak_after"]),
+                                             "last_call": dict(probe.runs[-1]["peak_after"]) if probe.runs else None}
     return report, _frames(output)
 
 
@@ -422,6 +434,10 @@ def format_table(report: dict) -> str:
     post = jax_side["stages"].get("postprocess", {})
     lines.append(f"device->host {post.get('bytes_to_host', 0) / 1e6:.2f} MB; peak device memory "
                  + (f"{jax_side['peak_memory_bytes'] / 2**30:.2f} GiB" if jax_side.get("peak_memory_bytes") else "n/a"))
+    for call, peaks in (jax_side.get("peak_memory_after_stage") or {}).items():
+        if peaks:
+            lines.append(f"peak device memory after each stage, {call.replace('_', ' ')}: "
+                         + ", ".join(f"{stage} {peak / 2**30:.2f} GiB" for stage, peak in peaks.items()))
     flops = jax_side.get("flops") or {}
     if flops:
         mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
