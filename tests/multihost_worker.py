@@ -50,6 +50,11 @@ def wan_runs(report):
     report["wan-encoders-on-devices"] = dict(np_max_abs=float(np.abs(generate(pipe, output_type="np") - reference).max()),
                                              placement=pipe._diffusers_tpu_runtime.text_encoder_placement)
     pipe.to("cpu")
+    # Each process reads its own devices' memory; the placement rule decides on the smallest, the same everywhere.
+    from diffusers_tpu.interop import distributed
+
+    report["agreed_limit"] = distributed.smallest_across_processes(100 - 50 * jax.process_index())
+    report["agreed_none"] = distributed.smallest_across_processes(None if jax.process_index() else 7)
     # Different host inputs on the processes (another seed on process 1) must fail loudly, not mix.
     pipe.to("tpu", config=TPUConfig(mesh=MESHES["dp2-sp1-tp4"], attention_kv_threshold=16))
     try:

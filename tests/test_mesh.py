@@ -228,6 +228,7 @@ def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
         assert reports[0][f"wan-{mesh}"]["np_max_abs"] == reports[1][f"wan-{mesh}"]["np_max_abs"]
         single = report["runs"][mesh]
         assert np.abs(_frames(reports[0][f"wan-{mesh}"]) - _frames(single)).max() <= 1e-5
+    assert [(r["agreed_limit"], r["agreed_none"]) for r in reports] == [(50, None), (50, None)]
     for r in reports:  # text encoders compiled on the pod's devices
         assert r["wan-encoders-on-devices"]["placement"] == "jax"
         assert r["wan-encoders-on-devices"]["np_max_abs"] <= 1e-4, r["wan-encoders-on-devices"]

@@ -265,3 +265,14 @@ def fetch(array: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def smallest_across_processes(value: int | None) -> int | None:
+    """The smallest of every process's ``value`` (None if any process has none), the same on all of them: a decision
+    taken from it (where text encoders run) then compiles the same programs everywhere. Every process must call it."""
+    if not is_multi_process():
+        return value
+    from jax.experimental import multihost_utils
+
+    values = np.asarray(multihost_utils.process_allgather(np.int64(-1 if value is None else value)))
+    return None if (values < 0).any() else int(values.min())

@@ -21,7 +21,7 @@ import math
 import jax
 import torch
 
-from ..interop import sharding
+from ..interop import distributed, sharding
 
 # The rest (60%) is for the steps' activations and the VAE decode. Measured and planned rows: Wan2.1-1.3B 480p
 # on an H100 peaked at 25.7 GiB with UMT5-XXL on the device (weights 14.5 GB, 18% of 80 GB); the same on one
@@ -48,12 +48,14 @@ def per_device_bytes(slots: list, mesh_shape: dict, one_byte_names: frozenset = 
 
 
 def device_memory_limit(devices) -> int | None:
-    """The smallest memory limit among this process's devices; None on CPU devices or when one reports none."""
+    """The smallest memory limit among the devices (each process reads its own, the smallest is agreed on, so every
+    process decides alike); None on CPU devices or when one reports none."""
     local = [d for d in devices if d.process_index == jax.process_index()]
-    if not local or any(d.platform == "cpu" for d in local):
-        return None
-    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in local]
-    return min(limits) if all(limits) else None
+    limit = None
+    if local and not any(d.platform == "cpu" for d in local):
+        limits = [(d.memory_stats() or {}).get("bytes_limit") for d in local]
+        limit = min(limits) if all(limits) else None
+    return distributed.smallest_across_processes(limit)
 
 
 def choose(weight_bytes: int, memory_limit: int | None) -> str:
