@@ -126,10 +126,10 @@ def scaled_dot_product_attention(
     settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
     mask = to_jax_array(attn_mask) if attn_mask is not None else None
-    eager = not any(isinstance(x, jax.core.Tracer) for x in (q, k, v, mask))
-    compute = _attention_jitted if eager else _attention  # eagerly (unit mode), one cached program per shape
-    return wrap(compute(q, k, v, mask, scale=scale, is_causal=bool(is_causal), enable_gqa=bool(enable_gqa),
-                        settings=settings))
+    # Jitted in both modes. Eagerly (unit mode): one cached program per shape. Inside a traced program: JAX traces
+    # and lowers one body per distinct call (Wan's 30 blocks make 2 distinct calls of 60) and XLA inlines it.
+    return wrap(_attention_jitted(q, k, v, mask, scale=scale, is_causal=bool(is_causal), enable_gqa=bool(enable_gqa),
+                                  settings=settings))
 
 
 def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, settings: AttentionSettings):
