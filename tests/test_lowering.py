@@ -117,3 +117,23 @@ def test_denoiser_step_has_no_scatter(mesh):
                                   dtype=torch.bfloat16).mlir_module()
     assert "stablehlo.scatter" not in text
     assert "stablehlo.pad" in text  # the strided writes are there, as pad-with-interior + select
+
+
+def test_attention_is_traced_once_per_distinct_call(monkeypatch):
+    """The denoiser's attention calls enter the program as one nested function per distinct call (shapes and
+    settings), not one copy per block: Wan's self- and cross-attention are traced once each whatever the depth
+    (lowering 60 copies was most of a real-size warm start's lowering time; BENCHMARKS "A restarted process")."""
+    from diffusers_tpu.runtime import attention
+
+    traced = []
+    stock = attention.attend
+    monkeypatch.setattr(attention, "attend", lambda q, k, *a, **kw: traced.append(k.shape[2]) or stock(q, k, *a, **kw))
+    pipe = tiny.wan_pipeline("wan")
+    assert len(pipe.transformer.blocks) >= 2
+    pipe.to("jax")
+    try:  # a size no other test uses: nothing cached from them
+        pipe(prompt="a cat", negative_prompt="", height=48, width=16, num_frames=13, num_inference_steps=1,
+             output_type="latent", generator=torch.Generator().manual_seed(0))
+    finally:
+        pipe.to("cpu")
+    assert len(traced) == len(set(traced)) == 2, traced  # self (video keys) and cross (text keys)
