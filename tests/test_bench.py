@@ -129,6 +129,14 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     assert block.scale_shift_table.dtype == torch.float32  # _keep_in_fp32_modules, as from_pretrained keeps them
     reference = diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]).rope.freqs_cos
     assert torch.equal(model.rope.freqs_cos, reference)  # buffers are the real ones
+    # tied weights stay tied, as from_pretrained ties them: UMT5-XXL's input embedding is its shared table
+    encoder = architectures.build("Wan2.1-1.3B", torch.bfloat16, weights=False).text_encoder
+    assert encoder.encoder.embed_tokens.weight is encoder.shared.weight
+    assert 5.6e9 < sum(p.numel() for p in encoder.parameters()) < 5.8e9  # UMT5-XXL's encoder, 5.7B (not 6.7B)
+    tied = architectures._empty(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
+    tied[1].weight = tied[0].weight
+    architectures._fill(tied, torch.float32, torch.Generator().manual_seed(0))
+    assert tied[1].weight is tied[0].weight and not tied[0].weight.is_meta
 
 
 def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):

@@ -3,8 +3,10 @@
 Parameters are created empty (accelerate's ``init_empty_weights``) and then filled in place — normal(0, 0.02)
 for matrices, ones for norm scales, zeros for biases — so no time goes into torch's default initializers, while
 buffers (RoPE tables and the like) keep their real computed values. The videos are noise; the shapes, FLOPs and
-memory are the real model's. Host memory: the text encoders are large (UMT5-XXL is 6.7B parameters, 13.5 GB in
-bfloat16), so Wan2.1-1.3B needs roughly 24 GB of host RAM or more; TPU and GPU hosts have that, small VMs do not.
+memory are the real model's. Host memory: the text encoders are large (UMT5-XXL's encoder is 5.7B parameters, 13.4 GB
+in bfloat16 with its feed-forward outputs in float32 as transformers keeps them), so Wan2.1-1.3B needs roughly 24 GB
+of host RAM or more; TPU and GPU hosts have that, small VMs do not. Tied weights are tied as ``from_pretrained``
+ties them.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
     from ..interop.sharding import _keep_in_fp32
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-    for prefix, owner in module.named_modules():
+    filled = {}  # tied parameters (a text encoder's input embedding and its shared table) stay one tensor
+    for prefix, owner in module.named_modules(remove_duplicate=False):
         for name, param in list(owner._parameters.items()):
+            if param is not None and id(param) in filled:
+                owner._parameters[name] = filled[id(param)]
+                continue
             if param is None or not param.is_meta:
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
@@ -60,7 +66,7 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
                 value.normal_(0.0, 0.02, generator=generator)
             elif generator is not None:
                 value.fill_(0.0 if name == "bias" else 1.0)
-            owner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+            owner._parameters[name] = filled[id(param)] = torch.nn.Parameter(value, requires_grad=False)
 
 
 def _empty(build):
@@ -75,6 +81,8 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
     parameters stay on the ``meta`` device (shapes only, for ``plan``)."""
     if name not in ARCHITECTURES:
         raise ValueError(f"Unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}.")
+    import transformers
+
     spec = ARCHITECTURES[name]
     pipe = _BUILDERS[spec["family"]](spec)
     generator = torch.Generator().manual_seed(seed)
@@ -85,6 +93,8 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
         module = getattr(pipe, component, None)
         if module is not None:
             vae_dtype = spec.get("vae_dtype", dtype)
+            if isinstance(module, transformers.PreTrainedModel):
+                module.tie_weights()  # as from_pretrained does: T5's input embedding is its shared table (1B values)
             _fill(module, vae_dtype if component == "vae" else dtype, generator if weights else None)
             module.eval()
     return pipe

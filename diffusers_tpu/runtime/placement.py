@@ -23,9 +23,9 @@ import torch
 
 from ..interop import distributed, sharding
 
-# The rest (60%) is for the steps' activations and the VAE decode. Measured and planned rows: Wan2.1-1.3B 480p
-# on an H100 peaked at 25.7 GiB with UMT5-XXL on the device (weights 14.5 GB, 18% of 80 GB); the same on one
-# v6e (32 GiB) plans at ~31 GiB (weights 43%: too close, and the rule says host).
+# The rest (60%) is for the steps' activations and the VAE decode. Wan2.1-1.3B with UMT5-XXL holds 15.6 GiB of
+# weights: 26% of an H100's JAX pool (59.7 GiB; the last measured run with the encoder there peaked at 25.7 GiB);
+# one v6e (32 GiB) would be 49%, where the plan puts the 480p decode near the limit: the rule says host.
 WEIGHT_SHARE = 0.4
 
 
