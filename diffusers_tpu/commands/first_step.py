@@ -26,14 +26,15 @@ import time
 PHASES = ("python start and imports", "load onto devices", "call to first step dispatched")
 
 
-def child(folder: str, height: int, width: int, frames: int, device: str) -> dict:
+def child(folder: str, height: int, width: int, frames: int, device: str, scan_blocks: bool = True) -> dict:
     import torch
 
     import diffusers_tpu
     from diffusers_tpu.interop import compile as jit
 
     marks = {"started": time.time()}
-    pipe = diffusers_tpu.from_pretrained(folder, device=device, torch_dtype=torch.bfloat16)
+    pipe = diffusers_tpu.from_pretrained(folder, device=device, torch_dtype=torch.bfloat16,
+                                         config=diffusers_tpu.TPUConfig(scan_blocks=scan_blocks))
     marks["placed"] = time.time()
     stock = pipe.transformer.forward
 
@@ -55,14 +56,16 @@ def child(folder: str, height: int, width: int, frames: int, device: str) -> dic
     raise RuntimeError("the pipeline finished without calling its transformer")
 
 
-def measure(folder: str, height: int, width: int, frames: int, device: str, cache_dir: str) -> list[dict]:
+def measure(folder: str, height: int, width: int, frames: int, device: str, cache_dir: str,
+            scan_blocks: bool = True) -> list[dict]:
     runs = []
     for label in ("cold cache", "warm cache"):
         env = dict(os.environ, DIFFUSERS_TPU_CACHE_DIR=cache_dir)
         spawned = time.time()
         result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.first_step", folder, "--child",
                                  "--height", str(height), "--width", str(width), "--frames", str(frames),
-                                 "--device", device], env=env, capture_output=True, text=True)
+                                 "--device", device] + ([] if scan_blocks else ["--unrolled"]),
+                                env=env, capture_output=True, text=True)
         lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
             raise RuntimeError(f"the {label} child failed:\n{result.stderr[-3000:]}")
@@ -82,18 +85,21 @@ def main(argv=None) -> int:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--device", default="jax", help="'jax' (JAX's default platform) or 'tpu'")
     parser.add_argument("--cache-dir", help="the compilation cache to use (default: a new empty folder)")
+    parser.add_argument("--unrolled", action="store_true",
+                        help="TPUConfig(scan_blocks=False): every block its own copy in the program (the old way)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the two runs to this file")
     args = parser.parse_args(argv)
     if args.child:
-        child(args.folder, args.height, args.width, args.frames, args.device)
+        child(args.folder, args.height, args.width, args.frames, args.device, not args.unrolled)
         return 1
     if args.json:
         from ..runtime import outputs
 
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
     with tempfile.TemporaryDirectory() as fresh:
-        runs = measure(args.folder, args.height, args.width, args.frames, args.device, args.cache_dir or fresh)
+        runs = measure(args.folder, args.height, args.width, args.frames, args.device, args.cache_dir or fresh,
+                       not args.unrolled)
     import jax
 
     for run in runs:

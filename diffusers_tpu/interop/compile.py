@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 
@@ -21,6 +22,8 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from . import compat
 from .backend import is_jax_tensor, to_jax_array, wrap
+
+logger = logging.getLogger(__name__)
 
 class Rebuilt:
     """A program argument standing for a weight that the program rebuilds next to its use (``rebuild()``, traced):
@@ -34,6 +37,11 @@ class Rebuilt:
 def rebuild_weights(state: dict) -> dict:
     """Inside a traced program: every ``Rebuilt`` weight of ``state`` as the array it stands for."""
     return {k: v.rebuild() if isinstance(v, Rebuilt) else v for k, v in state.items()}
+
+
+class Retrace(Exception):
+    """Raised inside a trace by a ``trace_hook`` that cannot keep the stock meaning: the program is traced again
+    without the hook."""
 
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # fires for persistent-cache loads too
@@ -102,17 +110,23 @@ class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
     def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None,
-                 extras=None):
+                 extras=None, trace_hook=None):
         self.out_spec = None
         self.out_static = None
         self.donate = donate
+        self.trace_hook = trace_hook
+
+        def prepare(value):
+            if isinstance(value, Rebuilt):  # int8 weights rebuilt next to their matmuls
+                value = value.rebuild()
+            if compute_dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
+                value = value.astype(compute_dtype)  # stored in one dtype, computed in another: XLA fuses the cast
+            return value
 
         def traced(state: dict, dynamic: list, donated: list, extra: list):
             dynamic = list(dynamic) + list(donated)
-            state = rebuild_weights(state)  # int8 weights rebuilt next to their matmuls
-            if compute_dtype is not None:  # weights stored in one dtype, computed in another: XLA fuses the cast
-                state = {k: v.astype(compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
-                         for k, v in state.items()}
+            raw_state, state = state, {k: prepare(v) for k, v in state.items()}
+            if compute_dtype is not None:
                 dynamic = [x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in dynamic]
             arrays = iter(dynamic)
             leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
@@ -123,9 +137,12 @@ class _Program:
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
             token = compat.tracing.set(True)  # library code takes its compile-friendly paths
             state_before = _python_state(module)
+            hook = self.trace_hook(module, raw_state, prepare) if self.trace_hook else contextlib.nullcontext()
             try:
-                with torch.no_grad(), _reparametrize_module(module, weights), bound:
+                with torch.no_grad(), _reparametrize_module(module, weights), bound, hook as finish:
                     out = method(*args, **kwargs)
+                    if finish is not None:
+                        finish(out)
             finally:
                 compat.tracing.reset(token)
                 _forget_traced_caches(state_before)
@@ -141,7 +158,18 @@ class _Program:
 
     def __call__(self, state: dict, dynamic: list, extra: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
-        return self.jitted(state, dynamic[:cut], dynamic[cut:], list(extra))
+        return self.without_hook_if_needed(self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra))
+
+    def without_hook_if_needed(self, run, *args):
+        """``run(*args)`` (a call or a lowering), traced again without the trace hook if it raised ``Retrace``."""
+        try:
+            return run(*args)
+        except Retrace as reason:
+            if self.trace_hook is None:
+                raise
+            logger.info("traced again without %s: %s", getattr(self.trace_hook, "__name__", "the hook"), reason)
+            self.trace_hook = None
+            return run(*args)
 
     def rebuild(self, arrays, args=(), kwargs=None):
         it = iter(arrays)
@@ -206,6 +234,7 @@ def compiled_function(
     compute_dtype=None,
     donate: int | None = None,
     extras=None,
+    trace_hook=None,
 ) -> Callable:
     """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
@@ -235,7 +264,8 @@ def compiled_function(
                     f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
                 ) from None
             if program is None:
-                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras)
+                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
+                                                   trace_hook)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
             extra = extras.values() if extras is not None else []
             return program.rebuild(program(state(), dynamic, extra), args, kwargs)
@@ -244,7 +274,7 @@ def compiled_function(
     compiled.programs = programs
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
-    compiled.extras = extras
+    compiled.extras, compiled.trace_hook = extras, trace_hook
     return compiled
 
 
@@ -288,13 +318,15 @@ def _lowered(compiled, args, kwargs):
     extras = compiled.extras
     key = (spec, static, shapes, extras.key() if extras is not None else None)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
-                                                     compiled.compute_dtype, compiled.donate, extras)
+                                                     compiled.compute_dtype, compiled.donate, extras,
+                                                     compiled.trace_hook)
     # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
     dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
-        return program.jitted.lower(compiled.state(), dynamic[:cut], dynamic[cut:], extra), program
+        return program.without_hook_if_needed(program.jitted.lower, compiled.state(), dynamic[:cut], dynamic[cut:],
+                                              extra), program
 
 
 def memory_analysis(compiled, *args, **kwargs) -> dict:

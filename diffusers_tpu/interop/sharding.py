@@ -351,18 +351,25 @@ def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:
     return wrap(jax.lax.with_sharding_constraint(tensor.jax(), sharding))
 
 
+class ActivationConstraint:
+    """A forward pre-hook constraining a submodule's first positional input. A class, not a closure: hooks of
+    interchangeable blocks compare equal (``runtime.repeated_blocks`` scans such blocks)."""
+
+    def __init__(self, mesh, spec: Sequence):
+        self.mesh, self.spec = mesh, tuple(spec)
+
+    def __call__(self, _module, args):
+        if not args:
+            return None
+        return (constrain(args[0], self.mesh, self.spec), *args[1:])
+
+
 def add_activation_constraints(module: torch.nn.Module, rules: Iterable[Rule], mesh) -> list:
     """Constrain the first positional input of submodules matching a rule (e.g. sequence-parallel blocks)."""
     handles = []
     for name, sub in module.named_modules():
         for pattern, spec in rules:
             if re.search(pattern, name):
-
-                def hook(_module, args, _spec=spec):
-                    if not args:
-                        return None
-                    return (constrain(args[0], mesh, _spec), *args[1:])
-
-                handles.append(sub.register_forward_pre_hook(hook))
+                handles.append(sub.register_forward_pre_hook(ActivationConstraint(mesh, spec)))
                 break
     return handles

@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ..runtime import attention, postprocess
+from ..runtime import attention, postprocess, repeated_blocks
 from ..interop import backend, sharding
 from ..interop.compile import _TENSOR, _Program
 
@@ -43,25 +43,25 @@ def abstract_state(module: torch.nn.Module, mesh, rules=(), dtype: torch.dtype |
 
 def export_method(module, name: str, args=(), kwargs=None, *, mesh, rules=(), dtype=None,
                   attention_impl: str | None = "splash_exp2", kv_threshold: int = 10000, block_sizes=None,
-                  platforms=("tpu",), matmul_precision: str = "highest") -> jax.export.Exported:
+                  platforms=("tpu",), matmul_precision: str = "highest", scan_blocks: bool = True) -> jax.export.Exported:
     """Export ``module.<name>(*args, **kwargs)`` as the runtime compiles it. Tensor arguments are
     ``jax.ShapeDtypeStruct``s (give them a sharding to export a sharded program). ``attention_impl``: the
     denoiser's attention under ``shard_map`` over ``mesh``; None: the safe reference the runtime gives VAEs and
-    text encoders. ``matmul_precision``: as ``TPUConfig.matmul_precision``."""
+    text encoders. ``matmul_precision``, ``scan_blocks`` (a denoiser's repeated blocks as one loop): as ``TPUConfig``."""
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     is_array = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
     static = tuple(_TENSOR if a else x for a, x in zip(is_array, leaves))
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = abstract_state(module, mesh, rules, dtype, keep)
     method = getattr(module, name)
-    program = _Program(module, method, spec, static)
+    scan = repeated_blocks.scanning if scan_blocks and attention_impl is not None else None  # as a denoiser runs
+    program = _Program(module, method, spec, static, trace_hook=scan)
     settings = attention.SAFE
     if attention_impl is not None:
         settings = attention.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)
     with backend.jax_mode(), attention.use(settings), jax.default_matmul_precision(matmul_precision):
-        return jax.export.export(program.jitted, platforms=list(platforms))(
-            state, [x for a, x in zip(is_array, leaves) if a], [], []
-        )
+        export = jax.export.export(program.jitted, platforms=list(platforms))
+        return program.without_hook_if_needed(export, state, [x for a, x in zip(is_array, leaves) if a], [], [])
 
 
 def export_postprocess(video: jax.ShapeDtypeStruct, platforms=("tpu",)) -> jax.export.Exported:

@@ -71,6 +71,9 @@ class TPUConfig:
             the bytes of bfloat16), rebuilt in the compute dtype inside each compiled matmul; activations untouched.
             ``"fp8"``: float8_e4m3fn storage the same way. ``None`` (default): weights as placed. Lossy: see
             BENCHMARKS.md "int8 weights" for the measured error.
+        scan_blocks: trace a denoiser's stack of identical blocks as one loop over their weights, so XLA compiles
+            the block once instead of once per layer (``runtime.repeated_blocks``; the same results). False: the
+            stock loop unrolled, every layer its own copy in the program.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -92,6 +95,7 @@ class TPUConfig:
     text_padding: str = "mask"
     matmul_precision: str = "highest"
     quantize: str | None = None
+    scan_blocks: bool = True
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -126,6 +130,8 @@ class TPUConfig:
                     "TPUConfig(attention_block_sizes=...) must be a diffusers_tpu.kernels.BlockSizes, e.g. "
                     f"BlockSizes(block_q=1024, block_kv=1024), got {self.attention_block_sizes!r}."
                 )
+        if not isinstance(self.scan_blocks, bool):
+            raise ValueError(f"TPUConfig(scan_blocks={self.scan_blocks!r}) must be a bool.")
         if not isinstance(self.attention_k_smoothing, bool):
             raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):

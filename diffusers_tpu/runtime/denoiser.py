@@ -1,6 +1,7 @@
 """The compiled entry of a denoising transformer: one program per call, or compiled units under diffusers hooks.
 
-Without hooks, a call runs ONE compiled program (the whole forward). The program's inputs are the weights, the
+Without hooks, a call runs ONE compiled program (the whole forward), its repeated blocks traced as one loop
+(``repeated_blocks``: compiled once, not once per layer). The program's inputs are the weights, the
 tensor arguments and the LoRA scales (``lora.Scalings``); its key includes which adapters exist and are active.
 Before each call the entry brings the placement up to date (adapters loaded or deleted after the move).
 
@@ -34,7 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
-from . import lora, quantize
+from . import lora, quantize, repeated_blocks
 from ..interop.compile import compiled_function
 
 logger = logging.getLogger(__name__)
@@ -104,8 +105,9 @@ class Denoiser:
         self.runtime, self.module, self.forward, self.rules = runtime, module, forward, rules
         self.settings, self.place_input = settings, place_input
         self.scalings = lora.Scalings(module)
+        scan = repeated_blocks.scanning if runtime.config.scan_blocks else None
         self.whole = compiled_function(module, forward, state=state or self._state(""), activate=self._activate,
-                                       place_input=place_input, extras=self.scalings)
+                                       place_input=place_input, extras=self.scalings, trace_hook=scan)
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
         self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
         self._lora_key = lora.structure_key(module)
