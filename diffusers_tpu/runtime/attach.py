@@ -8,7 +8,6 @@ so ``pipe.to("cpu")`` (``detach``) restores the plain torch pipeline exactly.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import inspect
 import logging
@@ -17,13 +16,13 @@ import types
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, cfg, limits, placement, porting, postprocess, quantize, schedulers
+from . import attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers
 from ..interop import backend, boundary, compile as jit, distributed, sharding
+from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
 from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
 from .registry import Family, family_of, vae_methods
@@ -61,30 +60,6 @@ def is_attached(pipe) -> bool:
     return runtime_of(pipe) is not None
 
 
-@dataclasses.dataclass
-class CallStats:
-    """Timings of the last pipeline call. Step times wait for the device (block_until_ready)."""
-
-    total_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    compilations: int = 0
-    cache_hits: int = 0
-    step_seconds: list[float] = dataclasses.field(default_factory=list)
-
-    @property
-    def run_seconds(self) -> float:
-        return max(self.total_seconds - self.compile_seconds, 0.0)
-
-    def summary(self) -> str:
-        steps = self.step_seconds
-        per_step = f", {sum(steps[1:]) / (len(steps) - 1):.3f} s/step warm" if len(steps) > 1 else ""
-        return (
-            f"compile {self.compile_seconds:.2f} s ({self.compilations} programs, {self.cache_hits} from the "
-            f"persistent cache), run {self.run_seconds:.2f} s"
-            f"{per_step}, total {self.total_seconds:.2f} s"
-        )
-
-
 class PipelineRuntime:
     def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
         self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
@@ -109,7 +84,7 @@ class PipelineRuntime:
         self._last_output = None
         self._log: jit.CompileLog | None = None
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
-        self._encoding_on_host = 0  # > 0 inside a method run on the host (``_run_on_host``): text encoders' outputs stay there
+        self._encoding_on_host = 0  # > 0 inside a method run on the host (``host_calls.run_on_host``): text encoders' outputs stay there
         # "host" or "jax" (``attach`` resolves TPUConfig(text_encoder="auto") with ``placement``)
         self.text_encoder_placement = "host" if config.text_encoder == "auto" else config.text_encoder
 
@@ -255,7 +230,7 @@ class PipelineRuntime:
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
             self._undo.append(functools.partial(sharding.restore, module))
-            self._override(module, "state_dict", _host_state_dict(module.state_dict, module))
+            self._override(module, "state_dict", host_calls.host_state_dict(module.state_dict, module))
             porting.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
@@ -281,19 +256,19 @@ class PipelineRuntime:
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
-            self._override(module, "forward", _on_host(module.forward, self))
+            self._override(module, "forward", host_calls.on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
-        if host_encoders and "device" in _parameters(getattr(pipe, "encode_prompt", None)):
-            self._override(pipe, "encode_prompt", _run_on_host(pipe.encode_prompt, self))
-        for name in HOST_HELPERS:
-            if "device" in _parameters(getattr(pipe, name, None)):
-                self._override(pipe, name, _run_on_host(getattr(pipe, name), self))
+        if host_encoders and "device" in host_calls.parameters(getattr(pipe, "encode_prompt", None)):
+            self._override(pipe, "encode_prompt", host_calls.run_on_host(pipe.encode_prompt, self))
+        for name in host_calls.HOST_HELPERS:
+            if "device" in host_calls.parameters(getattr(pipe, name, None)):
+                self._override(pipe, name, host_calls.run_on_host(getattr(pipe, name), self))
         if self.pairing is not None:
             self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
             self._override(pipe, "encode_prompt", self.public(pipe.encode_prompt))
-        self._override(pipe, "progress_bar", self._timed_progress_bar(pipe.progress_bar))
+        self._override(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
             postprocess.install(processor)
@@ -391,37 +366,6 @@ class PipelineRuntime:
         guarded.__wrapped__ = value
         return guarded
 
-    # -- progress bar: per-step device time, compile reported apart -----------------------------------------
-    def _timed_progress_bar(self, stock_progress_bar):
-        runtime = self
-
-        def progress_bar(iterable=None, total=None):
-            bar = stock_progress_bar(iterable=iterable, total=total)
-            if iterable is not None:
-                return bar
-            stock_update = bar.update
-            marks = {"last": time.perf_counter(), "compile": 0.0}
-
-            def update(n=1):
-                if runtime._last_output is not None:
-                    jax.block_until_ready(pytree.tree_map(backend.to_jax_array, runtime._last_output))
-                now = time.perf_counter()
-                seconds, marks["last"] = now - marks["last"], now
-                compile_now = runtime._log.seconds if runtime._log is not None else 0.0
-                compiled, marks["compile"] = compile_now - marks["compile"], compile_now
-                runtime.last_call.step_seconds.append(seconds)
-                if hasattr(bar, "start_t"):  # a disabled bar has no clock
-                    bar.start_t += compiled  # rate and ETA count device time, not compilation
-                warm = runtime.last_call.step_seconds[1:] or runtime.last_call.step_seconds
-                bar.set_postfix(step=f"{seconds:.3f}s", avg=f"{sum(warm) / len(warm):.3f}s",
-                                compile=f"{compile_now:.1f}s", refresh=False)
-                return stock_update(n)
-
-            bar.update = update
-            return bar
-
-        return progress_bar
-
     def undo(self) -> None:
         self.attached = False
         for step in reversed(self._undo):
@@ -433,71 +377,7 @@ def _state(slots, prefix: str = "") -> dict:
     return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
 
 
-def _host_state_dict(state_dict, module):
-    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX; quantized
-    weights as stock holds them, never their int8 values."""
-
-    def host_state_dict(*args, **kwargs):
-        result = state_dict(*args, **kwargs)
-        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
-        for key, value in result.items():
-            result[key] = quantize.host_weight(quantized[key]) if key in quantized else _to_cpu(value)
-        return result
-
-    host_state_dict.__wrapped__ = state_dict
-    return host_state_dict
-
-
-def _parameters(method) -> tuple[str, ...]:
-    return tuple(inspect.signature(method).parameters) if callable(method) else ()
-
-
-# Stock pipeline helpers that build tensors from sizes alone (CogVideoX's 3-D RoPE tables: ~100 one-off device
-# programs of iota/cumsum/outer products on a first call), run on the host like ``encode_prompt``.
-HOST_HELPERS = ("_prepare_rotary_positional_embeddings",)
-
-
-def _run_on_host(method, runtime):
-    """A stock pipeline method with a ``device`` parameter, run on the host (``device="cpu"``, plain torch) as a
-    whole, its tensor results moved to the devices in one transfer at the end. For ``encode_prompt`` with host text
-    encoders, the glue around the encoders (each prompt trimmed to its length and padded again, repeats, casts) then
-    runs where their outputs are, as stock does, instead of as a dozen one-off device programs per prompt length."""
-    signature = inspect.signature(method)
-
-    def on_host(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["device"] = torch.device("cpu")
-        runtime._encoding_on_host += 1
-        try:
-            with backend.torch_mode():
-                args, kwargs = pytree.tree_map(_to_cpu, (bound.args, bound.kwargs))
-                out = method(*args, **kwargs)
-        finally:
-            runtime._encoding_on_host -= 1
-        return boundary.to_device(out) if runtime._depth else out
-
-    on_host.__wrapped__ = method
-    return on_host
-
-
-def _on_host(forward, runtime):
-    """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
-    outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
-    tensors, e.g. Qwen-Image's masked selection); called by the user, it returns host tensors."""
-
-    def host_forward(*args, **kwargs):
-        with backend.torch_mode():
-            args, kwargs = pytree.tree_map(_to_cpu, (args, kwargs))
-            out = forward(*args, **kwargs)
-        return boundary.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
-
-    host_forward.__wrapped__ = forward
-    return host_forward
-
-
-_to_cpu = boundary._to_cpu
-to_host = boundary.to_host
+to_host = boundary.to_host  # callers' shorthand
 
 
 def _autoencoder_parts(module) -> tuple[str, ...]:
