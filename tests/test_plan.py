@@ -7,7 +7,7 @@ import jax
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile as jit
-from diffusers_tpu.planner import plan
+from diffusers_tpu.planner import chips, plan
 from diffusers_tpu.testing import tiny
 
 CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_frames=9,
@@ -253,14 +253,14 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
     size = dict(SIZE, guidance_scale=5.0)
     memory = plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True, tile_above=0)
     assert "vae_decode_tiled" not in plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True,
-                                                          tile_above=plan.GIB)  # it fits whole: no tiles planned
+                                                          tile_above=chips.GIB)  # it fits whole: no tiles planned
     whole, tiled = memory["vae_decode"], memory["vae_decode_tiled"]
     assert len(tiled["programs"]) > 1 and tiled["peak_bytes"] < whole["peak_bytes"]
     pipe = build().to("jax")
     pipe.vae.enable_tiling()
     actual = runtime_decoder_memory(pipe, HUNYUAN_CALL)
     assert tiled["programs"] == actual and all(a["argument_bytes"] > 0 for a in actual)
-    between = (memory["argument_bytes"] + (whole["peak_bytes"] + tiled["peak_bytes"]) / 2) / plan.GIB
+    between = (memory["argument_bytes"] + (whole["peak_bytes"] + tiled["peak_bytes"]) / 2) / chips.GIB
     report = plan.plan(build(), size, TPUConfig(), jax.devices()[:1], None, between, 24)
     assert report["vae_tiling"] and report["fits"]
 
@@ -292,13 +292,13 @@ def test_gpu_targets(monkeypatch, capfd):
     """NVIDIA cards as plan targets: JAX on a GPU allocates from XLA_PYTHON_CLIENT_MEM_FRACTION of the memory."""
     from diffusers_tpu.commands import cli
 
-    chip = plan.CHIPS["h100-80gb"]
-    assert chip.gpu and chip.devices == 1 and plan.CHIPS["h200-141gb-x8"].devices == 8
+    chip = chips.CHIPS["h100-80gb"]
+    assert chip.gpu and chip.devices == 1 and chips.CHIPS["h200-141gb-x8"].devices == 8
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     assert chip.usable_gib() == pytest.approx(79.65 * 0.75, abs=0.01)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     assert chip.usable_gib() == pytest.approx(79.65 * 0.9, abs=0.01)
-    assert plan.CHIPS["v6e-8"].usable_gib() == 32  # a TPU's HBM as it is
+    assert chips.CHIPS["v6e-8"].usable_gib() == 32  # a TPU's HBM as it is
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "90")
     with pytest.raises(ValueError, match="must be a fraction"):
         chip.usable_gib()

@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from ..planner.plan import CHIPS, GIB, candidate_meshes, folder_pipeline, plan_all
+from ..planner.chips import CHIPS, GIB
+from ..planner.plan import candidate_meshes, folder_pipeline, plan_all
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
 # over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
