@@ -1,6 +1,7 @@
 """Train the demo model: a stock ``WanTransformer3DModel`` learns, by flow matching, to draw the clips of ``scenes``.
 
     python -m diffusers_tpu.demo.train --output DIR [--steps 32000]
+    python -m diffusers_tpu.demo.train --init DIR --steps 16000 --output SHIPPED   # the shipped weights: both runs
 
 Deterministic (seeded data, init and noise; torch on the CPU). The text encoder and VAE are built, not trained
 (``build``); text embeddings are computed once per caption through the stock pipeline's own ``encode_prompt`` so
