@@ -23,11 +23,10 @@ __version__ = "0.1.0"
 
 import importlib
 
-from .interop import distributed
+from .interop import compat, distributed
 
+compat.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
 distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
-
-from .interop import compat  # noqa: E402
 
 compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 

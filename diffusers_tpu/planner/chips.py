@@ -1,5 +1,6 @@
-"""The targets ``diffusers-tpu plan`` knows by name (``--chips``): devices per slice or node, memory per device and
-dense bf16 peak, for the verdict (fits?) and the floor step time."""
+"""The targets ``diffusers-tpu plan`` and ``cost`` know by name (``--chips``): devices per slice or node, memory per
+device and dense bf16 peak, for the verdict (fits?) and the floor step time; for TPU slices, the libtpu topology the
+TPU compiler compiles for (``tpu_compiler``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ class Chip:
     hbm_gib: float  # per device
     peak_tflops: float  # dense bf16, per device
     gpu: bool = False
+    # libtpu's name for the slice ("v6e:2x4"): what ``tpu_compiler.devices`` compiles for; None: not known to libtpu
+    topology: str | None = None
+    hbm_gbps: float = 0.0  # HBM bandwidth per device, GB/s (vendor figure): only for roofline estimates
+
+    @property
+    def generation(self) -> str | None:
+        """The TPU generation as libtpu names it ("v5e", "v6e", "v5p", "v4"); None for GPUs."""
+        return self.topology.split(":")[0] if self.topology else None
 
     def usable_gib(self) -> float:
         """Memory JAX can allocate per device: a TPU's HBM; on a GPU, JAX's pool, ``XLA_PYTHON_CLIENT_MEM_FRACTION``
@@ -37,10 +46,18 @@ def gpu_memory_fraction() -> float:
 
 # Vendor figures as published (Cloud TPU docs; NVIDIA data sheets, SXM parts, dense bf16 without sparsity; memory
 # as the driver reports it: 81,559 MiB and 143,771 MiB). v5p and v4 slices are named by TensorCores (2 per chip, one
-# megacore device each); v7x-8 is taken as 4 chips of 2 TensorCores each seen as its own device: verify on hardware.
+# megacore device each); v7x-8 is taken as 4 chips of 2 TensorCores each seen as its own device: verify on hardware
+# (libtpu 0.0.42 does not know v7x: it is planned by the CPU estimate only).
+_V5E, _V6E, _V5P, _V4 = dict(hbm_gib=16, peak_tflops=197, hbm_gbps=819), dict(hbm_gib=32, peak_tflops=918, hbm_gbps=1640), \
+    dict(hbm_gib=95, peak_tflops=459, hbm_gbps=2765), dict(hbm_gib=32, peak_tflops=275, hbm_gbps=1228)
 CHIPS = {
-    "v5e-1": Chip(1, 16, 197), "v5e-8": Chip(8, 16, 197), "v6e-1": Chip(1, 32, 918), "v6e-8": Chip(8, 32, 918),
-    "v5p-8": Chip(4, 95, 459), "v7x-8": Chip(8, 96, 2307 / 2), "v4-32": Chip(16, 32, 275),
-    "h100-80gb": Chip(1, 79.65, 989.4, gpu=True), "h100-80gb-x8": Chip(8, 79.65, 989.4, gpu=True),
-    "h200-141gb": Chip(1, 140.4, 989.4, gpu=True), "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True),
+    "v5e-1": Chip(1, **_V5E, topology="v5e:1x1"), "v5e-4": Chip(4, **_V5E, topology="v5e:2x2"),
+    "v5e-8": Chip(8, **_V5E, topology="v5e:2x4"), "v5e-16": Chip(16, **_V5E, topology="v5e:4x4"),
+    "v6e-1": Chip(1, **_V6E, topology="v6e:1x1"), "v6e-4": Chip(4, **_V6E, topology="v6e:2x2"),
+    "v6e-8": Chip(8, **_V6E, topology="v6e:2x4"), "v6e-16": Chip(16, **_V6E, topology="v6e:4x4"),
+    "v5p-8": Chip(4, **_V5P, topology="v5p:2x2x1"), "v5p-16": Chip(8, **_V5P, topology="v5p:2x2x2"),
+    "v4-8": Chip(4, **_V4, topology="v4:2x2x1"), "v4-32": Chip(16, **_V4, topology="v4:2x2x4"),
+    "v7x-8": Chip(8, 96, 2307 / 2),
+    "h100-80gb": Chip(1, 79.65, 989.4, gpu=True, hbm_gbps=3350), "h100-80gb-x8": Chip(8, 79.65, 989.4, gpu=True, hbm_gbps=3350),
+    "h200-141gb": Chip(1, 140.4, 989.4, gpu=True, hbm_gbps=4800), "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True, hbm_gbps=4800),
 }

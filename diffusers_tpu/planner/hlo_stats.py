@@ -1,0 +1,271 @@
+"""What a compiled program holds, read from its optimized HLO text (``compiled.as_text()``), any backend.
+
+XLA's own cost analysis counts a while loop's body once, whatever its trip count, and a Pallas kernel as nearly
+nothing. Here every instruction is weighted by how often it runs: a loop body by its trip count (``known_trip_count``
+in its backend config, else read from its condition's comparison with a constant), nested loops multiplied. Counted
+per program and per loop body: copies (layout changes and moves XLA inserted; async ``copy-start`` pairs counted
+once), fusions, custom calls by target (Pallas kernels are ``tpu_custom_call``), collectives by kind with the bytes
+of their result per device (those the TPU compiler fused with a neighbouring op included).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
+_HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT )?%(\S+) = ")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    shape: str  # the result type as printed: ``bf16[1,2]{...}`` or a tuple ``(...)``
+    opcode: str
+    rest: str  # operands and attributes
+
+    def attribute(self, key: str) -> str | None:
+        found = re.search(rf"\b{key}=(%?[\w.\-]+)", self.rest)
+        return found.group(1).lstrip("%") if found else None
+
+    @property
+    def result_bytes(self) -> float:
+        return shape_bytes(self.shape)
+
+
+def shape_bytes(shape: str) -> float:
+    """Bytes of every array in a printed HLO type (a tuple's elements summed; layouts ignored)."""
+    total = 0.0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype not in _DTYPE_BYTES:
+            continue
+        count = 1
+        for d in dims.split(","):
+            if d:
+                count *= int(d)
+        total += count * _DTYPE_BYTES[dtype]
+    return total
+
+
+def _split_type(text: str) -> tuple[str, str]:
+    """``text`` starts with an HLO type: (the type, what follows)."""
+    if text.startswith("("):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return text[:i + 1], text[i + 1:].lstrip()
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == " " and depth == 0:
+            return text[:i], text[i + 1:]
+    return text, ""
+
+
+def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str | None]:
+    """``({computation name: instructions}, entry name)`` of an HLO module's text."""
+    computations, entry, current = {}, None, None
+    for line in hlo.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = computations.setdefault(header.group(2), [])
+            if header.group(1):
+                entry = header.group(2)
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        found = _INSTRUCTION.match(line) if current is not None else None
+        if found is None:
+            continue
+        shape, after = _split_type(line[found.end():])
+        opcode, _, rest = after.partition("(")
+        current.append(Instruction(found.group(2), shape, opcode.strip(), rest))
+    return computations, entry
+
+
+def _trip_count(instruction: Instruction, computations: dict) -> int | None:
+    config = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', instruction.rest)
+    if config:
+        return int(config.group(1))
+    condition = computations.get(instruction.attribute("condition") or "", [])
+    constants = {i.name: i for i in condition if i.opcode == "constant"}
+    for compare in (i for i in condition if i.opcode == "compare"):
+        direction = compare.attribute("direction")
+        for name in re.findall(r"%([\w.\-]+)", compare.rest.split(")")[0]):
+            value = re.match(r"(-?\d+)\)", constants[name].rest) if name in constants else None
+            if value and direction in ("LT", "GT", "NE"):
+                return int(value.group(1))
+            if value and direction in ("LE", "GE"):
+                return int(value.group(1)) + 1
+    return None
+
+
+def _branches(ins: Instruction) -> list[str]:
+    listed = re.search(r"branch_computations=\{([^}]*)\}", ins.rest)
+    if listed:
+        return [name.strip().lstrip("%") for name in listed.group(1).split(",") if name.strip()]
+    return [b for b in (ins.attribute("true_computation"), ins.attribute("false_computation")) if b]
+
+
+@dataclasses.dataclass
+class Counts:
+    """Instruction counts of one computation (or a program), each weighted by how often it runs."""
+
+    copies: int = 0
+    fusions: int = 0
+    instructions: int = 0
+    custom_calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    collectives: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    collective_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def add(self, other: Counts, times: int = 1) -> None:
+        self.copies += other.copies * times
+        self.fusions += other.fusions * times
+        self.instructions += other.instructions * times
+        for mine, theirs in ((self.custom_calls, other.custom_calls), (self.collectives, other.collectives),
+                             (self.collective_bytes, other.collective_bytes)):
+            for key, value in theirs.items():
+                mine[key] += value * times
+
+    def non_attention_custom_calls(self) -> int:
+        return sum(n for target, n in self.custom_calls.items() if target != "tpu_custom_call")
+
+    def as_dict(self) -> dict:
+        return {"copies": self.copies, "fusions": self.fusions, "instructions": self.instructions,
+                "custom_calls": dict(self.custom_calls), "collectives": dict(self.collectives),
+                "collective_bytes": dict(self.collective_bytes)}
+
+
+def _own_counts(instructions: list[Instruction]) -> Counts:
+    counts = Counts()
+    for ins in instructions:
+        if ins.opcode in ("parameter", "get-tuple-element", "tuple", "bitcast", "constant") or ins.opcode.endswith("-done"):
+            continue
+        counts.instructions += 1
+        base = ins.opcode[:-len("-start")] if ins.opcode.endswith("-start") else ins.opcode
+        if base == "copy":
+            counts.copies += 1
+        elif base == "fusion":
+            counts.fusions += 1
+        elif base == "custom-call":
+            target = re.search(r'custom_call_target="([^"]+)"', ins.rest)
+            counts.custom_calls[target.group(1) if target else "?"] += 1
+        elif base in COLLECTIVES:
+            counts.collectives[base] += 1
+            counts.collective_bytes[base] += _collective_bytes(ins)
+    return counts
+
+
+def _collective_bytes(ins: Instruction) -> float:
+    """Bytes a collective's result holds on one device (for async ``*-start`` tuples, the largest element: the
+    result buffer, not the operand alias)."""
+    if ins.opcode.endswith("-start") and ins.shape.startswith("("):
+        return max((shape_bytes(f"{d}[{s}]") for d, s in _ARRAY.findall(ins.shape)), default=0.0)
+    return ins.result_bytes
+
+
+@dataclasses.dataclass
+class Loop:
+    body: str
+    trip_count: int | None
+    counts: Counts  # one run of the body (its nested loops multiplied in)
+
+
+@dataclasses.dataclass
+class ProgramStats:
+    total: Counts  # the whole program, loop bodies times their trip counts
+    per_run: Counts  # the instructions as written (every loop body once)
+    loops: list[Loop]
+
+    def largest_loop(self) -> Loop | None:
+        return max(self.loops, key=lambda loop: loop.counts.instructions, default=None)
+
+    def as_dict(self) -> dict:
+        return {"total": self.total.as_dict(), "as_written": self.per_run.as_dict(),
+                "loops": [{"body": loop.body, "trip_count": loop.trip_count, **loop.counts.as_dict()}
+                          for loop in self.loops]}
+
+
+def stats(hlo: str) -> ProgramStats:
+    """Counts of the program ``hlo`` (optimized HLO text): see the module docstring."""
+    computations, entry = parse(hlo)
+    loops: list[Loop] = []
+    memo: dict[str, tuple[Counts, Counts]] = {}
+
+    def visit(name: str) -> tuple[Counts, Counts]:
+        """(weighted, as written) counts of computation ``name`` and the loops and calls it runs."""
+        if name in memo:
+            return memo[name]
+        weighted, written = Counts(), Counts()
+        instructions = computations.get(name, [])
+        own = _own_counts(instructions)
+        weighted.add(own)
+        written.add(own)
+        for ins in instructions:
+            if ins.opcode == "while":
+                body = ins.attribute("body")
+                trips = _trip_count(ins, computations)
+                body_weighted, body_written = visit(body)
+                loops.append(Loop(body, trips, body_weighted))
+                weighted.add(body_weighted, trips or 1)
+                written.add(body_written)
+            elif ins.opcode == "fusion":  # the TPU compiler fuses collectives with their neighbours (kCustom)
+                inner = _own_counts(computations.get(ins.attribute("calls") or "", []))
+                fused = Counts(collectives=inner.collectives, collective_bytes=inner.collective_bytes)
+                weighted.add(fused)
+                written.add(fused)
+            elif ins.opcode == "conditional":  # one branch runs: the largest is counted, every branch as written
+                branches = [visit(b) for b in _branches(ins)]
+                if branches:
+                    weighted.add(max((b[0] for b in branches), key=lambda c: c.instructions))
+                    for _, branch_written in branches:
+                        written.add(branch_written)
+            elif ins.opcode in ("call", "async-start"):
+                called = ins.attribute("to_apply") or ins.attribute("calls")
+                if called:
+                    sub_weighted, sub_written = visit(called)
+                    weighted.add(sub_weighted)
+                    written.add(sub_written)
+        memo[name] = (weighted, written)
+        return memo[name]
+
+    total, per_run = visit(entry) if entry else (Counts(), Counts())
+    return ProgramStats(total, per_run, loops)
+
+
+def cost_per_run(cost: dict | list | None) -> dict:
+    """XLA's cost analysis as a flat dict (jax returns a dict, older versions a list of one)."""
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return {k: float(v) for k, v in (cost or {}).items() if isinstance(v, (int, float))}
+
+
+def summary(compiled, seconds: float | None = None) -> dict:
+    """One compiled program (``jax.stages.Compiled``): memory per device, XLA's cost analysis as it reports it (loop
+    bodies once), the weighted instruction counts, code size, compile seconds."""
+    memory = compiled.memory_analysis()
+    report = {"argument_bytes": memory.argument_size_in_bytes, "output_bytes": memory.output_size_in_bytes,
+              "alias_bytes": memory.alias_size_in_bytes, "temp_bytes": memory.temp_size_in_bytes,
+              "generated_code_bytes": memory.generated_code_size_in_bytes}
+    report["peak_bytes"] = (report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"]
+                            + report["temp_bytes"])
+    cost = cost_per_run(compiled.cost_analysis())
+    report["xla_cost"] = {k: cost[k] for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
+    report["hlo"] = stats(compiled.as_text()).as_dict()
+    if seconds is not None:
+        report["compile_seconds"] = round(seconds, 2)
+    return report
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=1, default=str)

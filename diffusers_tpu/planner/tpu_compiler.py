@@ -1,0 +1,109 @@
+"""The real TPU compiler on a machine without a TPU ("deviceless" ahead-of-time compilation).
+
+With libtpu installed (``pip install "diffusers-tpu[tpu]"``, i.e. ``jax[tpu]``), JAX describes a TPU slice from its
+topology name (``v6e:2x4``) and compiles programs for it with no chip attached: sharded over a ``Mesh`` of those
+devices, ``jit(f).lower(...).compile()`` runs XLA's TPU passes and Mosaic's (the Pallas kernels) and answers with the
+program's memory analysis, cost analysis and optimized HLO. ``plan`` and ``cost`` use it for TPU targets
+(``chips.Chip.topology``); nothing here runs a program.
+
+libtpu is loaded once per process, quietly and shareably on a host without TPU chips (``compat.quiet_absent_libtpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+
+from ..interop import compat
+from .chips import CHIPS, Chip
+
+
+class Unavailable(RuntimeError):
+    """The TPU compiler was asked for where libtpu is not installed."""
+
+
+def available() -> bool:
+    """Whether libtpu (the TPU compiler) is installed."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def install_hint() -> str:
+    import jax
+
+    return (f'install the TPU compiler (libtpu, ~700 MB; no TPU needed): pip install "jax[tpu]=={jax.__version__}" '
+            '(or pip install -e ".[tpu]" in a checkout)')
+
+
+def require(what: str = "a TPU compile") -> None:
+    if not available():
+        raise Unavailable(f"{what} needs libtpu, which is not installed: {install_hint()}.")
+
+
+def chip_of(target: str | Chip) -> Chip:
+    if isinstance(target, Chip):
+        return target
+    if target not in CHIPS:
+        raise ValueError(f"Unknown TPU slice {target!r}; choose one of {', '.join(tpu_slices())}.")
+    return CHIPS[target]
+
+
+def tpu_slices() -> list[str]:
+    """The ``--chips`` names the TPU compiler can compile for."""
+    return [name for name, chip in CHIPS.items() if chip.topology]
+
+
+def _topology_options(topology: str) -> dict:
+    generation, _, shape = topology.partition(":")
+    options = {}
+    if all(int(n) == 1 for n in shape.split("x")):
+        options["chips_per_host_bounds"] = (1, 1, 1)  # one chip: libtpu's default host of 2x2 chips refuses 1x1
+    if generation in ("v4", "v5p"):
+        options["chip_config_name"] = "megacore"  # one JAX device per chip, as on those slices' VMs
+    return options
+
+
+@functools.cache
+def _devices(topology: str) -> tuple:
+    from jax.experimental import topologies
+
+    compat.quiet_absent_libtpu()  # (done at package import; again for a process that imported only this module)
+    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                              **_topology_options(topology)).devices)
+
+
+def devices(target: str | Chip) -> list:
+    """The JAX devices of a TPU slice (``--chips`` name or ``Chip``) to compile for, in the order JAX lists them."""
+    chip = chip_of(target)
+    if chip.topology is None:
+        raise Unavailable(f"libtpu has no topology for this target ({chip}); it is planned by the CPU estimate.")
+    require(f"compiling for {chip.topology}")
+    found = list(_devices(chip.topology))
+    if len(found) != chip.devices:
+        raise RuntimeError(f"libtpu's {chip.topology} has {len(found)} devices, expected {chip.devices}.")
+    return found
+
+
+def is_tpu(devices_) -> bool:
+    return bool(devices_) and getattr(devices_[0], "platform", None) == "tpu"
+
+
+_REFUSAL = re.compile(r"(RESOURCE_EXHAUSTED|Ran out of memory|exceeds|vmem|VMEM|Mosaic failed|INVALID_ARGUMENT|"
+                      r"UNIMPLEMENTED)", re.IGNORECASE)
+
+
+def refusal(error: BaseException) -> str | None:
+    """The TPU compiler's reason, in one line, when ``error`` is a compile-time refusal (memory over HBM or VMEM,
+    a kernel Mosaic rejects); None for anything else (a bug: let it raise)."""
+    import jax
+
+    if not isinstance(error, (jax.errors.JaxRuntimeError, ValueError, RuntimeError)):
+        return None
+    text = str(error)
+    if not _REFUSAL.search(text):
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if _REFUSAL.search(line)] or lines
+    line = useful[0]
+    return line if len(line) <= 300 else line[:297] + "..."

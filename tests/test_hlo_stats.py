@@ -1,0 +1,42 @@
+"""Reading a compiled program's HLO: loops weighted by trip count, copies, custom calls, branches."""
+
+import jax
+import jax.numpy as jnp
+
+from diffusers_tpu.planner import hlo_stats
+
+
+def test_a_loop_body_counts_once_per_iteration():
+    def f(x, w):
+        def body(i, h):
+            return jnp.tanh(h @ w[i]).T  # a transpose: XLA keeps a copy or a transposing fusion per iteration
+        return jax.lax.fori_loop(0, 5, body, x)
+
+    compiled = jax.jit(f).lower(jnp.zeros((64, 64)), jnp.zeros((5, 64, 64))).compile()
+    found = hlo_stats.stats(compiled.as_text())
+    assert [loop.trip_count for loop in found.loops] == [5]
+    body = found.loops[0].counts
+    assert body.instructions > 0
+    assert found.total.instructions == found.per_run.instructions + 4 * body.instructions
+    assert found.total.fusions == found.per_run.fusions + 4 * body.fusions
+
+
+def test_nested_loops_multiply_and_branches_count_once():
+    def f(x, flag):
+        def inner(j, h):
+            return jax.lax.cond(flag, lambda v: jnp.sin(v) + j, lambda v: jnp.cos(v) * 2.0, h)
+        return jax.lax.fori_loop(0, 3, lambda i, h: jax.lax.fori_loop(0, 4, inner, h) * 1.5, x)
+
+    compiled = jax.jit(f).lower(jnp.zeros((8, 128)), True).compile()
+    found = hlo_stats.stats(compiled.as_text())
+    trips = sorted(loop.trip_count for loop in found.loops)
+    assert trips == [3, 4]
+    inner = next(loop for loop in found.loops if loop.trip_count == 4).counts
+    outer = next(loop for loop in found.loops if loop.trip_count == 3).counts
+    assert outer.instructions >= 4 * inner.instructions
+    assert found.total.instructions >= 12 * inner.instructions
+
+
+def test_shape_bytes():
+    assert hlo_stats.shape_bytes("bf16[2,3]{1,0}") == 12
+    assert hlo_stats.shape_bytes("(f32[4], s8[10], pred[])") == 16 + 10 + 1
