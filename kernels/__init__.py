@@ -5,9 +5,9 @@ Every kernel takes q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` JAX arrays and th
 """
 
 from .cudnn import cudnn_attention
-from .flash import BlockSizes, flash_attention
+from .flash import BlockSizes, block_for, flash_attention, vmem_capacity
 from .reference import dense_mask_attention, reference_attention
 from .splash import SplashBlockSizes, splash_attention
 
-__all__ = ["BlockSizes", "SplashBlockSizes", "cudnn_attention", "dense_mask_attention", "flash_attention", "reference_attention",
+__all__ = ["BlockSizes", "block_for", "vmem_capacity", "SplashBlockSizes", "cudnn_attention", "dense_mask_attention", "flash_attention", "reference_attention",
            "splash_attention"]

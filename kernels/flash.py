@@ -51,6 +51,30 @@ def check_lane_multiples(sizes) -> None:
             raise ValueError(f"{type(sizes).__name__}.{field.name}={value!r} must be a positive multiple of {_LANES}.")
 
 
+# VMEM per TensorCore as the TPU compiler reports it ("Used X of Y vmem"; libtpu 0.0.42), by JAX ``device_kind``.
+VMEM_BYTES = {"TPU v4": 16 << 20, "TPU v5": 64 << 20, "TPU v5p": 64 << 20, "TPU v5 lite": 128 << 20,
+              "TPU v6 lite": 128 << 20}
+DEFAULT_VMEM_BYTES = 64 << 20  # an unknown chip (or a CPU process lowering for TPU): the smaller recent VMEM
+
+
+def vmem_capacity(devices=None) -> int:
+    """VMEM per core of the TPU ``devices`` run on (the first one's kind), else ``DEFAULT_VMEM_BYTES``."""
+    kind = getattr(next(iter(devices), None), "device_kind", None) if devices is not None else None
+    return VMEM_BYTES.get(kind, DEFAULT_VMEM_BYTES)
+
+
+def block_for(length: int, limit: int, tolerance: float = 0.005) -> int:
+    """The block (a multiple of 128, between ``limit / 2`` and ``limit``) for a sequence of ``length``: the largest
+    whose padded length is within ``tolerance`` of the least padding any of them gives. 32,760 tokens with a 3,328
+    limit: 2,048 (pads to 32,768; 3,328 itself would pad to 33,280)."""
+    if length <= limit:
+        return _round_up(length, _LANES)
+    top = max(limit - limit % _LANES, _LANES)
+    candidates = [(_round_up(length, b), b) for b in range(top, max(_LANES, top // 2) - 1, -_LANES)]
+    least = min(padded for padded, _ in candidates)
+    return next(b for padded, b in candidates if padded <= least * (1 + tolerance))
+
+
 def _largest_divisor(limit: int, total: int) -> int:
     """The largest multiple of 128 that divides ``total`` and is at most ``limit``."""
     for size in range(limit - limit % _LANES, 0, -_LANES):
@@ -80,13 +104,22 @@ class BlockSizes:
                 f"{self.block_kv_compute}, {self.block_kv}."
             )
 
-    def fit(self, q_len: int, kv_len: int) -> BlockSizes:
-        """Clamp to short sequences (keeping the divisibility the kernel needs)."""
-        block_q = min(self.block_q, _round_up(q_len, _LANES))
-        block_kv = min(self.block_kv, _round_up(kv_len, _LANES))
-        compute = _largest_divisor(min(self.block_kv_compute, block_kv), block_kv)
-        compute_in = _largest_divisor(min(self.block_kv_compute_in, compute), compute)
-        return BlockSizes(block_q, block_kv, compute, compute_in)
+    def fit(self, q_len: int, kv_len: int, head_dim: int = 128, itemsize: int = 2,
+            vmem_bytes: int | None = None) -> BlockSizes:
+        """The sizes for these sequences: blocks that pad them least (``block_for``: never past the next block of
+        the kernel's own granularity where a smaller block avoids it), short sequences in one block, the
+        divisibility the kernel needs kept; with ``vmem_bytes``, halved until the blocks fit that VMEM."""
+        block_q, block_kv = block_for(q_len, self.block_q), block_for(kv_len, self.block_kv)
+        while True:
+            compute = _largest_divisor(min(self.block_kv_compute, block_kv), block_kv)
+            compute_in = _largest_divisor(min(self.block_kv_compute_in, compute), compute)
+            sizes = BlockSizes(block_q, block_kv, compute, compute_in)
+            if vmem_bytes is None or sizes.vmem_bytes(head_dim, itemsize) <= vmem_bytes or block_q + block_kv <= 512:
+                return sizes
+            if block_q >= block_kv:
+                block_q = block_for(q_len, max(_LANES, block_q // 2))
+            else:
+                block_kv = block_for(kv_len, max(_LANES, block_kv // 2))
 
     def vmem_bytes(self, head_dim: int, itemsize: int) -> int:
         """Rough VMEM need: double-buffered q/k/v/out blocks, scratch, and one chunk of scores."""
@@ -162,7 +195,7 @@ def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_o
 
 
 def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_block, q_offset: int,
-          use_exp2: bool, interpret: bool):
+          use_exp2: bool, interpret: bool, vmem_bytes: int):
     """q [BH, Sq_pad, D], k/v [BH, Skv_pad, D], mask [B, Skv_pad, 1] or None -> out [BH, D, Sq_pad]."""
     batch_heads, q_pad, head_dim = q.shape
     bq, bkv = sizes.block_q, sizes.block_kv
@@ -184,7 +217,7 @@ def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_b
         params = pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
-            vmem_limit_bytes=min(max(2 * sizes.vmem_bytes(head_dim, q.dtype.itemsize), 32 << 20), 100 << 20),
+            vmem_limit_bytes=min(max(2 * sizes.vmem_bytes(head_dim, q.dtype.itemsize), 32 << 20), vmem_bytes),
         )
     return pl.pallas_call(
         kernel,
@@ -216,7 +249,7 @@ def smooth_keys(k, kv_mask=None):
 
 
 def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2=True, block_sizes=None,
-                    interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0):
+                    interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0, vmem_bytes=None):
     """Attention on q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` (f32 or bf16; f32 accumulation).
 
     Args:
@@ -226,9 +259,11 @@ def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2
             ``j // causal_block_size <= (q_offset + i) // causal_block_size`` (block-causal; ``causal_block_size=1``
             with ``q_offset=0`` is torch's ``is_causal``).
         use_exp2: base-2 softmax with ``log2(e)`` folded into the query scaling (False: ``exp``, for comparison).
-        block_sizes: ``BlockSizes`` (clamped to short sequences).
+        block_sizes: ``BlockSizes`` (fitted to the sequences: ``BlockSizes.fit``).
         interpret: None = the real kernel when lowering for TPU, interpret mode elsewhere.
         k_smoothing: subtract the mean key first (exact for softmax; better bf16 numerics).
+        vmem_bytes: VMEM of the TPU core it runs on (``vmem_capacity``; default ``DEFAULT_VMEM_BYTES``): blocks
+            are shrunk to fit it and the kernel's VMEM limit never exceeds it.
     """
     batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
@@ -239,7 +274,8 @@ def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2
     if k_smoothing:
         k = smooth_keys(k, kv_mask)
     q = (q.astype(jnp.float32) * (scale * (LOG2E if use_exp2 else 1.0))).astype(q.dtype)
-    sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len)
+    vmem_bytes = vmem_bytes or DEFAULT_VMEM_BYTES
+    sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len, head_dim, q.dtype.itemsize, vmem_bytes)
     q_pad = _round_up(q_len, sizes.block_q) - q_len
     kv_pad = _round_up(kv_len, sizes.block_kv) - kv_len
     fold = lambda x, pad: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(batch * heads, -1, head_dim)  # noqa: E731
@@ -248,7 +284,7 @@ def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2
     if kv_mask is not None:
         mask = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, kv_pad)))[:, :, None]
     run = functools.partial(_call, heads=heads, sizes=sizes, kv_len=kv_len, q_offset=q_offset, use_exp2=use_exp2,
-                            causal_block=causal_block_size if causal else None)
+                            causal_block=causal_block_size if causal else None, vmem_bytes=vmem_bytes)
     if interpret is None:
         out = lax.platform_dependent(q3, k3, v3, mask, tpu=functools.partial(run, interpret=False),
                                      default=functools.partial(run, interpret=True))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _masks
 
-from .flash import _LANES as _LANE, _round_up, check_lane_multiples
+from .flash import _LANES as _LANE, _round_up, block_for, check_lane_multiples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +34,6 @@ class SplashBlockSizes:
             raise ValueError(
                 f"SplashBlockSizes.block_kv_compute={self.block_kv_compute} must divide block_kv={self.block_kv}."
             )
-
-
-def _fit(block: int, length: int) -> int:
-    return min(block, _round_up(length, _LANE))
 
 
 @functools.lru_cache(maxsize=64)
@@ -70,8 +66,8 @@ def splash_attention(q, k, v, *, scale=None, kv_mask=None, block_sizes: SplashBl
     batch, _, q_len, head_dim = q.shape
     kv_len = k.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
-    block_q = _fit(sizes.block_q, q_len)
-    block_kv = _fit(sizes.block_kv, kv_len)
+    block_q = block_for(q_len, sizes.block_q)
+    block_kv = block_for(kv_len, sizes.block_kv)
     block_kv_compute = min(sizes.block_kv_compute, block_kv)
     if block_kv % block_kv_compute:
         block_kv_compute = block_kv

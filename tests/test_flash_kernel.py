@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import all_equations
 
-from diffusers_tpu.kernels import BlockSizes, flash_attention, reference_attention
+from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, reference_attention
 
 SMALL = BlockSizes(block_q=256, block_kv=256, block_kv_compute=256, block_kv_compute_in=128)
 
@@ -121,7 +121,19 @@ def test_kernel_softmax_uses_exp2_and_no_exp():
 def test_block_sizes():
     assert BlockSizes() == BlockSizes(3328, 2816, 256, 256)
     assert BlockSizes().fit(12, 512) == BlockSizes(128, 512, 256, 256)
-    assert BlockSizes().fit(75600, 75600) == BlockSizes()
+    # sequences pad no further than a block of the kernel's granularity needs (Wan2.1-1.3B 480p: 32,760 tokens)
+    assert BlockSizes().fit(32760, 32760) == BlockSizes(2048, 2048, 256, 256)  # 32,768, not 33,280 / 33,792
+    assert BlockSizes().fit(8190, 512).block_q == 2048  # a quarter of them (cross-attention on 4 chips): 8,192
+    fitted = BlockSizes().fit(75600, 75600)  # Wan 720p: within 0.5% of the least padding, the larger block
+    assert fitted.block_q == fitted.block_kv == 2816 and -(-75600 // 2816) * 2816 == 76032
+    for length in (9360, 17550, 32760, 45104, 75600, 80000):
+        for limit in (3328, 2816):
+            block = block_for(length, limit)
+            assert block % 128 == 0 and limit // 2 <= block <= limit
+            least = min(-(-length // b) * b for b in range(128 * (limit // 256), limit + 1, 128))
+            assert -(-length // block) * block <= least * 1.005
+    small = BlockSizes(4096, 4096, 512, 256).fit(75600, 75600, vmem_bytes=16 << 20)  # a v4 core's VMEM
+    assert small.vmem_bytes(128, 2) <= 16 << 20 and small.block_q % 128 == small.block_kv % 128 == 0
     fitted = BlockSizes(1024, 1024, 512, 256).fit(300, 640)  # 640: compute blocks must divide it
     assert fitted == BlockSizes(384, 640, 128, 128)
     for bad in (dict(block_q=100), dict(block_kv=2816, block_kv_compute=1024), dict(block_kv_compute_in=384)):

@@ -107,3 +107,109 @@ def test_refusals_are_one_line_reasons_and_bugs_are_not():
                                        "memory space hbm. Used 40.1G of 31.25G hbm.\nlong details\n...")
     assert tpu_compiler.refusal(error).startswith("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out")
     assert tpu_compiler.refusal(KeyError("x")) is None
+
+
+# Per-device attention calls of the real models on their default 8-chip meshes (dp2·sp1·tp4): self-attention with
+# heads over tp, cross-attention with the query sequence over sp·tp; CogVideoX and HunyuanVideo attend jointly over
+# text + video tokens. (batch, heads, q_len, kv_len, head_dim, key mask)
+REAL_ATTENTION = {
+    "wan2.1-1.3b-480p-self": (1, 12 // 4, 21 * 30 * 52, 21 * 30 * 52, 128, False),
+    "wan2.1-1.3b-480p-cross": (1, 12, 21 * 30 * 52 // 4, 512, 128, True),
+    "wan2.1-14b-720p-self": (1, 40 // 4, 21 * 45 * 80, 21 * 45 * 80, 128, False),
+    "wan2.1-14b-720p-cross": (1, 40, 21 * 45 * 80 // 4, 512, 128, True),
+    # 1360x768, 81 frames: 11 latent frame pairs x 48 x 85 patches + 226 text tokens
+    "cogvideox1.5-5b-joint": (1, 48 // 4, 11 * 48 * 85 + 226, 11 * 48 * 85 + 226, 64, False),
+    # 480x848, 121 frames: 31 x 30 x 53 latents + 1000 MLLM + 256 ByT5 tokens (padding masked)
+    "hunyuanvideo-1.5-480p-joint": (1, 16 // 4, 31 * 30 * 53 + 1256, 31 * 30 * 53 + 1256, 128, True),
+}
+
+
+@needs_libtpu
+@pytest.mark.parametrize("chip", ["v5e-1", "v6e-1"])
+@pytest.mark.parametrize("name", sorted(REAL_ATTENTION))
+def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
+    """The exp2 kernel's default block sizes, fitted to the real sequences and the chip's VMEM, compile through
+    Mosaic's passes; the query and key sequences are padded no further than the least padding a block allows."""
+    from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, vmem_capacity
+
+    batch, heads, q_len, kv_len, head_dim, masked = REAL_ATTENTION[name]
+    devices = tpu_compiler.devices(chip)
+    vmem = vmem_capacity(devices)
+    q = ((batch, heads, q_len, head_dim), jnp.bfloat16, P())
+    kv = ((batch, heads, kv_len, head_dim), jnp.bfloat16, P())
+    if masked:
+        function = lambda q_, k_, v_, m_: flash_attention(q_, k_, v_, kv_mask=m_, vmem_bytes=vmem)  # noqa: E731
+        compiled = _compile(function, q, kv, kv, ((batch, kv_len), jnp.bool_, P()), devices=devices)
+    else:
+        function = lambda q_, k_, v_: flash_attention(q_, k_, v_, vmem_bytes=vmem)  # noqa: E731
+        compiled = _compile(function, q, kv, kv, devices=devices)
+    kernel = [line for line in compiled.as_text().splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    assert len(kernel) == 1
+    operands = [tuple(int(n) for n in dims.split(",")) for dims in
+                __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("custom-call(")[0])]
+    padded_q = operands[0][-1]  # the kernel's output is [batch*heads, head_dim, q padded]
+    sizes = BlockSizes().fit(q_len, kv_len, head_dim, 2, vmem)
+    assert sizes.vmem_bytes(head_dim, 2) <= vmem
+    least_q = min(-(-q_len // b) * b for b in range(1664, 3329, 128)) if q_len > 3328 else -(-q_len // 128) * 128
+    assert padded_q == -(-q_len // sizes.block_q) * sizes.block_q <= least_q * 1.005
+    assert sizes.block_kv == block_for(kv_len, 2816)
+
+
+@needs_libtpu
+def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
+    """``diffusers-tpu cost``: the step compiled for the slice, counted per layer from the compiled program."""
+    import json
+
+    from diffusers_tpu.commands import cli
+
+    out = tmp_path / "cost.json"
+    assert cli.main(["cost", "--model", "tiny:wan-4head", "--chips", "v6e-4", "--height", "32", "--width", "32",
+                     "--frames", "9", "--max-sequence-length", "24", "--no-vae", "--estimate", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "TPU v6 lite" in printed and "per iteration of its largest loop" in printed and "ESTIMATE" in printed
+    report = json.loads(out.read_text())
+    step = report["denoiser_step"][0]
+    loop = max(step["hlo"]["loops"], key=lambda loop: loop["instructions"])
+    assert loop["trip_count"] == 2  # the tiny model's 3 blocks: block 0, then blocks 1-2 as one loop
+    assert step["hlo"]["total"]["attention_calls"] >= 2 and step["hlo"]["total"]["flops"] > 0
+    assert report["mesh"] == {"dp": 2, "sp": 1, "tp": 2} and report["cfg_batch"] == 2
+    assert report["estimate"]["seconds"] > 0 and report["estimate"]["assumptions"]["hbm_gbps"] == 1640
+
+
+def test_cost_refuses_a_slice_without_a_topology_before_loading(capsys):
+    from diffusers_tpu.commands import cli
+
+    assert cli.main(["cost", "--model", "tiny:wan", "--chips", "h100-80gb"]) == 2
+    assert "v6e-8" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_plan_step_through_the_tpu_compiler_and_its_refusal(tmp_path):
+    """``plan``'s denoiser analysis on TPU devices is the TPU compiler's; a program over the chip's HBM is refused
+    by the compiler, which becomes that candidate's verdict (one line), not a crash."""
+    import torch
+
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.planner import plan
+    from diffusers_tpu.testing import tiny
+
+    size = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
+    report = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, TPUConfig(dtype=torch.bfloat16),
+                                  tpu_compiler.devices("v5e-4"), text_tokens=24)
+    assert report["mesh"] == {"dp": 2, "sp": 1, "tp": 2} and 0 < report["argument_bytes"] < report["peak_bytes"]
+    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+                                       "memory space hbm. Used 20G of 15.75G hbm.")
+    original = plan.start_denoiser_memory
+
+    def refused(*args, **kwargs):
+        def finish():
+            raise error
+        return finish
+
+    try:
+        plan.start_denoiser_memory = refused
+        row = plan.plan(tiny.wan_pipeline("wan-4head"), size, TPUConfig(dtype=torch.bfloat16),
+                        tpu_compiler.devices("v5e-4"), chips.CHIPS["v5e-4"], None, 24)
+    finally:
+        plan.start_denoiser_memory = original
+    assert row["fits"] is False and row["refused"].startswith("RESOURCE_EXHAUSTED") and "\n" not in row["refused"]

@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     from . import plan_command
 
     plan_command.add_arguments(plan)
+    cost = commands.add_parser("cost", help="what the TPU compiler makes of the step and VAE programs, per layer, "
+                               "for a TPU slice (no TPU needed)")
+    from . import cost as cost_module
+
+    cost_module.add_arguments(cost)
     stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
     for name, help_text in stage_help.items():
         sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
@@ -257,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import plan_command
 
             return plan_command.main(args, argv if argv is not None else sys.argv[1:])
+        if args.command == "cost":
+            from . import cost as cost_module
+
+            return cost_module.main(args)
         return generate(args) if args.command == "generate" else stage(args)
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from ..planner import tpu_compiler
 from ..planner.chips import CHIPS, GIB
 from ..planner.plan import candidate_meshes, folder_pipeline, plan_all
 
@@ -75,6 +76,14 @@ def add_arguments(parser) -> None:
                         help="where the text encoders are planned: auto (default) as pipe.to's rule places them on "
                              "the target (TPUConfig(text_encoder='auto')), host, or jax (on the devices)")
     parser.add_argument("--json", help="write the report to this file")
+    parser.add_argument("--compiler", choices=("auto", "tpu", "cpu", "both"), default="auto",
+                        help="what compiles the planned programs: tpu = the real TPU compiler for the --chips slice "
+                        "(libtpu installed, no TPU needed); cpu = XLA:CPU on simulated devices, an estimate; auto "
+                        "(default) = tpu for a TPU slice when libtpu is installed, else cpu; both = each candidate "
+                        "by both, the CPU estimate's error shown")
+    parser.add_argument("--all", action="store_true", help="with the TPU compiler: compile every candidate (default: "
+                        "candidates in order of preference until one fits; each TPU compile of a real-size step takes "
+                        "about half a minute here)")
     parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
                         "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
 
@@ -97,18 +106,21 @@ def main(args, argv: list[str] | None = None) -> int:
         raise ValueError("plan needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
+    compilers = _compilers(args.compiler, chip)
     if chip is not None and chip.gpu:
         print(f"{args.chips}: JAX's memory pool is {chip.usable_gib():g} GiB of the {chip.hbm_gib:g} GiB per GPU "
               "(XLA_PYTHON_CLIENT_MEM_FRACTION; JAX's default 0.75)", flush=True)
     if args.check:
         return check(args, argv, count)
-    devices = cpu_devices(count)
+    simulated = cpu_devices(count) if "cpu" in compilers else None
     flags = os.environ.get("XLA_FLAGS", "")
-    if argv is not None and (devices is None or cpu_device_flag(count) not in flags):
+    if "cpu" in compilers and argv is not None and (simulated is None or cpu_device_flag(count) not in flags):
         # importing the package started JAX: run again in a process whose XLA starts with the flags
         return _rerun(argv, count, memory_flags=True)
-    if devices is None:
+    if "cpu" in compilers and simulated is None:
         raise RuntimeError(f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before Python starts.")
+    devices = tpu_compiler.devices(chip) if compilers[0] == "tpu" else simulated
+    compared = simulated if compilers == ("tpu", "cpu") else None  # --compiler both: the CPU estimate beside
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     if args.arch:
         pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
@@ -131,18 +143,29 @@ def main(args, argv: list[str] | None = None) -> int:
         if args.text_encoder == "auto":
             configs = [_encoders_as_placed(pipe, c, count, heads, chip, args.hbm_gb) for c in configs]
         print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''} ...", flush=True)
+        estimates = (plan_all(pipe, call, configs, compared, chip, args.hbm_gb, args.max_sequence_length)
+                     if compared is not None else None)
+        narrow = compilers[0] == "tpu" and not args.all  # stop at the first candidate that fits
         for number, row in enumerate(plan_all(pipe, call, configs, devices, chip, args.hbm_gb,
-                                              args.max_sequence_length), 1):
+                                              args.max_sequence_length, ahead=1 if narrow else None), 1):
+            row["compiler"] = _compiler_name(devices)
+            if estimates is not None:
+                row["cpu_estimate"] = _estimate_beside(next(estimates), row)
             rows.append(row)
             print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {_line(row)}", flush=True)
             if row["fits"] and recommended is None:
                 recommended = row
+                if narrow and number < len(configs):
+                    skipped = [c.mesh for c in configs[number:]]
+                    print(f"not compiled: {len(skipped)} less preferred candidate(s) {skipped} (--all compiles them)")
+                    break
         if recommended is not None:
             break  # a format that fits: quantizing further would only cost quality
     report = {"model": args.arch or args.model, "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS), "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
               "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length), "candidates": rows,
-              "recommended": recommended,
-              "note": "CPU-compiled estimate of the denoiser step (+ VAE weights); see README 'Will it fit?'"}
+              "recommended": recommended, "compiler": _compiler_name(devices),
+              "note": (f"compiled by the TPU compiler for {args.chips} (libtpu), no TPU used" if compilers[0] == "tpu"
+                       else "CPU-compiled estimate of the denoiser step (+ VAE weights); see README 'Will it fit?'")}
     if recommended is not None:
         floor = recommended.get("floor_step_seconds")
         print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
@@ -152,12 +175,53 @@ def main(args, argv: list[str] | None = None) -> int:
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
     print(f"planned {len(rows)} candidates in {time.perf_counter() - start:.0f} s")
-    print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's.")
+    if compilers[0] == "tpu":
+        print(f"memory from the TPU compiler's own analysis of every program, compiled for {args.chips} "
+              f"({chip.topology}) without a TPU")
+    else:
+        print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's"
+              + ("; install libtpu for the TPU compiler's own figures: " + tpu_compiler.install_hint()
+                 if chip is not None and chip.topology and not tpu_compiler.available() else "."))
     if args.json:
         from ..runtime import outputs
 
         outputs.write_text(args.json, json.dumps(report, indent=1, default=str))
     return 0
+
+
+def _compilers(choice: str, chip) -> tuple[str, ...]:
+    """What compiles the plan: ``("tpu",)``, ``("cpu",)`` or ``("tpu", "cpu")`` (both, the TPU's figures first)."""
+    tpu_slice = chip is not None and chip.topology is not None
+    if choice in ("tpu", "both"):
+        if not tpu_slice:
+            raise ValueError(f"plan --compiler {choice} needs --chips naming a TPU slice libtpu knows: "
+                             f"{', '.join(tpu_compiler.tpu_slices())}.")
+        tpu_compiler.require(f"plan --compiler {choice}")
+        return ("tpu", "cpu") if choice == "both" else ("tpu",)
+    if choice == "auto" and tpu_slice and tpu_compiler.available():
+        return ("tpu",)
+    return ("cpu",)
+
+
+def _compiler_name(devices) -> str:
+    if tpu_compiler.is_tpu(devices):
+        return f"TPU compiler ({devices[0].device_kind}, libtpu)"
+    return "CPU estimate (XLA:CPU)"
+
+
+def _estimate_beside(estimate: dict, row: dict) -> dict:
+    """The CPU estimate of a candidate next to the TPU compiler's figures: its totals and how far off they are."""
+    tpu_memory, cpu_memory = row["memory_per_device"], estimate["memory_per_device"]
+    keys = ("argument_bytes", "temp_bytes", "peak_bytes")
+    found = {key: cpu_memory[key] for key in keys}
+    found["total_bytes_per_device"] = estimate["total_bytes_per_device"]
+    found["decode_peak_bytes"] = (cpu_memory["vae_decode"] or {}).get("peak_bytes")
+    found["error"] = {key: (cpu_memory[key] - tpu_memory[key]) / tpu_memory[key] if tpu_memory[key] else None
+                      for key in keys}
+    found["error"]["total_bytes_per_device"] = ((estimate["total_bytes_per_device"] - row["total_bytes_per_device"])
+                                                / row["total_bytes_per_device"])
+    found["fits"] = estimate["fits"]
+    return found
 
 
 def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
@@ -181,8 +245,12 @@ def _line(row: dict) -> str:
     memory = row["memory_per_device"]
     gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
     verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
+    label = "[TPU compiler] " if row.get("compiler", "").startswith("TPU") else "[CPU estimate] "
+    if row.get("refused"):
+        return (f"{label}mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: "
+                f"refused by the compiler: {row['refused']}")
     decode, text = memory["vae_decode"], memory.get("text_encoders")
-    return (f"mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: step "
+    return (f"{label}mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: step "
             f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
             f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
             + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
@@ -190,7 +258,17 @@ def _line(row: dict) -> str:
             + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text
                else "; text encoders on the host" if row.get("text_encoder") == "host" else "")
             + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
-            + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else ""))
+            + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else "")
+            + (_estimate_line(row["cpu_estimate"]) if row.get("cpu_estimate") else ""))
+
+
+def _estimate_line(estimate: dict) -> str:
+    error = estimate["error"]
+    percent = lambda x: "n/a" if x is None else f"{x:+.0%}"  # noqa: E731
+    return (f"\n    [CPU estimate] total {estimate['total_bytes_per_device'] / GIB:.2f} GiB "
+            f"({percent(error['total_bytes_per_device'])}); step arguments {percent(error['argument_bytes'])}, "
+            f"temporaries {estimate['temp_bytes'] / GIB:.2f} GiB ({percent(error['temp_bytes'])}), peak "
+            f"{percent(error['peak_bytes'])} vs the TPU compiler")
 
 
 def check(args, argv: list[str] | None, count: int) -> int:

@@ -30,6 +30,17 @@ class Instruction:
     opcode: str
     rest: str  # operands and attributes
 
+    def operands(self) -> list[str]:
+        """Names of the operands (the instruction's argument list, before its attributes)."""
+        depth, end = 1, len(self.rest)
+        for i, ch in enumerate(self.rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                end = i
+                break
+        return re.findall(r"%([\w.\-]+)", self.rest[:end])
+
     def attribute(self, key: str) -> str | None:
         found = re.search(rf"\b{key}=(%?[\w.\-]+)", self.rest)
         return found.group(1).lstrip("%") if found else None
@@ -124,6 +135,10 @@ class Counts:
     copies: int = 0
     fusions: int = 0
     instructions: int = 0
+    flops: float = 0.0  # matrix products and convolutions (2 per multiply-add), Pallas kernels not included
+    bytes: float = 0.0  # read and written by the program's top-level instructions (a fusion: its inputs and outputs)
+    attention_flops: float = 0.0  # the project's attention kernel: 4 x batch*heads x q x kv x head_dim, as padded
+    attention_calls: int = 0
     custom_calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     collectives: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     collective_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -132,6 +147,10 @@ class Counts:
         self.copies += other.copies * times
         self.fusions += other.fusions * times
         self.instructions += other.instructions * times
+        self.flops += other.flops * times
+        self.bytes += other.bytes * times
+        self.attention_flops += other.attention_flops * times
+        self.attention_calls += other.attention_calls * times
         for mine, theirs in ((self.custom_calls, other.custom_calls), (self.collectives, other.collectives),
                              (self.collective_bytes, other.collective_bytes)):
             for key, value in theirs.items():
@@ -141,15 +160,62 @@ class Counts:
         return sum(n for target, n in self.custom_calls.items() if target != "tpu_custom_call")
 
     def as_dict(self) -> dict:
-        return {"copies": self.copies, "fusions": self.fusions, "instructions": self.instructions,
+        return {"copies": self.copies, "fusions": self.fusions, "instructions": self.instructions, "flops": self.flops,
+                "bytes": self.bytes, "attention_flops": self.attention_flops, "attention_calls": self.attention_calls,
                 "custom_calls": dict(self.custom_calls), "collectives": dict(self.collectives),
                 "collective_bytes": dict(self.collective_bytes)}
 
 
-def _own_counts(instructions: list[Instruction]) -> Counts:
+ATTENTION_KERNEL = "diffusers_tpu_flash_attention"  # the Pallas call's name (``kernels.flash``)
+_CONTROL = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
+            "after-all", "partition-id", "replica-id", "opt-barrier")
+
+
+def _dims(shape: str) -> list[int]:
+    found = _ARRAY.search(shape)
+    return [int(d) for d in found.group(2).split(",") if d] if found else []
+
+
+def _product(values) -> int:
+    total = 1
+    for v in values:
+        total *= v
+    return total
+
+
+def _matmul_flops(ins: Instruction, shapes: dict) -> float:
+    """2 x multiply-adds of a ``dot`` or ``convolution`` (operand shapes from ``shapes``)."""
+    operands = ins.operands()
+    if ins.opcode == "dot" and operands:
+        contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.rest)
+        lhs = _dims(shapes.get(operands[0], ""))
+        k = _product(lhs[int(i)] for i in contracting.group(1).split(",") if i) if contracting and lhs else 1
+        return 2.0 * _product(_dims(ins.shape)) * k
+    if ins.opcode == "convolution" and len(operands) > 1:
+        labels = re.search(r"dim_labels=\w+_(\w+)->", ins.rest)
+        rhs = _dims(shapes.get(operands[1], ""))
+        if not labels or len(labels.group(1)) != len(rhs):
+            return 0.0
+        kernel = labels.group(1)
+        per_output = _product(n for n, label in zip(rhs, kernel) if label != "o")  # window x input features
+        return 2.0 * _product(_dims(ins.shape)) * per_output
+    return 0.0
+
+
+def _own_counts(instructions: list[Instruction], computations: dict | None = None) -> Counts:
     counts = Counts()
+    shapes = {ins.name: ins.shape for ins in instructions}
     for ins in instructions:
-        if ins.opcode in ("parameter", "get-tuple-element", "tuple", "bitcast", "constant") or ins.opcode.endswith("-done"):
+        if ins.opcode.endswith("-done"):
+            continue
+        if ins.opcode not in _CONTROL:
+            counts.bytes += ins.result_bytes + sum(shape_bytes(shapes.get(name, "")) for name in ins.operands())
+        counts.flops += _matmul_flops(ins, shapes)
+        if ins.opcode == "fusion" and computations is not None:
+            fused = computations.get(ins.attribute("calls") or "", [])
+            fused_shapes = {i.name: i.shape for i in fused}
+            counts.flops += sum(_matmul_flops(i, fused_shapes) for i in fused)
+        if ins.opcode in ("parameter", "get-tuple-element", "tuple", "bitcast", "constant"):
             continue
         counts.instructions += 1
         base = ins.opcode[:-len("-start")] if ins.opcode.endswith("-start") else ins.opcode
@@ -160,6 +226,11 @@ def _own_counts(instructions: list[Instruction]) -> Counts:
         elif base == "custom-call":
             target = re.search(r'custom_call_target="([^"]+)"', ins.rest)
             counts.custom_calls[target.group(1) if target else "?"] += 1
+            if ins.name.startswith(ATTENTION_KERNEL):  # q [BH, Sq, D], k [BH, Skv, D] (``kernels.flash``)
+                q, k = (_dims(shapes.get(name, "")) for name in ins.operands()[:2])
+                if len(q) == len(k) == 3:
+                    counts.attention_flops += 4.0 * q[0] * q[1] * k[1] * q[2]
+                    counts.attention_calls += 1
         elif base in COLLECTIVES:
             counts.collectives[base] += 1
             counts.collective_bytes[base] += _collective_bytes(ins)
@@ -208,7 +279,7 @@ def stats(hlo: str) -> ProgramStats:
             return memo[name]
         weighted, written = Counts(), Counts()
         instructions = computations.get(name, [])
-        own = _own_counts(instructions)
+        own = _own_counts(instructions, computations)
         weighted.add(own)
         written.add(own)
         for ins in instructions:
@@ -220,7 +291,7 @@ def stats(hlo: str) -> ProgramStats:
                 weighted.add(body_weighted, trips or 1)
                 written.add(body_written)
             elif ins.opcode == "fusion":  # the TPU compiler fuses collectives with their neighbours (kCustom)
-                inner = _own_counts(computations.get(ins.attribute("calls") or "", []))
+                inner = _own_counts(computations.get(ins.attribute("calls") or "", []))  # (its FLOPs: own counts)
                 fused = Counts(collectives=inner.collectives, collective_bytes=inner.collective_bytes)
                 weighted.add(fused)
                 written.add(fused)

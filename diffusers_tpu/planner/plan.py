@@ -28,6 +28,7 @@ from concurrent.futures import Future
 
 import torch
 
+from . import tpu_compiler
 from .chips import GIB, Chip
 
 
@@ -45,17 +46,18 @@ class _FirstCall(Exception):
 
 
 def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, runtime=None,
-                        prompt: str | None = None) -> tuple[tuple, dict, bool]:
+                        prompt: str | None = None, keywords: dict | None = None) -> tuple[tuple, dict, bool]:
     """The positional and keyword arguments of the pipeline's first denoiser call for a video of ``size``
     (``height``, ``width``, ``num_frames``, ``guidance_scale``), text embeddings given as zeros
     (``Family.plan_call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
     guided (a second, unconditional pass per step). ``runtime``: its family's ``prepare`` wraps the probe as it
     would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument). ``prompt``: the call takes
-    this prompt (and an empty negative one) instead, its text encoders run."""
+    this prompt (and an empty negative one) instead, its text encoders run. ``keywords``: the call's own keywords
+    (prompt included) for any pipeline, instead of the family's ``plan_call`` (``tpu_check``)."""
     from ..runtime.registry import family_of
 
     family = family_of(pipe)
-    if family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES:
+    if keywords is None and (family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES):
         raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")
     module = pipe.transformer
     seen = {}
@@ -81,8 +83,9 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
         with guidance(pipe, size["guidance_scale"]):
             guided = False
             try:
-                pipe(**_call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt),
-                     output_type="latent")
+                call = keywords if keywords is not None else _call_keywords(
+                    pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
+                pipe(**call, output_type="latent")
             except _FirstCall:
                 guided = _guided(pipe)
     finally:
@@ -130,7 +133,8 @@ def _guided(pipe) -> bool:
     if guider is not None:
         return guider._enabled and guider.num_conditions > 1
     flag = getattr(pipe, "do_classifier_free_guidance", None)  # Wan's property; CogVideoX keeps only the scale
-    return bool(flag) if flag is not None else getattr(pipe, "_guidance_scale", 1.0) > 1.0
+    scale = getattr(pipe, "_guidance_scale", None)  # None: guidance-distilled (Flux, Qwen-Image: true CFG aside)
+    return bool(flag) if flag is not None else scale is not None and scale > 1.0
 
 
 def _concrete(value, batch: int):
@@ -200,6 +204,16 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
     return start_denoiser_memory(pipe, size, config, devices, text_tokens, vae, tile_above, shared)()
 
 
+def _mesh_shape(config, devices, pipe) -> dict:
+    """The mesh ``pipe.to`` builds for ``config`` on ``devices``."""
+    from ..interop import backend
+    from ..runtime.registry import family_of
+
+    heads = family_of(pipe).num_heads(pipe)
+    return (backend.validate_mesh_shape(config.mesh, len(devices), heads) if config.mesh is not None
+            else backend.default_mesh_shape(len(devices), heads, pair_batch=True))
+
+
 @contextlib.contextmanager
 def _attached(pipe, config, devices):
     """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (mesh built, nothing placed), undone after."""
@@ -207,12 +221,12 @@ def _attached(pipe, config, devices):
     from ..runtime.attach import PipelineRuntime
     from ..runtime.registry import family_of
 
-    family = family_of(pipe)
-    heads = family.num_heads(pipe)
-    mesh_shape = (backend.validate_mesh_shape(config.mesh, len(devices), heads) if config.mesh is not None
-                  else backend.default_mesh_shape(len(devices), heads, pair_batch=True))
-    runtime = PipelineRuntime(pipe, family, config, backend.Target("tpu", devices[0].platform),
-                              backend.build_mesh(mesh_shape, devices), None)
+    runtime = PipelineRuntime(pipe, family_of(pipe), config, backend.Target("tpu", devices[0].platform),
+                              backend.build_mesh(_mesh_shape(config, devices, pipe), devices), None)
+    if tpu_compiler.is_tpu(devices) and not tpu_compiler.is_attached(devices):
+        # compiling for a TPU slice without one: no default device (nothing can be placed on a described device;
+        # an array committed to one, or to this host, does not mix with the program's sharded values)
+        runtime.home_device = None
     try:
         yield runtime
     finally:
@@ -220,15 +234,19 @@ def _attached(pipe, config, devices):
 
 
 def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
-                          tile_above: float | None = None, shared: dict | None = None, compiler=None):
+                          tile_above: float | None = None, shared: dict | None = None, compiler=None, analyse=None):
     """``denoiser_memory`` in two halves, so candidates overlap: the denoiser's programs are traced and lowered
     here, compiled by ``compiler`` (a ``concurrent.futures`` executor: XLA compiles without the GIL while this thread
-    traces the next candidate; None: here and now); the returned function waits for them and gives the report."""
+    traces the next candidate; None: here and now); the returned function waits for them and gives the report.
+    ``analyse(lowered) -> dict``: what is reported of each program (default: its memory analysis; ``cost`` gives
+    ``hlo_stats.summary``, which holds the same keys)."""
     from torch.utils import _pytree as pytree
 
     from ..interop import compile as jit
 
-    submit = (lambda lowered: compiler.submit(jit.compiled_memory, lowered)) if compiler is not None else _now
+    analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
+    submit = (lambda lowered: compiler.submit(analyse, lowered)) if compiler is not None else (
+        lambda lowered: _now(lowered, analyse))
 
     extra, tiling = {}, None
     with _attached(pipe, config, devices) as runtime:
@@ -321,12 +339,12 @@ def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, 
     return functools.cache(finish)
 
 
-def _now(lowered) -> Future:
+def _now(lowered, analyse=None) -> Future:
     """Compile here and now (``plan`` without a background compiler)."""
     from ..interop import compile as jit
 
     done = Future()
-    done.set_result(jit.compiled_memory(lowered))
+    done.set_result((analyse or jit.compiled_memory)(lowered))
     return done
 
 
@@ -439,18 +457,21 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
     return start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared)()
 
 
-def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int):
+def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
+             ahead: int | None = None):
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
-    thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once."""
+    thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
+    started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     shared, workers = {}, max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0))))
+    ahead = ahead or workers
     with ThreadPoolExecutor(workers, thread_name_prefix="diffusers_tpu-plan-compile") as compiler:
         started = deque()
         for config in configs:
-            if len(started) == workers:
+            if len(started) == ahead:
                 yield started.popleft()()
             started.append(start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler))
         while started:
@@ -476,7 +497,16 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
              if family.forward_flops is not None else None)
 
     def finish() -> dict:
-        memory = started()
+        try:
+            memory = started()
+        except Exception as error:  # the TPU compiler refusing the configuration (HBM, VMEM) is its verdict
+            reason = tpu_compiler.refusal(error) if tpu_compiler.is_tpu(devices) else None
+            if reason is None:
+                raise
+            return {"memory_per_device": {"mesh": _mesh_shape(config, devices, pipe)},
+                    "refused": reason, "fits": False, "steps_fit": False, "hbm_gib": hbm, "vae_tiling": False,
+                    "total_bytes_per_device": None, "dtype": str(config.dtype or "as loaded"),
+                    "quantize": config.quantize, "text_encoder": config.text_encoder}
         memory["vae_weight_bytes"] = vae_weights
         # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
         # the decode beside the denoiser's, the text encoders beside both

@@ -89,6 +89,17 @@ def is_tpu(devices_) -> bool:
     return bool(devices_) and getattr(devices_[0], "platform", None) == "tpu"
 
 
+def is_attached(devices_) -> bool:
+    """Whether the devices are this process's real ones (a TPU VM), not a topology described for compiling."""
+    import jax
+
+    try:
+        local = {d.id for d in jax.local_devices(backend=devices_[0].platform)}
+    except RuntimeError:  # no such backend in this process: described devices only
+        return False
+    return all(d in jax.devices(devices_[0].platform) for d in devices_) and bool(local)
+
+
 _REFUSAL = re.compile(r"(RESOURCE_EXHAUSTED|Ran out of memory|exceeds|vmem|VMEM|Mosaic failed|INVALID_ARGUMENT|"
                       r"UNIMPLEMENTED)", re.IGNORECASE)
 
@@ -107,3 +118,50 @@ def refusal(error: BaseException) -> str | None:
     useful = [line for line in lines if _REFUSAL.search(line)] or lines
     line = useful[0]
     return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _identity(devices) -> str:
+    import importlib.metadata
+
+    import jax
+
+    try:
+        libtpu = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        libtpu = "?"
+    kinds = sorted({d.device_kind for d in devices})
+    return f"jax {jax.__version__} libtpu {libtpu} {kinds} x{len(devices)}"
+
+
+def remembered(analyse, devices, directory: str | None):
+    """``analyse(lowered) -> dict`` (a JSON-able report of a compiled program), remembered on disk in ``directory``
+    for programs compiled for TPU ``devices``: the same program (its lowered text), compiled by the same libtpu
+    for the same chips, is analysed once per machine. The TPU compiler takes minutes for some programs (the Wan VAE's
+    float32 3-D convolutions: each becomes several bf16 passes, each compiled) that a plan needs every time."""
+    import hashlib
+    import json
+
+    if directory is None or not is_tpu(devices):
+        return analyse
+    identity = _identity(devices) + " " + getattr(analyse, "__qualname__", repr(analyse))
+
+    def cached(lowered) -> dict:
+        digest = hashlib.sha256((identity + "\n" + lowered.as_text()).encode()).hexdigest()[:32]
+        path = os.path.join(directory, "tpu-analyses", f"{digest}.json")
+        try:
+            with open(path) as handle:
+                return dict(json.load(handle), remembered=True)
+        except (OSError, ValueError):
+            pass
+        report = analyse(lowered)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "w") as handle:
+                json.dump(report, handle, default=str)
+            os.replace(temporary, path)  # atomic: a concurrent plan never reads half a file
+        except OSError:
+            pass  # a read-only cache: the analysis is still returned
+        return report
+
+    return cached

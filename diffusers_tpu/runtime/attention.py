@@ -28,7 +28,7 @@ from ..interop import compat
 from ..interop.backend import to_jax_array, wrap
 from ..interop.sharding import axis_size
 from ..kernels import BlockSizes, cudnn_attention, dense_mask_attention, flash_attention, reference_attention
-from ..kernels import splash_attention
+from ..kernels import splash_attention, vmem_capacity
 
 KERNELS = {"splash_exp2": flash_attention, "splash": splash_attention, "xla": reference_attention,
            "cudnn": cudnn_attention}
@@ -47,7 +47,9 @@ class AttentionSettings:
     def kernel(self, scale):
         options = {"scale": scale}
         if self.implementation == "splash_exp2":
-            options.update(block_sizes=self.block_sizes, k_smoothing=self.k_smoothing)
+            devices = self.mesh.devices.flat if self.mesh is not None else None
+            options.update(block_sizes=self.block_sizes, k_smoothing=self.k_smoothing,
+                           vmem_bytes=vmem_capacity(devices))
         return functools.partial(KERNELS[self.implementation], **options)
 
 

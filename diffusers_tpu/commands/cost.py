@@ -1,0 +1,195 @@
+"""``diffusers-tpu cost``: what the TPU compiler makes of a pipeline's programs, for a TPU slice, without a TPU.
+
+For a pipeline (``--arch``, a local folder or a tiny model), a video size and a slice (``--chips``), the denoiser's
+step and the VAE decode programs are compiled exactly as ``plan`` compiles them (the runtime's own programs, abstract
+weights) by the real TPU compiler, and each is read back (``planner.hlo_stats``): memory per device, generated code,
+compile seconds, FLOPs and bytes per layer and per step (loop bodies times their trip counts; XLA's own cost analysis
+counts a loop body once and a Pallas kernel as nothing), the attention kernel's FLOPs (as padded), collectives by
+kind with their bytes, copies, fusions, custom calls. ``--estimate`` adds a roofline *estimate* of the step, with
+its assumptions printed: never a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..planner.chips import CHIPS
+
+GIB = 1 << 30
+
+
+def add_arguments(parser) -> None:
+    from .arguments import mesh_arg
+
+    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
+                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
+    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model")
+    parser.add_argument("--chips", required=True, metavar="NAME",
+                        help="the TPU slice to compile for: " + ", ".join(n for n, c in CHIPS.items() if c.topology))
+    parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp (default: the mesh pipe.to would build)")
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--quantize", choices=("int8", "fp8"))
+    parser.add_argument("--no-vae", action="store_true", help="the denoiser step only")
+    parser.add_argument("--estimate", action="store_true", help="also a roofline estimate of the step (labelled, "
+                        "with its assumptions)")
+    parser.add_argument("--attention-efficiency", type=float, default=0.5,
+                        help="with --estimate: the fraction of the chip's peak the attention kernel is assumed to "
+                        "reach (default 0.5; an assumption, not a measurement)")
+    parser.add_argument("--json", help="write the report to this file")
+
+
+def check_arguments(args) -> None:
+    """Mistakes named before anything loads."""
+    from ..planner import tpu_compiler
+
+    chip = CHIPS.get(args.chips)
+    if chip is None or chip.topology is None:
+        raise ValueError(f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of "
+                         f"{', '.join(tpu_compiler.tpu_slices())}.")
+    if bool(args.arch) == bool(args.model):
+        raise ValueError("cost needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
+    if not 0 < args.attention_efficiency <= 1:
+        raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
+    tpu_compiler.require("diffusers-tpu cost")
+
+
+def analyse(lowered) -> dict:
+    """Compile ``lowered`` and read the program back (``hlo_stats.summary``, with the compile seconds)."""
+    from ..planner import hlo_stats
+
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
+
+
+def main(args) -> int:
+    import os
+
+    import torch
+
+    from ..planner import architectures, plan, tpu_compiler
+    from ..runtime.config import TPUConfig
+    from ..runtime.registry import family_of
+    from .arguments import load_pipeline
+
+    check_arguments(args)
+    if args.json:
+        from ..runtime import outputs
+
+        outputs.check_destination(args.json, what="--json")
+    chip = CHIPS[args.chips]
+    devices = tpu_compiler.devices(chip)
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    if args.arch:
+        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
+    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
+        pipe = plan.folder_pipeline(args.model, dtype)
+    else:
+        pipe = load_pipeline(args.model)
+    if args.max_sequence_length is None:
+        import inspect
+
+        parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+        args.max_sequence_length = parameter.default if parameter is not None else None
+    config = TPUConfig(mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host")
+    size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    start = time.perf_counter()
+    print(f"compiling for {args.chips} ({chip.topology}, {devices[0].device_kind}) with the TPU compiler ...",
+          flush=True)
+    report = plan.start_denoiser_memory(pipe, size, config, devices, args.max_sequence_length, vae=not args.no_vae,
+                                        analyse=analyse)()
+    family = family_of(pipe)
+    analytic = (family.forward_flops(pipe, args.height, args.width, args.frames, args.max_sequence_length)
+                if family.forward_flops is not None else None)
+    result = {"model": args.arch or args.model, "chips": args.chips, "topology": chip.topology,
+              "device_kind": devices[0].device_kind, "size": dict(size, text_tokens=args.max_sequence_length),
+              "mesh": report["mesh"], "cfg_batch": report["cfg_batch"], "guided": report["guided"],
+              "denoiser_step": report["passes"], "vae_decode": report.get("vae_decode"),
+              "analytic_flops_per_device": (analytic * report["cfg_batch"] / len(devices)) if analytic else None,
+              "seconds": round(time.perf_counter() - start, 1)}
+    if args.estimate:
+        result["estimate"] = roofline(report["passes"][0], chip, args.attention_efficiency)
+    print(render(result))
+    if args.json:
+        from ..runtime import outputs
+
+        outputs.write_text(args.json, json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def roofline(step: dict, chip, attention_efficiency: float) -> dict:
+    """An ESTIMATE of one step per chip: matmuls at the chip's bf16 peak, the attention kernel at
+    ``attention_efficiency`` of it, every byte at the HBM bandwidth, the larger of compute and memory time."""
+    total = step["hlo"]["total"]
+    compute = total["flops"] / (chip.peak_tflops * 1e12) + total["attention_flops"] / (
+        chip.peak_tflops * 1e12 * attention_efficiency)
+    memory = total["bytes"] / (chip.hbm_gbps * 1e9)
+    return {"seconds": max(compute, memory), "compute_seconds": compute, "memory_seconds": memory,
+            "assumptions": {"peak_tflops": chip.peak_tflops, "hbm_gbps": chip.hbm_gbps,
+                            "attention_efficiency": attention_efficiency,
+                            "not modelled": "collectives, overlap, kernel launch, the VAE and text encoders"}}
+
+
+def _gib(n) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _collectives(counts: dict) -> str:
+    kinds = counts["collectives"]
+    if not kinds:
+        return "none"
+    return ", ".join(f"{kind} {n} ({counts['collective_bytes'][kind] / 2**20:.0f} MiB)" for kind, n in kinds.items())
+
+
+def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
+    hlo = summary["hlo"]
+    total = hlo["total"]
+    lines = [f"{indent}{name}: compile {summary.get('compile_seconds', '?')} s, generated code "
+             f"{summary['generated_code_bytes'] / 1e6:.1f} MB; per device: arguments {_gib(summary['argument_bytes'])},"
+             f" temporaries {_gib(summary['temp_bytes'])}, outputs {_gib(summary['output_bytes'])}",
+             f"{indent}  whole program: {total['flops']:.4g} FLOPs (matmuls and convolutions)"
+             + (f" + {total['attention_flops']:.4g} in {total['attention_calls']} attention kernel calls (as padded)"
+                if total["attention_calls"] else "")
+             + f", {total['bytes'] / 1e9:.2f} GB read+written, {total['copies']} copies, {total['fusions']} fusions, "
+             f"custom calls {total['custom_calls'] or 'none'}; collectives: {_collectives(total)}"]
+    loops = sorted(hlo["loops"], key=lambda loop: loop["instructions"], reverse=True)
+    for loop in loops[:1]:
+        lines.append(f"{indent}  per iteration of its largest loop (x{loop['trip_count']}, e.g. one layer): "
+                     f"{loop['flops']:.4g} FLOPs + {loop['attention_flops']:.4g} attention, "
+                     f"{loop['bytes'] / 1e9:.2f} GB, {loop['copies']} copies, {loop['fusions']} fusions, "
+                     f"custom calls {loop['custom_calls'] or 'none'}; collectives: {_collectives(loop)}")
+    return lines
+
+
+def render(result: dict) -> str:
+    lines = [f"{result['model']} {result['size']['height']}x{result['size']['width']}x{result['size']['num_frames']} "
+             f"on {result['chips']} ({result['device_kind']}), mesh {result['mesh']}, guidance pair as batch "
+             f"{result['cfg_batch']}: compiled by the TPU compiler in {result['seconds']} s"]
+    for number, step in enumerate(result["denoiser_step"]):
+        lines += _program("denoiser step" + (f" (pass {number + 1})" if len(result["denoiser_step"]) > 1 else ""),
+                          step)
+    if result["analytic_flops_per_device"]:
+        step = result["denoiser_step"][0]["hlo"]["total"]
+        lines.append(f"  analytic FLOPs per device (family formula, attention included): "
+                     f"{result['analytic_flops_per_device']:.4g}; compiled: "
+                     f"{step['flops'] + step['attention_flops']:.4g}")
+    decode = result.get("vae_decode") or {}
+    programs = decode.get("programs") or [v for k, v in decode.items() if isinstance(v, dict)]
+    for number, program in enumerate(programs):
+        lines += _program(f"VAE decode program {number + 1}", program)
+    if not programs:
+        lines.append("  VAE decode: not compiled (--no-vae, or this VAE has no planned programs)")
+    estimate = result.get("estimate")
+    if estimate:
+        a = estimate["assumptions"]
+        lines.append(f"  ESTIMATE (roofline, not a measurement): {estimate['seconds']:.3f} s per step per chip "
+                     f"(compute {estimate['compute_seconds']:.3f} s, memory {estimate['memory_seconds']:.3f} s), "
+                     f"assuming {a['peak_tflops']:g} TFLOP/s bf16 peak, {a['hbm_gbps']:g} GB/s HBM, attention at "
+                     f"{a['attention_efficiency']:.0%} of peak; not modelled: {a['not modelled']}")
+    return "\n".join(lines)
