@@ -56,6 +56,9 @@ def test_every_family_compiles_for_tpu(name, chip):
     programs = tpu_check.compile_for(pipe, call, chip, config=TPUConfig(text_encoder="host"), analyse=summarise,
                                      vae=name in IMAGE_VAES)
     step = programs["denoiser_step"]
+    if name == "mochi":  # its attention compacts text tokens with torch.nonzero: the runtime runs it eagerly
+        assert step["eager"].startswith("ConcretizationTypeError")
+        return
     assert step["generated_code_bytes"] > 0 and step["argument_bytes"] > 0
     assert step["hlo"]["total"]["custom_calls"].get("tpu_custom_call", 0) >= 1  # the exp2 kernel, through Mosaic
     assert step["hlo"]["total"]["attention_calls"] >= 1

@@ -39,6 +39,46 @@ def rebuild_weights(state: dict) -> dict:
     return {k: v.rebuild() if isinstance(v, Rebuilt) else v for k, v in state.items()}
 
 
+@jax.tree_util.register_pytree_node_class
+class Stacked:
+    """One program argument standing for the same weight of several layers, stored as one array ``[L, ...]``
+    (``runtime.stacked_weights``): ``names[i]`` is layer i's qualified name. Inside the program each layer's weight is
+    ``array[i]`` (XLA drops the ones nothing reads); a ``trace_hook`` finds ``LayerOf`` markers in its raw state and
+    may index the array itself (a loop over the layers: one dynamic slice per iteration, no per-layer copies)."""
+
+    def __init__(self, array, names: tuple[str, ...]):
+        self.array, self.names = array, tuple(names)
+
+    def tree_flatten(self):
+        return (self.array,), self.names
+
+    @classmethod
+    def tree_unflatten(cls, names, children):
+        return cls(children[0], names)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerOf:
+    """In a trace hook's raw state: this weight is layer ``index`` of the stacked (traced) ``array``."""
+
+    array: object
+    index: int
+
+    def value(self):
+        return self.array[self.index]
+
+
+def expand_stacked(state: dict) -> dict:
+    """``state`` with every ``Stacked`` entry replaced by its layers, each a ``LayerOf`` (raw, for trace hooks)."""
+    expanded = {}
+    for key, value in state.items():
+        if isinstance(value, Stacked):
+            expanded.update({name: LayerOf(value.array, i) for i, name in enumerate(value.names)})
+        else:
+            expanded[key] = value
+    return expanded
+
+
 class Retrace(Exception):
     """Raised inside a trace by a ``trace_hook`` that cannot keep the stock meaning: the program is traced again
     without the hook."""
@@ -125,7 +165,8 @@ class _Program:
 
         def traced(state: dict, dynamic: list, donated: list, extra: list):
             dynamic = list(dynamic) + list(donated)
-            raw_state, state = state, {k: prepare(v) for k, v in state.items()}
+            raw_state = expand_stacked(state)
+            state = {k: prepare(v.value() if isinstance(v, LayerOf) else v) for k, v in raw_state.items()}
             if compute_dtype is not None:
                 dynamic = [x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in dynamic]
             arrays = iter(dynamic)

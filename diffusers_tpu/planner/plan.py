@@ -154,9 +154,12 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
 
     from ..runtime import quantize
 
+    from ..interop.compile import LayerOf, expand_stacked
+
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+    state = expand_stacked(state)
     for name, _ in module.named_parameters():
-        value = state[name]
+        value = state[name].array if isinstance(state[name], LayerOf) else state[name]
         if isinstance(value, quantize.Quantized) or any(m in name for m in keep):
             continue
         dtype = mappings.j2t_dtype(value.dtype)
@@ -165,16 +168,21 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
     return torch.float32
 
 
-def abstract_weights(module, mesh, rules, dtype, quantize_format=None) -> dict:
-    """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings."""
+def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: bool = True) -> dict:
+    """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings; ``stacked``
+    (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``)."""
     from . import lowering
-    from ..runtime import quantize
+    from ..interop import sharding
+    from ..runtime import quantize, stacked_weights
     from ..interop.backend import jax_dtype
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = lowering.abstract_state(module, mesh, rules, dtype, keep)
     for name in quantize.targets(module) if quantize_format else ():
         state[name] = quantize.abstract(state[name], quantize_format, jax_dtype(dtype or torch.float32))
+    if stacked:
+        slots = sharding.plan(module, dict(mesh.shape), rules, dtype, keep)
+        state = stacked_weights.abstract(module, slots, state, mesh)
     return state
 
 
@@ -253,7 +261,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
         family, mesh = runtime.family, runtime.mesh
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(mesh.shape))
-        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize)
+        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize, config.scan_blocks)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = _reported_dtype(module, state)
         args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, reported, runtime)

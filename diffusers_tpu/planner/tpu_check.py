@@ -8,7 +8,8 @@ For any pipeline the runtime supports (a family file or the generic path), ``com
 2. attaches the runtime for the TPU ``devices`` without placing a weight (``plan``'s abstract weights, sharded as
    ``pipe.to`` shards them) and probes the pipeline up to its first denoiser call (``plan.probe_denoiser_call``,
    text encoders run on the host): the denoiser's step as the runtime compiles it, guidance pair batched;
-3. compiles the step and every recorded VAE program for ``devices`` and returns what ``analyse`` reads of each.
+3. compiles the step and every recorded VAE program for ``devices`` and returns what ``analyse`` reads of each (a
+   forward JAX cannot trace, which the runtime runs eagerly with its parts compiled one by one: ``{"eager": why}``).
 
 ``plan`` and ``cost`` analyse the planned families at real sizes; this covers every family at any size, for tests
 (``tests/test_tpu_families.py``) and for a user checking that their pipeline compiles for TPU before renting one.
@@ -89,6 +90,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     (default: ``TPUConfig()``, text encoders on the host); ``analyse``: default the memory analysis; ``vae=False``:
     the denoiser step only."""
     from ..interop import compile as jit
+    from ..runtime import denoiser
     from ..runtime.config import TPUConfig
     from ..runtime.registry import family_of
 
@@ -103,7 +105,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     with plan._attached(pipe, config, devices) as runtime:
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(runtime.mesh.shape))
-        state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize)
+        state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
         args, kwargs, guided = plan.probe_denoiser_call(pipe, {**keywords, "guidance_scale": call.get(
             "guidance_scale", 5.0)}, None, plan._reported_dtype(module, state), runtime, prompt=call.get("prompt"),
@@ -115,8 +117,11 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         args = pytree.tree_map(lambda value: plan._concrete(value, batch), args)
         kwargs = {name: pytree.tree_map(lambda value: plan._concrete(value, batch if name in paired else 1), value)
                   for name, value in kwargs.items()}
-        lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
-        results["denoiser_step"] = analyse(lowered)
+        try:
+            lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
+            results["denoiser_step"] = analyse(lowered)
+        except denoiser.TRACE_ERRORS as error:  # the runtime runs such a forward eagerly, its parts as units
+            results["denoiser_step"] = {"eager": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         vae = getattr(pipe, "vae", None) if vae else None
         if vae is not None and family.vae_install is not None:
             for _, (recorded_args, _) in seen.values():

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers
+from . import attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers, stacked_weights
 from ..interop import backend, boundary, compile as jit, distributed, sharding
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
@@ -298,6 +298,8 @@ class PipelineRuntime:
         return Denoiser(self, module, forward, rules, self.attention, self._batch_input, state=state)
 
     def _place_denoiser(self, name: str, module, rules) -> None:
+        if self.config.scan_blocks:  # repeated blocks' weights as one [N, ...] array each: the loop indexes them
+            stacked_weights.stack(module, self.mesh)
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
         self._install_forward(module, entry)

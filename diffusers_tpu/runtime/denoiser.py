@@ -35,7 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
-from . import lora, quantize, repeated_blocks
+from . import lora, quantize, repeated_blocks, stacked_weights
 from ..interop.compile import compiled_function
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class Denoiser:
             if cache.get("slots") is not slots:  # resync makes a new list
                 cache["slots"] = slots
                 cache["mine"] = [s for s in slots if s.qualified.startswith(prefix)]
+            if not prefix:  # the whole forward: stacked weights as one argument each
+                return stacked_weights.program_state(cache["mine"], quantize.program_value)
             return {s.qualified[len(prefix):]: quantize.program_value(s, sharding._get(s).jax()) for s in cache["mine"]}
 
         return state

@@ -9,9 +9,11 @@ what changes is what the calls do while the whole forward is traced (``compile.c
 - blocks 1 .. N-2 return placeholders instead of computing, after checking that the call is a chain: every tensor
   argument is either the previous block's output (carried) or the same value as block 1's (constant), every other
   argument equal;
-- block N-1 runs blocks 1 .. N-1 as one ``lax.scan``: the body is the stock block forward traced once, its weights
-  picked per layer by a ``lax.switch`` over the layers' own arrays (no stacked copy of the weights stays alive; a
-  layer's weights are copied once per step into the loop), LoRA scales picked the same way.
+- block N-1 runs blocks 1 .. N-1 as one ``lax.scan``: the body is the stock block forward traced once. Weights the
+  runtime stores stacked (``runtime.stacked_weights``: one ``[N, ...]`` array per weight of the list, a program
+  argument) are indexed by the loop counter, as a scan over stacked parameters does; any other weight (an adapter
+  added after placing, a quantized weight) and the LoRA scales are picked per layer by a ``lax.switch`` over the
+  layers' own arrays (a copy of that layer's values per iteration).
 
 Anything else keeps the exact stock meaning. Blocks that differ in any way (class, weights' shapes, attributes,
 hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a residual added between blocks, a
@@ -34,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..interop.backend import to_jax_array, wrap
-from ..interop.compile import Retrace
+from ..interop.compile import LayerOf, Retrace
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,11 @@ def _is_placeholder(value) -> bool:
 
 def _array(value):
     return value._elem if hasattr(value, "_elem") else to_jax_array(value)
+
+
+def _value(raw):
+    """A raw state entry as an array (a stacked layer sliced out)."""
+    return raw.value() if isinstance(raw, LayerOf) else raw
 
 
 def _mark(value):
@@ -271,20 +278,42 @@ class _Chain:
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
         dicts = [(p, k) for p, m in template.named_modules() for k, v in sorted(vars(m).items()) if _traced_dict(v)]
 
+        layers = range(1, len(self.blocks))
+
+        def stored(index: int, name: str):
+            """Layer ``index``'s raw weight ``name``: an array, or a ``LayerOf`` a stacked argument."""
+            block = self.blocks[index]
+            found = session.raw_state.get(f"{self.path}.{index}.{name}")
+            if found is None:
+                tensors = dict(block.named_parameters(remove_duplicate=False))
+                tensors.update(block.named_buffers(remove_duplicate=False))
+                found = _array(tensors[name])
+            return found
+
+        # weights stored stacked in block order (``runtime.stacked_weights``) are indexed by the loop itself; the
+        # others (adapters added after placing, quantized weights) are picked per layer by a switch
+        stacked, picked = {}, []
+        for name in names:
+            found = [stored(i, name) for i in layers]
+            if all(isinstance(f, LayerOf) and f.array is found[0].array and f.index == i
+                   for f, i in zip(found, layers)):
+                stacked[name] = found[0].array
+            else:
+                picked.append(name)
+
         def raw(index: int):
-            block, prefix = self.blocks[index], f"{self.path}.{index}."
-            tensors = dict(block.named_parameters(remove_duplicate=False))
-            tensors.update(block.named_buffers(remove_duplicate=False))
-            weights = [session.raw_state.get(prefix + n, _array(tensors[n])) for n in names]
+            block = self.blocks[index]
+            weights = [_value(stored(index, n)) for n in picked]
             scales = [_array(v) for p, k in dicts for v in getattr(block.get_submodule(p), k).values()]
             return weights, scales
 
-        per_layer = [raw(i) for i in range(1, len(self.blocks))]
+        per_layer = [raw(i) for i in layers]
         shapes = {str(jax.tree_util.tree_structure(v)) + str([(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(v)])
                   for v in per_layer}
         if len(shapes) != 1:
             raise Retrace(f"{self.path}: layers store their weights differently")
         branches = [lambda v=v: v for v in per_layer]
+        switched = bool(jax.tree_util.tree_leaves(per_layer[0]))
         start, roles, first = self.start, self.roles, self.first
         out_static = [None if isinstance(x, torch.Tensor) else x for x in first.outputs]
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
@@ -292,8 +321,10 @@ class _Chain:
         forward = self.forwards[1]
 
         def body(carry, step):
-            weights, scales = jax.lax.switch(step, branches)
-            tensors = {n: wrap(session.prepare(w)) for n, w in zip(names, weights)}
+            weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
+            tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
+            tensors.update({n: wrap(session.prepare(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False)))
+                            for n, array in stacked.items()})
             by_output = dict(zip(tensor_slot, carry))
             leaves = [wrap(by_output[v]) if role == "carry" else wrap(v[0]) if role == "const" else v
                       for role, v in roles]

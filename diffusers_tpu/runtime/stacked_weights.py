@@ -1,0 +1,208 @@
+"""A denoiser's repeated blocks' weights stored stacked on the devices: one ``[N, ...]`` array per weight of a block
+list, so the compiled step loops over the layers by indexing it (``repeated_blocks``), as a scan over stacked
+parameters does, with no per-layer copy into the loop — and without a second copy of the weights.
+
+The module keeps its stock structure: every layer's parameter is a ``LayerView``, a torchax tensor whose value is
+``stack.array[index]``, read (sliced) when something outside a compiled program uses it and written back into the
+stack when an op assigns it in place. ``state_dict``, ``pipe.to("cpu")``, LoRA (merging runs on host copies that come
+back as plain tensors: ``program_state`` writes them into the stack and puts the views back), unit mode under step
+caches (each unit gets its layer's slice) and sharded loading (weights are placed per layer first, then stacked,
+one weight name at a time) work unchanged. Which weights stack: those of a list ``repeated_blocks.block_lists``
+finds (interchangeable blocks), every layer's the same shape, dtype and sharding, not quantized, not tied, not held
+for an exact restore. ``TPUConfig(scan_blocks=False)`` keeps per-layer storage.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import torch
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ..interop import compat, sharding
+from ..interop.backend import is_jax_tensor
+from ..interop.compile import Stacked
+from . import repeated_blocks
+
+
+class Stack:
+    """The ``[N, ...]`` array holding one weight of N layers; ``layer_sharding``: a layer's, as it was placed."""
+
+    def __init__(self, key: str, array: jax.Array, layer_sharding: NamedSharding):
+        self.key, self.array, self.layer_sharding = key, array, layer_sharding
+
+    def layer(self, index: int) -> jax.Array:
+        return _take(self.array, index, self.layer_sharding)
+
+    def write(self, index: int, value: jax.Array) -> None:
+        self.array = _put(self.array, value.astype(self.array.dtype), index)
+
+
+def _take(array, index: int, layer_sharding):
+    return _taker(layer_sharding)(array, index)
+
+
+@functools.lru_cache(maxsize=None)
+def _taker(layer_sharding):
+    """A layer out of a stack, with exactly the sharding it was placed with (``sharding_of`` reports it)."""
+    return jax.jit(lambda array, index: array[index], static_argnums=1, out_shardings=layer_sharding)
+
+
+@functools.partial(jax.jit, static_argnums=2, donate_argnums=0)
+def _put(array, value, index):
+    return array.at[index].set(value)
+
+
+def _layer_view_class():
+    from torchax.tensor import Tensor
+
+    class LayerView(Tensor):
+        """Layer ``index`` of a ``Stack``, as a torchax tensor (see the module docstring)."""
+
+        def __new__(cls, stack: Stack, index: int, env):
+            return Tensor.__new__(cls, jax.ShapeDtypeStruct(stack.array.shape[1:], stack.array.dtype), env)
+
+        def __init__(self, stack: Stack, index: int, env):
+            torch.Tensor.__init__(self)
+            vars(self)["stack"], vars(self)["index"], vars(self)["_env"] = stack, index, env
+
+        @property
+        def _elem(self):
+            return self.stack.layer(self.index)
+
+        @_elem.setter
+        def _elem(self, value):
+            self.stack.write(self.index, value)
+
+        @property
+        def shape(self):
+            return torch.Size(self.stack.array.shape[1:])
+
+        @property
+        def ndim(self):
+            return self.stack.array.ndim - 1
+
+    return LayerView
+
+
+LayerView = None
+
+
+def layer_view(stack: Stack, index: int) -> torch.Tensor:
+    global LayerView
+    if LayerView is None:
+        LayerView = _layer_view_class()
+    return LayerView(stack, index, compat.import_torchax().default_env())
+
+
+def is_view(tensor) -> bool:
+    return LayerView is not None and isinstance(tensor, LayerView)
+
+
+def _is_view_of(tensor, stack: Stack, index: int) -> bool:
+    return is_view(tensor) and tensor.stack is stack and tensor.index == index
+
+
+def _install(slot, view) -> None:
+    """Put ``view`` in the slot as it is: ``torch.nn.Parameter`` of a tensor subclass returns a detached copy of it
+    (for a view, the slice), and a placed parameter is a torchax tensor marked as one, as ``Parameter`` makes it."""
+    if slot.kind == "param":
+        view._is_param = True
+        slot.owner._parameters[slot.name] = view
+    else:
+        sharding._set(slot, view)
+
+
+def groups(module: torch.nn.Module, slots: list) -> list[tuple[str, list]]:
+    """``(key, [slot of layer 0, 1, ...])`` for every weight that stacks (see the module docstring)."""
+    by_name = {slot.qualified: slot for slot in slots}
+    counts: dict[int, int] = {}
+    for slot in slots:
+        counts[id(sharding._get(slot))] = counts.get(id(sharding._get(slot)), 0) + 1
+    found = []
+    for path, blocks in repeated_blocks.block_lists(module):
+        template = blocks[0]
+        names = [n for n, _ in template.named_parameters(remove_duplicate=False)]
+        names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
+        for name in names:
+            members = [by_name.get(f"{path}.{i}.{name}") for i in range(len(blocks))]
+            if any(m is None or m.scale is not None or m.keep_original is not None or m.host is not None
+                   or counts[id(sharding._get(m))] > 1 for m in members):
+                continue
+            first = members[0]
+            if any(m.dtype != first.dtype or tuple(m.spec or ()) != tuple(first.spec or ())
+                   or tuple(sharding._get(m).shape) != tuple(sharding._get(first).shape) for m in members):
+                continue
+            found.append((f"{path}.#.{name}", members))
+    return found
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _stacked(sharding_, *layers):
+    return jax.lax.with_sharding_constraint(jax.numpy.stack(layers), sharding_)
+
+
+def stack(module: torch.nn.Module, mesh) -> int:
+    """Store the placed module's stackable weights stacked (one weight name at a time: the per-layer arrays are
+    freed as their stack is made); returns how many stacks."""
+    slots = sharding.slots_of(module)
+    made = 0
+    for key, members in groups(module, slots):
+        tensors = [sharding._get(m) for m in members]
+        if not all(is_jax_tensor(t) and not is_view(t) for t in tensors):
+            continue
+        spec = members[0].spec or PartitionSpec()
+        target = NamedSharding(mesh, PartitionSpec(None, *spec))
+        stack_ = Stack(key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding)
+        for index, member in enumerate(members):
+            _install(member, layer_view(stack_, index))
+            member.stack = (stack_, index)
+        made += 1
+    return made
+
+
+def program_state(slots: list, value) -> dict:
+    """What a compiled program receives for ``slots``: ``{qualified: value(slot, array)}`` for per-layer weights and
+    one ``Stacked`` entry per stack whose layers are all still views of it. A layer whose tensor was replaced (LoRA
+    merging brings plain tensors back) is written into its stack first and its view put back."""
+    state, stacks = {}, {}
+    for slot in slots:
+        entry = getattr(slot, "stack", None)
+        if entry is not None:
+            stack_, index = entry
+            tensor = sharding._get(slot)
+            if not _is_view_of(tensor, stack_, index):
+                if is_jax_tensor(tensor) and tuple(tensor.shape) == tuple(stack_.array.shape[1:]):
+                    stack_.write(index, tensor.jax())
+                    _install(slot, layer_view(stack_, index))
+                else:  # no longer this stack's layer (a different shape): per-layer from now on
+                    slot.stack = None
+                    state[slot.qualified] = value(slot, tensor.jax())
+                    continue
+            stacks.setdefault(id(stack_), (stack_, {}))[1][index] = slot.qualified
+            continue
+        state[slot.qualified] = value(slot, sharding._get(slot).jax())
+    for stack_, names in stacks.values():
+        if sorted(names) != list(range(stack_.array.shape[0])):  # a layer left the stack: slice what remains
+            state.update({name: stack_.layer(i) for i, name in names.items()})
+            continue
+        state[stack_.key] = Stacked(stack_.array, tuple(names[i] for i in range(len(names))))
+    return state
+
+
+def abstract(module: torch.nn.Module, slots: list, state: dict, mesh) -> dict:
+    """``plan``'s abstract weights (``{qualified: ShapeDtypeStruct}``, sharded) stacked as the runtime stacks them."""
+    state = dict(state)
+    for key, members in groups(module, slots):
+        if not all(m.qualified in state and isinstance(state[m.qualified], jax.ShapeDtypeStruct) for m in members):
+            continue
+        first = state[members[0].qualified]
+        spec = first.sharding.spec if first.sharding is not None else PartitionSpec()
+        array = jax.ShapeDtypeStruct((len(members), *first.shape), first.dtype,
+                                     sharding=NamedSharding(mesh, PartitionSpec(None, *spec)))
+        for member in members:
+            del state[member.qualified]
+        state[key] = Stacked(array, tuple(m.qualified for m in members))
+    return state
+
