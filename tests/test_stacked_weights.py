@@ -120,3 +120,52 @@ def test_wan_1_3b_step_compiles_lean_for_tpu():
     assert loop["copies"] <= 50 and non_attention <= 10, loop
     assert step["generated_code_bytes"] <= 30e6
     assert np.isclose(step["hlo"]["total"]["flops"], 4.105e13, rtol=0.01)  # non-attention FLOPs per chip (analytic)
+
+
+def test_fully_sharded_spec_takes_the_axes_a_layer_leaves_unused():
+    from types import SimpleNamespace
+
+    from jax.sharding import PartitionSpec as P
+
+    mesh = SimpleNamespace(shape={"dp": 2, "sp": 2, "tp": 2})
+    assert stacked_weights.fully_sharded(P("tp", None), (64, 32), mesh) == P("tp", ("dp", "sp"))
+    assert stacked_weights.fully_sharded(P(), (48,), mesh) == P(("dp", "sp", "tp"))
+    # no unsharded dimension the free axes divide: onto the sharded one, if its size allows
+    assert stacked_weights.fully_sharded(P("tp", None), (64, 6), mesh) == P(("tp", "dp", "sp"), None)
+    assert stacked_weights.fully_sharded(P("tp", None), (6, 6), mesh) == P("tp", None)  # nothing divides: as is
+    assert stacked_weights.fully_sharded(P("tp"), (64,), SimpleNamespace(shape={"dp": 1, "sp": 1, "tp": 2})) == P("tp")
+
+
+@pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
+    """Compiled for v6e 2x2 (dp2·tp2): the stacked weights take half the bytes per device or less (the compiled step's
+    arguments shrink), and the layer loop gathers each layer's weights (all-gathers in its body)."""
+    from diffusers_tpu.interop.backend import build_mesh
+    from diffusers_tpu.interop.compile import Stacked
+    from diffusers_tpu.planner import plan
+    from diffusers_tpu.runtime.registry import family_of
+
+    pipe = tiny.wan_pipeline("wan-4head")
+    size = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
+    devices = tpu_compiler.devices("v6e-4")
+    mesh = build_mesh({"dp": 2, "sp": 1, "tp": 2}, devices)
+    rules = family_of(pipe).rules(pipe.transformer, dict(mesh.shape))
+
+    def stacked_bytes(full):
+        state = plan.abstract_weights(pipe.transformer, mesh, rules, None, stacked=True, fully_sharded=full)
+        return sum(np.prod(v.array.sharding.shard_shape(v.array.shape)) * v.array.dtype.itemsize
+                   for v in state.values() if isinstance(v, Stacked))
+
+    found = {}
+    for full in (False, True):
+        config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 2}, compile_cache_dir=False, fully_sharded_weights=full)
+        report = plan.start_denoiser_memory(pipe, size, config, devices, 24,
+                                            analyse=lambda lowered: hlo_stats.summary(lowered.compile()))()
+        step = report["passes"][0]
+        found[full] = (step["argument_bytes"], max(step["hlo"]["loops"], key=lambda loop: loop["instructions"]))
+    (rules_bytes, rules_loop), (full_bytes, full_loop) = found[False], found[True]
+    # at least halved: tp-sharded weights split over dp as well, replicated ones (norms) over dp and tp
+    assert 0 < stacked_bytes(True) * 2 <= stacked_bytes(False)
+    # the compiled step's arguments shrink (by less than the logical bytes: the TPU pads tiny dimensions to tiles)
+    assert 0 < rules_bytes - full_bytes <= stacked_bytes(False) - stacked_bytes(True)
+    assert full_loop["collectives"].get("all-gather", 0) > rules_loop["collectives"].get("all-gather", 0)

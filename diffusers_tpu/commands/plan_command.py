@@ -81,6 +81,13 @@ def add_arguments(parser) -> None:
                         "(libtpu installed, no TPU needed); cpu = XLA:CPU on simulated devices, an estimate; auto "
                         "(default) = tpu for a TPU slice when libtpu is installed, else cpu; both = each candidate "
                         "by both, the CPU estimate's error shown")
+    parser.add_argument("--weights-sharding", choices=("auto", "rules", "full"), default="auto",
+                        help="rules: each weight sharded as the model's tensor-parallel rules say (replicated over dp "
+                        "and sp); full: the repeated blocks' weights over every mesh axis, gathered per layer "
+                        "(TPUConfig(fully_sharded_weights=True)); auto (default): rules, then full where rules do "
+                        "not fit, before int8")
+    parser.add_argument("--no-vae", action="store_true", help="the denoiser steps only (the VAE decode not planned; "
+                        "its weights still counted)")
     parser.add_argument("--all", action="store_true", help="with the TPU compiler: compile every candidate (default: "
                         "candidates in order of preference until one fits; each TPU compile of a real-size step takes "
                         "about half a minute here)")
@@ -136,18 +143,28 @@ def main(args, argv: list[str] | None = None) -> int:
         args.max_sequence_length = parameter.default if parameter is not None else None
     meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
     formats = [args.quantize] if args.quantize else [None, "int8"]
+    shardings = {"rules": [False], "full": [True], "auto": [False, True]}[args.weights_sharding]
+    # cheapest first: weights as the rules shard them, then fully sharded (a gather per layer), then int8 (lossy)
+    layouts = [(fmt, full) for fmt in formats for full in shardings]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     rows, recommended, start = [], None, time.perf_counter()
-    for fmt in formats:
-        configs = [TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder) for mesh in meshes]
+    for fmt, full in layouts:
+        # fully sharded weights differ from the rules' only where dp or sp is > 1
+        configs = [TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder,
+                             fully_sharded_weights=full) for mesh in meshes
+                   if not full or mesh.get("dp", 1) * mesh.get("sp", 1) > 1]
+        if not configs:
+            continue
         if args.text_encoder == "auto":
             configs = [_encoders_as_placed(pipe, c, count, heads, chip, args.hbm_gb) for c in configs]
-        print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''} ...", flush=True)
-        estimates = (plan_all(pipe, call, configs, compared, chip, args.hbm_gb, args.max_sequence_length)
-                     if compared is not None else None)
+        print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''}"
+              f"{', weights fully sharded' if full else ''} ...", flush=True)
+        estimates = (plan_all(pipe, call, configs, compared, chip, args.hbm_gb, args.max_sequence_length,
+                              vae=not args.no_vae) if compared is not None else None)
         narrow = compilers[0] == "tpu" and not args.all  # stop at the first candidate that fits
         for number, row in enumerate(plan_all(pipe, call, configs, devices, chip, args.hbm_gb,
-                                              args.max_sequence_length, ahead=1 if narrow else None), 1):
+                                              args.max_sequence_length, ahead=1 if narrow else None,
+                                              vae=not args.no_vae), 1):
             row["compiler"] = _compiler_name(devices)
             if estimates is not None:
                 row["cpu_estimate"] = _estimate_beside(next(estimates), row)
@@ -170,6 +187,7 @@ def main(args, argv: list[str] | None = None) -> int:
         floor = recommended.get("floor_step_seconds")
         print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
               + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
+              + (", TPUConfig(fully_sharded_weights=True)" if recommended.get("fully_sharded_weights") else "")
               + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
               + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
     else:
@@ -215,7 +233,7 @@ def _estimate_beside(estimate: dict, row: dict) -> dict:
     keys = ("argument_bytes", "temp_bytes", "peak_bytes")
     found = {key: cpu_memory[key] for key in keys}
     found["total_bytes_per_device"] = estimate["total_bytes_per_device"]
-    found["decode_peak_bytes"] = (cpu_memory["vae_decode"] or {}).get("peak_bytes")
+    found["decode_peak_bytes"] = (cpu_memory.get("vae_decode") or {}).get("peak_bytes")
     found["error"] = {key: (cpu_memory[key] - tpu_memory[key]) / tpu_memory[key] if tpu_memory[key] else None
                       for key in keys}
     found["error"]["total_bytes_per_device"] = ((estimate["total_bytes_per_device"] - row["total_bytes_per_device"])
@@ -241,16 +259,21 @@ def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
     return dataclasses.replace(config, text_encoder=choice)
 
 
+def _layout(row: dict) -> str:
+    return ((" " + row["quantize"] if row["quantize"] else "")
+            + (" fully sharded" if row.get("fully_sharded_weights") else ""))
+
+
 def _line(row: dict) -> str:
     memory = row["memory_per_device"]
     gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
     verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
     label = "[TPU compiler] " if row.get("compiler", "").startswith("TPU") else "[CPU estimate] "
     if row.get("refused"):
-        return (f"{label}mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: "
+        return (f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: "
                 f"refused by the compiler: {row['refused']}")
-    decode, text = memory["vae_decode"], memory.get("text_encoders")
-    return (f"{label}mesh {memory['mesh']} {row['dtype']}{' ' + row['quantize'] if row['quantize'] else ''}: step "
+    decode, text = memory.get("vae_decode"), memory.get("text_encoders")
+    return (f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: step "
             f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
             f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
             + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
@@ -307,7 +330,8 @@ def check(args, argv: list[str] | None, count: int) -> int:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
     config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"],
-                       text_encoder=chosen["text_encoder"])
+                       text_encoder=chosen["text_encoder"],
+                       fully_sharded_weights=chosen.get("fully_sharded_weights", False))
     pipe.to("jax", config=config)
     # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)

@@ -44,28 +44,37 @@ class Stacked:
     """One program argument standing for the same weight of several layers, stored as one array ``[L, ...]``
     (``runtime.stacked_weights``): ``names[i]`` is layer i's qualified name. Inside the program each layer's weight is
     ``array[i]`` (XLA drops the ones nothing reads); a ``trace_hook`` finds ``LayerOf`` markers in its raw state and
-    may index the array itself (a loop over the layers: one dynamic slice per iteration, no per-layer copies)."""
+    may index the array itself (a loop over the layers: one dynamic slice per iteration, no per-layer copies).
+    ``layer_sharding``: when the stack is stored sharded further than a layer is used (fully sharded weights), the
+    sharding each layer is gathered to where it is read; None: a layer is used as stored."""
 
-    def __init__(self, array, names: tuple[str, ...]):
-        self.array, self.names = array, tuple(names)
+    def __init__(self, array, names: tuple[str, ...], layer_sharding=None):
+        self.array, self.names, self.layer_sharding = array, tuple(names), layer_sharding
 
     def tree_flatten(self):
-        return (self.array,), self.names
+        return (self.array,), (self.names, self.layer_sharding)
 
     @classmethod
-    def tree_unflatten(cls, names, children):
-        return cls(children[0], names)
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerOf:
-    """In a trace hook's raw state: this weight is layer ``index`` of the stacked (traced) ``array``."""
+    """In a trace hook's raw state: this weight is layer ``index`` of the stacked (traced) ``array``, used with
+    ``sharding`` (``Stacked.layer_sharding``)."""
 
     array: object
     index: int
+    sharding: object = None
 
     def value(self):
-        return self.array[self.index]
+        return gathered(self.array[self.index], self.sharding)
+
+
+def gathered(layer, sharding):
+    """A layer sliced out of a stack, constrained to the sharding it is used with (None: as stored)."""
+    return layer if sharding is None else jax.lax.with_sharding_constraint(layer, sharding)
 
 
 def expand_stacked(state: dict) -> dict:
@@ -73,7 +82,7 @@ def expand_stacked(state: dict) -> dict:
     expanded = {}
     for key, value in state.items():
         if isinstance(value, Stacked):
-            expanded.update({name: LayerOf(value.array, i) for i, name in enumerate(value.names)})
+            expanded.update({name: LayerOf(value.array, i, value.layer_sharding) for i, name in enumerate(value.names)})
         else:
             expanded[key] = value
     return expanded

@@ -168,9 +168,11 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
     return torch.float32
 
 
-def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: bool = True) -> dict:
+def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: bool = True,
+                     fully_sharded: bool = False) -> dict:
     """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings; ``stacked``
-    (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``)."""
+    (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``), ``fully_sharded``
+    over every mesh axis (``TPUConfig.fully_sharded_weights``)."""
     from . import lowering
     from ..interop import sharding
     from ..runtime import quantize, stacked_weights
@@ -182,7 +184,7 @@ def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: 
         state[name] = quantize.abstract(state[name], quantize_format, jax_dtype(dtype or torch.float32))
     if stacked:
         slots = sharding.plan(module, dict(mesh.shape), rules, dtype, keep)
-        state = stacked_weights.abstract(module, slots, state, mesh)
+        state = stacked_weights.abstract(module, slots, state, mesh, fully_sharded)
     return state
 
 
@@ -261,7 +263,8 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
         family, mesh = runtime.family, runtime.mesh
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(mesh.shape))
-        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize, config.scan_blocks)
+        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize, config.scan_blocks,
+                                 config.fully_sharded_weights)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = _reported_dtype(module, state)
         args, kwargs, guided = probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
@@ -466,11 +469,12 @@ def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | 
 
 
 def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
-             ahead: int | None = None):
+             ahead: int | None = None, vae: bool = True):
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
     thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
-    started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row)."""
+    started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row);
+    ``vae=False``: the denoiser steps only."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -481,7 +485,7 @@ def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gi
         for config in configs:
             if len(started) == ahead:
                 yield started.popleft()()
-            started.append(start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler))
+            started.append(start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae))
         while started:
             yield started.popleft()()
 
@@ -491,12 +495,12 @@ COMPILE_THREADS = 2
 
 
 def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
-               shared: dict | None = None, compiler=None):
+               shared: dict | None = None, compiler=None, vae: bool = True):
     """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row."""
     from ..runtime.registry import family_of
 
     hbm = (chip.usable_gib() if chip else hbm_gib)
-    started = start_denoiser_memory(pipe, size, config, devices, text_tokens, vae=True,
+    started = start_denoiser_memory(pipe, size, config, devices, text_tokens, vae=vae,
                                     tile_above=hbm * GIB if hbm else None, shared=shared, compiler=compiler)
     vae = getattr(pipe, "vae", None)
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
@@ -514,15 +518,16 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
             return {"memory_per_device": {"mesh": _mesh_shape(config, devices, pipe)},
                     "refused": reason, "fits": False, "steps_fit": False, "hbm_gib": hbm, "vae_tiling": False,
                     "total_bytes_per_device": None, "dtype": str(config.dtype or "as loaded"),
-                    "quantize": config.quantize, "text_encoder": config.text_encoder}
+                    "quantize": config.quantize, "fully_sharded_weights": config.fully_sharded_weights,
+                    "text_encoder": config.text_encoder}
         memory["vae_weight_bytes"] = vae_weights
         # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
         # the decode beside the denoiser's, the text encoders beside both
         text = memory.get("text_encoders")
         text_weights = text["weight_bytes"] if text else 0
         steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
-        decode = (memory["argument_bytes"] + memory["vae_decode"]["peak_bytes"] + text_weights
-                  if memory["vae_decode"] else 0)
+        decode = (memory["argument_bytes"] + memory.get("vae_decode")["peak_bytes"] + text_weights
+                  if memory.get("vae_decode") else 0)
         tiled = memory.get("vae_decode_tiled")
         tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
         if tiling:
@@ -534,7 +539,7 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
                   "text_encode_bytes_per_device": encode or None,
                   "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
                   "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize,
-                  "text_encoder": config.text_encoder}
+                  "fully_sharded_weights": config.fully_sharded_weights, "text_encoder": config.text_encoder}
         if flops is not None:
             per_step = flops * (2 if memory["guided"] else 1)
             report["flops_per_step"] = per_step

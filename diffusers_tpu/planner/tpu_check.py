@@ -105,7 +105,8 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     with plan._attached(pipe, config, devices) as runtime:
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(runtime.mesh.shape))
-        state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks)
+        state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks,
+                                    config.fully_sharded_weights)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
         args, kwargs, guided = plan.probe_denoiser_call(pipe, {**keywords, "guidance_scale": call.get(
             "guidance_scale", 5.0)}, None, plan._reported_dtype(module, state), runtime, prompt=call.get("prompt"),

@@ -299,7 +299,7 @@ class PipelineRuntime:
 
     def _place_denoiser(self, name: str, module, rules) -> None:
         if self.config.scan_blocks:  # repeated blocks' weights as one [N, ...] array each: the loop indexes them
-            stacked_weights.stack(module, self.mesh)
+            stacked_weights.stack(module, self.mesh, fully_shard=self.config.fully_sharded_weights)
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
         self._install_forward(module, entry)

@@ -74,6 +74,10 @@ class TPUConfig:
         scan_blocks: trace a denoiser's stack of identical blocks as one loop over their weights, so XLA compiles
             the block once instead of once per layer (``runtime.repeated_blocks``; the same results). False: the
             stock loop unrolled, every layer its own copy in the program.
+        fully_sharded_weights: store those blocks' weights sharded over every mesh axis, not only the ones their
+            tensor-parallel rules use (``runtime.stacked_weights.fully_sharded``); the loop gathers each layer where
+            it reads it. Weights per device shrink by the size of the data and sequence axes; each step all-gathers
+            every layer's weights once (FSDP's trade). Needs ``scan_blocks``; the results are the same.
     """
 
     mesh: Mapping[str, int] | None = None
@@ -96,6 +100,7 @@ class TPUConfig:
     matmul_precision: str = "highest"
     quantize: str | None = None
     scan_blocks: bool = True
+    fully_sharded_weights: bool = False
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -132,6 +137,11 @@ class TPUConfig:
                 )
         if not isinstance(self.scan_blocks, bool):
             raise ValueError(f"TPUConfig(scan_blocks={self.scan_blocks!r}) must be a bool.")
+        if not isinstance(self.fully_sharded_weights, bool):
+            raise ValueError(f"TPUConfig(fully_sharded_weights={self.fully_sharded_weights!r}) must be a bool.")
+        if self.fully_sharded_weights and not self.scan_blocks:
+            raise ValueError("TPUConfig(fully_sharded_weights=True) shards the repeated blocks' stacked weights and "
+                             "needs scan_blocks=True (the default); drop scan_blocks=False.")
         if not isinstance(self.attention_k_smoothing, bool):
             raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):

@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..interop.backend import to_jax_array, wrap
-from ..interop.compile import LayerOf, Retrace
+from ..interop.compile import LayerOf, Retrace, gathered
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class _Chain:
             found = [stored(i, name) for i in layers]
             if all(isinstance(f, LayerOf) and f.array is found[0].array and f.index == i
                    for f, i in zip(found, layers)):
-                stacked[name] = found[0].array
+                stacked[name] = (found[0].array, found[0].sharding)
             else:
                 picked.append(name)
 
@@ -323,8 +323,9 @@ class _Chain:
         def body(carry, step):
             weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
             tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
-            tensors.update({n: wrap(session.prepare(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False)))
-                            for n, array in stacked.items()})
+            tensors.update({n: wrap(session.prepare(gathered(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False),
+                                                                  used_as)))
+                            for n, (array, used_as) in stacked.items()})
             by_output = dict(zip(tensor_slot, carry))
             leaves = [wrap(by_output[v]) if role == "carry" else wrap(v[0]) if role == "const" else v
                       for role, v in roles]

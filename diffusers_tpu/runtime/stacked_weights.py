@@ -10,6 +10,10 @@ caches (each unit gets its layer's slice) and sharded loading (weights are place
 one weight name at a time) work unchanged. Which weights stack: those of a list ``repeated_blocks.block_lists``
 finds (interchangeable blocks), every layer's the same shape, dtype and sharding, not quantized, not tied, not held
 for an exact restore. ``TPUConfig(scan_blocks=False)`` keeps per-layer storage.
+
+``TPUConfig(fully_sharded_weights=True)``: each stack is stored sharded over the mesh axes its layers' own
+sharding leaves unused too (``fully_sharded``), and the loop gathers a layer to its own sharding where it reads it:
+weights per device divided by those axes' size, one all-gather of a layer's weights per use (FSDP's trade).
 """
 
 from __future__ import annotations
@@ -27,16 +31,17 @@ from . import repeated_blocks
 
 
 class Stack:
-    """The ``[N, ...]`` array holding one weight of N layers; ``layer_sharding``: a layer's, as it was placed."""
+    """The ``[N, ...]`` array holding one weight of N layers; ``layer_sharding``: a layer's, as it was placed (and as
+    programs use it); ``gathered``: the array is stored sharded further (``fully_sharded``)."""
 
-    def __init__(self, key: str, array: jax.Array, layer_sharding: NamedSharding):
-        self.key, self.array, self.layer_sharding = key, array, layer_sharding
+    def __init__(self, key: str, array: jax.Array, layer_sharding: NamedSharding, gathered: bool = False):
+        self.key, self.array, self.layer_sharding, self.gathered = key, array, layer_sharding, gathered
 
     def layer(self, index: int) -> jax.Array:
         return _take(self.array, index, self.layer_sharding)
 
     def write(self, index: int, value: jax.Array) -> None:
-        self.array = _put(self.array, value.astype(self.array.dtype), index)
+        self.array = _putter(self.array.sharding)(self.array, value.astype(self.array.dtype), index)
 
 
 def _take(array, index: int, layer_sharding):
@@ -49,9 +54,41 @@ def _taker(layer_sharding):
     return jax.jit(lambda array, index: array[index], static_argnums=1, out_shardings=layer_sharding)
 
 
-@functools.partial(jax.jit, static_argnums=2, donate_argnums=0)
-def _put(array, value, index):
-    return array.at[index].set(value)
+@functools.lru_cache(maxsize=None)
+def _putter(stored):
+    """Layer ``index`` of a stack replaced in place (donated), the stack kept as it is stored."""
+    return jax.jit(lambda array, value, index: array.at[index].set(value), static_argnums=2, donate_argnums=0,
+                   out_shardings=stored)
+
+
+def fully_sharded(spec: PartitionSpec, shape: tuple, mesh) -> PartitionSpec:
+    """``spec`` (a layer's sharding of ``shape``) extended over the mesh axes of size > 1 it does not use: onto its
+    largest unsharded dimension they divide, else onto a sharded one whose size the combined axes divide; ``spec``
+    itself where none does."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    used = {axis for entry in entries if entry is not None for axis in (entry if isinstance(entry, tuple) else (entry,))}
+    free = tuple(axis for axis, size in mesh.shape.items() if size > 1 and axis not in used)
+    if not free:
+        return spec
+    extra = 1
+    for axis in free:
+        extra *= mesh.shape[axis]
+
+    def axes(entry):
+        return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+    def size(entry):
+        total = 1
+        for axis in axes(entry):
+            total *= mesh.shape[axis]
+        return total
+
+    order = sorted(range(len(shape)), key=lambda d: (entries[d] is not None, -shape[d]))
+    for dim in order:
+        if shape[dim] % (size(entries[dim]) * extra) == 0:
+            entries[dim] = axes(entries[dim]) + free if entries[dim] is not None else (free if len(free) > 1 else free[0])
+            return PartitionSpec(*entries)
+    return spec
 
 
 def _layer_view_class():
@@ -143,9 +180,9 @@ def _stacked(sharding_, *layers):
     return jax.lax.with_sharding_constraint(jax.numpy.stack(layers), sharding_)
 
 
-def stack(module: torch.nn.Module, mesh) -> int:
+def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
     """Store the placed module's stackable weights stacked (one weight name at a time: the per-layer arrays are
-    freed as their stack is made); returns how many stacks."""
+    freed as their stack is made), ``fully_shard``: over every mesh axis (``fully_sharded``); returns how many."""
     slots = sharding.slots_of(module)
     made = 0
     for key, members in groups(module, slots):
@@ -153,8 +190,10 @@ def stack(module: torch.nn.Module, mesh) -> int:
         if not all(is_jax_tensor(t) and not is_view(t) for t in tensors):
             continue
         spec = members[0].spec or PartitionSpec()
-        target = NamedSharding(mesh, PartitionSpec(None, *spec))
-        stack_ = Stack(key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding)
+        stored = fully_sharded(spec, tuple(tensors[0].shape), mesh) if fully_shard else spec
+        target = NamedSharding(mesh, PartitionSpec(None, *stored))
+        stack_ = Stack(key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding,
+                       gathered=stored != spec)
         for index, member in enumerate(members):
             _install(member, layer_view(stack_, index))
             member.stack = (stack_, index)
@@ -187,11 +226,12 @@ def program_state(slots: list, value) -> dict:
         if sorted(names) != list(range(stack_.array.shape[0])):  # a layer left the stack: slice what remains
             state.update({name: stack_.layer(i) for i, name in names.items()})
             continue
-        state[stack_.key] = Stacked(stack_.array, tuple(names[i] for i in range(len(names))))
+        state[stack_.key] = Stacked(stack_.array, tuple(names[i] for i in range(len(names))),
+                                    stack_.layer_sharding if stack_.gathered else None)
     return state
 
 
-def abstract(module: torch.nn.Module, slots: list, state: dict, mesh) -> dict:
+def abstract(module: torch.nn.Module, slots: list, state: dict, mesh, fully_shard: bool = False) -> dict:
     """``plan``'s abstract weights (``{qualified: ShapeDtypeStruct}``, sharded) stacked as the runtime stacks them."""
     state = dict(state)
     for key, members in groups(module, slots):
@@ -199,10 +239,12 @@ def abstract(module: torch.nn.Module, slots: list, state: dict, mesh) -> dict:
             continue
         first = state[members[0].qualified]
         spec = first.sharding.spec if first.sharding is not None else PartitionSpec()
+        stored = fully_sharded(spec, tuple(first.shape), mesh) if fully_shard else spec
         array = jax.ShapeDtypeStruct((len(members), *first.shape), first.dtype,
-                                     sharding=NamedSharding(mesh, PartitionSpec(None, *spec)))
+                                     sharding=NamedSharding(mesh, PartitionSpec(None, *stored)))
         for member in members:
             del state[member.qualified]
-        state[key] = Stacked(array, tuple(m.qualified for m in members))
+        state[key] = Stacked(array, tuple(m.qualified for m in members),
+                             NamedSharding(mesh, spec) if stored != spec else None)
     return state
 
