@@ -129,7 +129,9 @@ def fully_sharded_run():
             with jit.compile_log() as log:
                 generate(pipe, output_type="np")
             view = pipe.transformer.blocks[1].ffn.net[0].proj.weight
-            run = dict(np_max_abs=float(np.abs(out - ref).max()), warm_compilations=log.compilations,
+            embedder = pipe.transformer.condition_embedder.time_proj.weight
+            run = dict(embedder_spec=[str(e) for e in diffusers_tpu.sharding_of(embedder).spec],
+                       embedder_shards=len({str(s.index) for s in embedder.jax().addressable_shards}),np_max_abs=float(np.abs(out - ref).max()), warm_compilations=log.compilations,
                        is_view=stacked_weights.is_view(view),
                        stack_spec=[str(e) for e in view.stack.array.sharding.spec],
                        layer_spec=[str(e) for e in diffusers_tpu.sharding_of(view).spec],

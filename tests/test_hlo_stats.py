@@ -40,3 +40,38 @@ def test_nested_loops_multiply_and_branches_count_once():
 def test_shape_bytes():
     assert hlo_stats.shape_bytes("bf16[2,3]{1,0}") == 12
     assert hlo_stats.shape_bytes("(f32[4], s8[10], pred[])") == 16 + 10 + 1
+
+
+HLO_WITH_A_MULTILINE_CONFIG = """HloModule m
+
+%fused (p0: f32[4,8], p1: f32[8,16]) -> f32[4,16] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[8,16]{1,0} parameter(1)
+  %inner = f32[4,16]{1,0} fusion(%p0, %p1), kind=kOutput, calls=%nested
+  ROOT %r = f32[4,16]{1,0} negate(%inner)
+}
+
+%nested (q0: f32[4,8], q1: f32[8,16]) -> f32[4,16] {
+  %q0 = f32[4,8]{1,0} parameter(0)
+  %q1 = f32[8,16]{1,0} parameter(1)
+  ROOT %d = f32[4,16]{1,0} dot(%q0, %q1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[4,8], b: f32[8,16]) -> f32[4,16] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,16]{1,0} parameter(1)
+  %k = f32[4,8]{1,0} custom-call(%a), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":
+"{\\"a\\": 1,
+}}", metadata={op_name="kernel"}
+  ROOT %f = f32[4,16]{1,0} fusion(%k, %b), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_a_kernel_config_spanning_lines_and_nested_fusions_are_read():
+    """A Pallas call's config may hold newlines (JAX's splash kernel: a line starting ``}}``), which must not end
+    the computation; a matrix product in a fusion nested in a fusion is counted (the TPU compiler nests them)."""
+    found = hlo_stats.stats(HLO_WITH_A_MULTILINE_CONFIG)
+    assert found.total.custom_calls["tpu_custom_call"] == 1
+    assert found.total.flops == 2 * 4 * 16 * 8
+    assert found.total.fusions == 1

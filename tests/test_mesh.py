@@ -242,7 +242,7 @@ def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
 
 def test_fully_sharded_weights_on_the_mesh(report):
     """``TPUConfig(fully_sharded_weights=True)``: stacks stored over dp and sp too (about a quarter per device
-    on dp2·sp2·tp2), each layer used with its tensor-parallel sharding; the video equals stock, no warm compile."""
+    on dp2·sp2·tp2), each layer used with its tensor-parallel sharding; the other weights stored over all devices; the video equals stock, no warm compile."""
     run = report["fully_sharded"]
     assert run["np_max_abs"] <= 1e-4 and run["warm_compilations"] == 0
     assert run["is_view"] and run["state_dict_exact"] and run["restored_exactly"]
@@ -250,3 +250,4 @@ def test_fully_sharded_weights_on_the_mesh(report):
     assert run["stack_bytes_per_device"]["full"] * 3.5 <= run["stack_bytes_per_device"]["rules"]
     assert "tp" in run["layer_spec"] and not any("dp" in e for e in run["layer_spec"])
     assert any("dp" in e and "sp" in e for e in run["stack_spec"])
+    assert run["embedder_shards"] == 8  # an unstacked weight (replicated by the rules) stored in eight pieces

@@ -18,6 +18,8 @@ layer (the layer loop's body), collectives per layer, copies, code size, compile
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -95,9 +97,10 @@ def theirs(checkout: str, arch: str, chip: str, size: dict, overrides: list[str]
     name = {"Wan2.1-1.3B": "base_wan_1_3b.yml", "Wan2.1-14B": "base_wan_14b.yml"}[arch]
     argv = [None, os.path.join(checkout, "src", "maxdiffusion", "configs", name), "hardware=tpu",
             f"height={size['height']}", f"width={size['width']}", f"num_frames={size['num_frames']}", *overrides]
-    pyconfig.initialize(argv, unittest=True)
-    config = pyconfig.config
-    mesh = jax.sharding.Mesh(mu.create_device_mesh(config, devices, logging=False), config.mesh_axes)
+    with contextlib.redirect_stdout(io.StringIO()):  # its config printout, a line per parameter
+        pyconfig.initialize(argv, unittest=True)
+        config = pyconfig.config
+        mesh = jax.sharding.Mesh(mu.create_device_mesh(config, devices, logging=False), config.mesh_axes)
 
     wan = {"Wan2.1-1.3B": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30),
            "Wan2.1-14B": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40)}[arch]
@@ -162,9 +165,11 @@ ROWS = (
 )
 
 
-def table(ours_: dict, theirs_: dict) -> str:
-    lines = ["| per device, one guided step | diffusers_tpu | maxdiffusion |", "|---|---:|---:|"]
-    lines += [f"| {label} | {value(ours_)} | {value(theirs_)} |" for label, value in ROWS]
+def table(columns: dict) -> str:
+    """A markdown table: a row per ``ROWS`` entry, a column per ``{name: report}``."""
+    lines = ["| per device, one guided step | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(value(report) for report in columns.values()) + " |"
+              for label, value in ROWS]
     return "\n".join(lines)
 
 
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--mesh", help="this project's dp,sp,tp (default: pipe.to's)")
     parser.add_argument("--fully-sharded-weights", action="store_true",
-                        help="this project's step with TPUConfig(fully_sharded_weights=True)")
+                        help="a third column: this project's step with TPUConfig(fully_sharded_weights=True)")
     parser.add_argument("--theirs", action="append", default=[], metavar="KEY=VALUE",
                         help="a maxdiffusion config override, e.g. ici_data_parallelism=2 (repeatable)")
     parser.add_argument("--json", help="write both reports here")
@@ -193,14 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     mesh = dict(zip(("dp", "sp", "tp"), map(int, args.mesh.split(",")))) if args.mesh else None
     print(f"{args.arch} {args.height}x{args.width}x{args.frames} on {args.chips}: compiling this project's step ...",
           flush=True)
-    mine = ours(args.arch, args.chips, size, mesh, args.fully_sharded_weights)
+    columns = {"diffusers_tpu": ours(args.arch, args.chips, size, mesh)}
+    if args.fully_sharded_weights:
+        print("compiling this project's step with fully sharded weights ...", flush=True)
+        columns["diffusers_tpu, fully sharded weights"] = ours(args.arch, args.chips, size, mesh, True)
     print("compiling maxdiffusion's ...", flush=True)
-    other = theirs(args.maxdiffusion, args.arch, args.chips, size, args.theirs)
-    print(table(mine, other))
+    columns["maxdiffusion"] = theirs(args.maxdiffusion, args.arch, args.chips, size, args.theirs)
+    print(table(columns))
     if args.json:
         from ..runtime import outputs
 
-        outputs.write_text(args.json, json.dumps({"diffusers_tpu": mine, "maxdiffusion": other}, indent=1, default=str))
+        outputs.write_text(args.json, json.dumps(columns, indent=1, default=str))
     return 0
 
 

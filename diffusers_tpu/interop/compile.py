@@ -72,6 +72,30 @@ class LayerOf:
         return gathered(self.array[self.index], self.sharding)
 
 
+@jax.tree_util.register_pytree_node_class
+class Gathered:
+    """A program argument stored sharded further than it is used (fully sharded weights): inside the program it is
+    ``array`` constrained to ``sharding``, the layout the model's rules give it."""
+
+    def __init__(self, array, sharding):
+        self.array, self.sharding = array, sharding
+
+    def tree_flatten(self):
+        return (self.array,), self.sharding
+
+    @classmethod
+    def tree_unflatten(cls, sharding, children):
+        return cls(children[0], sharding)
+
+    def value(self):
+        return gathered(self.array, self.sharding)
+
+
+def materialized(raw):
+    """A raw state entry as the array the program computes with (a stacked layer sliced, a stored one gathered)."""
+    return raw.value() if isinstance(raw, (LayerOf, Gathered)) else raw
+
+
 def gathered(layer, sharding):
     """A layer sliced out of a stack, constrained to the sharding it is used with (None: as stored)."""
     return layer if sharding is None else jax.lax.with_sharding_constraint(layer, sharding)
@@ -175,7 +199,7 @@ class _Program:
         def traced(state: dict, dynamic: list, donated: list, extra: list):
             dynamic = list(dynamic) + list(donated)
             raw_state = expand_stacked(state)
-            state = {k: prepare(v.value() if isinstance(v, LayerOf) else v) for k, v in raw_state.items()}
+            state = {k: prepare(materialized(v)) for k, v in raw_state.items()}
             if compute_dtype is not None:
                 dynamic = [x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in dynamic]
             arrays = iter(dynamic)

@@ -39,6 +39,7 @@ class _Slot:
     scale: jax.Array | None = None  # quantized weights (``quantize``): per-output-channel scales; dtype = compute dtype
     host: Callable[[_Slot], torch.Tensor] | None = None  # the host tensor, when the device holds an encoding of it
     stack: tuple | None = None  # (stack, layer index) when a layer above stores it stacked (``runtime.stacked_weights``)
+    gather: NamedSharding | None = None  # stored sharded further (fully sharded weights): the sharding programs use
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +201,7 @@ def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
         if old is not None:
             slot.restore_dtype, slot.keep_original = old.restore_dtype, old.keep_original
             slot.dtype, slot.scale, slot.host = old.dtype, old.scale, old.host  # a quantized weight stays quantized
-            slot.stack = old.stack
+            slot.stack, slot.gather = old.stack, old.gather
     place(module, slots, mesh)
 
 

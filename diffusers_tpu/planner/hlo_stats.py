@@ -92,7 +92,7 @@ def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str | None]:
             if header.group(1):
                 entry = header.group(2)
             continue
-        if line.startswith("}"):
+        if line.rstrip() == "}":  # the computation's end (a Pallas call's config may hold lines starting "}}")
             current = None
             continue
         found = _INSTRUCTION.match(line) if current is not None else None
@@ -202,6 +202,17 @@ def _matmul_flops(ins: Instruction, shapes: dict) -> float:
     return 0.0
 
 
+def _fused_flops(name: str, computations: dict, depth: int = 0) -> float:
+    """Matrix-product FLOPs of a fused computation, fusions nested in it included (the TPU compiler nests them)."""
+    fused = computations.get(name, [])
+    shapes = {i.name: i.shape for i in fused}
+    total = sum(_matmul_flops(i, shapes) for i in fused)
+    if depth < 8:
+        total += sum(_fused_flops(i.attribute("calls") or "", computations, depth + 1) for i in fused
+                     if i.opcode == "fusion")
+    return total
+
+
 def _own_counts(instructions: list[Instruction], computations: dict | None = None) -> Counts:
     counts = Counts()
     shapes = {ins.name: ins.shape for ins in instructions}
@@ -212,9 +223,7 @@ def _own_counts(instructions: list[Instruction], computations: dict | None = Non
             counts.bytes += ins.result_bytes + sum(shape_bytes(shapes.get(name, "")) for name in ins.operands())
         counts.flops += _matmul_flops(ins, shapes)
         if ins.opcode == "fusion" and computations is not None:
-            fused = computations.get(ins.attribute("calls") or "", [])
-            fused_shapes = {i.name: i.shape for i in fused}
-            counts.flops += sum(_matmul_flops(i, fused_shapes) for i in fused)
+            counts.flops += _fused_flops(ins.attribute("calls") or "", computations)
         if ins.opcode in ("parameter", "get-tuple-element", "tuple", "bitcast", "constant"):
             continue
         counts.instructions += 1

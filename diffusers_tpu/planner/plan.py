@@ -154,12 +154,12 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
 
     from ..runtime import quantize
 
-    from ..interop.compile import LayerOf, expand_stacked
+    from ..interop.compile import Gathered, LayerOf, expand_stacked
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = expand_stacked(state)
     for name, _ in module.named_parameters():
-        value = state[name].array if isinstance(state[name], LayerOf) else state[name]
+        value = state[name].array if isinstance(state[name], (LayerOf, Gathered)) else state[name]
         if isinstance(value, quantize.Quantized) or any(m in name for m in keep):
             continue
         dtype = mappings.j2t_dtype(value.dtype)

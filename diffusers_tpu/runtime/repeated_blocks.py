@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..interop.backend import to_jax_array, wrap
-from ..interop.compile import LayerOf, Retrace, gathered
+from ..interop.compile import LayerOf, Retrace, gathered, materialized
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def _array(value):
 
 
 def _value(raw):
-    """A raw state entry as an array (a stacked layer sliced out)."""
-    return raw.value() if isinstance(raw, LayerOf) else raw
+    """A raw state entry as an array (a stacked layer sliced out, a fully sharded weight gathered)."""
+    return materialized(raw)
 
 
 def _mark(value):

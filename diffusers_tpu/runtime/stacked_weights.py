@@ -13,7 +13,8 @@ for an exact restore. ``TPUConfig(scan_blocks=False)`` keeps per-layer storage.
 
 ``TPUConfig(fully_sharded_weights=True)``: each stack is stored sharded over the mesh axes its layers' own
 sharding leaves unused too (``fully_sharded``), and the loop gathers a layer to its own sharding where it reads it:
-weights per device divided by those axes' size, one all-gather of a layer's weights per use (FSDP's trade).
+weights per device divided by those axes' size, one all-gather of a layer's weights per use (FSDP's trade). The
+module's other weights (embeddings, the head) are stored the same way and gathered where a program starts.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..interop import compat, sharding
-from ..interop.backend import is_jax_tensor
-from ..interop.compile import Stacked
+from ..interop.backend import is_jax_tensor, wrap
+from ..interop.compile import Gathered, Stacked
 from . import repeated_blocks
 
 
@@ -198,7 +199,27 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
             _install(member, layer_view(stack_, index))
             member.stack = (stack_, index)
         made += 1
+    if fully_shard:
+        _shard_the_rest(slots, mesh)
     return made
+
+
+def _shard_the_rest(slots: list, mesh) -> None:
+    """The unstacked weights stored over every mesh axis too (``slot.gather``: the sharding programs use)."""
+    def stored(slot, tensor):
+        if slot.stack is not None or slot.scale is not None or not is_jax_tensor(tensor) or is_view(tensor):
+            return None
+        spec = slot.spec or PartitionSpec()
+        full = fully_sharded(spec, tuple(tensor.shape), mesh)
+        return wrap(jax.device_put(tensor.jax(), NamedSharding(mesh, full))) if full != spec else None
+
+    sharding.replace(slots, stored)
+    for slot in slots:
+        tensor = sharding._get(slot)
+        if slot.stack is None and is_jax_tensor(tensor) and not is_view(tensor):
+            spec = slot.spec or PartitionSpec()
+            if tensor.jax().sharding.spec != NamedSharding(mesh, spec).spec:
+                slot.gather = NamedSharding(mesh, spec)
 
 
 def program_state(slots: list, value) -> dict:
@@ -221,7 +242,9 @@ def program_state(slots: list, value) -> dict:
                     continue
             stacks.setdefault(id(stack_), (stack_, {}))[1][index] = slot.qualified
             continue
-        state[slot.qualified] = value(slot, sharding._get(slot).jax())
+        array = value(slot, sharding._get(slot).jax())
+        gather = getattr(slot, "gather", None)
+        state[slot.qualified] = Gathered(array, gather) if gather is not None and slot.scale is None else array
     for stack_, names in stacks.values():
         if sorted(names) != list(range(stack_.array.shape[0])):  # a layer left the stack: slice what remains
             state.update({name: stack_.layer(i) for i, name in names.items()})
@@ -246,5 +269,13 @@ def abstract(module: torch.nn.Module, slots: list, state: dict, mesh, fully_shar
             del state[member.qualified]
         state[key] = Stacked(array, tuple(m.qualified for m in members),
                              NamedSharding(mesh, spec) if stored != spec else None)
+    if fully_shard:  # the other weights as ``_shard_the_rest`` stores them
+        for name, value in list(state.items()):
+            if isinstance(value, jax.ShapeDtypeStruct) and value.sharding is not None:
+                spec = value.sharding.spec
+                stored = fully_sharded(spec, tuple(value.shape), mesh)
+                if stored != spec:
+                    state[name] = Gathered(jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                                                sharding=NamedSharding(mesh, stored)), value.sharding)
     return state
 
