@@ -177,3 +177,34 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     # the compiled step's arguments shrink (not by exactly the logical bytes: the TPU pads small dimensions to tiles)
     assert full_bytes < rules_bytes
     assert full_loop["collectives"].get("all-gather", 0) > rules_loop["collectives"].get("all-gather", 0)
+
+
+def test_bfloat16_weights_stay_per_layer_on_the_cpu():
+    """XLA:CPU computes bfloat16 in float32 and converts a loop-carried bfloat16 stack whole (a float32 copy of
+    every layer, twice the weights in temporaries: ``plan``'s CPU estimates doubled): on CPU devices 16-bit float
+    weights are not stacked, and the compiled loop carries no float32 copy of them; float32 weights still stack."""
+    import re
+
+    pipe = tiny.wan_pipeline("wan-4head")
+    pipe.to("jax", config=TPUConfig(dtype=torch.bfloat16))
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    captured, whole = {}, entry.whole
+
+    def recorded(*args, **kwargs):
+        captured.setdefault("call", (args, kwargs))
+        return whole(*args, **kwargs)
+
+    entry.whole = recorded
+    try:
+        run(pipe)
+    finally:
+        entry.whole = whole
+    args, kwargs = captured["call"]
+    text = jit.lower(whole, *args, **kwargs).compile().as_text()
+    assert not stacked_weights.is_view(pipe.transformer.blocks[1].attn1.to_q.weight)
+    stacks = {id(s.stack[0]): s.stack[0] for s in sharding.slots_of(pipe.transformer) if s.stack}
+    assert all(stack.array.dtype == jax.numpy.float32 for stack in stacks.values())
+    layers = len(pipe.transformer.blocks)
+    states = [line.split(" while(")[0] for line in text.splitlines() if " while(" in line]
+    carried_f32 = max(len(re.findall(rf"\bf32\[{layers},", state)) for state in states)
+    assert carried_f32 <= len(stacks), "bfloat16 weights are carried through the layer loop as float32"

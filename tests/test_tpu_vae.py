@@ -1,4 +1,4 @@
-"""Every distinct 3-D VAE decoder the families run, compiled by the TPU compiler (CI's second command:
+"""Every distinct 3-D VAE decoder the families run (and the 2-D one with upsamplers), compiled by the TPU compiler (CI's second command:
 ``python -m pytest -m tpu_slow``). Their float32 3-D convolutions at full precision ("highest", the default: each
 becomes several bf16 passes, each compiled) take the TPU compiler one to two minutes per program even at tiny sizes,
 and over ten at 480p (BENCHMARKS.md): the single-chip programs are compiled as the runtime runs them; the sharded
@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.tpu_slow,
 VAES = {"wan": "AutoencoderKLWan", "wan22-ti2v": "AutoencoderKLWan (2.2, residual)", "cogvideox-5b":
         "AutoencoderKLCogVideoX", "hunyuanvideo15": "AutoencoderKLHunyuanVideo15", "hunyuan-video":
         "AutoencoderKLHunyuanVideo", "ltx": "AutoencoderKLLTXVideo", "ltx2": "AutoencoderKLLTX2Video",
-        "qwen-image": "AutoencoderKLQwenImage", "mochi": "AutoencoderKLMochi"}
+        "qwen-image": "AutoencoderKLQwenImage", "mochi": "AutoencoderKLMochi",
+        "z-image": "AutoencoderKL (2-D, with upsamplers: tens of seconds)"}
 
 
 def summarise(lowered):

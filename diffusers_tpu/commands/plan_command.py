@@ -147,6 +147,12 @@ def main(args, argv: list[str] | None = None) -> int:
     # cheapest first: weights as the rules shard them, then fully sharded (a gather per layer), then int8 (lossy)
     layouts = [(fmt, full) for fmt in formats for full in shardings]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+    if compilers[0] == "tpu" and not args.no_vae and decoder is not None and any(
+            isinstance(m, torch.nn.Conv3d) for m in decoder.modules()):
+        print("the VAE decode programs are compiled for TPU too: a video VAE's float32 3-D convolutions take the TPU "
+              "compiler minutes the first time (Wan2.1 720p on v6e-8: ~15 min on 2 cores); the analysis is remembered "
+              "on disk, so later plans of this size skip it; --no-vae plans the denoiser steps alone", flush=True)
     rows, recommended, start = [], None, time.perf_counter()
     for fmt, full in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1

@@ -9,7 +9,8 @@ back as plain tensors: ``program_state`` writes them into the stack and puts the
 caches (each unit gets its layer's slice) and sharded loading (weights are placed per layer first, then stacked,
 one weight name at a time) work unchanged. Which weights stack: those of a list ``repeated_blocks.block_lists``
 finds (interchangeable blocks), every layer's the same shape, dtype and sharding, not quantized, not tied, not held
-for an exact restore. ``TPUConfig(scan_blocks=False)`` keeps per-layer storage.
+for an exact restore, not a 16-bit float weight on CPU devices (``_cpu_bf16``). ``TPUConfig(scan_blocks=False)``
+keeps per-layer storage.
 
 ``TPUConfig(fully_sharded_weights=True)``: each stack is stored sharded over the mesh axes its layers' own
 sharding leaves unused too (``fully_sharded``), and the loop gathers a layer to its own sharding where it reads it:
@@ -152,8 +153,18 @@ def _install(slot, view) -> None:
         sharding._set(slot, view)
 
 
-def groups(module: torch.nn.Module, slots: list) -> list[tuple[str, list]]:
-    """``(key, [slot of layer 0, 1, ...])`` for every weight that stacks (see the module docstring)."""
+def _cpu_bf16(dtype, mesh) -> bool:
+    """A 16-bit float stack on XLA:CPU, which computes those in float32 and converts the loop-carried stack
+    itself (a float32 copy of every layer: twice the weights' bytes in temporaries, seen in ``plan``'s CPU
+    estimates): such weights stay per layer on the CPU (the TPU and GPU compilers keep 16-bit stacks as they are)."""
+    itemsize = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else dtype.itemsize
+    floating = dtype.is_floating_point if isinstance(dtype, torch.dtype) else jax.numpy.issubdtype(dtype, "floating")
+    return itemsize == 2 and floating and mesh.devices.flat[0].platform == "cpu"
+
+
+def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, list]]:
+    """``(key, [slot of layer 0, 1, ...])`` for every weight that stacks (see the module docstring); with ``mesh``,
+    not the 16-bit float ones on CPU devices (``_cpu_bf16``)."""
     by_name = {slot.qualified: slot for slot in slots}
     counts: dict[int, int] = {}
     for slot in slots:
@@ -169,6 +180,8 @@ def groups(module: torch.nn.Module, slots: list) -> list[tuple[str, list]]:
                    or counts[id(sharding._get(m))] > 1 for m in members):
                 continue
             first = members[0]
+            if mesh is not None and _cpu_bf16(first.dtype, mesh):
+                continue
             if any(m.dtype != first.dtype or tuple(m.spec or ()) != tuple(first.spec or ())
                    or tuple(sharding._get(m).shape) != tuple(sharding._get(first).shape) for m in members):
                 continue
@@ -186,7 +199,7 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
     freed as their stack is made), ``fully_shard``: over every mesh axis (``fully_sharded``); returns how many."""
     slots = sharding.slots_of(module)
     made = 0
-    for key, members in groups(module, slots):
+    for key, members in groups(module, slots, mesh):
         tensors = [sharding._get(m) for m in members]
         if not all(is_jax_tensor(t) and not is_view(t) for t in tensors):
             continue
@@ -257,7 +270,7 @@ def program_state(slots: list, value) -> dict:
 def abstract(module: torch.nn.Module, slots: list, state: dict, mesh, fully_shard: bool = False) -> dict:
     """``plan``'s abstract weights (``{qualified: ShapeDtypeStruct}``, sharded) stacked as the runtime stacks them."""
     state = dict(state)
-    for key, members in groups(module, slots):
+    for key, members in groups(module, slots, mesh):
         if not all(m.qualified in state and isinstance(state[m.qualified], jax.ShapeDtypeStruct) for m in members):
             continue
         first = state[members[0].qualified]
