@@ -4,8 +4,12 @@ A benchmark, not a test (minutes of compiling per row). It needs a checkout of t
 ``AI-Hypercomputer/maxdiffusion`` and its JAX dependencies (flax, optax, orbax-checkpoint, einops, chex, aqtp; its
 tensorboard and Google Cloud imports are stubbed here: nothing is written or uploaded). No TPU is needed.
 
-    python -m diffusers_tpu.commands.maxdiffusion_compare --maxdiffusion ~/maxdiffusion \\
-        --arch Wan2.1-1.3B --chips v6e-4 --height 480 --width 832 --frames 81
+    git clone https://github.com/AI-Hypercomputer/maxdiffusion ~/maxdiffusion
+    pip freeze | grep -E '^(jax|jaxlib|numpy|scipy|ml.dtypes|opt.einsum|typing.extensions)==' > keep.txt
+    pip install --target ~/mdlibs -c keep.txt flax optax orbax-checkpoint chex aqtp einops pyyaml
+    rm -rf ~/mdlibs/{jax,jaxlib,numpy,scipy,ml_dtypes,opt_einsum,typing_extensions}*   # this environment's own stay in use
+    PYTHONPATH=~/mdlibs python -m diffusers_tpu.commands.maxdiffusion_compare --maxdiffusion ~/maxdiffusion \\
+        --arch Wan2.1-1.3B --chips v6e-4 --height 480 --width 832 --frames 81 --fully-sharded-weights
 
 Both programs are one guided denoising step (the CFG pair as a batch of 2) of every transformer block, bf16,
 compiled for the slice's topology with no TPU attached: this project's exactly as ``plan`` compiles it (the
