@@ -98,6 +98,7 @@ def test_the_compiled_loop_indexes_stacks_without_a_switch():
     assert not stacked_weights.is_view(pipe.transformer.blocks[1].attn1.to_q.weight)
 
 
+@pytest.mark.tpu_slow  # a real-size TPU compile (~40 s): CI's second command
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 def test_wan_1_3b_step_compiles_lean_for_tpu():
     """The issue's bar, on the TPU-compiled Wan2.1-1.3B 480p x 81 step (v6e 2x2, dp2·sp1·tp2, all 30 blocks): at most
