@@ -69,14 +69,10 @@ def _loop_counts(hlo_text):
     return found, loop
 
 
-def test_the_compiled_loop_indexes_stacks_without_a_switch():
-    """CPU-compiled: the step's layer loop holds no conditional (the former per-layer ``lax.switch``); with
-    ``scan_blocks=False`` nothing is stacked and the blocks are unrolled."""
-    pipe = tiny.wan_pipeline("wan-4head")
-    pipe.to("jax")
+def compiled_step_text(pipe) -> str:
+    """The CPU-compiled HLO of the denoiser step a call of ``pipe`` runs (its arguments recorded from the call)."""
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
-    captured = {}
-    whole = entry.whole
+    captured, whole = {}, entry.whole
 
     def recorded(*args, **kwargs):
         captured.setdefault("call", (args, kwargs))
@@ -88,7 +84,15 @@ def test_the_compiled_loop_indexes_stacks_without_a_switch():
     finally:
         entry.whole = whole
     args, kwargs = captured["call"]
-    text = jit.lower(whole, *args, **kwargs).compile().as_text()
+    return jit.lower(whole, *args, **kwargs).compile().as_text()
+
+
+def test_the_compiled_loop_indexes_stacks_without_a_switch():
+    """CPU-compiled: the step's layer loop holds no conditional (the former per-layer ``lax.switch``); with
+    ``scan_blocks=False`` nothing is stacked and the blocks are unrolled."""
+    pipe = tiny.wan_pipeline("wan-4head")
+    pipe.to("jax")
+    text = compiled_step_text(pipe)
     found, loop = _loop_counts(text)
     assert loop is not None and loop.trip_count == 2
     # (the only conditionals left are the interpret-mode attention kernel's own)
@@ -188,20 +192,7 @@ def test_bfloat16_weights_stay_per_layer_on_the_cpu():
 
     pipe = tiny.wan_pipeline("wan-4head")
     pipe.to("jax", config=TPUConfig(dtype=torch.bfloat16))
-    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
-    captured, whole = {}, entry.whole
-
-    def recorded(*args, **kwargs):
-        captured.setdefault("call", (args, kwargs))
-        return whole(*args, **kwargs)
-
-    entry.whole = recorded
-    try:
-        run(pipe)
-    finally:
-        entry.whole = whole
-    args, kwargs = captured["call"]
-    text = jit.lower(whole, *args, **kwargs).compile().as_text()
+    text = compiled_step_text(pipe)
     assert not stacked_weights.is_view(pipe.transformer.blocks[1].attn1.to_q.weight)
     stacks = {id(s.stack[0]): s.stack[0] for s in sharding.slots_of(pipe.transformer) if s.stack}
     assert all(stack.array.dtype == jax.numpy.float32 for stack in stacks.values())
