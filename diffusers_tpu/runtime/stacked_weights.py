@@ -21,6 +21,7 @@ module's other weights (embeddings, the head) are stored the same way and gather
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import torch
@@ -72,22 +73,12 @@ def fully_sharded(spec: PartitionSpec, shape: tuple, mesh) -> PartitionSpec:
     free = tuple(axis for axis, size in mesh.shape.items() if size > 1 and axis not in used)
     if not free:
         return spec
-    extra = 1
-    for axis in free:
-        extra *= mesh.shape[axis]
-
     def axes(entry):
         return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
-    def size(entry):
-        total = 1
-        for axis in axes(entry):
-            total *= mesh.shape[axis]
-        return total
-
     order = sorted(range(len(shape)), key=lambda d: (entries[d] is not None, -shape[d]))
     for dim in order:
-        if shape[dim] % (size(entries[dim]) * extra) == 0:
+        if shape[dim] % math.prod(mesh.shape[axis] for axis in axes(entries[dim]) + free) == 0:
             entries[dim] = axes(entries[dim]) + free if entries[dim] is not None else (free if len(free) > 1 else free[0])
             return PartitionSpec(*entries)
     return spec
