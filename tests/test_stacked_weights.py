@@ -200,3 +200,11 @@ def test_bfloat16_weights_stay_per_layer_on_the_cpu():
     states = [line.split(" while(")[0] for line in text.splitlines() if " while(" in line]
     carried_f32 = max(len(re.findall(rf"\bf32\[{layers},", state)) for state in states)
     assert carried_f32 <= len(stacks), "bfloat16 weights are carried through the layer loop as float32"
+
+
+def test_fully_sharded_weights_rejects_nonsense_and_its_fix_works():
+    with pytest.raises(ValueError, match="fully_sharded_weights='yes'"):
+        TPUConfig(fully_sharded_weights="yes")
+    with pytest.raises(ValueError, match="needs scan_blocks=True .* drop scan_blocks=False"):
+        TPUConfig(fully_sharded_weights=True, scan_blocks=False)
+    assert TPUConfig(fully_sharded_weights=True).scan_blocks  # the fix the message names
