@@ -22,43 +22,66 @@ The package is layered; each layer imports only those below it (``tests/test_lay
 __version__ = "0.1.0"
 
 import importlib
+import sys
 
-from .interop import compat, distributed
+from .interop import import_hooks, startup
 
-compat.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
-distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
+_active = False
 
-compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
-from .families import (causal_wan_pipeline, cogvideox, flux, generic, hunyuan, hunyuan_video, ltx, ltx2,  # noqa: E402,F401
-                       qwenimage, wan, zimage)  # (each registers its model family; generic the fallback)
-from .runtime import patches  # noqa: E402  (hooks diffusers, peft and torch.Generator)
+def activate() -> None:
+    """Switch the integration on (idempotent): multi-host start-up, torchax, the patches; the families register on
+    first lookup. ``import diffusers_tpu`` calls it at once when torch is already imported (any script
+    holding a pipeline); otherwise (``diffusers-tpu --help``) when diffusers imports its pipelines or a name below is
+    first used, so that a command can read its arguments before torch and JAX load."""
+    global _active
+    if _active:
+        return
+    _active = True
+    from .interop import compat, distributed
 
-patches.apply()
+    distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
+    compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
-from .families.causal_wan import CausalWanTransformer3DModel  # noqa: E402
-from .families.causal_wan_pipeline import CausalWanPipeline  # noqa: E402
-from .families.cogvideox import CogVideoXPipeline  # noqa: E402
-from .families.hunyuan import HunyuanVideo15Pipeline  # noqa: E402
-from .families.wan import WanImageToVideoPipeline, WanPipeline  # noqa: E402
-from .interop.sharding import sharding_of  # noqa: E402
-from .runtime.attach import CallStats, stats  # noqa: E402
-from .runtime.config import TPUConfig  # noqa: E402
-from .runtime.loading import from_pretrained  # noqa: E402
-from .runtime.registry import supported_pipelines  # noqa: E402
-from .runtime.warmup import warm_up  # noqa: E402
+    from . import families
+    from .runtime import patches, registry
 
-# Module paths from before the layered layout that README and the notebooks use (``from diffusers_tpu import tiny``,
-# ``diffusers_tpu.lowering.export_method``): resolved on first use, so the test models stay out of ``import``.
+    registry.register_loader(families.load_all)
+    patches.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported
+
+
+startup.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
+if "torch" in sys.modules or startup.in_a_cluster():  # a cluster starts before user code can touch a JAX backend
+    activate()
+else:
+    import_hooks.when_imported("diffusers.pipelines.pipeline_utils", lambda module: activate())
+
+# The public names, and module paths from before the layered layout that README and the notebooks use
+# (``from diffusers_tpu import tiny``, ``diffusers_tpu.lowering.export_method``): resolved on first use.
+_NAMES = {
+    "CausalWanTransformer3DModel": "families.causal_wan", "CausalWanPipeline": "families.causal_wan_pipeline",
+    "CogVideoXPipeline": "families.cogvideox", "HunyuanVideo15Pipeline": "families.hunyuan",
+    "WanImageToVideoPipeline": "families.wan", "WanPipeline": "families.wan", "sharding_of": "interop.sharding",
+    "CallStats": "runtime.attach", "stats": "runtime.attach", "TPUConfig": "runtime.config",
+    "from_pretrained": "runtime.loading", "supported_pipelines": "runtime.registry", "warm_up": "runtime.warmup",
+}
 _MOVED = {"tiny": "testing.tiny", "stages": "runtime.stages", "lowering": "planner.lowering", "wan": "families.wan"}
 
 
 def __getattr__(name: str):
+    if name in _NAMES or name in _MOVED:
+        activate()
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
     if name in _MOVED:
         return importlib.import_module(f"{__name__}.{_MOVED[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CallStats", "CausalWanPipeline", "CausalWanTransformer3DModel", "CogVideoXPipeline", "HunyuanVideo15Pipeline",
-           "TPUConfig", "WanImageToVideoPipeline", "WanPipeline", "__version__", "from_pretrained", "sharding_of", "stats",
-           "supported_pipelines", "warm_up"]
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES) | set(_MOVED))
+
+
+__all__ = sorted(_NAMES) + ["__version__", "activate"]

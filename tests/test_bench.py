@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from diffusers_tpu.commands import bench, cli
+from diffusers_tpu.commands import bench, subcommand_arguments
 from diffusers_tpu.families import cogvideox, wan
 
 
@@ -13,7 +13,7 @@ from diffusers_tpu.families import cogvideox, wan
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "report.json"
     trace = tmp_path_factory.mktemp("trace")
-    args = cli._parser().parse_args(["bench", "--vs", "torch", "--runs", "2", "--json", str(path), "--trace", str(trace)])
+    args = subcommand_arguments.build().parse_args(["bench", "--vs", "torch", "--runs", "2", "--json", str(path), "--trace", str(trace)])
     assert bench.main(args) == 0
     return json.loads(path.read_text()), trace
 
@@ -59,7 +59,7 @@ def test_peak_memory_after_each_stage(monkeypatch, tmp_path, capsys):
     readings = iter(range(1, 10**6))
     monkeypatch.setattr(bench, "_peak_memory", lambda pipe, cuda: next(readings) * 2**30)
     path = tmp_path / "report.json"
-    assert bench.main(cli._parser().parse_args(["bench", "--runs", "1", "--json", str(path)])) == 0
+    assert bench.main(subcommand_arguments.build().parse_args(["bench", "--runs", "1", "--json", str(path)])) == 0
     peaks = json.loads(path.read_text())["jax"]["peak_memory_after_stage"]
     for call in ("first_call", "last_call"):
         assert list(peaks[call]) == ["text_encoding", "steps", "vae_decode", "postprocess"]
@@ -149,7 +149,7 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
                  text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"})
     monkeypatch.setitem(architectures.ARCHITECTURES, "Wan-Test", small)
     path = tmp_path / "arch.json"
-    args = cli._parser().parse_args(["bench", "--arch", "Wan-Test", "--height", "32", "--width", "32", "--frames",
+    args = subcommand_arguments.build().parse_args(["bench", "--arch", "Wan-Test", "--height", "32", "--width", "32", "--frames",
                                      "5", "--steps", "2", "--runs", "1", "--dtype", "bfloat16", "--json", str(path)])
     assert bench.main(args) == 0
     data = json.loads(path.read_text())

@@ -8,7 +8,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from diffusers_tpu.commands import arguments, cli
+from diffusers_tpu.commands import arguments, cli, parser
 
 
 def run_cli(*args, env=None):
@@ -32,9 +32,9 @@ def test_generate_writes_the_requested_frames(tmp_path):
     assert np.abs(side_by_side.astype(float) - np.concatenate(list(frames), axis=1)).mean() < 8
     assert "compile" in result.stdout and "run" in result.stdout and "wrote 19 frames" in result.stdout
     assert [p.name for p in out.parent.iterdir()] == ["cat.mp4"]  # no temp file left behind
-    # the demo transformer's temporal patch spans 5 latent frames: 13 frames (7 latent) are refused, nothing written
+    # the demo transformer's temporal patch spans 5 latent frames: 13 frames (7 latent) are refused before loading
     result = run_cli("generate", "--frames", "13", "--steps", "2", "--platform", "cpu", "--output", str(out))
-    assert result.returncode == 2 and "Use num_frames=9 or 19" in result.stderr
+    assert result.returncode == 2 and "use 9 or 19" in result.stderr and "loaded" not in result.stdout
     assert [p.name for p in out.parent.iterdir()] == ["cat.mp4"]
     # a strip that is not an image is refused before anything loads
     result = run_cli("generate", "--platform", "cpu", "--output", str(out), "--strip", str(tmp_path / "strip.mp4"))
@@ -70,10 +70,10 @@ def test_image_pipelines_write_images(tmp_path):
 
 
 def test_mesh_argument_parsing():
-    assert arguments.mesh_arg("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
+    assert parser.mesh_arg("2,1,4") == {"dp": 2, "sp": 1, "tp": 4}
     for bad in ("2,1", "a,b,c", "0,1,1"):
         try:
-            arguments.mesh_arg(bad)
+            parser.mesh_arg(bad)
         except Exception as error:  # argparse.ArgumentTypeError
             assert "dp,sp,tp" in str(error)
         else:

@@ -1,5 +1,5 @@
 """Faults, broken on purpose as a user would: every one ends with a clear error in bounded time, the previous outputs
-bit-identical and nothing half-written (README "When things go wrong")."""
+bit-identical and nothing half-written (docs/faults.md)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The package's import graph: zero circles, and every import runs down the layers (README "Layout").
+"""The package's import graph: zero circles, and every import runs down the layers (docs/layout.md).
 
 Every import counts, those inside functions too: a lazy import still ties the two modules together."""
 

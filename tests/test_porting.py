@@ -1,5 +1,5 @@
 """Porting a GPU script: what real scripts do around the call works on JAX exactly as on stock torch, or gets a
-defined behaviour (README "Porting a GPU script"). Each scenario runs the same code on stock torch CPU."""
+defined behaviour (docs/porting.md). Each scenario runs the same code on stock torch CPU."""
 
 import logging
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from diffusers_tpu.commands import cli, kernel_breakdown, profile_step
+from diffusers_tpu.commands import cli, kernel_breakdown, profile_step, subcommand_arguments
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("profile") / "report.json"
-    args = cli._parser().parse_args(["profile", "--vs", "torch", "--runs", "2", "--json", str(path)])
+    args = subcommand_arguments.build().parse_args(["profile", "--vs", "torch", "--runs", "2", "--json", str(path)])
     assert profile_step.main(args) == 0
     return json.loads(path.read_text())
 
@@ -53,7 +53,7 @@ def test_kernel_names_sort_into_categories(name, expected):
 
 def test_torch_only_skips_the_jax_side(tmp_path):
     path = tmp_path / "torch.json"
-    args = cli._parser().parse_args(["profile", "--vs", "torch", "--torch-only", "--runs", "1", "--json", str(path)])
+    args = subcommand_arguments.build().parse_args(["profile", "--vs", "torch", "--torch-only", "--runs", "1", "--json", str(path)])
     assert profile_step.main(args) == 0
     data = json.loads(path.read_text())
     assert "jax" not in data and data["torch"]["median_s"] > 0 and data["torch"]["tflops"] > 0
@@ -63,10 +63,10 @@ def test_bad_arguments_are_refused_before_anything_is_built(capsys, monkeypatch)
     built = []
     monkeypatch.setattr(profile_step, "run", lambda args: built.append(args) or {})
     with pytest.raises(SystemExit):
-        cli._parser().parse_args(["profile", "--runs", "0"])
+        subcommand_arguments.build().parse_args(["profile", "--runs", "0"])
     assert "--runs takes a whole number of at least 1" in capsys.readouterr().err
     assert cli.main(["profile", "--torch-only"]) == 2
     assert "add --vs torch" in capsys.readouterr().err and not built
     # doing what the error says is accepted (run is stubbed here; the real run is test_torch_only_skips_the_jax_side)
-    args = cli._parser().parse_args(["profile", "--torch-only", "--vs", "torch"])
+    args = subcommand_arguments.build().parse_args(["profile", "--torch-only", "--vs", "torch"])
     profile_step.check_arguments(args)

@@ -1,73 +1,27 @@
-"""Command-line helpers shared by ``diffusers-tpu`` subcommands (``cli``) and the benchmark (``bench``): argument
-groups, platform choice, model loading (local folders or built-in tiny models) and call arguments."""
+"""Command-line helpers shared by ``diffusers-tpu`` subcommands (``cli``) and the benchmark (``bench``), once the
+arguments are read (``parser``): platform choice, model defaults and loading (local folders or built-in tiny models)
+and call arguments."""
 
 from __future__ import annotations
 
 import inspect
 
-from ..interop.backend import device_for  # noqa: F401  (the commands' --platform)
-from ..runtime.config import mesh_arg
+from .parser import DEFAULT_MODEL, DEMO_MODEL, TINY_PREFIX  # noqa: F401
 
-TINY_PREFIX = "tiny:"
-DEMO_MODEL = "demo"
-DEFAULT_MODEL = DEMO_MODEL
+
+def device_for(platform: str) -> str:
+    """The device string of the commands' ``--platform``."""
+    from ..interop.backend import device_for
+
+    return device_for(platform)
+
+
 # Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
-TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4)
 PROMPT_DEFAULTS = dict(prompt="A cat walks on the grass, realistic", negative_prompt="blurry, low quality, static")
+# The tiny models' prompts fit the shortest tiny text length (CogVideoX's 32 character-level tokens): no truncation.
+TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4, prompt="A cat walks on the grass",
+                     negative_prompt="blurry, low quality")
 TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
-
-
-def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
-    if model:
-        parser.add_argument("--model", help="local diffusers folder, the built-in trained demo model (demo: "
-                            "'a <colour> <square|circle> moves <left|right|up|down>'), or a built-in tiny "
-                            "random-weight model: tiny:wan, tiny:wan-4head, "
-                            "tiny:cogvideox-2b / -5b / 1.5, tiny:hunyuanvideo15, tiny:causal-wan, tiny:ltx, tiny:ltx-i2v, "
-                            "tiny:ltx2 (video + a .wav beside it), "
-                            "tiny:hunyuan-video, tiny:skyreels-v2, tiny:flux, tiny:qwen-image, tiny:z-image (images), "
-                            f"tiny:latte, tiny:mochi (generic path) (default: {default_model}; staged stages after encode "
-                            "default to the stage directory's model)")
-    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
-                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
-                        "torch: stock diffusers on the CPU, no JAX")
-    parser.add_argument("--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic")
-    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
-                        help="attention kernel (default: per platform)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
-    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
-                        help="text encoders on the host CPU or compiled on the devices; auto (default): on the "
-                             "devices when all weights take <= 40%% of a device's memory, on the host on CPU")
-    parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
-                        help="float32 products: highest = full float32 as stock (default); default = the platform's "
-                        "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")
-    parser.add_argument("--quantize", choices=("int8", "fp8"),
-                        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
-                        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')")
-
-
-def add_prompt_args(parser):
-    parser.add_argument("--prompt", help="default: the demo model's own example (demo.DEFAULT_PROMPT), else "
-                        f"{PROMPT_DEFAULTS['prompt']!r}")
-    parser.add_argument("--negative-prompt", help=f"default: empty for the demo model, else "
-                        f"{PROMPT_DEFAULTS['negative_prompt']!r}")
-    parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
-
-
-def add_size_args(parser):
-    parser.add_argument("--frames", type=int, help="frame count; default: the pipeline's (tiny models: 9)")
-    parser.add_argument("--height", type=int, help="default: the pipeline's (tiny models: 64)")
-    parser.add_argument("--width", type=int, help="default: the pipeline's (tiny models: 64)")
-    parser.add_argument("--steps", type=int, help="denoising steps; default: the pipeline's (tiny models: 4)")
-    parser.add_argument("--blocks", type=int, help="causal (streaming) pipelines: blocks to generate (default: 3)")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def add_output_args(parser):
-    parser.add_argument("--fps", type=int, default=16)
-    parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
-                        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
-    parser.add_argument("--strip", help="video pipelines: also write every frame side by side as one image (.png), "
-                        "e.g. to put a video on a page that cannot play it")
 
 
 def model_defaults(model: str) -> dict:
@@ -79,7 +33,7 @@ def model_defaults(model: str) -> dict:
         return dict(frames=call["num_frames"], height=call["height"], width=call["width"],
                     steps=call["num_inference_steps"], guidance=call["guidance_scale"],
                     negative_prompt=call["negative_prompt"], prompt=demo.DEFAULT_PROMPT)
-    return {**(TINY_DEFAULTS if model.startswith(TINY_PREFIX) else {}), **PROMPT_DEFAULTS}
+    return {**PROMPT_DEFAULTS, **(TINY_DEFAULTS if model.startswith(TINY_PREFIX) else {})}
 
 
 def fill_defaults(args, model: str) -> None:
@@ -159,7 +113,7 @@ def load_pipeline(model: str):
         raise ValueError(f"--model {model}: no tiny model {variant!r}; choose one of {tiny_models()}.")
     import diffusers
 
-    return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, torch_dtype=torch.float32)
+    return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, dtype=torch.float32)
 
 
 def call_arguments(pipe, call: dict) -> dict:

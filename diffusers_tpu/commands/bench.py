@@ -23,11 +23,11 @@ from ..interop import backend
 from ..runtime import attach as runtime
 from ..interop.compile import compile_log
 from ..runtime.registry import family_of
+from .subcommand_arguments import BENCH_MODEL, CACHES
 from .measures import PEAK_TFLOPS, peak_memory as _peak_memory, peak_tflops, versions as _versions  # noqa: F401
 
 
 
-BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
 
 
 def summarize(values: list[float]) -> dict:
@@ -354,20 +354,6 @@ def _loop_seconds(stages: dict) -> float | None:
     return steps["mean_s"] * steps["count"] if steps and steps.get("count") else None
 
 
-CACHES = {"fbc": 0.05, "mag": 0.06}  # name -> default threshold
-
-
-def cache_arg(text: str) -> str:
-    """``--cache fbc[:threshold]`` or ``mag[:threshold]``."""
-    import argparse
-
-    name, _, threshold = text.partition(":")
-    try:
-        if name not in CACHES or threshold and float(threshold) <= 0:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--cache takes fbc[:threshold] or mag[:threshold], got {text!r}") from None
-    return text
 
 
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
@@ -475,26 +461,6 @@ def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
                  f"{blocks['forwards_per_block']} forwards per block; compilations after the first block: "
                  f"{blocks['compilations_after_first_block']}")
     return lines
-
-
-def add_arguments(parser) -> None:
-    from .arguments import add_runtime_args, add_size_args
-
-    add_runtime_args(parser, default_model=BENCH_MODEL)
-    add_size_args(parser)
-    parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
-                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B (--blocks)")
-    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
-    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
-    parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--runs", type=int, default=3, help="timed calls (after warm-up)")
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up calls (they compile)")
-    parser.add_argument("--vs", choices=("torch",), help="also run stock diffusers on torch (CUDA if present)")
-    parser.add_argument("--json", help="write the report to this file")
-    parser.add_argument("--trace", help="write a jax.profiler trace of the first timed call to this directory")
-    parser.add_argument("--cache", type=cache_arg, help="a diffusers step cache on the denoiser: fbc[:threshold] "
-                        "(FirstBlockCache) or mag[:threshold] (MagCache, FLUX_MAG_RATIOS as a stand-in); reports the "
-                        "cached denoiser passes and the speed-up over the same JAX run without it")
 
 
 def main(args) -> int:

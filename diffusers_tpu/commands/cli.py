@@ -1,66 +1,22 @@
-"""``diffusers-tpu``: generate a video with a stock diffusers pipeline on TPU (or any JAX platform).
-
-    diffusers-tpu generate --output video.mp4                      # one shot, built-in tiny Wan model
-    diffusers-tpu generate --stage-dir run1 --output video.mp4     # staged: encode -> denoise -> decode on disk
-    diffusers-tpu encode --stage-dir run1 --prompt "..."           # or one stage at a time; a run killed after
-    diffusers-tpu denoise --stage-dir run1                         # denoise is finished by `decode` alone
-    diffusers-tpu decode --stage-dir run1 --output video.mp4
-"""
+"""``diffusers-tpu``: run a command (its arguments and their checks: ``parser``; usage: ``diffusers-tpu --help``)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
-from ..interop import distributed
-from .arguments import DEFAULT_MODEL, add_output_args, add_prompt_args, add_runtime_args, add_size_args, call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
+from . import parser as arguments_parser, subcommand_arguments
+from .arguments import call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
+from .parser import DEFAULT_MODEL, IMAGE_SUFFIXES
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffusers-tpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="text-to-video, one shot or staged (--stage-dir)")
-    for add in (add_runtime_args, add_prompt_args, add_size_args, add_output_args):
-        add(gen)
-    gen.add_argument("--stage-dir", help="run staged, keeping each stage's output in this directory")
-    gen.add_argument("--stop-after", choices=("encode", "denoise"), help="with --stage-dir: stop after this stage")
-    gen.add_argument("--force", action="store_true", help="with --stage-dir: recompute stages that already exist")
-    bench = commands.add_parser("bench", help="per-stage timings, compile accounting, MFU; --vs torch")
-    from . import bench as bench_module
-
-    bench_module.add_arguments(bench)
-    profile = commands.add_parser("profile", help="one denoising step's kernels by category, JAX beside torch")
-    from . import profile_step
-
-    profile_step.add_arguments(profile)
-    plan = commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device")
-    from . import plan_command
-
-    plan_command.add_arguments(plan)
-    cost = commands.add_parser("cost", help="what the TPU compiler makes of the step and VAE programs, per layer, "
-                               "for a TPU slice (no TPU needed)")
-    from . import cost as cost_module
-
-    cost_module.add_arguments(cost)
-    stage_help = {"encode": "prompt -> embeddings", "denoise": "embeddings -> latents", "decode": "latents -> video"}
-    for name, help_text in stage_help.items():
-        sub = commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)")
-        sub.add_argument("--stage-dir", required=True)
-        sub.add_argument("--force", action="store_true", help="recompute even if the stage's output exists")
-        add_runtime_args(sub, model=True)
-        if name == "encode":
-            add_prompt_args(sub)
-        if name == "denoise":
-            add_size_args(sub)
-        if name == "decode":
-            add_output_args(sub)
-    return parser
+STARTED = time.perf_counter()  # this module loads as the command starts (the package's import is light)
 
 
 def say(message: str) -> None:
     """Progress for the user: from process 0 only in a multi-host run (every host runs the same command)."""
+    from ..interop import distributed
+
     if distributed.is_main_process():
         print(message, flush=True)
 
@@ -68,6 +24,8 @@ def say(message: str) -> None:
 def _main_process_writes(write, *args) -> None:
     """Outputs are written whole and verified (``runtime.outputs``); in a multi-host run only process 0 writes
     (every process holds the same result)."""
+    from ..interop import distributed
+
     if distributed.is_main_process():
         write(*args)
 
@@ -85,22 +43,6 @@ def write_audio(audio, path: str, rate: int) -> None:
     _main_process_writes(outputs.write_wav, np.ascontiguousarray(pcm.T), path, rate)
 
 
-def _check_destinations(args) -> None:
-    """Every path the command will write, checked before anything is loaded or compiled (exit 2 naming the path)."""
-    from ..runtime import outputs
-
-    if getattr(args, "stage_dir", None):
-        outputs.check_destination(os.path.join(args.stage_dir, "generation_config.json"), what="--stage-dir")
-    if args.command in ("generate", "decode") and not (args.command == "generate" and getattr(args, "stop_after", None)):
-        pixels = (args.frames or 1) * (args.height or 64) * (args.width or 64) if args.command == "generate" else 0
-        outputs.check_destination(args.output or "video.mp4", needed_bytes=max(1 << 16, pixels * 3 // 100))
-        if getattr(args, "strip", None):
-            if not args.strip.lower().endswith(IMAGE_SUFFIXES):
-                raise ValueError(f"--strip {args.strip}: the frame strip is an image; end it in .png "
-                                 f"(or {', '.join(IMAGE_SUFFIXES[1:])}).")
-            outputs.check_destination(args.strip, needed_bytes=max(1 << 16, pixels * 3 // 10), what="--strip")
-
-
 def _prepare(args, model: str):
     """Fill the model's defaults, load, and place the pipeline (bad platforms fail before loading weights)."""
     import torch
@@ -109,7 +51,6 @@ def _prepare(args, model: str):
 
     device = device_for(args.platform)
     fill_defaults(args, model)
-    _check_destinations(args)
     config = None
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
@@ -198,9 +139,6 @@ def generate(args) -> int:
     return 0
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
-
-
 def _check_output(pipe, args) -> None:
     """Default the output path by what the pipeline makes; refuse a mismatch before anything runs."""
     images = makes_images(pipe)
@@ -248,8 +186,12 @@ def stage(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = subcommand_arguments.build().parse_args(argv)
     try:
+        arguments_parser.check(args)  # the mistakes that can be named before torch, JAX and diffusers load
+        import diffusers_tpu
+
+        diffusers_tpu.activate()
         if args.command == "bench":
             from . import bench
 
@@ -266,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import cost as cost_module
 
             return cost_module.main(args)
-        return generate(args) if args.command == "generate" else stage(args)
+        status = generate(args) if args.command == "generate" else stage(args)
+        say(f"done in {time.perf_counter() - STARTED:.1f} s, start to finish (imports, loading, compiling, running, "
+            "writing)")
+        return status
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)
         return 2

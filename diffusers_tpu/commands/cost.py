@@ -19,31 +19,6 @@ from ..planner.chips import CHIPS
 GIB = 1 << 30
 
 
-def add_arguments(parser) -> None:
-    from .arguments import mesh_arg
-
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
-                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
-    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model")
-    parser.add_argument("--chips", required=True, metavar="NAME",
-                        help="the TPU slice to compile for: " + ", ".join(n for n, c in CHIPS.items() if c.topology))
-    parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp (default: the mesh pipe.to would build)")
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
-    parser.add_argument("--frames", type=int, default=81)
-    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
-    parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--quantize", choices=("int8", "fp8"))
-    parser.add_argument("--no-vae", action="store_true", help="the denoiser step only")
-    parser.add_argument("--estimate", action="store_true", help="also a roofline estimate of the step (labelled, "
-                        "with its assumptions)")
-    parser.add_argument("--attention-efficiency", type=float, default=0.5,
-                        help="with --estimate: the fraction of the chip's peak the attention kernel is assumed to "
-                        "reach (default 0.5; an assumption, not a measurement)")
-    parser.add_argument("--json", help="write the report to this file")
-
-
 def check_arguments(args) -> None:
     """Mistakes named before anything loads."""
     from ..planner import tpu_compiler

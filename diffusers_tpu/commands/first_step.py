@@ -33,7 +33,7 @@ def child(folder: str, height: int, width: int, frames: int, device: str, scan_b
     from diffusers_tpu.interop import compile as jit
 
     marks = {"started": time.time()}
-    pipe = diffusers_tpu.from_pretrained(folder, device=device, torch_dtype=torch.bfloat16,
+    pipe = diffusers_tpu.from_pretrained(folder, device=device, dtype=torch.bfloat16,
                                          config=diffusers_tpu.TPUConfig(scan_blocks=scan_blocks))
     marks["placed"] = time.time()
     stock = pipe.transformer.forward

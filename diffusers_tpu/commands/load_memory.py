@@ -60,9 +60,9 @@ def measure(folder: str, route: str, mesh: dict) -> dict:
     start = time.perf_counter()
     thread.start()
     if route == "stock":
-        pipe = diffusers.WanPipeline.from_pretrained(folder, torch_dtype=torch.bfloat16).to("jax", config=config)
+        pipe = diffusers.WanPipeline.from_pretrained(folder, dtype=torch.bfloat16).to("jax", config=config)
     else:
-        pipe = diffusers_tpu.from_pretrained(folder, device="jax", config=config, torch_dtype=torch.bfloat16)
+        pipe = diffusers_tpu.from_pretrained(folder, device="jax", config=config, dtype=torch.bfloat16)
     running[0] = False
     thread.join()
     seconds = time.perf_counter() - start

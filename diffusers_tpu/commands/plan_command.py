@@ -49,52 +49,6 @@ def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
     return result.returncode
 
 
-def add_arguments(parser) -> None:
-    from .arguments import mesh_arg
-
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
-                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
-    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model "
-                        "(tiny:wan, ...)")
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
-    parser.add_argument("--frames", type=int, default=81)
-    parser.add_argument("--steps", type=int, default=50, help="denoising steps (for the floor of the whole run)")
-    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
-    parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--chips", choices=sorted(CHIPS), metavar="NAME", help="the target: a TPU slice or NVIDIA "
-                        "GPUs (one, or an 8-GPU node), its device count, memory and bf16 peak: " + ", ".join(
-                            f"{name} ({chip.devices} x {chip.hbm_gib:g} GiB, {chip.peak_tflops:g} TFLOP/s)"
-                            for name, chip in CHIPS.items())
-                        + ". On a GPU, JAX allocates from a pool of XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of "
-                        "the memory: the plan uses that, read from the environment")
-    parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
-    parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
-    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
-                        help="where the text encoders are planned: auto (default) as pipe.to's rule places them on "
-                             "the target (TPUConfig(text_encoder='auto')), host, or jax (on the devices)")
-    parser.add_argument("--json", help="write the report to this file")
-    parser.add_argument("--compiler", choices=("auto", "tpu", "cpu", "both"), default="auto",
-                        help="what compiles the planned programs: tpu = the real TPU compiler for the --chips slice "
-                        "(libtpu installed, no TPU needed); cpu = XLA:CPU on simulated devices, an estimate; auto "
-                        "(default) = tpu for a TPU slice when libtpu is installed, else cpu; both = each candidate "
-                        "by both, the CPU estimate's error shown")
-    parser.add_argument("--weights-sharding", choices=("auto", "rules", "full"), default="auto",
-                        help="rules: each weight sharded as the model's tensor-parallel rules say (replicated over dp "
-                        "and sp); full: the repeated blocks' weights over every mesh axis, gathered per layer "
-                        "(TPUConfig(fully_sharded_weights=True)); auto (default): rules, then full where rules do "
-                        "not fit, before int8")
-    parser.add_argument("--no-vae", action="store_true", help="the denoiser steps only (the VAE decode not planned; "
-                        "its weights still counted)")
-    parser.add_argument("--all", action="store_true", help="with the TPU compiler: compile every candidate (default: "
-                        "candidates in order of preference until one fits; each TPU compile of a real-size step takes "
-                        "about half a minute here)")
-    parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
-                        "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
-
-
 def main(args, argv: list[str] | None = None) -> int:
     import json
 
@@ -188,7 +142,7 @@ def main(args, argv: list[str] | None = None) -> int:
               "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length), "candidates": rows,
               "recommended": recommended, "compiler": _compiler_name(devices),
               "note": (f"compiled by the TPU compiler for {args.chips} (libtpu), no TPU used" if compilers[0] == "tpu"
-                       else "CPU-compiled estimate of the denoiser step (+ VAE weights); see README 'Will it fit?'")}
+                       else "CPU-compiled estimate of the denoiser step (+ VAE weights); see docs/planner.md")}
     if recommended is not None:
         floor = recommended.get("floor_step_seconds")
         print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
@@ -203,7 +157,7 @@ def main(args, argv: list[str] | None = None) -> int:
         print(f"memory from the TPU compiler's own analysis of every program, compiled for {args.chips} "
               f"({chip.topology}) without a TPU")
     else:
-        print("CPU-compiled estimate (README 'Will it fit?'): arguments are exact, temporaries approximate the TPU's"
+        print("CPU-compiled estimate (docs/planner.md): arguments are exact, temporaries approximate the TPU's"
               + ("; install libtpu for the TPU compiler's own figures: " + tpu_compiler.install_hint()
                  if chip is not None and chip.topology and not tpu_compiler.available() else "."))
     if args.json:

@@ -228,41 +228,11 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _at_least_one(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--runs takes a whole number of at least 1 (a median needs a run), got {text!r}")
-    return value
-
-
 def check_arguments(args) -> None:
     """Refuse combinations that would profile nothing, before any weight is built."""
     if args.torch_only and args.vs != "torch" and not args.torch_compile:
         raise ValueError("profile --torch-only skips the JAX side, so it needs a torch side: add --vs torch "
                          "(and/or --torch-compile).")
-
-
-def add_arguments(parser) -> None:
-    from .arguments import add_runtime_args, add_size_args
-
-    add_runtime_args(parser, default_model="tiny:wan")
-    add_size_args(parser)
-    parser.add_argument("--arch", help="a real-size architecture with random weights (see bench --arch)")
-    parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
-    parser.add_argument("--negative-prompt", default="blurry, low quality, static")
-    parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--runs", type=_at_least_one, default=5, help="timed steps per side (after warm-up)")
-    parser.add_argument("--vs", choices=("torch",), help="also time and profile stock torch eager on the same inputs")
-    parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile(transformer)")
-    parser.add_argument("--torch-only", action="store_true", help="skip the JAX side (on a GPU, torch's and JAX's "
-                        "profilers both need CUPTI: profile each side in its own process)")
-    parser.add_argument("--json", help="write the report (with the top kernels of each side) to this file")
-    parser.add_argument("--trace", help="keep the JAX side's jax.profiler trace of one step in this folder")
 
 
 def main(args) -> int:

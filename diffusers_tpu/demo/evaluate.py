@@ -46,7 +46,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     from ..interop.backend import device_for
-    from ..runtime.config import mesh_arg
+    from ..interop.mesh_axes import mesh_arg
 
     parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.demo.evaluate")
     parser.add_argument("--model", default=None, help="a demo pipeline folder (default: the shipped model)")

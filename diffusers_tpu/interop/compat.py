@@ -500,31 +500,6 @@ def _patch_accelerator():
     _applied.add("torch.accelerator")
 
 
-# --- 14. libtpu on a host without TPU chips stays quiet ---------------------------------------------------------
-# Reason: with libtpu installed (the ``tpu`` extra: the TPU compiler, used without a TPU by ``plan`` and ``cost``),
-# JAX's first device query on a host with no TPU chip loads libtpu as a backend; it fails (JAX falls back to the next
-# platform) after printing six lines about an accelerator type and worker hostnames it cannot find, and leaves a
-# lockfile that a second process loading libtpu (a test worker, a ``plan`` subprocess) fails on. Told both, and not
-# to query the GCE metadata server, it starts silently and shares. JAX itself counts the host's TPU chips
-# (``hardware_utils``) to decide it is not on a Cloud TPU VM; the variables are set only then, and only if unset.
-# Guard: only with libtpu installed and no TPU chip attached; a real TPU host keeps libtpu's own defaults and lock.
-QUIET_LIBTPU = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v6e-4",
-                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-
-
-def quiet_absent_libtpu() -> None:
-    import importlib.util
-    import os
-
-    from jax._src import hardware_utils
-
-    if importlib.util.find_spec("libtpu") is None or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
-        return
-    for name, value in QUIET_LIBTPU.items():
-        os.environ.setdefault(name, value)
-    _applied.add("quiet libtpu without TPU chips")
-
-
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()

@@ -9,7 +9,7 @@ a JAX backend:
   arguments: JAX reads the slice's topology itself. ``DIFFUSERS_TPU_DISTRIBUTED=1`` forces that auto-detected
   initialization (SLURM, Open MPI, Kubernetes clusters), ``=0`` turns it off.
 
-Failing fast and clearly (README "When things go wrong"): process 0 checks the coordinator's port is free before
+Failing fast and clearly (docs/faults.md): process 0 checks the coordinator's port is free before
 JAX binds it; processes that do not all join within ``DIFFUSERS_TPU_INIT_TIMEOUT`` seconds (default 60) get an error
 naming the expected count; a process that stops sending heartbeats for ``DIFFUSERS_TPU_HEARTBEAT_TIMEOUT`` seconds
 (default 20) is declared dead and every other process exits non-zero naming it (a heartbeat through the

@@ -6,7 +6,7 @@ devices, ``jit(f).lower(...).compile()`` runs XLA's TPU passes and Mosaic's (the
 program's memory analysis, cost analysis and optimized HLO. ``plan`` and ``cost`` use it for TPU targets
 (``chips.Chip.topology``); nothing here runs a program.
 
-libtpu is loaded once per process, quietly and shareably on a host without TPU chips (``compat.quiet_absent_libtpu``).
+libtpu is loaded once per process, quietly and shareably on a host without TPU chips (``startup.quiet_absent_libtpu``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import importlib.util
 import os
 import re
 
-from ..interop import compat
+from ..interop import startup
 from .chips import CHIPS, Chip
 
 
@@ -68,7 +68,7 @@ def _topology_options(topology: str) -> dict:
 def _devices(topology: str) -> tuple:
     from jax.experimental import topologies
 
-    compat.quiet_absent_libtpu()  # (done at package import; again for a process that imported only this module)
+    startup.quiet_absent_libtpu()  # (done at package import; again for a process that imported only this module)
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology,
                                               **_topology_options(topology)).devices)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..interop.backend import MESH_AXES
+from ..interop.mesh_axes import MESH_AXES
 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("auto", "host", "jax")
@@ -212,16 +212,3 @@ class TPUConfig:
         if self.compile_cache_dir is None:
             return os.environ.get("DIFFUSERS_TPU_CACHE_DIR") or DEFAULT_CACHE_DIR
         return os.fspath(self.compile_cache_dir)
-
-
-def mesh_arg(text: str) -> dict[str, int]:
-    """``--mesh dp,sp,tp`` as every command line takes it (an argparse ``type``)."""
-    import argparse
-
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if len(sizes) != 3 or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"--mesh takes three positive sizes dp,sp,tp (e.g. 2,1,4), got {text!r}")
-    return dict(zip(("dp", "sp", "tp"), sizes))

@@ -152,12 +152,17 @@ def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
     return model.eval()
 
 
-def from_pretrained(path: str, device: str = "tpu", config=None, torch_dtype: torch.dtype | None = None,
-                    pipeline_class=None, **kwargs):
+def from_pretrained(path: str, device: str = "tpu", config=None, dtype: torch.dtype | None = None,
+                    pipeline_class=None, torch_dtype: torch.dtype | None = None, **kwargs):
     """``pipeline_class.from_pretrained(path, ...)`` already moved to ``device`` with ``config``: the denoisers'
     weights read straight into their device shards (see the module docstring); other components load as stock.
-    ``path``: a local pipeline folder (``model_index.json``). ``pipeline_class``: default the folder's class."""
+    ``path``: a local pipeline folder (``model_index.json``). ``pipeline_class``: default the folder's class.
+    ``dtype``: as diffusers' ``from_pretrained(dtype=...)``; ``torch_dtype``, its older name, is taken too."""
     import diffusers
+
+    if dtype is not None and torch_dtype is not None:
+        raise ValueError("from_pretrained: pass dtype= or torch_dtype= (its older name), not both.")
+    torch_dtype = dtype if dtype is not None else torch_dtype
 
     from .registry import DENOISERS
 
@@ -181,6 +186,6 @@ def from_pretrained(path: str, device: str = "tpu", config=None, torch_dtype: to
             raise CheckpointError(f"{index_path}: {name} is a {entry[1]}, which diffusers does not provide.")
         models[name] = empty_model(model_class, os.path.join(path, name), torch_dtype)
     if torch_dtype is not None:
-        kwargs["torch_dtype"] = torch_dtype
+        kwargs["dtype"] = torch_dtype  # diffusers 0.42's name: its older torch_dtype= warns (FutureWarning)
     pipe = cls.from_pretrained(path, **models, **kwargs)
     return pipe.to(device, config=config)

@@ -183,15 +183,10 @@ def write_json(path: str, value) -> None:
 def write_video(frames, path: str, fps: int) -> None:
     """Frames (PIL images or uint8 arrays) as a video with diffusers' ``export_to_video``, verified by counting the
     frames ffmpeg reads back."""
-    import warnings
-
     from diffusers.utils import export_to_video
 
-    def write(temp):
-        with warnings.catch_warnings():
-            # imageio starts ffmpeg with fork+exec; JAX's at-fork hook warns about forking, needlessly here.
-            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-            export_to_video(list(frames), temp, fps=fps)
+    def write(temp):  # ffmpeg starts through subprocess: JAX's fork warning is silenced for that (``patches``)
+        export_to_video(list(frames), temp, fps=fps)
 
     def verify(temp):
         import imageio_ffmpeg

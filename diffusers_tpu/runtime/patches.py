@@ -15,8 +15,7 @@ import re
 import torch
 
 from . import attention, lora, porting, attach as runtime
-from ..interop import compat
-from .registry import registered_pipelines
+from ..interop import compat, import_hooks, startup
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +29,7 @@ _applied: set[str] = set()
 # to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
 # previous JAX placement. A native "tpu" torch device registered by another package is left alone.
 # Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on 0.42; other versions get a warning at patch time.
+# Applied when diffusers' ``pipeline_utils`` finishes importing (``import_hooks``): importing it costs seconds.
 TESTED_DIFFUSERS = ((0, 42), (0, 43))  # [from, below)
 
 
@@ -46,9 +46,8 @@ def _check_diffusers_version() -> bool:
     return tested
 
 
-def _patch_pipeline_to():
-    from diffusers import DiffusionPipeline
-
+def _patch_pipeline_to(pipeline_utils):
+    DiffusionPipeline = pipeline_utils.DiffusionPipeline  # the module itself: diffusers' lazy names may be mid-import
     _check_diffusers_version()
 
     stock_to = DiffusionPipeline.to
@@ -112,13 +111,10 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 # runtime shards it like the layer it adapts before the next call. ``merge``/``unmerge`` (fuse_lora/unfuse_lora)
 # compute on the weights: for a layer on JAX they run stock peft code on host copies of that layer's tensors,
 # which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
-# take the new path (peft 0.17 - 0.21 method names); without peft nothing is patched.
-def _patch_peft():
-    try:
-        from peft.tuners.lora import layer as lora_layer
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:
-        return
+# take the new path (peft 0.17 - 0.21 method names); applied when peft's LoRA layers are imported, if ever.
+def _patch_peft(lora_layer):
+    from peft.tuners.tuners_utils import BaseTunerLayer  # imported by lora_layer: already loaded
+
     stock_move = BaseTunerLayer._move_adapter_to_device_of_base_layer
     if getattr(stock_move, "_diffusers_tpu", False):
         return
@@ -185,9 +181,8 @@ _PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", 
                    "enable_xformers_memory_efficient_attention")
 
 
-def _patch_ported_methods():
-    from diffusers import DiffusionPipeline
-
+def _patch_ported_methods(pipeline_utils):
+    DiffusionPipeline = pipeline_utils.DiffusionPipeline
     for name in _PORTED_METHODS:
         stock = getattr(DiffusionPipeline, name, None)
         if stock is None or getattr(stock, "_diffusers_tpu", False):
@@ -203,18 +198,49 @@ def _patch_ported_methods():
         _applied.add(f"DiffusionPipeline.{name}")
 
 
+# --- 6. Known noise, silenced at its source and nowhere else --------------------------------------------------------
+# Reason: a user should see the project's own lines and real problems (README's first command is tested to print no
+# warning). Two messages are noise on every run and are not about anything the user did:
+# - transformers 5 without torchvision: "`CLIPImageProcessor` requires torchvision (not installed); falling back to
+#   `CLIPImageProcessorPil`", logged when diffusers imports its pipelines; the PIL processor is the one transformers 4
+#   used, and what these pipelines need. Only that message of that logger is dropped.
+# - JAX's at-fork hook ("os.fork() was called ... will likely lead to a deadlock") when ``subprocess`` starts ffmpeg
+#   for ``export_to_video``: the child replaces itself with ffmpeg at once (fork+exec), no JAX runs in it. Only forks
+#   made by the ``subprocess`` module are matched; ``os.fork`` and multiprocessing still warn.
+# Guard: message texts of transformers 5.x and jax 0.6-0.10; other messages and other modules are untouched.
+_TORCHVISION_FALLBACK = "requires torchvision (not installed); falling back to"
+
+
+def _torchvision_fallback_filter(record) -> bool:
+    return _TORCHVISION_FALLBACK not in str(record.msg)
+
+
+def _quiet_known_noise() -> None:
+    import warnings
+
+    import_utils_logger = logging.getLogger("transformers.utils.import_utils")
+    if _torchvision_fallback_filter not in import_utils_logger.filters:
+        import_utils_logger.addFilter(_torchvision_fallback_filter)
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning, module="subprocess")
+    _applied.add("known noise silenced")
+
+
+def _patch_pipelines(pipeline_utils) -> None:
+    _patch_pipeline_to(pipeline_utils)
+    _patch_ported_methods(pipeline_utils)
+
+
 def apply() -> None:
-    """Apply every patch (idempotent). Called by ``import diffusers_tpu``."""
+    """Apply every patch (idempotent): torch's and torchax's now, diffusers' and peft's when each is imported.
+    Called by ``import diffusers_tpu``. Pipeline classes get their ``__call__`` wrapped by their first ``to("tpu")``."""
     compat.apply()
     compat.route_sdpa(attention.scaled_dot_product_attention)
-    _patch_pipeline_to()
-    for cls in registered_pipelines():
-        wrap_pipeline_call(cls)
-    _patch_peft()
     _patch_generator()
-    _patch_ported_methods()
+    _quiet_known_noise()
+    import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
+    import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
 
 
 def applied() -> list[str]:
     """Names of the patches in effect, for bug reports."""
-    return sorted(_applied | compat.applied())
+    return sorted(_applied | compat.applied() | startup.applied())

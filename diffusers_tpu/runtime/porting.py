@@ -1,4 +1,4 @@
-"""GPU-script calls that mean something else on a TPU: each gets a defined behaviour (README "Porting a GPU script").
+"""GPU-script calls that mean something else on a TPU: each gets a defined behaviour (docs/porting.md).
 
 | call | on a JAX pipeline |
 | --- | --- |

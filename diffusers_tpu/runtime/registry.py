@@ -92,6 +92,24 @@ class Family:
 
 _families: list[Family] = []
 _fallbacks: list[Callable[[object], Family | None]] = []
+_loaders: list[Callable[[], None]] = []  # import the family modules on first need (they import diffusers' models)
+
+
+def register_loader(load: Callable[[], None]) -> None:
+    """``load()`` registers families (by importing their modules); it runs the first time a family is looked up."""
+    if load not in _loaders:
+        _loaders.append(load)
+
+
+def _load() -> list[Family]:
+    while _loaders:
+        load = _loaders.pop(0)
+        try:
+            load()
+        except BaseException:
+            _loaders.insert(0, load)  # tried again next time (the error, e.g. a broken install, is the user's to see)
+            raise
+    return _families
 
 
 def vae_methods(vae) -> tuple[str, ...]:
@@ -116,7 +134,7 @@ def zero_text_call(width_of: Callable[[object], int]) -> Callable[..., dict]:
 
 
 def register(family: Family) -> Family:
-    _families.append(family)  # patches.apply (or the first pipe.to) wraps the pipelines' __call__
+    _families.append(family)  # the first pipe.to('tpu') of a pipeline wraps its class's __call__
     return family
 
 
@@ -127,7 +145,7 @@ def register_fallback(family_for: Callable[[object], Family | None]) -> None:
 
 
 def registered_pipelines() -> list[type]:
-    return [cls for family in _families for cls in family.pipelines]
+    return [cls for family in _load() for cls in family.pipelines]
 
 
 _catalogue: dict[str, str] | None = None
@@ -151,7 +169,7 @@ def supported_pipelines() -> dict[str, str]:
             except Exception as error:  # an optional dependency missing
                 found[name] = f"unsupported: cannot import ({type(error).__name__})"
                 continue
-            family = next((f for f in _families if issubclass(cls, f.pipelines)), None)
+            family = next((f for f in _load() if issubclass(cls, f.pipelines)), None)
             if family is not None:
                 found[name] = f"family {family.name}"
             elif any(p.startswith("transformer") for p in parameters):
@@ -161,12 +179,12 @@ def supported_pipelines() -> dict[str, str]:
             else:
                 found[name] = "unsupported: no transformer denoiser"
         _catalogue = found
-    extra = {cls.__name__: f"family {f.name}" for f in _families for cls in f.pipelines}  # diffusers_tpu's classes
+    extra = {cls.__name__: f"family {f.name}" for f in _load() for cls in f.pipelines}  # diffusers_tpu's classes
     return {**_catalogue, **extra}
 
 
 def family_of(pipe) -> Family:
-    for family in _families:
+    for family in _load():
         if isinstance(pipe, family.pipelines):
             return family
     for family_for in _fallbacks:
@@ -176,6 +194,6 @@ def family_of(pipe) -> Family:
     raise ValueError(
         f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer denoiser (components "
         f"{sorted(pipe.components)}); UNet pipelines are not supported. Families: "
-        f"{sorted({f.name for f in _families})}; any pipeline with a `transformer` takes the generic path "
+        f"{sorted({f.name for f in _load()})}; any pipeline with a `transformer` takes the generic path "
         "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."
     )

@@ -1,0 +1,257 @@
+"""The ``diffusers-tpu`` command line's arguments, and every mistake in them that can be named before anything loads.
+
+Standard library only (and the package's light modules): ``--help`` answers at once, and a wrong ``--steps``,
+size, frame count, model name, missing folder or unwritable output is refused in a moment, naming the flag and the
+fix, before torch, JAX or diffusers are imported (``tests/test_cli_start.py`` counts the imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from ..interop.mesh_axes import mesh_arg
+from ..planner.chips import CHIPS
+
+TINY_PREFIX = "tiny:"
+DEMO_MODEL = "demo"
+DEFAULT_MODEL = DEMO_MODEL
+# The built-in tiny random-weight models (``arguments.tiny_models()`` builds them; a test keeps the two equal).
+TINY_MODELS = ("causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "flux", "hunyuan-video", "hunyuanvideo15",
+               "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "skyreels-v2", "wan", "wan-4head", "z-image")
+# The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them equal).
+ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "Wan2.1-1.3B", "Wan2.1-14B")
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeRule:
+    """What a model accepts as a call's size without refusing it or silently changing it: height and width multiples of
+    ``multiple``; frame counts ``first + k * every`` (``every`` None: any count, or the call takes none)."""
+
+    multiple: int
+    every: int | None = None
+    first: int = 1
+    images: bool = False
+
+    def frames_ok(self, frames: int) -> bool:
+        return self.every is None or (frames >= self.first and (frames - self.first) % self.every == 0)
+
+
+# The built-in models' rules, from their VAEs' compression, their patch sizes and their pipelines' own checks (e.g.
+# WanPipeline refuses sizes that are not multiples of 16 and rounds other frame counts; the demo model's transformer
+# packs 5 latent frames of 2 video frames each; CogVideoX's VAE decodes latent frames in pairs after the first, so
+# only 1 + 8k frames come out as asked). ``tests/test_cli_start.py`` derives each from the built pipeline.
+BUILT_IN_RULES = {
+    DEMO_MODEL: SizeRule(16, 10, 9), "tiny:wan": SizeRule(16, 4), "tiny:wan-4head": SizeRule(16, 4),
+    "tiny:skyreels-v2": SizeRule(16, 4), "tiny:causal-wan": SizeRule(16), "tiny:cogvideox-2b": SizeRule(16, 8),
+    "tiny:cogvideox-5b": SizeRule(16, 8), "tiny:cogvideox1.5": SizeRule(16, 8), "tiny:hunyuanvideo15": SizeRule(8, 4),
+    "tiny:hunyuan-video": SizeRule(16, 4), "tiny:ltx": SizeRule(32, 4), "tiny:ltx-i2v": SizeRule(32, 4),
+    "tiny:ltx2": SizeRule(32, 2), "tiny:latte": SizeRule(8), "tiny:mochi": SizeRule(16, 6),
+    "tiny:flux": SizeRule(2, images=True), "tiny:qwen-image": SizeRule(8, images=True),
+    "tiny:z-image": SizeRule(4, images=True),
+    "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),
+    "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4),
+}
+# A local folder's pipeline class (its model_index.json) -> the size multiple its stock check refuses others of, whatever
+# the checkpoint's VAE (frame rules depend on the VAE: the pipeline's own check applies after loading).
+CLASS_MULTIPLES = {"WanPipeline": 16, "WanImageToVideoPipeline": 16, "WanVideoToVideoPipeline": 16,
+                   "WanVACEPipeline": 16, "SkyReelsV2Pipeline": 16, "SkyReelsV2DiffusionForcingPipeline": 16,
+                   "HunyuanVideoPipeline": 16, "LTXPipeline": 32, "LTXImageToVideoPipeline": 32, "LTX2Pipeline": 32,
+                   "CogVideoXPipeline": 8, "LattePipeline": 8, "MochiPipeline": 8}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+EXAMPLE_CHECKPOINT = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+
+
+def positive(flag: str):
+    """An argparse ``type``: a whole number >= 1, refused naming ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+        return value
+
+    parse.__name__ = flag
+    return parse
+
+
+def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
+    if model:
+        tiny = ", ".join(TINY_PREFIX + name for name in TINY_MODELS)
+        parser.add_argument("--model", help="a local diffusers folder, the built-in trained demo model (demo: 'a <colour> "
+                            f"<square|circle> moves <left|right|up|down>'), or a built-in tiny random-weight model: {tiny} "
+                            "(tiny:ltx2 writes a .wav beside the video; tiny:flux, tiny:qwen-image, tiny:z-image make "
+                            f"images) (default: {default_model}; staged stages after encode default to the stage "
+                            "directory's model)")
+    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
+                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
+                        "torch: stock diffusers on the CPU, no JAX")
+    parser.add_argument("--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic")
+    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
+                        help="attention kernel (default: per platform)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
+    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
+                        help="text encoders on the host CPU or compiled on the devices; auto (default): on the "
+                             "devices when all weights take <= 40%% of a device's memory, on the host on CPU")
+    parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
+                        help="float32 products: highest = full float32 as stock (default); default = the platform's "
+                        "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")
+    parser.add_argument("--quantize", choices=("int8", "fp8"),
+                        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
+                        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')")
+
+
+def add_prompt_args(parser):
+    parser.add_argument("--prompt", help="default: the demo model's own example ('a blue circle "
+                        "moves up'), tiny models 'A cat walks on the grass', else 'A cat walks on the grass, realistic'")
+    parser.add_argument("--negative-prompt", help="default: empty for the demo model, 'blurry, low "
+                        "quality' for tiny models, else 'blurry, low quality, static'")
+    parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
+
+
+def add_size_args(parser):
+    parser.add_argument("--frames", type=positive("--frames"), help="frame count; default: the pipeline's (tiny: 9)")
+    parser.add_argument("--height", type=positive("--height"), help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--width", type=positive("--width"), help="default: the pipeline's (tiny models: 64)")
+    parser.add_argument("--steps", type=positive("--steps"), help="denoising steps; default: the pipeline's (tiny: 4)")
+    parser.add_argument("--blocks", type=positive("--blocks"), help="causal (streaming) pipelines: blocks to generate "
+                        "(default: 3)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_output_args(parser):
+    parser.add_argument("--fps", type=positive("--fps"), default=16)
+    parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
+                        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
+    parser.add_argument("--strip", help="video pipelines: also write every frame side by side as one image (.png), "
+                        "e.g. to put a video on a page that cannot play it")
+
+
+# --- mistakes named before anything loads ------------------------------------------------------------------------------
+def size_rule(model: str) -> SizeRule | None:
+    """The rule a ``--model`` (or ``--arch``) is checked against before loading: a built-in's own, or the one a
+    folder's pipeline class (named by its model_index.json) always applies; None when nothing is known."""
+    if model in BUILT_IN_RULES:
+        return BUILT_IN_RULES[model]
+    try:
+        with open(os.path.join(model, "model_index.json")) as file:
+            name = json.load(file).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return SizeRule(CLASS_MULTIPLES[name]) if name in CLASS_MULTIPLES else None
+
+
+def check_model(model: str) -> None:
+    """A built-in name or a diffusers folder on this machine; else the error says what exists and how to get one."""
+    if model == DEMO_MODEL:
+        return
+    if model.startswith(TINY_PREFIX):
+        if model[len(TINY_PREFIX):] not in TINY_MODELS:
+            raise ValueError(f"--model {model}: there is no such tiny model; choose one of "
+                             f"{', '.join(TINY_PREFIX + name for name in TINY_MODELS)}.")
+        return
+    if not os.path.exists(model):
+        hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
+        repository = model if hub_id else EXAMPLE_CHECKPOINT
+        folder = "./" + repository.split("/")[-1] if hub_id else model
+        raise ValueError(f"--model {model}: no such folder{' here (it looks like a Hub id)' if hub_id else ''}. "
+                         "diffusers-tpu loads local diffusers folders and downloads nothing; download one first, e.g. "
+                         f"`hf download {repository} --local-dir {folder}` (pip install huggingface_hub; README \"Real "
+                         f"weights\"), then pass --model {folder}. Or try the built-in demo model: --model {DEMO_MODEL}.")
+    if not os.path.isfile(os.path.join(model, "model_index.json")):
+        raise ValueError(f"--model {model}: not a diffusers pipeline folder (it has no model_index.json); pass the folder "
+                         "that holds model_index.json, as save_pretrained or `hf download` write it.")
+
+
+def check_sizes(args, model: str) -> None:
+    """Sizes and frame counts the model would refuse, or silently change, named with the nearest valid ones."""
+    rule = size_rule(model)
+    if rule is None:
+        return
+    for flag in ("height", "width"):
+        value = getattr(args, flag, None)
+        if value is not None and value % rule.multiple:
+            below = max(rule.multiple, value // rule.multiple * rule.multiple)
+            raise ValueError(f"--{flag} {value}: {model} needs a multiple of {rule.multiple}; use {below} or "
+                             f"{below + rule.multiple}.")
+    frames = getattr(args, "frames", None)
+    if frames is not None and not rule.frames_ok(frames):
+        below = max(rule.first, rule.first + (frames - rule.first) // rule.every * rule.every)
+        raise ValueError(f"--frames {frames}: {model} makes {rule.first} + {rule.every}k frames (its VAE and "
+                         f"transformer take frames in groups); use {below} or {below + rule.every}.")
+
+
+def demo_prompt_warning(prompt: str | None) -> str | None:
+    """One line when the demo model's prompt has words outside its grammar (it would draw a garbled shape)."""
+    from ..demo import scenes
+
+    unknown = [word for word in (prompt or "").lower().replace(",", " ").split() if word not in scenes.vocabulary()]
+    if not unknown:
+        return None
+    return (f"diffusers-tpu: warning: the demo model knows only 'a <colour> <shape> moves <direction>' (colours "
+            f"{', '.join(scenes.COLOURS)}; shapes {', '.join(scenes.SHAPES)}; directions {', '.join(scenes.DIRECTIONS)}); "
+            f"{', '.join(repr(w) for w in unknown)} {'is' if len(unknown) == 1 else 'are'} outside it: expect a garbled "
+            "video. Real models take any prompt: README \"Real weights\".")
+
+
+def _model_of(args) -> str | None:
+    """The model a command will load (None: a stage's model comes from its stage directory)."""
+    if getattr(args, "arch", None):
+        return args.arch
+    if args.command in ("plan", "cost"):
+        return args.model
+    if args.command in ("encode", "denoise", "decode"):
+        return args.model
+    default = "tiny:wan" if args.command in ("bench", "profile") else DEFAULT_MODEL
+    return args.model or default
+
+
+def _check_destinations(args, model: str | None) -> None:
+    """Every path the command will write: checked before anything is loaded or compiled."""
+    from ..runtime import outputs
+
+    if getattr(args, "json", None):
+        outputs.check_destination(args.json, what="--json")
+    if getattr(args, "stage_dir", None):
+        outputs.check_destination(os.path.join(args.stage_dir, "generation_config.json"), what="--stage-dir")
+    if args.command not in ("generate", "decode") or (args.command == "generate" and args.stop_after):
+        return
+    rule = BUILT_IN_RULES.get(model)
+    if rule is not None and args.output is not None:  # a built-in model: whether it makes images or videos is known
+        is_image = args.output.lower().endswith(IMAGE_SUFFIXES)
+        if rule.images and not is_image:
+            raise ValueError(f"--output {args.output}: {model} makes images; end it in "
+                             f"{', '.join(IMAGE_SUFFIXES)}, e.g. --output image.png.")
+        if not rule.images and is_image:
+            raise ValueError(f"--output {args.output}: {model} makes videos; end it in .mp4.")
+    pixels = (args.frames or 1) * (args.height or 64) * (args.width or 64) if args.command == "generate" else 0
+    outputs.check_destination(args.output or "video.mp4", needed_bytes=max(1 << 16, pixels * 3 // 100))
+    if getattr(args, "strip", None):
+        if not args.strip.lower().endswith(IMAGE_SUFFIXES):
+            raise ValueError(f"--strip {args.strip}: the frame strip is an image; end it in .png "
+                             f"(or {', '.join(IMAGE_SUFFIXES[1:])}).")
+        outputs.check_destination(args.strip, needed_bytes=max(1 << 16, pixels * 3 // 10), what="--strip")
+
+
+def check(args) -> None:
+    """Refuse (ValueError naming the flag and the fix) what can be known wrong before anything loads; warn (one line on
+    stderr) about a prompt the demo model cannot draw."""
+    import sys
+
+    model = _model_of(args)
+    if getattr(args, "arch", None) and args.arch not in ARCHITECTURES:
+        raise ValueError(f"--arch {args.arch}: no such architecture; choose one of {', '.join(ARCHITECTURES)}.")
+    if model is not None and not getattr(args, "arch", None):
+        check_model(model)
+    if model is not None:
+        check_sizes(args, model)
+    _check_destinations(args, model)
+    if model == DEMO_MODEL and args.command in ("generate", "encode"):
+        warning = demo_prompt_warning(args.prompt)
+        if warning:
+            print(warning, file=sys.stderr)

@@ -1,0 +1,64 @@
+"""Run a function once a module has finished importing: at once if it already has, else right after its import.
+
+``import diffusers_tpu`` must stay cheap (the command line answers ``--help`` without loading torch, and a script
+pays for no diffusers model it never uses), yet ``DiffusionPipeline.to`` and peft's adapter methods must be patched
+before a user calls them. Importing ``diffusers.pipelines.pipeline_utils`` alone costs about two seconds, peft over
+one: each patch waits for its module instead (``when_imported``). Standard library only: this module runs before
+torch or JAX is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from collections.abc import Callable
+
+_waiting: dict[str, list[Callable]] = {}
+
+
+def when_imported(name: str, callback: Callable) -> None:
+    """``callback(module)`` once module ``name`` is imported: now if it is, else as soon as its body has run."""
+    module = sys.modules.get(name)
+    if module is not None and not _initializing(module):
+        callback(module)
+        return
+    _waiting.setdefault(name, []).append(callback)
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def _initializing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a waited-for module it asks the other finders, then wraps the loader's
+    ``exec_module`` on that module's own loader instance, so everything else about the module stays stock."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _waiting:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        stock_exec = loader.exec_module
+
+        def exec_module(module):
+            try:
+                stock_exec(module)
+            finally:
+                vars(loader).pop("exec_module", None)  # the instance attribute only: the class method again
+            while fullname in _waiting:  # a callback may ask for the same module (the import is still finishing)
+                for callback in _waiting.pop(fullname):
+                    callback(module)
+
+        loader.exec_module = exec_module
+        return spec

@@ -1,0 +1,57 @@
+"""What ``import diffusers_tpu`` settles before JAX may start, without importing torch or JAX (standard library
+only): the command line reads its arguments before either loads, yet user code may touch JAX right after the import.
+
+- libtpu on a host without TPU chips stays quiet (``quiet_absent_libtpu``);
+- whether the environment names a multi-host run (``in_a_cluster``): then the cluster starts at import
+  (``distributed.initialize_from_env``), before any code can touch a JAX backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+_applied: set[str] = set()
+
+# Reason: with libtpu installed (the ``tpu`` extra: the TPU compiler, used without a TPU by ``plan`` and ``cost``),
+# JAX's first device query on a host with no TPU chip loads libtpu as a backend; it fails (JAX falls back to the next
+# platform) after printing six lines about an accelerator type and worker hostnames it cannot find, and leaves a
+# lockfile that a second process loading libtpu (a test worker, a ``plan`` subprocess) fails on. Told both, and not
+# to query the GCE metadata server, it starts silently and shares. JAX itself counts the host's TPU chips
+# (``jax._src.hardware_utils``, standard library only: read here from its file, without importing JAX); the
+# variables are set only then, and only if unset.
+# Guard: only with libtpu installed and no TPU chip attached; a real TPU host keeps libtpu's own defaults and lock.
+QUIET_LIBTPU = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v6e-4",
+                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def _tpu_chips() -> int:
+    """TPU chips attached to this host, counted by JAX's own ``hardware_utils`` (loaded alone from its file)."""
+    jax_spec = importlib.util.find_spec("jax")
+    path = os.path.join(os.path.dirname(jax_spec.origin), "_src", "hardware_utils.py") if jax_spec else ""
+    if not os.path.isfile(path):
+        return 0
+    spec = importlib.util.spec_from_file_location("_diffusers_tpu_jax_hardware_utils", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.num_available_tpu_chips_and_device_id()[0]
+
+
+def quiet_absent_libtpu() -> None:
+    if importlib.util.find_spec("libtpu") is None or _tpu_chips():
+        return
+    for name, value in QUIET_LIBTPU.items():
+        os.environ.setdefault(name, value)
+    _applied.add("quiet libtpu without TPU chips")
+
+
+def in_a_cluster() -> bool:
+    """The environment names a multi-host run (``interop.distributed``'s variables, or a Cloud TPU slice's worker
+    list of several hosts)."""
+    env = os.environ
+    hosts = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES") or ""
+    return bool(env.get("DIFFUSERS_TPU_COORDINATOR")) or env.get("DIFFUSERS_TPU_DISTRIBUTED") == "1" or "," in hosts
+
+
+def applied() -> set[str]:
+    return set(_applied)
