@@ -64,7 +64,7 @@ def test_bad_arguments_are_refused_before_anything_is_built(capsys, monkeypatch)
     monkeypatch.setattr(profile_step, "run", lambda args: built.append(args) or {})
     with pytest.raises(SystemExit):
         subcommand_arguments.build().parse_args(["profile", "--runs", "0"])
-    assert "--runs takes a whole number of at least 1" in capsys.readouterr().err
+    assert "--runs: must be a whole number of at least 1" in capsys.readouterr().err
     assert cli.main(["profile", "--torch-only"]) == 2
     assert "add --vs torch" in capsys.readouterr().err and not built
     # doing what the error says is accepted (run is stubbed here; the real run is test_torch_only_skips_the_jax_side)

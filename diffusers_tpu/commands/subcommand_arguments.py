@@ -31,16 +31,6 @@ def cache_arg(text: str) -> str:
     return text
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--runs takes a whole number of at least 1 (a median needs a run), got {text!r}")
-    return value
-
-
 def _bench(parser) -> None:
     add_runtime_args(parser, default_model=BENCH_MODEL)
     add_size_args(parser)
@@ -66,7 +56,7 @@ def _profile(parser) -> None:
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
     parser.add_argument("--negative-prompt", default="blurry, low quality, static")
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--runs", type=_at_least_one, default=5, help="timed steps per side (after warm-up)")
+    parser.add_argument("--runs", type=positive("--runs"), default=5, help="timed steps per side (after warm-up)")
     parser.add_argument("--vs", choices=("torch",), help="also time and profile stock torch eager on the same inputs")
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile(transformer)")
     parser.add_argument("--torch-only", action="store_true", help="skip the JAX side (on a GPU, torch's and JAX's "
