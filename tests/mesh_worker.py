@@ -341,11 +341,12 @@ def family_runs():
              ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
              ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
              ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
-             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4")]
+             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4"),
+             ("easyanimate", "dp2-sp1-tp4")]
     references = {}
     for name, mesh_name in cases:
-        if name == "latte":
-            make = lambda: (tiny_generic.generic_pipeline("latte"), tiny_generic.generic_call(tiny_generic.generic_pipeline("latte")))  # noqa: E731
+        if name in tiny_generic.PIPELINES:
+            make = lambda name=name: (lambda p: (p, tiny_generic.generic_call(p)))(tiny_generic.generic_pipeline(name))  # noqa: E731
         else:
             make = lambda name=name: (tiny_images if name in tiny_images.PIPELINES else tiny_families).pipeline(name)  # noqa: E731
         pipe, call = make()

@@ -107,8 +107,9 @@ def test_the_parsers_lists_match_what_the_package_builds():
 def _made(pipe, model, **size) -> tuple:
     """(height, width, frames) of what the stock pipeline (torch CPU, two steps) makes for ``size``; None if it refuses
     (its own check, or a shape error in the model)."""
-    call = {**getattr(pipe, "_diffusers_tpu_tiny_call", {}), "prompt": "a cat", "num_inference_steps": 2,
-            "output_type": "np", "max_sequence_length": arguments.sequence_length(pipe, model), **size}
+    call = {**getattr(pipe, "_diffusers_tpu_tiny_call", {}), "prompt": "a cat", "negative_prompt": "low",
+            "num_inference_steps": 2, "output_type": "np", "max_sequence_length": arguments.sequence_length(pipe, model),
+            **size}
     call = {name: value for name, value in call.items() if value is not None}
     try:
         output = pipe(**arguments.call_arguments(pipe, call), generator=torch.Generator().manual_seed(0))
@@ -145,14 +146,9 @@ def _warnings_in(stderr: str) -> list[str]:
     return [line for line in lines if line.strip() and not ("it/s]" in line or "s/it]" in line or "%|" in line)]
 
 
-def test_readme_first_command_and_snippet_print_no_warning(tmp_path):
-    """README's first command (after its install) and its first snippet's shape (a stock pipeline loaded, moved,
-    called, exported) print the project's own lines only: nothing on stderr but progress bars."""
-    command = [os.path.join(os.path.dirname(sys.executable), "diffusers-tpu"), "generate", "--output", "video.mp4"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert _warnings_in(result.stderr) == []
-    assert "wrote 9 frames" in result.stdout and "start to finish" in result.stdout
+def test_readme_snippet_prints_no_warning(tmp_path):
+    """README's first snippet's shape (a stock pipeline loaded, moved, called, exported) prints nothing on stderr but
+    progress bars (README's first command: ``test_cli.test_readme_frame_strip_is_what_the_documented_command_writes``)."""
     snippet = textwrap.dedent("""
         import torch, diffusers
         import diffusers_tpu

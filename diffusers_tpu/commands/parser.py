@@ -19,8 +19,8 @@ TINY_PREFIX = "tiny:"
 DEMO_MODEL = "demo"
 DEFAULT_MODEL = DEMO_MODEL
 # The built-in tiny random-weight models (``arguments.tiny_models()`` builds them; a test keeps the two equal).
-TINY_MODELS = ("causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "flux", "hunyuan-video", "hunyuanvideo15",
-               "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "skyreels-v2", "wan", "wan-4head", "z-image")
+TINY_MODELS = ("causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "easyanimate", "flux", "hunyuan-video",
+               "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "skyreels-v2", "wan", "wan-4head", "z-image")
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them equal).
 ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "Wan2.1-1.3B", "Wan2.1-14B")
 
@@ -48,7 +48,7 @@ BUILT_IN_RULES = {
     "tiny:skyreels-v2": SizeRule(16, 4), "tiny:causal-wan": SizeRule(16), "tiny:cogvideox-2b": SizeRule(16, 8),
     "tiny:cogvideox-5b": SizeRule(16, 8), "tiny:cogvideox1.5": SizeRule(16, 8), "tiny:hunyuanvideo15": SizeRule(8, 4),
     "tiny:hunyuan-video": SizeRule(16, 4), "tiny:ltx": SizeRule(32, 4), "tiny:ltx-i2v": SizeRule(32, 4),
-    "tiny:ltx2": SizeRule(32, 2), "tiny:latte": SizeRule(8), "tiny:mochi": SizeRule(16, 6),
+    "tiny:ltx2": SizeRule(32, 2), "tiny:latte": SizeRule(8), "tiny:mochi": SizeRule(16, 6), "tiny:easyanimate": SizeRule(16, 4),
     "tiny:flux": SizeRule(2, images=True), "tiny:qwen-image": SizeRule(8, images=True),
     "tiny:z-image": SizeRule(4, images=True),
     "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),

@@ -3,8 +3,8 @@
 The transformer takes lists of per-sample latents and variable-length caption embeddings (each prompt's valid tokens,
 selected with a boolean mask on the host side of the loop) and packs them itself; the pipeline batches its CFG pair as
 one list, which the runtime shards over dp. What stock code did that a trace could not take, fixed generally:
-``RopeEmbedder`` caches its rotary tables on itself on first use (``compile._forget_traced_caches`` drops tracers
-left in module state after each trace), ``embeddings[i][mask[i]]`` indexed a lazy torchax view and ``mask[:n] = 1``
+``RopeEmbedder`` caches its rotary tables on itself on first use (``interop.module_state`` finds them to depend on no
+input: a cache, dropped after each trace), ``embeddings[i][mask[i]]`` indexed a lazy torchax view and ``mask[:n] = 1``
 scattered an int into a bool tensor (``compat``).
 """
 

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import compat
+from . import compat, module_state
 from .backend import is_jax_tensor, to_jax_array, wrap
 
 logger = logging.getLogger(__name__)
@@ -177,17 +177,24 @@ class _TensorSlot:
 
 
 _TENSOR = _TensorSlot()
+_CARRIED_TENSOR = _TensorSlot()  # a carried attribute left holding a tensor: the program's next output
 
 
 class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
     def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None,
-                 extras=None, trace_hook=None):
+                 extras=None, trace_hook=None, carried: tuple = (), carried_key: tuple = ()):
         self.out_spec = None
         self.out_static = None
         self.donate = donate
         self.trace_hook = trace_hook
+        # attributes carried between calls (``module_state``): a tensor's value is an input, what the method leaves an
+        # output; ``carried_post`` (from the trace) says, per attribute, "tensor" or the plain value it is left with
+        self.carried, self.carried_post = tuple(carried), None
+        self.carried_tensor = [key[0] == "tensor" for key in carried_key]
+        self.discovered = None  # [(owner, name, kind)] assigned during the trace and not carried: classified by the caller
+        self.report = None  # analysis: [(owner, name)] whose post-trace tensors the trace returns instead
 
         def prepare(value):
             if isinstance(value, Rebuilt):  # int8 weights rebuilt next to their matmuls
@@ -196,7 +203,7 @@ class _Program:
                 value = value.astype(compute_dtype)  # stored in one dtype, computed in another: XLA fuses the cast
             return value
 
-        def traced(state: dict, dynamic: list, donated: list, extra: list):
+        def traced(state: dict, dynamic: list, donated: list, extra: list, carried_in: list = ()):
             dynamic = list(dynamic) + list(donated)
             raw_state = expand_stacked(state)
             state = {k: prepare(materialized(v)) for k, v in raw_state.items()}
@@ -210,29 +217,63 @@ class _Program:
             weights = {name: wrap(value) for name, value in state.items()}
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
             token = compat.tracing.set(True)  # library code takes its compile-friendly paths
-            state_before = _python_state(module)
+            attributes = module_state.snapshot(module)
+            carried_in = iter(carried_in)
+            for (owner, name), is_tensor in zip(self.carried, self.carried_tensor):
+                if is_tensor:
+                    setattr(owner, name, wrap(next(carried_in)))
             hook = self.trace_hook(module, raw_state, prepare) if self.trace_hook else contextlib.nullcontext()
             try:
                 with torch.no_grad(), _reparametrize_module(module, weights), bound, hook as finish:
                     out = method(*args, **kwargs)
                     if finish is not None:
                         finish(out)
+                post = [vars(owner).get(name, module_state.MISSING) for owner, name in self.carried]
+                reported = [vars(owner).get(name) for owner, name in self.report or ()]
+                carried = frozenset((id(owner), name) for owner, name in self.carried)
+                assigned = [(owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)))
+                            for owner, name, _ in module_state.changes(attributes, skip=carried)]
             finally:
                 compat.tracing.reset(token)
-                _forget_traced_caches(state_before)
+                module_state.restore(module_state.changes(attributes))  # the module as it was: the caller sets state
+            if self.report is not None:  # ``state_dependence``: only the reported attributes' tensors, per attribute
+                return [[to_jax_array(x) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+                        for value in reported]
+            self.discovered = assigned
+            uncarriable = [name for (owner, name), value in zip(self.carried, post) if not module_state.carriable(value)]
+            if uncarriable:
+                raise module_state.Uncarriable(uncarriable)
+            self.carried_post = [_CARRIED_TENSOR if isinstance(value, torch.Tensor) else value for value in post]
             # a list argument the method changed (a feature cache filled in place) is written back by the caller
             changed = {key: value for key, value in lists.items()
                        if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))}
             out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
-            return [to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
+            return ([to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
+                    + [to_jax_array(value) for value in post if isinstance(value, torch.Tensor)])
 
         # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
+        self.traced = traced
         self.jitted = jax.jit(traced, donate_argnums=(2,) if donate is not None else ())
 
-    def __call__(self, state: dict, dynamic: list, extra: list = ()):
+    def __call__(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
-        return self.without_hook_if_needed(self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra))
+        return self.without_hook_if_needed(self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra),
+                                           list(carried_in))
+
+    def state_dependence(self, pairs: list, state: dict, dynamic: list, extra: list, carried_in: list) -> list[bool]:
+        """Per attribute of ``pairs`` (assigned by the method, found in a trace): whether the value it is left with
+        depends on the call's tensor arguments or carried state, read from the jaxpr of one more trace."""
+        cut = len(dynamic) if self.donate is None else self.donate
+        self.report = list(pairs)
+        try:
+            closed, shapes = jax.make_jaxpr(
+                lambda dynamic, donated, carried: self.traced(state, dynamic, donated, list(extra), carried),
+                return_shape=True)(dynamic[:cut], dynamic[cut:], list(carried_in))
+        finally:
+            self.report = None
+        flat = iter(module_state.depends_on_inputs(closed, [True] * len(closed.jaxpr.invars)))
+        return [any([next(flat) for _ in per_attribute]) for per_attribute in shapes]
 
     def without_hook_if_needed(self, run, *args):
         """``run(*args)`` (a call or a lowering), traced again without the trace hook if it raised ``Retrace``."""
@@ -252,38 +293,12 @@ class _Program:
         callers = _argument_lists(args, kwargs or {})
         for key, contents in changed.items():
             callers[key][:] = contents
+        for (owner, name), value in zip(self.carried, self.carried_post or ()):  # as stock torch leaves the module
+            if value is module_state.MISSING:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, wrap(next(it)) if value is _CARRIED_TENSOR else value)
         return out
-
-
-def _python_state(module) -> list:
-    """Every module's attributes, and those of the plain objects they hold (Z-Image's ``RopeEmbedder``)."""
-    owners = []
-    for sub in module.modules():
-        owners.append(sub)
-        owners += [v for v in vars(sub).values() if hasattr(v, "__dict__") and not isinstance(
-            v, (torch.nn.Module, torch.Tensor, type)) and type(v).__module__.split(".")[0] in ("diffusers", "transformers")]
-    return [(owner, dict(vars(owner))) for owner in owners]
-
-
-def _holds_tracer(value) -> bool:
-    leaves = pytree.tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]
-    return any(isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer)
-               for x in leaves)
-
-
-def _forget_traced_caches(state: list) -> None:
-    """Model code that caches tensors on itself during a forward (rotary tables computed on first use) would keep
-    this trace's tracers and hand them to a later program: those attributes go back to what they were."""
-    for owner, before in state:
-        for name, value in list(vars(owner).items()):
-            if before.get(name, _MISSING) is not value and _holds_tracer(value):
-                if name in before:
-                    setattr(owner, name, before[name])
-                else:
-                    delattr(owner, name)
-
-
-_MISSING = object()
 
 
 def _argument_lists(args, kwargs) -> dict:
@@ -321,15 +336,22 @@ def compiled_function(
     """
     name = getattr(method, "__name__", "function")
     programs: dict = {}
+    carried: list = []  # (owner, attribute) found to carry state from one call to the next (``module_state``)
+    caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
+    eager: list = []  # the reason, once state was found that no program can carry: the method then runs eagerly
 
     def compiled(*args, **kwargs):
         with activate():
+            if eager:
+                return method(*args, **kwargs)
             leaves, spec = pytree.tree_flatten((args, kwargs))
             static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
             # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache
             # holds "Rep" markers or tensors depending on the frame count), and each program keeps its own.
             shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-            key = (spec, static, shapes, extras.key() if extras is not None else None)
+            values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in carried]
+            carried_key = tuple(module_state.signature(value) for value in values)
+            key = (spec, static, shapes, extras.key() if extras is not None else None, carried_key)
             try:
                 program = programs.get(key)
             except TypeError:
@@ -339,16 +361,51 @@ def compiled_function(
                 ) from None
             if program is None:
                 program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
-                                                   trace_hook)
+                                                   trace_hook, carried, carried_key)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+            carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
             extra = extras.values() if extras is not None else []
-            return program.rebuild(program(state(), dynamic, extra), args, kwargs)
+            weights = state()
+            try:
+                arrays = program(weights, dynamic, extra, carried_in)
+            except module_state.Uncarriable as reason:
+                del programs[key]
+                return run_eagerly(f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs)
+            found = [(owner, attribute, kind) for owner, attribute, kind in program.discovered or ()
+                     if (id(owner), attribute) not in caches]
+            program.discovered = None
+            if found and donate is None:
+                tensors = [(owner, attribute) for owner, attribute, kind in found if kind in ("tensor", "container")]
+                depends = program.state_dependence(tensors, weights, dynamic, extra, carried_in) if tensors else []
+                dependent = {(id(owner), attribute) for (owner, attribute), yes in zip(tensors, depends) if yes}
+                new_state = []
+                for owner, attribute, kind in found:
+                    is_state = kind == "value" or (id(owner), attribute) in dependent
+                    if is_state and kind == "container":
+                        return run_eagerly(f"{type(owner).__name__}.{attribute} keeps tensors in a container", args,
+                                           kwargs)
+                    (new_state.append((owner, attribute)) if is_state else caches.add((id(owner), attribute)))
+                if new_state:  # this run could not leave the state behind: run the call again, carrying it
+                    logger.info("%s.%s keeps state between calls (%s): carried through its programs",
+                                type(module).__name__, name, ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state))
+                    carried.extend(new_state)
+                    del programs[key]
+                    return compiled(*args, **kwargs)
+            return program.rebuild(arrays, args, kwargs)
+
+    def run_eagerly(reason: str, args, kwargs):
+        eager.append(reason)
+        logger.warning("%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly "
+                       "(op by op) from now on, with the same result as stock, slower.", type(module).__name__, name,
+                       reason)
+        return method(*args, **kwargs)
 
     compiled.__wrapped__ = method
     compiled.programs = programs
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
     compiled.extras, compiled.trace_hook = extras, trace_hook
+    compiled.carried, compiled.eager = carried, eager
     return compiled
 
 
@@ -390,17 +447,20 @@ def _lowered(compiled, args, kwargs):
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
     extras = compiled.extras
-    key = (spec, static, shapes, extras.key() if extras is not None else None)
+    values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in compiled.carried]
+    carried_key = tuple(module_state.signature(value) for value in values)
+    key = (spec, static, shapes, extras.key() if extras is not None else None, carried_key)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                      compiled.compute_dtype, compiled.donate, extras,
-                                                     compiled.trace_hook)
+                                                     compiled.trace_hook, compiled.carried, carried_key)
+    carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
     # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
     dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
         return program.without_hook_if_needed(program.jitted.lower, compiled.state(), dynamic[:cut], dynamic[cut:],
-                                              extra), program
+                                              extra, carried_in), program
 
 
 def memory_analysis(compiled, *args, **kwargs) -> dict:

@@ -1,0 +1,113 @@
+"""State a module keeps on itself between calls, found while its method is traced, carried through the program.
+
+A compiled program replays what one trace did to tensors; what the method did to Python attributes happens only
+while tracing. Model code does two such things:
+
+- **caches**: a table computed on first use from shapes and weights (Z-Image's rotary tables). Dropped after the
+  trace: the next trace computes it again, and a replay never reads it.
+- **state**: a value that depends on the call's inputs and changes what the next call does (EasyAnimate's Magvit
+  VAE keeps the last frames of each causal convolution and a flag-like tensor in its temporal upsampler; a counter).
+  Replaying the first call's program would silently take the stateless branch again: a wrong video.
+
+``compile`` snapshots every module's attributes (and those of the plain diffusers/transformers objects they hold)
+around a trace. An attribute that changed is classified once: a tensor whose value depends on the call's tensor
+inputs (``depends_on_inputs``, read from the program's jaxpr) or any other changed plain value is state; it is then
+**carried**: its current value is part of the program's key (shape and dtype of a tensor, the value itself
+otherwise), a tensor enters the program as an input, and the value the method left goes out as an output and is set
+on the module after each call, as stock torch would have left it. State that cannot be carried (a container of
+tensors) makes the method run eagerly, op by op: the same result as stock, slower.
+"""
+
+from __future__ import annotations
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+from jax.extend import core as jax_core
+
+MISSING = object()
+
+
+class Uncarriable(Exception):
+    """A carried attribute was left holding a value no program can carry (the method then runs eagerly)."""
+
+
+def owners(module) -> list:
+    """Every module in ``module``, and the plain diffusers/transformers objects they hold (``RopeEmbedder``)."""
+    found = []
+    for sub in module.modules():
+        found.append(sub)
+        found += [v for v in vars(sub).values() if hasattr(v, "__dict__") and not isinstance(
+            v, (torch.nn.Module, torch.Tensor, type)) and type(v).__module__.split(".")[0] in ("diffusers", "transformers")]
+    return found
+
+
+def snapshot(module) -> list:
+    return [(owner, dict(vars(owner))) for owner in owners(module)]
+
+
+def changes(before: list, skip: frozenset = frozenset()) -> list[tuple[object, str, object]]:
+    """``(owner, name, value before)`` of each attribute assigned a different object since ``before``."""
+    found = []
+    for owner, old in before:
+        current = vars(owner)
+        for name in set(old) | set(current):
+            if (id(owner), name) not in skip and old.get(name, MISSING) is not current.get(name, MISSING):
+                found.append((owner, name, old.get(name, MISSING)))
+    return found
+
+
+def restore(changed: list) -> None:
+    for owner, name, value in changed:
+        if value is MISSING:
+            vars(owner).pop(name, None)
+        else:
+            setattr(owner, name, value)
+
+
+def holds_tracer(value) -> bool:
+    leaves = pytree.tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]
+    return any(isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer)
+               for x in leaves)
+
+
+def carriable(value) -> bool:
+    """A value a program can carry: a tensor (an input and an output) or a hashable plain value (part of the key)."""
+    if isinstance(value, torch.Tensor) or value is MISSING:
+        return True
+    if holds_tracer(value):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def kind(value) -> str:
+    """How an attribute assigned during a trace is treated: "tensor" and "container" (tensors inside) are state if
+    they depend on the inputs (``depends_on_inputs``), else caches; "value" (hashable, or absent) is state; "object"
+    (unhashable, no tensors: built from shapes and config) is a cache."""
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if holds_tracer(value):
+        return "container"
+    return "value" if carriable(value) else "object"
+
+
+def signature(value):
+    """What of a carried value selects the program: a tensor's shape and dtype, a plain value itself."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype)
+    return ("absent",) if value is MISSING else ("value", value)
+
+
+def depends_on_inputs(closed_jaxpr, inputs: list[bool]) -> list[bool]:
+    """For each output of ``closed_jaxpr``: whether it depends on an input flagged in ``inputs`` (conservatively:
+    an equation whose inputs depend makes all its outputs depend, sub-programs included)."""
+    jaxpr = closed_jaxpr.jaxpr
+    reached = {var for var, flagged in zip(jaxpr.invars, inputs) if flagged}
+    for equation in jaxpr.eqns:
+        if any(not isinstance(var, jax_core.Literal) and var in reached for var in equation.invars):
+            reached.update(equation.outvars)
+    return [not isinstance(var, jax_core.Literal) and var in reached for var in jaxpr.outvars]
