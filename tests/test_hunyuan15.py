@@ -63,8 +63,8 @@ def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = unwrap(pipe.transformer.forward)
     calls, call = [], jit._Program.__call__
-    jit._Program.__call__ = lambda self, state, dynamic, extra=(): calls.append((self, state, dynamic)) or call(
-        self, state, dynamic, extra)
+    jit._Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): calls.append((self, state, dynamic)) or call(
+        self, state, dynamic, extra, carried)
     try:
         generate(pipe, output_type="latent", num_inference_steps=1)
     finally:

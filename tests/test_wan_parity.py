@@ -110,8 +110,8 @@ def test_cfg_pair_runs_as_one_batch():
     batches = []
     for program in _compiled(pipe.transformer).programs.values():
         jitted = program.jitted
-        program.jitted = lambda state, dynamic, donated, extra, _j=jitted: batches.append(dynamic[0].shape[0]) or _j(
-            state, dynamic, donated, extra)
+        program.jitted = lambda state, dynamic, donated, extra, *carried, _j=jitted: batches.append(
+            dynamic[0].shape[0]) or _j(state, dynamic, donated, extra, *carried)
     out = generate(pipe, output_type="np")
     batch = len(CALL["prompt"])
     # one denoiser program call per step, with cond and uncond in one batch

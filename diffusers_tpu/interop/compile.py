@@ -178,6 +178,8 @@ class _TensorSlot:
 
 _TENSOR = _TensorSlot()
 _CARRIED_TENSOR = _TensorSlot()  # a carried attribute left holding a tensor: the program's next output
+EAGER = ("%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly (op by op) from "
+         "now on, with the same result as stock, slower.")
 
 
 class _Program:
@@ -195,6 +197,7 @@ class _Program:
         self.carried_tensor = [key[0] == "tensor" for key in carried_key]
         self.discovered = None  # [(owner, name, kind)] assigned during the trace and not carried: classified by the caller
         self.report = None  # analysis: [(owner, name)] whose post-trace tensors the trace returns instead
+        self.report_changed = set()  # analysis: (id(owner), name) the analysis trace assigned again
 
         def prepare(value):
             if isinstance(value, Rebuilt):  # int8 weights rebuilt next to their matmuls
@@ -231,12 +234,19 @@ class _Program:
                 post = [vars(owner).get(name, module_state.MISSING) for owner, name in self.carried]
                 reported = [vars(owner).get(name) for owner, name in self.report or ()]
                 carried = frozenset((id(owner), name) for owner, name in self.carried)
-                assigned = [(owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)))
-                            for owner, name, _ in module_state.changes(attributes, skip=carried)]
+                assigned = [(owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)), before)
+                            for owner, name, before in module_state.changes(attributes, skip=carried)]
             finally:
                 compat.tracing.reset(token)
-                module_state.restore(module_state.changes(attributes))  # the module as it was: the caller sets state
-            if self.report is not None:  # ``state_dependence``: only the reported attributes' tensors, per attribute
+                # traced values (and carried attributes) go back: the caller sets state; plain values a trace assigns
+                # stay (a one-time set-up, e.g. transformers' output-capturing hooks flag) unless this is an analysis
+                changed = module_state.changes(attributes)
+                module_state.restore(changed if self.report is not None else [
+                    (owner, name, before) for owner, name, before in changed
+                    if (id(owner), name) in frozenset((id(o), n) for o, n in self.carried)
+                    or module_state.kind(vars(owner).get(name, module_state.MISSING)) in ("tensor", "container")])
+            if self.report is not None:  # ``state_dependence``: the reported attributes' tensors, per attribute
+                self.report_changed = {(id(owner), name) for owner, name, *_ in assigned}
                 return [[to_jax_array(x) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
                         for value in reported]
             self.discovered = assigned
@@ -262,8 +272,10 @@ class _Program:
                                            list(carried_in))
 
     def state_dependence(self, pairs: list, state: dict, dynamic: list, extra: list, carried_in: list) -> list[bool]:
-        """Per attribute of ``pairs`` (assigned by the method, found in a trace): whether the value it is left with
-        depends on the call's tensor arguments or carried state, read from the jaxpr of one more trace."""
+        """Per attribute of ``pairs`` (assigned by the method, found in a trace), from one more trace: a tensor (or
+        tensors in a container): whether the value it is left with depends on the call's tensor arguments or carried
+        state (read from the jaxpr); a plain value: whether the method changes it again (a counter, not a one-time
+        set-up). The module is left as it was."""
         cut = len(dynamic) if self.donate is None else self.donate
         self.report = list(pairs)
         try:
@@ -273,7 +285,8 @@ class _Program:
         finally:
             self.report = None
         flat = iter(module_state.depends_on_inputs(closed, [True] * len(closed.jaxpr.invars)))
-        return [any([next(flat) for _ in per_attribute]) for per_attribute in shapes]
+        return [any([next(flat) for _ in per_attribute]) or (not per_attribute and (id(owner), name) in self.report_changed)
+                for (owner, name), per_attribute in zip(pairs, shapes)]
 
     def without_hook_if_needed(self, run, *args):
         """``run(*args)`` (a call or a lowering), traced again without the trace hook if it raised ``Retrace``."""
@@ -371,20 +384,24 @@ def compiled_function(
             except module_state.Uncarriable as reason:
                 del programs[key]
                 return run_eagerly(f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs)
-            found = [(owner, attribute, kind) for owner, attribute, kind in program.discovered or ()
-                     if (id(owner), attribute) not in caches]
+            found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in caches]
             program.discovered = None
             if found and donate is None:
-                tensors = [(owner, attribute) for owner, attribute, kind in found if kind in ("tensor", "container")]
-                depends = program.state_dependence(tensors, weights, dynamic, extra, carried_in) if tensors else []
-                dependent = {(id(owner), attribute) for (owner, attribute), yes in zip(tensors, depends) if yes}
-                new_state = []
-                for owner, attribute, kind in found:
-                    is_state = kind == "value" or (id(owner), attribute) in dependent
-                    if is_state and kind == "container":
-                        return run_eagerly(f"{type(owner).__name__}.{attribute} keeps tensors in a container", args,
-                                           kwargs)
-                    (new_state.append((owner, attribute)) if is_state else caches.add((id(owner), attribute)))
+                pairs = [(owner, attribute) for owner, attribute, *_ in found]
+                is_state = program.state_dependence(pairs, weights, dynamic, extra, carried_in)
+                new_state = [(owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state)
+                             if yes and kind == "tensor"]
+                eager_state = [(owner, attribute, kind, before) for (owner, attribute, kind, before), yes
+                               in zip(found, is_state) if yes and kind != "tensor"]
+                caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
+                if eager_state:  # changed on every call, or tensors in a container: no program carries that
+                    what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
+                    if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
+                        eager.append(what)  # this call's result and its plain values are stock's; eager from now on
+                        logger.warning(EAGER, type(module).__name__, name, what)
+                        return program.rebuild(arrays, args, kwargs)
+                    module_state.restore([(o, a, before) for o, a, _, before in eager_state])
+                    return run_eagerly(what, args, kwargs)
                 if new_state:  # this run could not leave the state behind: run the call again, carrying it
                     logger.info("%s.%s keeps state between calls (%s): carried through its programs",
                                 type(module).__name__, name, ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state))
@@ -395,9 +412,7 @@ def compiled_function(
 
     def run_eagerly(reason: str, args, kwargs):
         eager.append(reason)
-        logger.warning("%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly "
-                       "(op by op) from now on, with the same result as stock, slower.", type(module).__name__, name,
-                       reason)
+        logger.warning(EAGER, type(module).__name__, name, reason)
         return method(*args, **kwargs)
 
     compiled.__wrapped__ = method
