@@ -10,12 +10,16 @@ while tracing. Model code does two such things:
   Replaying the first call's program would silently take the stateless branch again: a wrong video.
 
 ``compile`` snapshots every module's attributes (and those of the plain diffusers/transformers objects they hold)
-around a trace. An attribute that changed is classified once: a tensor whose value depends on the call's tensor
-inputs (``depends_on_inputs``, read from the program's jaxpr) or any other changed plain value is state; it is then
-**carried**: its current value is part of the program's key (shape and dtype of a tensor, the value itself
-otherwise), a tensor enters the program as an input, and the value the method left goes out as an output and is set
-on the module after each call, as stock torch would have left it. State that cannot be carried (a container of
-tensors) makes the method run eagerly, op by op: the same result as stock, slower.
+around a trace, and classifies each attribute the trace assigned once, from one more trace:
+
+- a tensor whose value depends on the call's tensor inputs (``depends_on_inputs``, read from that trace's jaxpr) is
+  state and is **carried**: its current value is part of the program's key (shape and dtype), it enters the program
+  as an input, and the value the method leaves is an output set on the module after each call, as stock torch
+  leaves it. A tensor from shapes and weights alone is a cache, dropped after each trace.
+- a plain value (a flag, a number, an object) stays as the trace left it: a one-time set-up (transformers'
+  output-capturing-hooks flag) is then what stock has after its first call. If the second trace changes it again
+  (a counter), no program can serve the next call: the method runs eagerly, op by op, from then on.
+- tensors in a container that depend on the inputs cannot be carried either: eagerly too. Eager results are stock's.
 """
 
 from __future__ import annotations
@@ -85,9 +89,8 @@ def carriable(value) -> bool:
 
 
 def kind(value) -> str:
-    """How an attribute assigned during a trace is treated: "tensor" and "container" (tensors inside) are state if
-    they depend on the inputs (``depends_on_inputs``), else caches; "value" (hashable, or absent) is state; "object"
-    (unhashable, no tensors: built from shapes and config) is a cache."""
+    """What an attribute assigned during a trace holds: "tensor", "container" (tensors inside), "value" (hashable, or
+    absent) or "object" (anything else without tensors)."""
     if isinstance(value, torch.Tensor):
         return "tensor"
     if holds_tracer(value):
