@@ -2,6 +2,7 @@
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_np_matches, assert_pil_matches
@@ -62,3 +63,25 @@ def test_supported_pipelines_and_the_unet_error():
     with pytest.raises(ValueError, match="DDPMPipeline cannot run on JAX.*UNet pipelines are not supported"):
         pipe.to("jax")
     assert all(type(p) is torch.nn.Parameter for p in pipe.unet.parameters())
+
+
+def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_runs():
+    """A modular pipeline moved to "tpu" is refused before anything moves, naming the classic class; doing what the
+    error says (the classic pipeline, same components) runs on JAX and matches stock."""
+    from diffusers.modular_pipelines import WanModularPipeline
+
+    from diffusers_tpu.testing import tiny
+
+    modular = WanModularPipeline()
+    with pytest.raises(ValueError, match=r"WanModularPipeline is a diffusers modular pipeline.*diffusers\.WanPipeline"
+                                         r"\.from_pretrained.*family wan.*Nothing was moved"):
+        modular.to("tpu")
+    assert modular.to("cpu") is modular  # other devices: the stock method
+    assert diffusers_tpu.supported_pipelines()["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
+    classic = getattr(diffusers, "WanPipeline")(**tiny.wan_components("wan"))  # what the error says to use
+    expected = classic(prompt="a cat", num_frames=5, height=32, width=32, num_inference_steps=2, output_type="np",
+                       generator=torch.Generator().manual_seed(0)).frames
+    classic.to("jax")
+    got = classic(prompt="a cat", num_frames=5, height=32, width=32, num_inference_steps=2, output_type="np",
+                  generator=torch.Generator().manual_seed(0)).frames
+    assert np.abs(got - expected).max() <= 1e-4

@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from . import attention, lora, porting, attach as runtime
+from . import attention, lora, porting, registry, attach as runtime
 from ..interop import compat, import_hooks, startup
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,36 @@ def _quiet_known_noise() -> None:
     _applied.add("known noise silenced")
 
 
+# --- 7. Modular pipelines refuse "tpu" / "jax" with the classic pipeline to use ------------------------------------
+# Reason: diffusers' modular pipelines (``WanModularPipeline``, ``FluxModularPipeline``, ...) are not
+# ``DiffusionPipeline``s: their own ``to`` calls ``torch.device("tpu")``, whose error says nothing useful, and the
+# runtime does not run their block graphs. ``to("tpu")`` / ``to("jax")`` now raises before anything moves, naming the
+# classic pipeline class that loads the same checkpoint and runs on JAX. Other devices take the stock method.
+# Guard: diffusers 0.42's ``ModularPipeline.to``; applied when ``modular_pipeline`` is imported.
+def _patch_modular_pipelines(modular_pipeline) -> None:
+    cls = getattr(modular_pipeline, "ModularPipeline", None)
+    stock_to = getattr(cls, "to", None)
+    if stock_to is None or getattr(stock_to, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock_to)
+    def to(self, *args, **kwargs):
+        if runtime.jax_target_of(args, dict(kwargs)) is not None:
+            name = type(self).__name__
+            classic = registry.classic_pipeline(name)
+            use = (f"load the same checkpoint with diffusers.{classic}.from_pretrained(...) and move that with "
+                   f".to('tpu')" if classic else "load the checkpoint with its family's classic diffusers pipeline "
+                   "class and move that")
+            status = registry.supported_pipelines().get(classic, "") if classic else ""
+            raise ValueError(f"{name} is a diffusers modular pipeline, which diffusers_tpu does not run on JAX: {use}"
+                             + (f" ({classic} on JAX: {status})" if status else "") + ". Nothing was moved.")
+        return stock_to(self, *args, **kwargs)
+
+    to._diffusers_tpu = True
+    cls.to = to
+    _applied.add("ModularPipeline.to")
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
@@ -239,6 +269,7 @@ def apply() -> None:
     _quiet_known_noise()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
+    import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
 
 
 def applied() -> list[str]:

@@ -149,6 +149,18 @@ def registered_pipelines() -> list[type]:
 
 
 _catalogue: dict[str, str] | None = None
+# A modular pipeline whose classic pipeline's name is not its own name without "Modular".
+_CLASSIC = {"Wan22ModularPipeline": "WanPipeline", "WanImage2VideoModularPipeline": "WanImageToVideoPipeline",
+            "Wan22Image2VideoModularPipeline": "WanImageToVideoPipeline", "Wan22VaceModularPipeline": "WanVACEPipeline",
+            "WanAnimate2ModularPipeline": "WanAnimatePipeline", "LTX25ModularPipeline": "LTX2Pipeline"}
+
+
+def classic_pipeline(modular_name: str) -> str | None:
+    """The classic diffusers pipeline class (its name) that runs what a modular pipeline class runs, if there is one."""
+    import diffusers
+
+    name = _CLASSIC.get(modular_name, modular_name.replace("ModularPipeline", "Pipeline"))
+    return name if name != modular_name and hasattr(diffusers, name) else None
 
 
 def supported_pipelines() -> dict[str, str]:
@@ -170,7 +182,11 @@ def supported_pipelines() -> dict[str, str]:
                 found[name] = f"unsupported: cannot import ({type(error).__name__})"
                 continue
             family = next((f for f in _load() if issubclass(cls, f.pipelines)), None)
-            if family is not None:
+            if name.endswith("ModularPipeline"):
+                classic = classic_pipeline(name)
+                found[name] = (f"unsupported: a modular pipeline; use {classic}" if classic else
+                               "unsupported: a modular pipeline; use its family's classic pipeline class")
+            elif family is not None:
                 found[name] = f"family {family.name}"
             elif any(p.startswith("transformer") for p in parameters):
                 found[name] = "generic"
