@@ -64,6 +64,11 @@ MISTAKES = [  # (argv, words the message must hold, a corrected argv taken from 
     (["plan", "--arch", "Wan3", "--chips", "v6e-4"], ["--arch Wan3", "Wan2.1-14B"], None),
     (["bench", "--runs", "0"], ["--runs", "at least 1"], None),
     (["generate", "--mesh", "2,2"], ["--mesh", "dp,sp,tp"], None),
+    (["plan", "--arch", "Wan2.1-1.3B"], ["plan needs a target", "--chips"],
+     ["plan", "--arch", "Wan2.1-1.3B", "--chips", "v5e-1"]),
+    (["cost", "--chips", "v6e-4"], ["exactly one of --arch"], ["cost", "--chips", "v6e-4", "--arch", "Wan2.1-1.3B"]),
+    (["decode", "--stage-dir", "/no/such/run"], ["no encode stage", "diffusers-tpu encode --stage-dir /no/such/run"],
+     None),
 ]
 
 
@@ -74,7 +79,8 @@ def test_mistakes_are_named_before_heavy_imports_and_the_fix_is_accepted(argv, w
     for word in words:
         assert word in found["stderr"], (word, found["stderr"])
     if fixed is not None:  # doing what the message says passes every check made before loading
-        args = subcommand_arguments.build().parse_args(fixed + ([] if "--output" in fixed else ["--output", str(tmp_path / "v.mp4")]))
+        output = [] if "--output" in fixed or fixed[0] != "generate" else ["--output", str(tmp_path / "v.mp4")]
+        args = subcommand_arguments.build().parse_args(fixed + output)
         parser.check(args)
 
 

@@ -167,8 +167,7 @@ def stage(args) -> int:
 
     recorded = stages.StageDir(args.stage_dir).settings("encode")
     if args.command != "encode" and recorded is None:
-        raise stages.StageError(f"{args.stage_dir} has no encode stage yet: run `diffusers-tpu encode --stage-dir "
-                                f"{args.stage_dir}` first.")
+        raise stages.StageError(arguments_parser.no_encode_stage(args.stage_dir))
     model = args.model or (recorded or {}).get("model") or DEFAULT_MODEL
     pipe = _prepare(args, model)
     start = time.perf_counter()

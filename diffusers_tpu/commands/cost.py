@@ -23,15 +23,7 @@ def check_arguments(args) -> None:
     """Mistakes named before anything loads."""
     from ..planner import tpu_compiler
 
-    chip = CHIPS.get(args.chips)
-    if chip is None or chip.topology is None:
-        raise ValueError(f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of "
-                         f"{', '.join(tpu_compiler.tpu_slices())}.")
-    if bool(args.arch) == bool(args.model):
-        raise ValueError("cost needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
-    if not 0 < args.attention_efficiency <= 1:
-        raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
-    tpu_compiler.require("diffusers-tpu cost")
+    tpu_compiler.require("diffusers-tpu cost")  # --chips, --arch/--model: checked before loading (``parser.check``)
 
 
 def analyse(lowered) -> dict:

@@ -238,11 +238,37 @@ def _check_destinations(args, model: str | None) -> None:
         outputs.check_destination(args.strip, needed_bytes=max(1 << 16, pixels * 3 // 10), what="--strip")
 
 
+def no_encode_stage(stage_dir: str) -> str:
+    return f"{stage_dir} has no encode stage yet: run `diffusers-tpu encode --stage-dir {stage_dir}` first."
+
+
+def _check_targets(args) -> None:
+    """``plan`` and ``cost``: what to plan (one of --arch, --model) and for what (a named target)."""
+    if args.command not in ("plan", "cost"):
+        return
+    if bool(args.arch) == bool(args.model):
+        raise ValueError(f"{args.command} needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
+    if args.command == "plan" and not args.chips and not (args.mesh and args.hbm_gb):
+        raise ValueError("plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
+                         % ", ".join(sorted(CHIPS)))
+    if args.command == "cost":
+        slices = [name for name, chip in CHIPS.items() if chip.topology]
+        if args.chips not in slices:
+            raise ValueError(f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of "
+                             f"{', '.join(slices)}.")
+        if not 0 < args.attention_efficiency <= 1:
+            raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
+
+
 def check(args) -> None:
     """Refuse (ValueError naming the flag and the fix) what can be known wrong before anything loads; warn (one line on
     stderr) about a prompt the demo model cannot draw."""
     import sys
 
+    _check_targets(args)
+    if args.command in ("denoise", "decode") and not os.path.isfile(
+            os.path.join(args.stage_dir, "generation_config.json")):
+        raise ValueError(no_encode_stage(args.stage_dir))
     model = _model_of(args)
     if getattr(args, "arch", None) and args.arch not in ARCHITECTURES:
         raise ValueError(f"--arch {args.arch}: no such architecture; choose one of {', '.join(ARCHITECTURES)}.")

@@ -60,11 +60,7 @@ def main(args, argv: list[str] | None = None) -> int:
         from ..runtime import outputs
 
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
-    if not args.chips and not (args.mesh and args.hbm_gb):
-        raise ValueError("plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
-                         % ", ".join(sorted(CHIPS)))
-    if bool(args.arch) == bool(args.model):
-        raise ValueError("plan needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
+    # its target and model were checked before anything loaded (``parser.check``)
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
     compilers = _compilers(args.compiler, chip)
