@@ -48,14 +48,14 @@ class Counting(torch.nn.Module):
         return self.proj(x) * self.calls
 
 
+def active():
+    stack = contextlib.ExitStack()
+    stack.enter_context(backend.jax_mode())
+    return stack
+
+
 def on_jax(module):
     weights = {name: backend.host_to_jax(value.detach()) for name, value in module.named_parameters()}
-
-    def active():
-        stack = contextlib.ExitStack()
-        stack.enter_context(backend.jax_mode())
-        return stack
-
     return jit.compiled_function(module, module.forward, state=lambda: weights, activate=active)
 
 
@@ -140,11 +140,6 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     weights = {name: backend.host_to_jax(value.detach()) for name, value in vae.decoder.named_parameters()}
     weights.update({name: backend.host_to_jax(value.detach()) for name, value in vae.decoder.named_buffers()})
     post_weights = {name: backend.host_to_jax(value.detach()) for name, value in vae.post_quant_conv.named_parameters()}
-
-    def active():
-        stack = contextlib.ExitStack()
-        stack.enter_context(backend.jax_mode())
-        return stack
 
     vae.decoder.forward = jit.compiled_function(vae.decoder, vae.decoder.forward, state=lambda: weights,
                                                 activate=active)
