@@ -333,7 +333,7 @@ def family_runs():
     pair batched over dp), on dp2-sp1-tp4 and dp1-sp2-tp4."""
     import copy
 
-    from diffusers_tpu.testing import tiny_families, tiny_images
+    from diffusers_tpu.testing import tiny_families, tiny_images, tiny_unet
 
     runs = {}
     cases = [("latte", "dp2-sp1-tp4"), ("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"),
@@ -342,13 +342,15 @@ def family_runs():
              ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
              ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
              ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4"),
-             ("easyanimate", "dp2-sp1-tp4")]
+             ("easyanimate", "dp2-sp1-tp4"), ("sd", "dp1-sp2-tp4"), ("sdxl", "dp2-sp1-tp4"), ("svd", "dp2-sp1-tp4"),
+             ("animatediff", "dp2-sp1-tp4")]
     references = {}
     for name, mesh_name in cases:
         if name in tiny_generic.PIPELINES:
             make = lambda name=name: (lambda p: (p, tiny_generic.generic_call(p)))(tiny_generic.generic_pipeline(name))  # noqa: E731
         else:
-            make = lambda name=name: (tiny_images if name in tiny_images.PIPELINES else tiny_families).pipeline(name)  # noqa: E731
+            module = next(m for m in (tiny_images, tiny_unet, tiny_families) if m is tiny_families or name in m.PIPELINES)
+            make = lambda name=name, module=module: module.pipeline(name)  # noqa: E731
         pipe, call = make()
         call = {k: v for k, v in call.items() if k != "output_type"}
 
@@ -367,7 +369,7 @@ def family_runs():
         out, pil_out = run(pipe, "np"), run(pipe, "pil")
         with jit.compile_log() as log:
             run(pipe, "np")
-        attn = _first_attention(pipe.transformer)
+        attn = _first_attention(getattr(pipe, "transformer", None) or pipe.unet)
         runtime = pipe._diffusers_tpu_runtime
         runs[f"{name}-{mesh_name}"] = dict(compare(np.asarray(out), np.asarray(references[name][0]), pil_out,
                                                    references[name][1]), warm_compilations=log.compilations,
@@ -384,7 +386,8 @@ def _first_attention(transformer):
     from diffusers_tpu.families.generic import is_attention
 
     return next(m for n, m in transformer.named_modules()
-                if is_attention(m) and n.split(".")[0] in ("blocks", "transformer_blocks", "layers"))
+                if is_attention(m) and (n.split(".")[0] in ("blocks", "transformer_blocks", "layers")
+                                        or ".transformer_blocks." in n))  # a UNet's spatial transformers
 
 
 def export_realistic(mesh):

@@ -188,6 +188,26 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     assert np.allclose(np.asarray(latents.jax()), float(expected[4] - expected[3]))
 
 
+def test_python_numbers_and_tensors_built_from_device_scalars_as_torch_makes_them():
+    """``float(t)`` of a device scalar and ``torch.Tensor([...])`` / ``torch.tensor([...])`` of device scalars read
+    the values on the host, as torch does from CUDA scalars (SVD's Euler scheduler:
+    ``torch.Tensor([0.25 * sigma.log() for sigma in sigmas])``); ``device=`` places the result."""
+    from diffusers_tpu.interop import backend
+
+    host = torch.tensor([700.0, 3.5, 0.002])
+    with backend.jax_mode():
+        sigmas = torch.tensor([700.0, 3.5, 0.002], device="jax")
+        legacy = torch.Tensor([0.25 * sigma.log() for sigma in sigmas])
+        modern = torch.tensor([sigma * 2 for sigma in sigmas], dtype=torch.float64)
+        placed = torch.tensor([sigma for sigma in sigmas], device="jax")
+        number, whole, truth = float(sigmas[1]), int(sigmas[0]), bool(sigmas[2] > 0)
+    assert torch.equal(legacy, torch.Tensor([0.25 * sigma.log() for sigma in host]))
+    assert not backend.is_jax_tensor(legacy) and modern.dtype == torch.float64
+    assert torch.equal(modern, torch.tensor([sigma * 2 for sigma in host], dtype=torch.float64))
+    assert backend.is_jax_tensor(placed) and torch.equal(backend.jax_to_host(placed.jax()), host)
+    assert (number, whole, truth) == (3.5, 700, True)
+
+
 def test_schedule_glue_keeps_the_placement_of_its_inputs():
     """A replicated vector on a mesh stays replicated on that mesh (it meets sharded latents next), an uncommitted
     one stays uncommitted; inside a trace nothing moves to the host."""

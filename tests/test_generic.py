@@ -51,18 +51,23 @@ def test_inferred_rules_shard_whole_heads():
     assert generic.infer_rules(transformer, {"tp": 3}) == ()  # 3 does not divide 4 heads: all replicated
 
 
-def test_supported_pipelines_and_the_unet_error():
+def test_supported_pipelines_and_the_no_denoiser_error():
     table = diffusers_tpu.supported_pipelines()
     assert table["WanPipeline"] == "family wan" and table["LattePipeline"] == "generic"
     assert table["MochiPipeline"] == "generic"
-    assert table["StableDiffusionPipeline"] == "unsupported: UNet denoiser"
-    unet = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 8),
-                                 down_block_types=("DownBlock2D",) * 2, up_block_types=("UpBlock2D",) * 2,
-                                 norm_num_groups=4, layers_per_block=1)
-    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler())
-    with pytest.raises(ValueError, match="DDPMPipeline cannot run on JAX.*UNet pipelines are not supported"):
+    assert table["StableDiffusionPipeline"] == "family unet" and table["KandinskyV22Pipeline"] == "unet (untested)"
+    assert table["WuerstchenPriorPipeline"] == "unsupported: no transformer denoiser"
+
+    class VaeOnly(diffusers.DiffusionPipeline):
+        def __init__(self, vae):
+            super().__init__()
+            self.register_modules(vae=vae)
+
+    pipe = VaeOnly(diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4))
+    with pytest.raises(ValueError, match="VaeOnly cannot run on JAX: it has no diffusers transformer denoiser.*"
+                                         "any with a diffusers `unet` the UNet path"):
         pipe.to("jax")
-    assert all(type(p) is torch.nn.Parameter for p in pipe.unet.parameters())
+    assert all(type(p) is torch.nn.Parameter for p in pipe.vae.parameters())
 
 
 def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_runs():

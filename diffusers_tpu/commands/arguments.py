@@ -57,17 +57,19 @@ def sequence_length(pipe, model: str) -> int | None:
 
 
 def _tiny_more() -> dict:
-    from ..testing import tiny_families, tiny_generic, tiny_images
+    from ..testing import tiny_families, tiny_generic, tiny_images, tiny_unet
 
     found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "ltx2", "hunyuan-video",
                                                                                   "skyreels-v2")}
     found.update({name: (lambda name=name: tiny_images.pipeline(name)) for name in tiny_images.PIPELINES})
+    found.update({name: (lambda name=name: tiny_unet.pipeline(name)) for name in CLI_UNETS})
     found.update({name: (lambda name=name: (tiny_generic.generic_pipeline(name),
                                             tiny_generic.generic_call(tiny_generic.generic_pipeline(name))))
                   for name in tiny_generic.PIPELINES})
     return found
 
 
+CLI_UNETS = ("sd", "sdxl", "svd", "animatediff")  # the UNet pipelines with a tiny model on the command line
 _CLI_OWNED = {"prompt", "negative_prompt", "height", "width", "num_frames", "num_inference_steps", "output_type"}
 
 

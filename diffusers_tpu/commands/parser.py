@@ -19,8 +19,9 @@ TINY_PREFIX = "tiny:"
 DEMO_MODEL = "demo"
 DEFAULT_MODEL = DEMO_MODEL
 # The built-in tiny random-weight models (``arguments.tiny_models()`` builds them; a test keeps the two equal).
-TINY_MODELS = ("causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "easyanimate", "flux", "hunyuan-video",
-               "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "skyreels-v2", "wan", "wan-4head", "z-image")
+TINY_MODELS = ("animatediff", "causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "easyanimate", "flux",
+               "hunyuan-video", "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "sd", "sdxl",
+               "skyreels-v2", "svd", "wan", "wan-4head", "z-image")
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them equal).
 ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "Wan2.1-1.3B", "Wan2.1-14B")
 
@@ -50,7 +51,8 @@ BUILT_IN_RULES = {
     "tiny:hunyuan-video": SizeRule(16, 4), "tiny:ltx": SizeRule(32, 4), "tiny:ltx-i2v": SizeRule(32, 4),
     "tiny:ltx2": SizeRule(32, 2), "tiny:latte": SizeRule(8), "tiny:mochi": SizeRule(16, 6), "tiny:easyanimate": SizeRule(16, 4),
     "tiny:flux": SizeRule(2, images=True), "tiny:qwen-image": SizeRule(8, images=True),
-    "tiny:z-image": SizeRule(4, images=True),
+    "tiny:z-image": SizeRule(4, images=True), "tiny:sd": SizeRule(8, images=True), "tiny:sdxl": SizeRule(8, images=True),
+    "tiny:svd": SizeRule(8), "tiny:animatediff": SizeRule(8),
     "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),
     "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4),
 }
@@ -85,7 +87,7 @@ def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
         tiny = ", ".join(TINY_PREFIX + name for name in TINY_MODELS)
         parser.add_argument("--model", help="a local diffusers folder, the built-in trained demo model (demo: 'a <colour> "
                             f"<square|circle> moves <left|right|up|down>'), or a built-in tiny random-weight model: {tiny} "
-                            "(tiny:ltx2 writes a .wav beside the video; tiny:flux, tiny:qwen-image, tiny:z-image make "
+                            "(tiny:ltx2 writes a .wav beside the video; tiny:flux, tiny:qwen-image, tiny:z-image, tiny:sd, tiny:sdxl make "
                             f"images) (default: {default_model}; staged stages after encode default to the stage "
                             "directory's model)")
     parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),

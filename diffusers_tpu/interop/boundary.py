@@ -14,6 +14,7 @@ tensor (same object, not modified in place) is not transferred back at all.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.utils._pytree as pytree
@@ -33,9 +34,19 @@ def _to_cpu(value):
     return value
 
 
+def _tree_map(function, value):
+    # diffusers' outputs are pytree nodes through their dict items, which omit fields set to None: rebuilding
+    # ``StableDiffusionPipelineOutput(images=...)`` then fails for want of ``nsfw_content_detected``. Map such an
+    # output field by field instead.
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and isinstance(value, dict):
+        return type(value)(**{f.name: _tree_map(function, getattr(value, f.name))
+                              for f in dataclasses.fields(value) if f.init})
+    return pytree.tree_map(function, value)
+
+
 def to_host(value):
     """JAX tensors in ``value`` (any pytree) become CPU torch tensors."""
-    return pytree.tree_map(_to_cpu, value)
+    return _tree_map(_to_cpu, value)
 
 
 def to_device(value):
@@ -45,7 +56,7 @@ def to_device(value):
             return backend.wrap(backend.host_to_jax(x))
         return x
 
-    return pytree.tree_map(move, value)
+    return _tree_map(move, value)
 
 
 def like(value, original):

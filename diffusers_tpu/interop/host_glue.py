@@ -129,12 +129,47 @@ def _host_constructor(env, func, args, kwargs):
     return Tensor(_placed(host_numpy(result), None), env)
 
 
+def _from_scalars(env, func, args, kwargs):
+    """``torch.tensor([t0, t1, ...])`` / ``torch.Tensor([...])`` of device scalars: torch reads each with ``.item()``
+    and builds the tensor on the host (from CUDA scalars too), which torchax cannot do (SVD's Euler scheduler:
+    ``torch.Tensor([0.25 * sigma.log() for sigma in sigmas])``). The values are read on the host; the result is a
+    host tensor, or placed on the devices when ``device`` names them."""
+    import torch.utils._pytree as pytree
+    from jax._src import core
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+
+    leaves = [x for x in pytree.tree_leaves(args[0]) if isinstance(x, torch.Tensor)]
+    if not leaves or not core.trace_state_clean():
+        return NOT_GLUE
+    host = {id(t): _host_tensor(t) for t in leaves}
+    if any(h is None or h.numel() != 1 for h in host.values()):
+        return NOT_GLUE
+    device = kwargs.get("device")
+    on_devices = device is not None and env._should_use_torchax_tensor(device)
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        data = pytree.tree_map_only(torch.Tensor, lambda t: host[id(t)].reshape(()), args[0])
+        result = func(data, *args[1:], **{k: v for k, v in kwargs.items() if not (on_devices and k == "device")})
+    return Tensor(_placed(host_numpy(result), None), env) if on_devices else result
+
+
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.Tensor)
+# float(t), int(t), bool(t) of a device scalar (``torch.Tensor([...])`` of them calls ``__float__`` on each)
+_TO_PYTHON = (torch._C.TensorBase.__float__, torch._C.TensorBase.__int__, torch._C.TensorBase.__bool__)
+
+
 def run(env, func, args, kwargs):
     """The op's result computed on the host, or ``NOT_GLUE``."""
     import torch.utils._pytree as pytree
     from torch.utils._python_dispatch import _disable_current_modes
     from torchax.tensor import Tensor
 
+    if func in _FROM_DATA and args and isinstance(args[0], (list, tuple)) and (
+            found := _from_scalars(env, func, args, kwargs)) is not NOT_GLUE:
+        return found
+    if func in _TO_PYTHON and len(args) == 1 and not kwargs:
+        host = _host_tensor(args[0])
+        return func(host) if host is not None and host.numel() == 1 else NOT_GLUE
     if getattr(func, "__name__", None) in _HOST_CONSTRUCTORS and getattr(torch, func.__name__, None) is func:
         return _host_constructor(env, func, args, kwargs)
     tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]

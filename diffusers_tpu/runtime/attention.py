@@ -109,6 +109,16 @@ def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings, ca
     return out[:, :, :q_len] if pad else out
 
 
+# Many tiny attentions — temporal attention over a few frames at every pixel (AnimateDiff's motion modules, SVD's
+# temporal blocks: batch x pixels x heads problems of 16-25 tokens) — run as XLA's dense attention, which batches
+# them in a few fused ops; the kernel would take one grid step per (batch, head) for a block of a few tokens.
+_SHORT_TOKENS, _MANY_PROBLEMS = 128, 256
+
+
+def _many_tiny(q, k) -> bool:
+    return q.shape[2] <= _SHORT_TOKENS and k.shape[2] <= _SHORT_TOKENS and q.shape[0] * q.shape[1] >= _MANY_PROBLEMS
+
+
 def _key_padding_mask(mask, batch: int, kv_len: int):
     """A bool mask that only varies along keys (and batch) as ``[B, Skv]``, else None."""
     if mask.dtype != jnp.bool_ or mask.ndim < 1 or mask.shape[-1] != kv_len:
@@ -145,6 +155,8 @@ def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, setti
         out = jnp.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
     elif mask is not None and kv_mask is None:
         out = dense_mask_attention(q, k, v, mask=mask, scale=scale)
+    elif settings.implementation == "splash_exp2" and _many_tiny(q, k):
+        out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=is_causal)
     elif is_causal and settings.implementation == "splash_exp2":
         out = attend(q, k, v, scale=scale, kv_mask=kv_mask, settings=dataclasses.replace(settings, mesh=None),
                      causal=True)

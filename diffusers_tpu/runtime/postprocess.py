@@ -75,10 +75,14 @@ def _image_uint8(image, denormalize: bool):
 
 def postprocess_image(processor, stock, image, output_type: str = "pil", do_denormalize=None):
     """``VaeImageProcessor.postprocess`` for images on the device; anything unusual goes to ``stock``."""
-    if do_denormalize is not None or not is_jax_tensor(image) or output_type not in ("np", "pil") or image.ndim != 4:
+    # Stable Diffusion passes one flag per image (False where its safety checker blacked one out): all alike is
+    # one program; a mixed list goes to stock.
+    flags = None if do_denormalize is None else set(map(bool, do_denormalize))
+    if (flags is not None and len(flags) != 1 or not is_jax_tensor(image) or output_type not in ("np", "pil")
+            or image.ndim != 4):
         return stock(image, output_type, do_denormalize)
     array = to_jax_array(image)
-    denormalize = bool(processor.config.do_normalize)
+    denormalize = bool(processor.config.do_normalize) if flags is None else flags.pop()
     if output_type == "np":
         return distributed.fetch(_image_np(array, denormalize))
     return _pil(distributed.fetch(_image_uint8(array, denormalize)))

@@ -92,6 +92,7 @@ class Family:
 
 _families: list[Family] = []
 _fallbacks: list[Callable[[object], Family | None]] = []
+_verified_unet: set[str] = set()
 _loaders: list[Callable[[], None]] = []  # import the family modules on first need (they import diffusers' models)
 
 
@@ -138,6 +139,11 @@ def register(family: Family) -> Family:
     return family
 
 
+def register_verified_unet(names) -> None:
+    """UNet pipeline classes (names) the test suite compares with stock: ``supported_pipelines`` says "family unet"."""
+    _verified_unet.update(names)
+
+
 def register_fallback(family_for: Callable[[object], Family | None]) -> None:
     """``family_for(pipe)``: a family for a pipeline no registered family claims, or None (the generic path)."""
     if family_for not in _fallbacks:
@@ -164,9 +170,10 @@ def classic_pipeline(modular_name: str) -> str | None:
 
 
 def supported_pipelines() -> dict[str, str]:
-    """Every diffusers pipeline class -> how it runs on JAX: ``"family <name>"`` (a family file), ``"generic"`` (any
-    pipeline with a transformer denoiser), or why it cannot (``"unsupported: ..."``). Imports every pipeline class
-    once (seconds)."""
+    """Every diffusers pipeline class -> how it runs on JAX: ``"family <name>"`` (a family file; for ``unet``, a class
+    the suite compares with stock), ``"generic"`` (any pipeline with a transformer denoiser), ``"unet (untested)"`` (a
+    UNet pipeline no test compares with stock: it runs, with a warning), or why it cannot (``"unsupported: ..."``).
+    Imports every pipeline class once (seconds)."""
     global _catalogue
     if _catalogue is None:
         import inspect
@@ -174,6 +181,7 @@ def supported_pipelines() -> dict[str, str]:
         import diffusers
 
         found = {}
+        _load()
         for name in sorted(n for n in dir(diffusers) if n.endswith("Pipeline") and n != "DiffusionPipeline"):
             try:
                 cls = getattr(diffusers, name)
@@ -191,7 +199,7 @@ def supported_pipelines() -> dict[str, str]:
             elif any(p.startswith("transformer") for p in parameters):
                 found[name] = "generic"
             elif "unet" in parameters:
-                found[name] = "unsupported: UNet denoiser"
+                found[name] = "family unet" if name in _verified_unet else "unet (untested)"
             else:
                 found[name] = "unsupported: no transformer denoiser"
         _catalogue = found
@@ -209,7 +217,7 @@ def family_of(pipe) -> Family:
             return family
     raise ValueError(
         f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer denoiser (components "
-        f"{sorted(pipe.components)}); UNet pipelines are not supported. Families: "
-        f"{sorted({f.name for f in _load()})}; any pipeline with a `transformer` takes the generic path "
+        f"{sorted(pipe.components)}). Families: {sorted({f.name for f in _load()})}; any pipeline with a "
+        "diffusers `transformer` takes the generic path, any with a diffusers `unet` the UNet path "
         "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."
     )
