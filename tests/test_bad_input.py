@@ -65,15 +65,22 @@ def test_heads_not_divisible_by_tp():
 
 
 def test_unsupported_pipeline_lists_the_supported_ones():
-    unet = diffusers.UNet2DModel(sample_size=8, block_out_channels=(4, 8), norm_num_groups=4,
-                                 down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
-    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler())
+    """A pipeline with neither a transformer nor a UNet denoiser is refused, naming the families and both paths."""
+
+    class VaeOnly(diffusers.DiffusionPipeline):
+        def __init__(self, vae):
+            super().__init__()
+            self.register_modules(vae=vae)
+
+    vae = diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4)
+    pipe = VaeOnly(vae)
     with pytest.raises(ValueError) as error:
         pipe.to("jax")
     message = str(error.value)
-    assert "DDPMPipeline cannot run on JAX" in message and "UNet pipelines are not supported" in message
+    assert "VaeOnly cannot run on JAX: it has no diffusers transformer or UNet denoiser" in message
+    assert "any with a diffusers `unet` the UNet path" in message
     assert "'wan'" in message and "supported_pipelines()" in message
-    assert all(type(p) is torch.nn.Parameter for p in unet.parameters())
+    assert all(type(p) is torch.nn.Parameter for p in vae.parameters())
     pipe.to("cpu")  # the stock path still works
 
 

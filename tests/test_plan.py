@@ -8,7 +8,7 @@ import jax
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile as jit
 from diffusers_tpu.planner import chips, plan
-from diffusers_tpu.testing import tiny
+from diffusers_tpu.testing import tiny, tiny_unet
 
 CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_frames=9,
             num_inference_steps=2, max_sequence_length=24)
@@ -19,7 +19,7 @@ def runtime_step_memory(pipe, config, call=CALL) -> list[dict]:
     """Attach for real, run, and analyse the programs the denoiser's calls actually ran with their arguments (the
     first call of each program, in order)."""
     pipe.to("jax", config=config)
-    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    entry = next(iter(pipe._diffusers_tpu_runtime.denoisers.values()))
     calls, whole = {}, entry.whole
 
     def recorded(*args, **kwargs):
@@ -43,12 +43,16 @@ PIPELINES = {"wan": (lambda: tiny.wan_pipeline("wan-4head"), CALL),
              "cogvideox": (lambda: tiny.cogvideox_pipeline("cogvideox-5b"), CALL),
              "hunyuanvideo15": (tiny.hunyuan15_pipeline, HUNYUAN_CALL),
              # 9 frames: 3 latent frames, whole blocks of 2 -> the call's 2 blocks
-             "causal_wan": (tiny.causal_wan_pipeline, CAUSAL_CALL)}
+             "causal_wan": (tiny.causal_wan_pipeline, CAUSAL_CALL),
+             "sdxl": (lambda: tiny_unet.sdxl()[0], dict(prompt="a cat walks on the grass", negative_prompt="blurry",
+                                                       height=32, width=48, num_inference_steps=2))}
 
 
 @pytest.mark.parametrize("settings,family", [(dict(), "wan"), (dict(dtype=torch.bfloat16, quantize="int8"), "wan"),
-                                             (dict(), "cogvideox"), (dict(), "hunyuanvideo15"), (dict(), "causal_wan")],
-                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32"])
+                                             (dict(), "cogvideox"), (dict(), "hunyuanvideo15"), (dict(), "causal_wan"),
+                                             (dict(), "sdxl")],
+                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32",
+                              "sdxl-fp32"])
 def test_plan_reports_the_runtime_programs_memory(settings, family):
     config = TPUConfig(**settings)
     build, call = PIPELINES[family]
@@ -191,13 +195,14 @@ def runtime_decoder_memory(pipe, call) -> list[dict]:
         pipe.to("cpu")
 
 
-@pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox"])
+@pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox", "sdxl"])
 def test_plan_reports_the_runtime_vae_method_programs(family):
-    """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches): the programs the stock
-    decode ran through them on the placed pipeline, planned from the denoiser's latents with abstract weights."""
+    """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches, SDXL's image decoder): the
+    programs the stock decode ran through them on the placed pipeline, planned from the denoiser's latents with
+    abstract weights."""
     build, call = PIPELINES[family]
     frames = 17 if family == "cogvideox" else 9  # CogVideoX: 5 latent frames, two frame batches (the cache carried)
-    call = dict(call, num_frames=frames)
+    call = dict(call, num_frames=frames) if family != "sdxl" else call
     planned = plan.denoiser_memory(build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(),
                                    jax.devices()[:1], 24, vae=True)["vae_decode"]
     actual = runtime_decoder_memory(build().to("jax"), call)

@@ -23,7 +23,8 @@ TINY_MODELS = ("animatediff", "causal-wan", "cogvideox-2b", "cogvideox-5b", "cog
                "hunyuan-video", "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "sd", "sdxl",
                "skyreels-v2", "svd", "wan", "wan-4head", "z-image")
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them equal).
-ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "Wan2.1-1.3B", "Wan2.1-14B")
+ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "SDXL-1.0", "Wan2.1-1.3B",
+                 "Wan2.1-14B")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ BUILT_IN_RULES = {
     "tiny:z-image": SizeRule(4, images=True), "tiny:sd": SizeRule(8, images=True), "tiny:sdxl": SizeRule(8, images=True),
     "tiny:svd": SizeRule(8), "tiny:animatediff": SizeRule(8),
     "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),
-    "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4),
+    "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4), "SDXL-1.0": SizeRule(8, images=True),
 }
 # A local folder's pipeline class (its model_index.json) -> the size multiple its stock check refuses others of, whatever
 # the checkpoint's VAE (frame rules depend on the VAE: the pipeline's own check applies after loading).

@@ -16,8 +16,11 @@ them (img2img, inpaint, ControlNet, ...) — any pipeline whose denoiser is a di
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
+
+import torch
 
 from ..runtime.registry import Family, register_fallback, register_verified_unet, vae_methods
 from . import generic
@@ -48,7 +51,38 @@ def family_for(pipe) -> Family | None:
         logger.warning("%s runs on diffusers_tpu's UNet path, which has not been compared with stock diffusers for "
                        "this pipeline class (verified: %s). See diffusers_tpu.supported_pipelines().", name,
                        ", ".join(sorted(VERIFIED)))
-    return dataclasses.replace(UNET, pipelines=(type(pipe),), vae_methods=vae_methods(getattr(pipe, "vae", None)))
+    vae = getattr(pipe, "vae", None)
+    image_vae = type(vae).__name__ == "AutoencoderKL" and not hasattr(pipe, "motion_adapter")
+    return dataclasses.replace(UNET, pipelines=(type(pipe),), vae_methods=vae_methods(vae),
+                               decode_latents=decode_latents if image_vae else None, plan_call=plan_call)
+
+
+def decode_latents(pipe, latents, num_frames: int):
+    """Stock's tail after the loop for an image pipeline (SD, SDXL): unscale the latents and decode them (what
+    ``plan`` compiles for the VAE; staged runs do not use it yet)."""
+    vae = pipe.vae
+    mean, std = getattr(vae.config, "latents_mean", None), getattr(vae.config, "latents_std", None)
+    latents = latents.to(vae.dtype)
+    if mean is not None and std is not None:  # SDXL checkpoints that record their latents' statistics
+        shape = (1, len(mean), 1, 1)
+        latents = latents * torch.tensor(std).view(shape) / vae.config.scaling_factor + torch.tensor(mean).view(shape)
+    else:
+        latents = latents / vae.config.scaling_factor
+    return vae.decode(latents, return_dict=False)[0]
+
+
+def plan_call(pipe, size: dict, tokens: int | None, dtype) -> dict:
+    """``plan``'s call of an SD/SDXL pipeline: zero text embeddings of the UNet's cross-attention width, as long as
+    its CLIP tokenizer pads every prompt (77; ``tokens`` does not apply), SDXL's pooled embeddings too."""
+    tokens = getattr(getattr(pipe, "tokenizer", None), "model_max_length", None) or 77
+    text = torch.zeros(1, tokens, pipe.unet.config.cross_attention_dim, dtype=dtype)
+    call = dict(height=size["height"], width=size["width"], guidance_scale=size["guidance_scale"],
+                prompt_embeds=text, negative_prompt_embeds=text, num_inference_steps=2)
+    encoder = getattr(pipe, "text_encoder_2", None)
+    if "pooled_prompt_embeds" in inspect.signature(type(pipe).__call__).parameters:
+        pooled = torch.zeros(1, encoder.config.projection_dim, dtype=dtype)
+        call.update(pooled_prompt_embeds=pooled, negative_pooled_prompt_embeds=pooled)
+    return call
 
 
 def num_heads(pipe) -> int | None:

@@ -30,6 +30,22 @@ BYT5_SMALL = dict(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=1
                   feed_forward_proj="gated-gelu", dropout_rate=0.0, is_encoder_decoder=False, pad_token_id=0,
                   eos_token_id=1)
 
+# Stable Diffusion XL 1.0 base (stabilityai/stable-diffusion-xl-base-1.0): its UNet, CLIP ViT-L/14 and OpenCLIP
+# ViT-bigG/14 text encoders (the second with its projection), and its VAE.
+SDXL_UNET = dict(sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
+                 block_out_channels=(320, 640, 1280), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D",
+                                                                        "CrossAttnDownBlock2D"),
+                 up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
+                 transformer_layers_per_block=(1, 2, 10), cross_attention_dim=2048, use_linear_projection=True,
+                 addition_embed_type="text_time", addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816)
+CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12, projection_dim=768,
+              max_position_embeddings=77, vocab_size=49408, hidden_act="quick_gelu")
+OPENCLIP_BIGG = dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=20, num_hidden_layers=32,
+                     projection_dim=1280, max_position_embeddings=77, vocab_size=49408, hidden_act="gelu")
+SDXL_VAE = dict(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4, sample_size=1024,
+                scaling_factor=0.13025, force_upcast=True)
+
 # family, transformer / text encoder / VAE configs ({} = the diffusers class defaults, which are the real VAEs).
 ARCHITECTURES = {
     "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0,
@@ -43,6 +59,9 @@ ARCHITECTURES = {
     # Wan2.1-1.3B run block-causally (Self-Forcing's recipe: 3 latent frames a block, every earlier frame attended)
     "CausalWan2.1-1.3B": dict(family="causal_wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={},
                               flow_shift=5.0, vae_dtype=torch.float32),
+    # the VAE in float32, as SDXL's pipeline upcasts it to decode (force_upcast)
+    "SDXL-1.0": dict(family="sdxl", unet=SDXL_UNET, text_encoder=CLIP_L, text_encoder_2=OPENCLIP_BIGG, vae=SDXL_VAE,
+                     vae_dtype=torch.float32),
 }
 
 
@@ -89,7 +108,7 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
     # The denoiser and text encoders in ``dtype`` (keeping the models' float32 modules, as from_pretrained does);
     # the VAE as diffusers' examples load it: float32 for Wan, else ``dtype`` (CogVideoX's pipeline hands the
     # denoiser's latents to the VAE uncast, so they must agree).
-    for component in ("transformer", "text_encoder", "text_encoder_2", "vae"):
+    for component in ("transformer", "unet", "text_encoder", "text_encoder_2", "vae"):
         module = getattr(pipe, component, None)
         if module is not None:
             vae_dtype = spec.get("vae_dtype", dtype)
@@ -142,5 +161,19 @@ def _hunyuanvideo15(spec):
         guider=diffusers.ClassifierFreeGuidance(guidance_scale=6.0))
 
 
+def _sdxl(spec):
+    import diffusers
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    return diffusers.StableDiffusionXLPipeline(
+        unet=_empty(lambda: diffusers.UNet2DConditionModel(**spec["unet"])),
+        vae=_empty(lambda: diffusers.AutoencoderKL(**spec["vae"])),
+        text_encoder=_empty(lambda: CLIPTextModel(CLIPTextConfig(**spec["text_encoder"]))),
+        text_encoder_2=_empty(lambda: CLIPTextModelWithProjection(CLIPTextConfig(**spec["text_encoder_2"]))),
+        tokenizer=standins.char_tokenizer(77), tokenizer_2=standins.char_tokenizer(77),
+        scheduler=diffusers.EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                                   steps_offset=1, timestep_spacing="leading"))
+
+
 _BUILDERS = {"wan": _wan, "causal_wan": lambda spec: _wan(spec, causal=True), "cogvideox": _cogvideox,
-             "hunyuanvideo15": _hunyuanvideo15}
+             "hunyuanvideo15": _hunyuanvideo15, "sdxl": _sdxl}

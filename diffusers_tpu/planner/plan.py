@@ -33,7 +33,8 @@ from .chips import GIB, Chip
 
 
 # pipelines whose family gives ``plan_call`` (image-to-video ones take images, not planned yet)
-PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "CausalWanPipeline")
+PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "CausalWanPipeline",
+                     "StableDiffusionXLPipeline")
 
 
 # the prompt of planned calls that run the text encoders (quoted text: HunyuanVideo-1.5 runs its glyph encoder,
@@ -59,7 +60,7 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
     family = family_of(pipe)
     if keywords is None and (family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES):
         raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")
-    module = pipe.transformer
+    module = getattr(pipe, family.denoisers[0])
     seen = {}
 
     def record(*args, **kwargs):

@@ -216,7 +216,7 @@ def family_of(pipe) -> Family:
         if family is not None:
             return family
     raise ValueError(
-        f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer denoiser (components "
+        f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer or UNet denoiser (components "
         f"{sorted(pipe.components)}). Families: {sorted({f.name for f in _load()})}; any pipeline with a "
         "diffusers `transformer` takes the generic path, any with a diffusers `unet` the UNet path "
         "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."

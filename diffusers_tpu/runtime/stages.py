@@ -131,7 +131,7 @@ def _diff(old: dict, new: dict) -> str:
 
 def _staged_family(pipe):
     family = family_of(pipe)
-    if family.decode_latents is None:
+    if family.decode_latents is None or family.name == "unet":  # the UNet family decodes for plan only, so far
         raise ValueError(
             f"Staged runs (--stage-dir) do not support {type(pipe).__name__} yet; generate it in one call "
             "(without --stage-dir). Staged runs support the Wan, CogVideoX and HunyuanVideo-1.5 text-to-video "

@@ -77,6 +77,17 @@ def tiny_t5(seed: int = 0):
     return T5EncoderModel(T5Config(**config)).eval()
 
 
+def tiny_clip(seed: int, hidden: int = 32):
+    """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                            projection_dim=hidden, max_position_embeddings=77, vocab_size=128, bos_token_id=None,
+                            eos_token_id=1, pad_token_id=0)
+    return CLIPTextModel(config).eval()
+
+
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
     """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler

@@ -5,21 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .tiny import char_tokenizer, tiny_t5
+from .tiny import char_tokenizer, tiny_clip, tiny_t5
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
-
-
-def tiny_clip(seed: int, hidden: int = 32):
-    """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token."""
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-                            projection_dim=hidden, max_position_embeddings=77, vocab_size=128, bos_token_id=None,
-                            eos_token_id=1, pad_token_id=0)
-    return CLIPTextModel(config).eval()
 
 
 def flux(seed: int = 0):

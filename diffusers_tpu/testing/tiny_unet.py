@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tiny import char_tokenizer
-from .tiny_images import tiny_clip
+from .tiny import char_tokenizer, tiny_clip
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
