@@ -342,7 +342,7 @@ def family_runs():
              ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
              ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
              ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4"),
-             ("easyanimate", "dp2-sp1-tp4"), ("sd", "dp1-sp2-tp4"), ("sdxl", "dp2-sp1-tp4"), ("svd", "dp2-sp1-tp4"),
+             ("easyanimate", "dp2-sp1-tp4"), ("sdxl", "dp1-sp2-tp4"), ("svd", "dp2-sp1-tp4"),
              ("animatediff", "dp2-sp1-tp4")]
     references = {}
     for name, mesh_name in cases:

@@ -31,7 +31,7 @@ def test_plan_matches_the_runtime_program_on_the_mesh(report):
 FAMILIES_14 = {"latte": "generic", "wan-v2v": "wan", "wan-vace": "wan", "skyreels-v2": "wan", "skyreels-v2-df": "wan",
                "ltx": "ltx", "hunyuan-video": "hunyuanvideo", "flux": "flux", "qwen-image": "qwenimage",
                "z-image": "zimage", "hunyuanvideo15-i2v": "hunyuanvideo15", "ltx2": "ltx2", "easyanimate": "generic",
-               "sd": "unet", "sdxl": "unet", "svd": "unet", "animatediff": "unet"}
+               "sdxl": "unet", "svd": "unet", "animatediff": "unet"}
 PAIRED = {"wan", "hunyuanvideo", "flux", "qwenimage", "hunyuanvideo15"}  # families that batch the CFG pair over dp themselves
 
 
@@ -41,7 +41,7 @@ PAIRED = {"wan", "hunyuanvideo", "flux", "qwenimage", "hunyuanvideo15"}  # famil
                                  "hunyuan-video-dp1-sp2-tp4", "flux-dp2-sp1-tp4", "flux-dp1-sp2-tp4",
                                  "qwen-image-dp2-sp1-tp4", "qwen-image-dp1-sp2-tp4", "z-image-dp2-sp1-tp4",
                                  "hunyuanvideo15-i2v-dp2-sp1-tp4", "ltx2-dp1-sp2-tp4", "easyanimate-dp2-sp1-tp4",
-                                 "sd-dp1-sp2-tp4", "sdxl-dp2-sp1-tp4", "svd-dp2-sp1-tp4", "animatediff-dp2-sp1-tp4"])
+                                 "sdxl-dp1-sp2-tp4", "svd-dp2-sp1-tp4", "animatediff-dp2-sp1-tp4"])
 def test_issue_14_pipelines_on_the_mesh(report, run):
     result = report["families_14"][run]
     assert result["finite"] and result["np_max_abs"] <= 1e-4, result

@@ -9,7 +9,7 @@ import pytest
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.planner import hlo_stats, tpu_check, tpu_compiler
-from diffusers_tpu.testing import tiny, tiny_families, tiny_images
+from diffusers_tpu.testing import tiny, tiny_families, tiny_images, tiny_unet
 
 pytestmark = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 
@@ -24,6 +24,8 @@ def build(name):
         return tiny_families.pipeline(name)
     if name in tiny_images.PIPELINES:
         return tiny_images.pipeline(name)
+    if name in tiny_unet.PIPELINES:
+        return tiny_unet.pipeline(name)
     builders = {"wan": lambda: tiny.wan_pipeline("wan-4head"), "wan22-a14b": tiny.wan22_a14b_pipeline,
                 "wan22-ti2v": tiny.wan22_ti2v_pipeline, "cogvideox-5b": lambda: tiny.cogvideox_pipeline("cogvideox-5b"),
                 "cogvideox1.5": lambda: tiny.cogvideox_pipeline("cogvideox1.5"),
@@ -41,7 +43,7 @@ def build(name):
 FAMILIES = ["wan", "wan22-a14b", "wan22-ti2v", "causal-wan", "cogvideox-5b", "cogvideox1.5", "hunyuanvideo15",
             "hunyuan-video", "ltx", "ltx2", "skyreels-v2", "wan-vace", "wan-animate", "flux", "qwen-image", "z-image",
             "latte", "mochi"]
-IMAGE_VAES = ("flux",)  # a 2-D decoder, seconds to compile (Z-Image's, with upsamplers, is in test_tpu_vae.py)
+IMAGE_VAES = ("flux", "sdxl")  # a 2-D decoder, seconds to compile (Z-Image's, with upsamplers, is in test_tpu_vae.py)
 
 
 def summarise(lowered):
@@ -49,8 +51,13 @@ def summarise(lowered):
     return hlo_stats.summary(lowered.compile(), seconds=time.perf_counter() - start)
 
 
-@pytest.mark.parametrize("chip", ["v6e-4", "v5e-1"])
-@pytest.mark.parametrize("name", FAMILIES)
+# The UNet family on one slice each (its 1- and 4-chip programs differ only by sharding, which the others cover):
+# 15-47 s each for the TPU compiler here, so with CI's second command (-m tpu_slow).
+UNETS = [pytest.param(name, chip, marks=pytest.mark.tpu_slow)
+         for name, chip in (("sdxl", "v6e-4"), ("svd", "v5e-1"), ("animatediff", "v6e-4"))]
+
+
+@pytest.mark.parametrize("name,chip", [(name, chip) for name in FAMILIES for chip in ("v6e-4", "v5e-1")] + UNETS)
 def test_every_family_compiles_for_tpu(name, chip):
     pipe, call = build(name)
     programs = tpu_check.compile_for(pipe, call, chip, config=TPUConfig(text_encoder="host"), analyse=summarise,

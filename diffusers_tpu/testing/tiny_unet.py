@@ -77,7 +77,7 @@ def sd_controlnet(seed: int = 0):
                                  norm_num_groups=4, attention_head_dim=4,
                                  conditioning_embedding_out_channels=(8, 8)).eval()
     return StableDiffusionControlNetPipeline(**parts, controlnet=controlnet, image_encoder=None), dict(
-        PROMPTS, image=_image(64, 64, seed), height=64, width=64, num_inference_steps=2)
+        PROMPTS, image=_image(32, 32, seed), height=32, width=32, num_inference_steps=2)
 
 
 def sdxl(seed: int = 0):
