@@ -351,6 +351,7 @@ def family_runs():
         else:
             module = next(m for m in (tiny_images, tiny_unet, tiny_families) if m is tiny_families or name in m.PIPELINES)
             make = lambda name=name, module=module: module.pipeline(name)  # noqa: E731
+        began = time.perf_counter()
         pipe, call = make()
         call = {k: v for k, v in call.items() if k != "output_type"}
 
@@ -377,7 +378,8 @@ def family_runs():
                                            batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
                                            audio_max_abs=float((sound[0] - references[name][2][0]).abs().max())
                                            if sound else None,
-                                           q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec])
+                                           q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec],
+                                           seconds=round(time.perf_counter() - began, 1))
         pipe.to("cpu")
     return runs
 

@@ -112,7 +112,7 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
         out = tmp_path / f"{label}.json"
         assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", str(hbm_bytes / 2**30),
                          "--height", "32", "--width", "48", "--frames", "9", "--max-sequence-length", "24",
-                         "--no-vae", "--json", str(out)]) == 0  # the VAE is beside the point
+                         "--json", str(out)]) == 0
         rows[label] = json.loads(out.read_text())["candidates"][0]
         monkeypatch.setattr(placement, "device_memory_limit", lambda devices, _limit=hbm_bytes: int(_limit))
         pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)

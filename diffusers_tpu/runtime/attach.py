@@ -24,7 +24,8 @@ from . import attention, cfg, host_calls, limits, placement, porting, postproces
 from ..interop import backend, boundary, compile as jit, distributed, sharding
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
-from .denoiser import Denoiser, active_hooks, check_hooks, hook_reference, innermost_forward
+from .denoiser import (TRACE_ERRORS, Denoiser, active_hooks, check_hooks, forget_unfinished, hook_reference,
+                       innermost_forward)
 from .registry import Family, family_of, vae_methods
 
 logger = logging.getLogger(__name__)
@@ -335,8 +336,9 @@ class PipelineRuntime:
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
+        stock = getattr(module, method)
         compiled = jit.compiled_method(module, method, state=state, activate=activate, place_input=place_input)
-        self._override(module, method, compiled)
+        self._override(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
 
     def _override(self, owner, name, value):
         """Set ``owner.<name>`` for as long as the pipeline is on JAX. A function is guarded: once detached it calls
@@ -373,6 +375,32 @@ class PipelineRuntime:
         for step in reversed(self._undo):
             step()
         self._undo.clear()
+
+
+class _EagerIfUntraceable:
+    """A compiled method, until a trace of it fails on Python-side use of its values (Stable Diffusion's safety
+    checker reads its scores with ``.cpu().numpy()``): then the stock method runs eagerly on the devices from then
+    on, as the denoiser does (``Denoiser._cannot_trace``) — the same results, op by op. Attributes are the compiled
+    method's."""
+
+    def __init__(self, module, method: str, compiled, stock, activate):
+        self.compiled, self._stock, self._activate, self._eager = compiled, stock, activate, False
+        self._name = f"{type(module).__name__}.{method}"
+
+    def __call__(self, *args, **kwargs):
+        if not self._eager:
+            try:
+                return self.compiled(*args, **kwargs)
+            except TRACE_ERRORS as error:
+                forget_unfinished(self.compiled)
+                self._eager = True
+                logger.warning("%s cannot be traced by JAX (%s); it now runs eagerly: the same results, slower.",
+                               self._name, type(error).__name__)
+        with self._activate():
+            return self._stock(*boundary.to_device(args), **boundary.to_device(kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
 
 
 def _state(slots, prefix: str = "") -> dict:

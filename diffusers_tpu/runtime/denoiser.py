@@ -55,6 +55,12 @@ TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConvers
                 jax.errors.NonConcreteBooleanIndexError)
 
 
+def forget_unfinished(compiled) -> None:
+    """Drop the programs of ``compiled`` whose trace failed half-way."""
+    for key in [k for k, program in compiled.programs.items() if program.out_spec is None]:
+        del compiled.programs[key]
+
+
 def active_hooks(root: torch.nn.Module) -> dict:
     """{module: [hook names]} for every module under ``root`` (itself included) with registered diffusers hooks."""
     found = {}
@@ -166,8 +172,7 @@ class Denoiser:
 
     def _cannot_trace(self, module, compiled, error) -> None:
         """``module``'s forward failed to trace: forget the half-built program, run it eagerly from now on."""
-        for key in [k for k, program in compiled.programs.items() if program.out_spec is None]:
-            del compiled.programs[key]
+        forget_unfinished(compiled)
         self.eager.add(id(module))
         self._plans.clear()
         names = {id(m): n for n, m in self.module.named_modules()}

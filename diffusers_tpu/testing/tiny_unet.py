@@ -41,10 +41,25 @@ def _sd_parts(seed: int, unet_overrides: dict | None = None) -> dict:
                 requires_safety_checker=False)
 
 
+def _safety_checker(seed: int):
+    """SD 1.5's safety checker (a CLIP vision model scoring the images; it reads its scores with numpy, so on JAX
+    it runs eagerly) and its feature extractor."""
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    torch.manual_seed(seed)
+    layers = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=32)
+    config = CLIPConfig(text_config=layers, vision_config=dict(layers, image_size=32, patch_size=8), projection_dim=32)
+    return StableDiffusionSafetyChecker(config).eval(), CLIPImageProcessor(crop_size=32, size=32)
+
+
 def sd(seed: int = 0):
+    """SD 1.5 as its checkpoints ship: with the safety checker."""
     from diffusers import StableDiffusionPipeline
 
-    return StableDiffusionPipeline(**_sd_parts(seed)), dict(PROMPTS, height=32, width=32, num_inference_steps=2)
+    checker, extractor = _safety_checker(seed + 4)
+    parts = dict(_sd_parts(seed), safety_checker=checker, feature_extractor=extractor, requires_safety_checker=True)
+    return StableDiffusionPipeline(**parts), dict(PROMPTS, height=32, width=32, num_inference_steps=2)
 
 
 def sd_img2img(seed: int = 0):
