@@ -63,7 +63,7 @@ _NAMES = {
     "CogVideoXPipeline": "families.cogvideox", "HunyuanVideo15Pipeline": "families.hunyuan",
     "WanImageToVideoPipeline": "families.wan", "WanPipeline": "families.wan", "sharding_of": "interop.sharding",
     "CallStats": "runtime.attach", "stats": "runtime.attach", "TPUConfig": "runtime.config",
-    "from_pretrained": "runtime.loading", "supported_pipelines": "runtime.registry", "warm_up": "runtime.warmup",
+    "from_pretrained": "runtime.loading", "supported_pipelines": "runtime.support", "warm_up": "runtime.warmup",
 }
 _MOVED = {"tiny": "testing.tiny", "stages": "runtime.stages", "lowering": "planner.lowering", "wan": "families.wan"}
 

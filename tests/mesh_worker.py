@@ -336,11 +336,10 @@ def family_runs():
     from diffusers_tpu.testing import tiny_families, tiny_images, tiny_unet
 
     runs = {}
-    cases = [("latte", "dp2-sp1-tp4"), ("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"),
-             ("wan-vace", "dp2-sp1-tp4"), ("wan-vace", "dp1-sp2-tp4"), ("skyreels-v2", "dp2-sp1-tp4"),
-             ("skyreels-v2-df", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
-             ("hunyuan-video", "dp2-sp1-tp4"), ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"),
-             ("flux", "dp1-sp2-tp4"), ("qwen-image", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
+    # one layout each (the parity sweep runs every one of them on dp2·sp2·tp2 too; CI's second command)
+    cases = [("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"), ("wan-vace", "dp1-sp2-tp4"),
+             ("skyreels-v2", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
+             ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
              ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4"),
              ("easyanimate", "dp2-sp1-tp4"), ("sdxl", "dp1-sp2-tp4"), ("svd", "dp2-sp1-tp4"),
              ("animatediff", "dp2-sp1-tp4")]

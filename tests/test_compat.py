@@ -143,6 +143,29 @@ def test_inplace_ops_on_a_view_write_through_like_torch(op):
     assert torch.allclose(got, expected, atol=1e-6), (got, expected)
 
 
+@pytest.mark.parametrize("shape, wrap, view", [((3, 3), False, False), ((7, 3), True, False), ((7, 3), False, False),
+                                               ((3, 5), True, False), ((4, 4, 4), False, False), ((5, 5), False, True)])
+def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
+    """SD3's perturbed-attention guidance builds its mask with ``full_mask[:n, :n].fill_diagonal_(0)``."""
+    torchax = compat.import_torchax()
+    expected = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    with torchax.default_env():
+        out = expected.clone().to("jax")
+        (out[:3, :3] if view else out).fill_diagonal_(-1.0, wrap=wrap)
+        got = torch.from_numpy(__import__("numpy").asarray(out.jax()))
+    (expected[:3, :3] if view else expected).fill_diagonal_(-1.0, wrap=wrap)
+    assert torch.equal(got, expected), (got, expected)
+
+
+def test_a_host_table_indexed_by_a_device_scalar_reads_like_torch():
+    """DDPM's ``self.alphas_cumprod[t]``: a CPU tensor indexed by a timestep that lives on the device."""
+    torchax = compat.import_torchax()
+    table = torch.linspace(0.0, 1.0, 11)
+    with torchax.default_env():
+        got = table[torch.tensor(7).to("jax")]
+        assert float(got) == float(table[7])
+
+
 def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_it():
     """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
     compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped

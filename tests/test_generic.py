@@ -11,6 +11,7 @@ import diffusers
 import diffusers_tpu
 from diffusers_tpu.interop import compile as jit
 from diffusers_tpu.families import generic
+from diffusers_tpu.runtime import registry
 from diffusers_tpu.testing import tiny_generic
 
 
@@ -24,9 +25,9 @@ def test_generic_pipeline_matches_stock(name, caplog):
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")
     ref, pipe = tiny_generic.generic_pipeline(name), tiny_generic.generic_pipeline(name)
     expected, expected_pil = call(ref), call(ref, output_type="pil")
-    generic._announced.discard(type(pipe).__name__)  # said once per process: another test may have moved one
     pipe.to("jax")
-    assert f"{type(pipe).__name__} runs on diffusers_tpu's generic path" in caplog.text
+    assert diffusers_tpu.supported_pipelines()[type(pipe).__name__] == "verified"
+    assert "has not been compared with stock" not in caplog.text  # a verified class: no warning
     assert_np_matches(call(pipe), expected)
     assert_pil_matches(call(pipe, output_type="pil"), expected_pil)
     with jit.compile_log() as log:
@@ -52,11 +53,13 @@ def test_inferred_rules_shard_whole_heads():
 
 
 def test_supported_pipelines():
+    paths = registry.pipeline_paths()
+    assert paths["WanPipeline"] == "family wan" and paths["LattePipeline"] == "generic"
+    assert paths["StableDiffusionPipeline"] == "unet" and paths["KandinskyV22Pipeline"] == "unet"
     table = diffusers_tpu.supported_pipelines()
-    assert table["WanPipeline"] == "family wan" and table["LattePipeline"] == "generic"
-    assert table["MochiPipeline"] == "generic"
-    assert table["StableDiffusionPipeline"] == "family unet" and table["KandinskyV22Pipeline"] == "unet (untested)"
-    assert table["WuerstchenPriorPipeline"] == "unsupported: no transformer denoiser"
+    assert table["WanPipeline"] == table["LattePipeline"] == table["StableDiffusionPipeline"] == "verified"
+    assert table["KandinskyV22Pipeline"].startswith("untested: runs on the unet path")
+    assert table["WuerstchenPriorPipeline"] == "unsupported: no transformer or UNet denoiser"
 
 
 def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_runs():
@@ -68,7 +71,7 @@ def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_ru
 
     modular = WanModularPipeline()
     with pytest.raises(ValueError, match=r"WanModularPipeline is a diffusers modular pipeline.*diffusers\.WanPipeline"
-                                         r"\.from_pretrained.*family wan.*Nothing was moved"):
+                                         r"\.from_pretrained.*WanPipeline on JAX: verified.*Nothing was moved"):
         modular.to("tpu")
     assert modular.to("cpu") is modular  # other devices: the stock method
     assert diffusers_tpu.supported_pipelines()["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"

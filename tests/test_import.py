@@ -50,7 +50,7 @@ def test_import_after_torch_and_diffusers_defers_the_model_classes_and_families(
         print(json.dumps(dict(before=before, generator=patched_generator, to=to, status=status,
                               after=loaded("diffusers_tpu.families.wan"))))
     """)
-    assert found == dict(before=[], generator="Generator", to=True, status="family wan",
+    assert found == dict(before=[], generator="Generator", to=True, status="verified",
                          after=["diffusers_tpu.families.wan"])
 
 

@@ -35,13 +35,12 @@ FAMILIES_14 = {"latte": "generic", "wan-v2v": "wan", "wan-vace": "wan", "skyreel
 PAIRED = {"wan", "hunyuanvideo", "flux", "qwenimage", "hunyuanvideo15"}  # families that batch the CFG pair over dp themselves
 
 
-@pytest.mark.parametrize("run", ["latte-dp2-sp1-tp4", "latte-dp1-sp2-tp4", "wan-v2v-dp2-sp1-tp4", "wan-vace-dp2-sp1-tp4",
-                                 "wan-vace-dp1-sp2-tp4", "skyreels-v2-dp2-sp1-tp4", "skyreels-v2-df-dp2-sp1-tp4",
-                                 "skyreels-v2-df-dp1-sp2-tp4", "ltx-dp2-sp1-tp4", "hunyuan-video-dp2-sp1-tp4",
-                                 "hunyuan-video-dp1-sp2-tp4", "flux-dp2-sp1-tp4", "flux-dp1-sp2-tp4",
-                                 "qwen-image-dp2-sp1-tp4", "qwen-image-dp1-sp2-tp4", "z-image-dp2-sp1-tp4",
-                                 "hunyuanvideo15-i2v-dp2-sp1-tp4", "ltx2-dp1-sp2-tp4", "easyanimate-dp2-sp1-tp4",
-                                 "sdxl-dp1-sp2-tp4", "svd-dp2-sp1-tp4", "animatediff-dp2-sp1-tp4"])
+@pytest.mark.parametrize("run", ["latte-dp1-sp2-tp4", "wan-v2v-dp2-sp1-tp4", "wan-vace-dp1-sp2-tp4",
+                                 "skyreels-v2-dp2-sp1-tp4", "skyreels-v2-df-dp1-sp2-tp4", "ltx-dp2-sp1-tp4",
+                                 "hunyuan-video-dp1-sp2-tp4", "flux-dp2-sp1-tp4", "qwen-image-dp1-sp2-tp4",
+                                 "z-image-dp2-sp1-tp4", "hunyuanvideo15-i2v-dp2-sp1-tp4", "ltx2-dp1-sp2-tp4",
+                                 "easyanimate-dp2-sp1-tp4", "sdxl-dp1-sp2-tp4", "svd-dp2-sp1-tp4",
+                                 "animatediff-dp2-sp1-tp4"])
 def test_issue_14_pipelines_on_the_mesh(report, run):
     result = report["families_14"][run]
     assert result["finite"] and result["np_max_abs"] <= 1e-4, result

@@ -39,7 +39,7 @@ def test_unet_pipeline_matches_stock(name, caplog, monkeypatch):
     runtime = pipe._diffusers_tpu_runtime
     assert runtime.family.name == "unet" and list(runtime.denoisers) == ["unet"]
     assert "has not been compared with stock" not in caplog.text  # a verified class: no warning
-    assert diffusers_tpu.supported_pipelines()[type(pipe).__name__] == "family unet"
+    assert diffusers_tpu.supported_pipelines()[type(pipe).__name__] == "verified"
     assert_np_matches(run(pipe, call, "np", flags), expected)
     assert_pil_matches(run(pipe, call, "pil"), expected_pil)
     if name == "sd":  # its safety checker reads its scores with numpy: that module runs eagerly, with stock's flags
@@ -68,9 +68,10 @@ def test_an_unverified_unet_pipeline_runs_with_a_warning_and_matches_stock(caplo
 
     call = dict(num_inference_steps=3, batch_size=2)
     expected = run(ddpm(), call, "np")
-    assert diffusers_tpu.supported_pipelines()["DDPMPipeline"] == "unet (untested)"
+    assert diffusers_tpu.supported_pipelines()["DDPMPipeline"].startswith("untested: runs on the unet path")
     pipe = ddpm().to("jax")
-    assert "DDPMPipeline runs on diffusers_tpu's UNet path, which has not been compared with stock" in caplog.text
+    assert "DDPMPipeline runs on the unet path; no tiny recipe in the parity sweep: its output has not been " \
+           "compared with stock" in caplog.text
     assert_np_matches(run(pipe, call, "np"), expected)
 
 

@@ -42,7 +42,7 @@ def chunked_pipe(request):
                                                               vae_encode_chunk=request.param))
 
 
-@pytest.mark.parametrize("frames", [1, 2, 3, 6, 9])
+@pytest.mark.parametrize("frames", [1, 2, 6, 9])
 def test_chunked_decode_equals_unchunked(chunked_pipe, frames):
     z = latents(frames, seed=frames)
     reference = host(unchunked(chunked_pipe, "_decode")(z, return_dict=False)[0])
@@ -51,7 +51,7 @@ def test_chunked_decode_equals_unchunked(chunked_pipe, frames):
     assert (out - reference).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("frames", [1, 5, 13, 21, 23])  # 23: stock ignores frames past 1 + 4k
+@pytest.mark.parametrize("frames", [1, 5, 13, 23])  # 23: stock ignores frames past 1 + 4k
 def test_chunked_encode_equals_unchunked(chunked_pipe, frames):
     x = pixels(frames)
     reference = host(unchunked(chunked_pipe, "_encode")(x))

@@ -22,7 +22,6 @@ through the same runtime as the first-class families:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
 
@@ -31,13 +30,11 @@ import torch
 from ..runtime.registry import DENOISERS, Family, register_fallback, vae_methods
 from . import wan_vae
 
-logger = logging.getLogger(__name__)
 
 _COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
 _ROW = ("to_out.0", "to_add_out")
 _BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "temporal_transformer_blocks",
                 "layers", "joint_transformer_blocks", "video_transformer_blocks", "audio_transformer_blocks")
-_announced: set[str] = set()
 
 
 def denoiser_names(pipe) -> list[str]:
@@ -124,12 +121,6 @@ def family_for(pipe) -> Family | None:
         return None
     vae = getattr(pipe, "vae", None)
     wan_like = type(vae).__name__ == "AutoencoderKLWan"
-    name = type(pipe).__name__
-    if name not in _announced:
-        _announced.add(name)
-        logger.warning("%s runs on diffusers_tpu's generic path (no family file): sharding inferred from the module "
-                       "structure, the classifier-free-guidance passes as stock. See diffusers_tpu.supported_pipelines().",
-                       name)
     return dataclasses.replace(
         GENERIC, pipelines=(type(pipe),), denoisers=tuple(denoisers), num_heads=num_heads,
         activation_rules=tuple(r for d in denoisers for r in activation_rules(getattr(pipe, d))),

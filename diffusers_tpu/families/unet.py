@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import math
 
 import torch
 
-from ..runtime.registry import Family, register_fallback, register_verified_unet, vae_methods
+from ..runtime.registry import Family, register_fallback, vae_methods
 from . import generic
 
-logger = logging.getLogger(__name__)
 
 # Block inputs are NCHW (NCFHW for AnimateDiff and SVD's [B*F, C, H, W]): only the batch splits.
 _BLOCKS = (r"^(down_blocks\.\d+|mid_block|up_blocks\.\d+)$", ("dp",))
 # A spatial transformer's blocks see [B, H*W, C] tokens: batch over dp, tokens over sp. Motion modules (tokens are
 # frames, too few to split) are not matched.
 _TOKENS = (r"\.attentions\.\d+\.transformer_blocks\.\d+$", ("dp", "sp", None))
-_announced: set[str] = set()
 
 
 def has_unet(pipe) -> bool:
@@ -45,12 +42,6 @@ def family_for(pipe) -> Family | None:
     """The UNet family for ``pipe``, or None when it has no diffusers ``unet``."""
     if not has_unet(pipe) or generic.denoiser_names(pipe):
         return None
-    name = type(pipe).__name__
-    if name not in _announced and name not in VERIFIED:
-        _announced.add(name)
-        logger.warning("%s runs on diffusers_tpu's UNet path, which has not been compared with stock diffusers for "
-                       "this pipeline class (verified: %s). See diffusers_tpu.supported_pipelines().", name,
-                       ", ".join(sorted(VERIFIED)))
     vae = getattr(pipe, "vae", None)
     image_vae = type(vae).__name__ == "AutoencoderKL" and not hasattr(pipe, "motion_adapter")
     return dataclasses.replace(UNET, pipelines=(type(pipe),), vae_methods=vae_methods(vae),
@@ -93,9 +84,4 @@ def num_heads(pipe) -> int | None:
 
 UNET = Family(name="unet", pipelines=(), denoisers=("unet",), num_heads=num_heads, rules_for=generic.infer_rules,
               activation_rules=(_BLOCKS, _TOKENS))
-# Pipeline classes compared with stock diffusers in the test suite (tests/test_unet.py, on 1 device and the mesh).
-VERIFIED = frozenset({"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline", "StableDiffusionInpaintPipeline",
-                      "StableDiffusionControlNetPipeline", "StableDiffusionXLPipeline", "StableVideoDiffusionPipeline",
-                      "AnimateDiffPipeline"})
 register_fallback(family_for)
-register_verified_unet(VERIFIED)

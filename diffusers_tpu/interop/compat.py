@@ -262,7 +262,9 @@ def _patch_view_getitem():
     def getitem(self, indexes):
         from . import host_glue
 
-        if (found := host_glue.getitem(self._env, self, indexes)) is not host_glue.NOT_GLUE:
+        # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
+        env = getattr(self, "_env", None) or import_torchax().default_env()
+        if (found := host_glue.getitem(env, self, indexes)) is not host_glue.NOT_GLUE:
             return found
         return stock(self.torch() if isinstance(self, View) else self, indexes)
 
@@ -500,6 +502,47 @@ def _patch_accelerator():
     _applied.add("torch.accelerator")
 
 
+# --- 14. torchax drops ``Tensor.fill_diagonal_`` --------------------------------------------------------------
+# Reason: torchax has no lowering of ``fill_diagonal_``; torch decomposes it into ``as_strided(...).fill_()``, and
+# torchax's ``as_strided`` is a copy, so the fill is lost without a word, on a tensor and on a view alike. Diffusers'
+# perturbed-attention guidance (``PAGJointAttnProcessor2_0``: SD3 PAG) builds its identity mask with
+# ``full_mask[:n, :n].fill_diagonal_(0)``; every perturbed image token then attended to nothing of its own and the
+# images differed from stock by 4e-4. The patched method fills the diagonal functionally (torch's flat-step rule,
+# ``wrap`` included) and writes it back with ``copy_``, which torchax carries through views.
+# Guard: set on torchax's ``Tensor`` and ``View`` (0.0.10 - 0.0.13) when they do not define the method themselves.
+def _fill_diagonal(array, value, wrap: bool):
+    import jax.numpy as jnp
+
+    if array.ndim == 2:
+        rows, cols = array.shape
+        i, j = jnp.arange(rows)[:, None], jnp.arange(cols)[None, :]
+        on = (i * cols + j) % (cols + 1) == 0 if wrap else i == j
+    else:  # torch requires all dimensions equal: the main diagonal
+        grids = jnp.indices(array.shape)
+        on = jnp.all(grids == grids[0], axis=0)
+    return jnp.where(on, jnp.asarray(value, array.dtype), array)
+
+
+def _patch_fill_diagonal():
+    from torchax.tensor import Tensor
+    from torchax.view import View
+
+    def fill_diagonal_(self, fill_value, wrap=False):
+        filled = _fill_diagonal(self.jax() if isinstance(self, Tensor) else self.torch().jax(), fill_value, wrap)
+        env = self._env if isinstance(self, Tensor) else self.torch()._env
+        self.copy_(Tensor(filled, env))
+        return self
+
+    fill_diagonal_._diffusers_tpu = True
+    for cls in (Tensor, View):
+        current = vars(cls).get("fill_diagonal_")
+        if current is None:
+            cls.fill_diagonal_ = fill_diagonal_
+        elif not getattr(current, "_diffusers_tpu", False):
+            return  # torchax implements it now
+    _applied.add("torchax Tensor.fill_diagonal_")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -514,6 +557,7 @@ def apply() -> None:
     _patch_host_transfers()
     _patch_glue_on_host()
     _patch_strided_set()
+    _patch_fill_diagonal()
 
 
 def applied() -> set[str]:

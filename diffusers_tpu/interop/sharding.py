@@ -376,3 +376,41 @@ def add_activation_constraints(module: torch.nn.Module, rules: Iterable[Rule], m
                 handles.append(sub.register_forward_pre_hook(ActivationConstraint(mesh, spec)))
                 break
     return handles
+
+
+def onto_mesh(value, mesh):
+    """A JAX tensor laid out on another mesh over the same devices (the VAE's one-axis mesh) relabelled onto ``mesh``:
+    an axis spanning every device maps to all of ``mesh``'s axes (the same layout, no copy), a one-device axis to
+    none. Eager torch ops that mix arrays of two meshes fail in JAX's partitioner ("IndivisibleError"), so a VAE's
+    outputs join the pipeline's mesh. Objects (a latent distribution) have their tensor attributes relabelled."""
+    import torch.utils._pytree as pytree
+
+    if mesh.size == 1:
+        return value
+
+    def relabel(leaf):
+        if not is_jax_tensor(leaf):
+            if hasattr(leaf, "__dict__") and not isinstance(leaf, (torch.nn.Module, type)):
+                for key, attribute in list(vars(leaf).items()):
+                    if is_jax_tensor(attribute):
+                        setattr(leaf, key, relabel(attribute))
+            return leaf
+        array = leaf.jax()
+        sharding = getattr(array, "sharding", None)
+        if not isinstance(sharding, NamedSharding) or sharding.mesh is mesh or sharding.mesh.shape == mesh.shape:
+            return leaf
+        if list(sharding.mesh.devices.flat) != list(mesh.devices.flat):
+            return leaf
+        sizes = dict(sharding.mesh.shape)
+
+        def entry(axes):
+            names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            span = 1
+            for name in names:
+                span *= sizes[name]
+            return tuple(mesh.axis_names) if span == mesh.size > 1 else None
+
+        spec = PartitionSpec(*(entry(axes) for axes in sharding.spec))
+        return wrap(jax.device_put(array, NamedSharding(mesh, spec)))
+
+    return pytree.tree_map(relabel, value)

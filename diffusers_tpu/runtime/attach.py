@@ -20,7 +20,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers, stacked_weights
+from . import (attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers, stacked_weights,
+               support)
 from ..interop import backend, boundary, compile as jit, distributed, sharding
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
@@ -323,7 +324,11 @@ class PipelineRuntime:
         distribution): public entry points, so they also work (and return host tensors) outside a pipeline call."""
         for name in ("encode", "decode"):
             if callable(getattr(vae, name, None)):
-                self._override(vae, name, self.public(getattr(vae, name)))
+                method = getattr(vae, name)
+                if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``sharding.onto_mesh``)
+                    method = functools.wraps(method)(
+                        lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh))
+                self._override(vae, name, self.public(method))
 
     def compiled_vae_method(self, owner, method: str, state):
         """A VAE method (``Family.vae_methods``) compiled on the VAE mesh: video inputs spatially sharded, and on
@@ -467,6 +472,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         raise ValueError(f"config must be a diffusers_tpu.TPUConfig, got {type(config).__name__}.")
     config = config or TPUConfig()
     family = family_of(pipe)
+    support.check(pipe)
     target = backend.resolve_target(kind)
     current = runtime_of(pipe)
     if current is not None and current.config == config and current.target == target and dtype is None:

@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from . import attention, lora, porting, registry, attach as runtime
+from . import attention, lora, porting, registry, support, attach as runtime
 from ..interop import compat, import_hooks, startup
 
 logger = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def _patch_modular_pipelines(modular_pipeline) -> None:
             use = (f"load the same checkpoint with diffusers.{classic}.from_pretrained(...) and move that with "
                    f".to('tpu')" if classic else "load the checkpoint with its family's classic diffusers pipeline "
                    "class and move that")
-            status = registry.supported_pipelines().get(classic, "") if classic else ""
+            status = support.status(classic) if classic else ""
             raise ValueError(f"{name} is a diffusers modular pipeline, which diffusers_tpu does not run on JAX: {use}"
                              + (f" ({classic} on JAX: {status})" if status else "") + ". Nothing was moved.")
         return stock_to(self, *args, **kwargs)

@@ -92,7 +92,6 @@ class Family:
 
 _families: list[Family] = []
 _fallbacks: list[Callable[[object], Family | None]] = []
-_verified_unet: set[str] = set()
 _loaders: list[Callable[[], None]] = []  # import the family modules on first need (they import diffusers' models)
 
 
@@ -139,11 +138,6 @@ def register(family: Family) -> Family:
     return family
 
 
-def register_verified_unet(names) -> None:
-    """UNet pipeline classes (names) the test suite compares with stock: ``supported_pipelines`` says "family unet"."""
-    _verified_unet.update(names)
-
-
 def register_fallback(family_for: Callable[[object], Family | None]) -> None:
     """``family_for(pipe)``: a family for a pipeline no registered family claims, or None (the generic path)."""
     if family_for not in _fallbacks:
@@ -169,11 +163,10 @@ def classic_pipeline(modular_name: str) -> str | None:
     return name if name != modular_name and hasattr(diffusers, name) else None
 
 
-def supported_pipelines() -> dict[str, str]:
-    """Every diffusers pipeline class -> how it runs on JAX: ``"family <name>"`` (a family file; for ``unet``, a class
-    the suite compares with stock), ``"generic"`` (any pipeline with a transformer denoiser), ``"unet (untested)"`` (a
-    UNet pipeline no test compares with stock: it runs, with a warning), or why it cannot (``"unsupported: ..."``).
-    Imports every pipeline class once (seconds)."""
+def pipeline_paths() -> dict[str, str]:
+    """Every diffusers pipeline class -> the path it takes on JAX: ``"family <name>"`` (a family file), ``"generic"``
+    (a transformer denoiser), ``"unet"`` (a UNet denoiser), or why none (``"unsupported: ..."``). Whether a class was
+    compared with stock is ``runtime.support``'s table. Imports every pipeline class once (seconds)."""
     global _catalogue
     if _catalogue is None:
         import inspect
@@ -199,9 +192,9 @@ def supported_pipelines() -> dict[str, str]:
             elif any(p.startswith("transformer") for p in parameters):
                 found[name] = "generic"
             elif "unet" in parameters:
-                found[name] = "family unet" if name in _verified_unet else "unet (untested)"
+                found[name] = "unet"
             else:
-                found[name] = "unsupported: no transformer denoiser"
+                found[name] = "unsupported: no transformer or UNet denoiser"
         _catalogue = found
     extra = {cls.__name__: f"family {f.name}" for f in _load() for cls in f.pipelines}  # diffusers_tpu's classes
     return {**_catalogue, **extra}
@@ -219,5 +212,6 @@ def family_of(pipe) -> Family:
         f"{type(pipe).__name__} cannot run on JAX: it has no diffusers transformer or UNet denoiser (components "
         f"{sorted(pipe.components)}). Families: {sorted({f.name for f in _load()})}; any pipeline with a "
         "diffusers `transformer` takes the generic path, any with a diffusers `unet` the UNet path "
-        "(diffusers_tpu.supported_pipelines() lists each class). Keep it on a torch device, or open an issue."
+        "(diffusers_tpu.supported_pipelines() lists each class and whether it was compared with stock). Keep it on "
+        "a torch device, or open an issue."
     )

@@ -1,0 +1,199 @@
+"""Tiny recipes for the parity sweep (``testing.sweep``): pipeline class name -> a function returning ``(pipe,
+call arguments)``, components built offline from the class's own model classes (2+ layers, prompts of different
+lengths, guidance on). ``VIDEO``: the classes whose output is a video (the mesh run is required for them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import PIL.Image
+
+from . import tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_unet
+from .tiny_families import PROMPTS, test_frames
+
+VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
+
+
+def _image(height=32, width=32, seed=0):
+    return tiny.test_image(height, width, seed)
+
+
+def _mask(height=32, width=32):
+    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
+
+
+def _named(module, name):
+    return lambda: module.pipeline(name)
+
+
+DROP = object()  # a call argument the other class does not take
+
+
+def _as(cls_name, build, **extra):
+    """The same components under another pipeline class of the family."""
+    def recipe():
+        import diffusers
+
+        pipe, call = build()
+        call = {k: v for k, v in dict(call, **extra).items() if v is not DROP}
+        return getattr(diffusers, cls_name)(**pipe.components), call
+    return recipe
+
+
+def _wan():
+    return tiny.wan_pipeline("wan-4head"), dict(VIDEO_CALL)
+
+
+def _wan_i2v():
+    return tiny.wan_i2v_pipeline(), dict(VIDEO_CALL, image=_image())
+
+
+def _cogvideox():
+    return tiny.cogvideox_pipeline("cogvideox-5b"), dict(VIDEO_CALL, max_sequence_length=32, num_frames=9)
+
+
+def _hunyuan15():
+    call = dict(prompt='a cat holding a sign saying "hello" in the rain', negative_prompt="blurry", height=32,
+                width=48, num_frames=5, num_inference_steps=2)
+    return tiny.hunyuan15_pipeline(), call
+
+
+def _causal_wan():
+    return tiny.causal_wan_pipeline(), dict(prompt=PROMPTS["prompt"], num_blocks=3, height=32, width=48,
+                                            max_sequence_length=24)
+
+
+RECIPES = {
+    "WanPipeline": _wan,
+    "WanImageToVideoPipeline": _wan_i2v,
+    "WanVideoToVideoPipeline": _named(tiny_families, "wan-v2v"),
+    "WanVACEPipeline": _named(tiny_families, "wan-vace"),
+    "WanAnimatePipeline": _named(tiny_families, "wan-animate"),
+    "SkyReelsV2Pipeline": _named(tiny_families, "skyreels-v2"),
+    "SkyReelsV2DiffusionForcingPipeline": _named(tiny_families, "skyreels-v2-df"),
+    "CogVideoXPipeline": _cogvideox,
+    "HunyuanVideoPipeline": _named(tiny_families, "hunyuan-video"),
+    "HunyuanVideo15Pipeline": _hunyuan15,
+    "HunyuanVideo15ImageToVideoPipeline": _named(tiny_families, "hunyuanvideo15-i2v"),
+    "LTXPipeline": _named(tiny_families, "ltx"),
+    "LTXImageToVideoPipeline": _named(tiny_families, "ltx-i2v"),
+    "LTX2Pipeline": _named(tiny_families, "ltx2"),
+    "LTX2ImageToVideoPipeline": _named(tiny_families, "ltx2-i2v"),
+    "CausalWanPipeline": _causal_wan,
+    "FluxPipeline": _named(tiny_images, "flux"),
+    "QwenImagePipeline": _named(tiny_images, "qwen-image"),
+    "ZImagePipeline": _named(tiny_images, "z-image"),
+    **{cls: (lambda name=name, cls=cls: (tiny_generic.generic_pipeline(name),
+                                {k: v for k, v in tiny_generic.CALLS[cls].items() if k != "output_type"}))
+       for name, cls in (("latte", "LattePipeline"), ("mochi", "MochiPipeline"),
+                         ("easyanimate", "EasyAnimatePipeline"))},
+    **{cls: _named(tiny_unet, name) for name, cls in (
+        ("sd", "StableDiffusionPipeline"), ("sd-img2img", "StableDiffusionImg2ImgPipeline"),
+        ("sd-inpaint", "StableDiffusionInpaintPipeline"), ("sd-controlnet", "StableDiffusionControlNetPipeline"),
+        ("sdxl", "StableDiffusionXLPipeline"), ("svd", "StableVideoDiffusionPipeline"),
+        ("animatediff", "AnimateDiffPipeline"))},
+}
+# the same components under the family's other classes
+RECIPES.update({
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": _as(
+        "SkyReelsV2DiffusionForcingVideoToVideoPipeline", _named(tiny_families, "skyreels-v2-df"),
+        video=test_frames(9), num_frames=9, overlap_history=5, base_num_frames=9),
+    "CogVideoXVideoToVideoPipeline": _as("CogVideoXVideoToVideoPipeline", _cogvideox, video=test_frames(9),
+                                         strength=0.8, num_frames=DROP),
+    "FluxImg2ImgPipeline": _as("FluxImg2ImgPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
+                               strength=0.8),
+    "FluxInpaintPipeline": _as("FluxInpaintPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
+                               mask_image=_mask(16, 16), strength=0.8),
+    "FluxKontextPipeline": _as("FluxKontextPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
+                               _auto_resize=False, max_area=16 * 16),
+    "QwenImageImg2ImgPipeline": _as("QwenImageImg2ImgPipeline", _named(tiny_images, "qwen-image"), image=_image(),
+                                    strength=0.8),
+    "QwenImageInpaintPipeline": _as("QwenImageInpaintPipeline", _named(tiny_images, "qwen-image"), image=_image(),
+                                    mask_image=_mask(), strength=0.8),
+    "ZImageImg2ImgPipeline": _as("ZImageImg2ImgPipeline", _named(tiny_images, "z-image"), image=_image(),
+                                 strength=0.8),
+    "ZImageInpaintPipeline": _as("ZImageInpaintPipeline", _named(tiny_images, "z-image"), image=_image(),
+                                 mask_image=_mask(), strength=0.8),
+    "StableDiffusionXLImg2ImgPipeline": _as("StableDiffusionXLImg2ImgPipeline", _named(tiny_unet, "sdxl"),
+                                            image=_image(), strength=0.8),
+})
+
+
+
+def _sweep(build, cls_name=None, **extra):
+    def recipe():
+        pipe, call = build(cls_name=cls_name) if cls_name else build()
+        return pipe, dict(call, **extra)
+    return recipe
+
+
+RECIPES.update({
+    "StableDiffusion3Pipeline": _sweep(tiny_sweep.sd3),
+    "StableDiffusion3Img2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(),
+                                              strength=0.8),
+    "StableDiffusion3InpaintPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3InpaintPipeline", image=_image(),
+                                              mask_image=_mask(), strength=0.8),
+    "StableDiffusion3PAGPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0),
+    "StableDiffusion3PAGImg2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGImg2ImgPipeline",
+                                                 image=_image(), strength=0.8, pag_scale=2.0),
+    "PixArtAlphaPipeline": _sweep(tiny_sweep.pixart, "PixArtAlphaPipeline"),
+    "PixArtSigmaPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPipeline"),
+    "PixArtSigmaPAGPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPAGPipeline", pag_scale=2.0),
+    "AuraFlowPipeline": _sweep(tiny_sweep.auraflow),
+    "SanaPipeline": _sweep(tiny_sweep.sana, "SanaPipeline"),
+    "SanaPAGPipeline": _sweep(tiny_sweep.sana, "SanaPAGPipeline", pag_scale=2.0),
+    "AllegroPipeline": _sweep(tiny_sweep.allegro),
+    "CogView3PlusPipeline": _sweep(tiny_sweep.cogview3),
+    "ChromaPipeline": _sweep(tiny_sweep.chroma, "ChromaPipeline"),
+    "ChromaImg2ImgPipeline": _sweep(tiny_sweep.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8),
+    "Lumina2Pipeline": _sweep(tiny_sweep.lumina2),
+})
+
+RECIPES.update({
+    "HeliosPipeline": _sweep(tiny_sweep.helios),
+    "LucyEditPipeline": _sweep(tiny_sweep.lucy_edit),
+    "HunyuanDiTPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPipeline"),
+    "HunyuanDiTPAGPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
+    "CogView4Pipeline": _sweep(tiny_sweep.cogview4),
+    "LTXConditionPipeline": _as("LTXConditionPipeline", _named(tiny_families, "ltx")),
+})
+
+RECIPES.update({
+    "CogVideoXImageToVideoPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXImageToVideoPipeline"),
+    "CogVideoXFunControlPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXFunControlPipeline"),
+    "SkyReelsV2ImageToVideoPipeline": _sweep(tiny_sweep.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"),
+    "SkyReelsV2DiffusionForcingImageToVideoPipeline": _sweep(
+        tiny_sweep.skyreels_i2v, "SkyReelsV2DiffusionForcingImageToVideoPipeline"),
+    "TextToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "TextToVideoSDPipeline"),
+    "VideoToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "VideoToVideoSDPipeline"),
+    "AnimateDiffVideoToVideoPipeline": _sweep(tiny_sweep.animatediff_v2v),
+})
+
+
+
+def _controlnet_variant(cls_name, **extra):
+    """SD 1.5 ControlNet's components under its img2img / inpaint classes: the control image beside the image."""
+    def recipe():
+        import diffusers
+
+        pipe, call = tiny_unet.pipeline("sd-controlnet")
+        control = call.pop("image")
+        return getattr(diffusers, cls_name)(**pipe.components), dict(call, image=_image(), control_image=control,
+                                                                      **extra)
+    return recipe
+
+
+RECIPES.update({
+    "StableDiffusionXLInpaintPipeline": _as("StableDiffusionXLInpaintPipeline", _named(tiny_unet, "sdxl"),
+                                            image=_image(), mask_image=_mask(), strength=0.8),
+    "StableDiffusionControlNetImg2ImgPipeline": _controlnet_variant("StableDiffusionControlNetImg2ImgPipeline",
+                                                                    strength=0.8),
+    "StableDiffusionControlNetInpaintPipeline": _controlnet_variant("StableDiffusionControlNetInpaintPipeline",
+                                                                    mask_image=_mask(), strength=0.8),
+    "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
+})
+
+RECIPES.update({"AnyFlowPipeline": _sweep(tiny_sweep.anyflow), "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit)})
+
+VIDEO = {name for name in RECIPES if any(word in name for word in (
+    "Wan", "SkyReels", "CogVideoX", "HunyuanVideo", "LTX", "Latte", "Mochi", "EasyAnimate", "VideoDiffusion",
+    "AnimateDiff", "Allegro", "Helios", "LucyEdit", "ToVideo", "AnyFlow", "ChronoEdit"))}

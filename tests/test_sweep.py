@@ -1,0 +1,90 @@
+"""The parity sweep and what it decides: ``supported_pipelines()``'s statuses, the generated page, README's table,
+the refusal of a class measured differing from stock. ``-m sweep`` (CI's second command) runs the sweep itself
+and checks that every row of the committed table still holds."""
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import diffusers_tpu
+from diffusers_tpu.runtime import support
+from diffusers_tpu.testing import sweep, sweep_recipes, tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_row_has_a_recipe_and_the_generated_pages_are_current():
+    rows = support.measured()
+    assert set(rows) <= set(sweep_recipes.RECIPES)
+    assert set(sweep_recipes.RECIPES) <= set(rows), "run: python -m diffusers_tpu.testing.sweep --write"
+    assert (ROOT / "docs" / "verified-pipelines.md").read_text() == support.support_page(), \
+        "run: python -m diffusers_tpu.testing.sweep --write"
+    readme = (ROOT / "README.md").read_text()
+    assert support.readme_table() in readme, "run: python -m diffusers_tpu.testing.sweep --write"
+
+
+def test_statuses_follow_the_measurements():
+    table = diffusers_tpu.supported_pipelines()
+    rows = support.measured()
+    for name, row in rows.items():
+        if row["status"].startswith("verified"):
+            assert table[name] == row["status"]
+            assert row["max_abs_1"] <= sweep.TOLERANCE
+            if row["status"] == "verified":
+                assert row["max_abs_mesh"] <= sweep.TOLERANCE
+    assert table["WanPipeline"] == "verified"
+    assert table["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
+    never_swept = next(n for n, p in support.registry.pipeline_paths().items() if p == "generic" and n not in rows)
+    assert table[never_swept].startswith("untested: runs on the generic path")
+    assert table["DDPMPipeline"].startswith("untested: runs on the unet path")
+    assert table["FluxPriorReduxPipeline"] == "unsupported: no transformer or UNet denoiser"
+    videos = [n for n, r in rows.items() if r["video"] and r["status"] == "verified on 1 device"]
+    assert videos == [], f"video pipelines verified on 1 device only: {videos}"
+
+
+def test_status_words():
+    one, mesh = dict(max_abs=2e-6), dict(max_abs=3e-6)
+    assert sweep.status_of(one, mesh, True) == ("verified", "")
+    assert sweep.status_of(one, None, False) == ("verified on 1 device", "")
+    assert sweep.status_of(one, dict(max_abs=0.3), True)[0] == "unsupported"
+    assert sweep.status_of(dict(max_abs=None, finite=False), mesh, True)[0] == "unsupported"
+    assert sweep.status_of(dict(error="recipe: TypeError: x"), None, True) == ("untested", "recipe: TypeError: x")
+    assert sweep.status_of(one, dict(error="jax: ValueError: y"), True)[0] == "unsupported"
+
+
+def test_a_class_measured_differing_is_refused_before_anything_moves(monkeypatch):
+    pipe = tiny.wan_pipeline("wan-4head")
+    rows = dict(support.measured(), WanPipeline=dict(status="unsupported", why="differs from stock on 1 device "
+                                                     "(max-abs 0.5)", max_abs_1=0.5, max_abs_mesh=None, video=True))
+    monkeypatch.setattr(support, "measured", lambda: rows)
+    with pytest.raises(ValueError, match="differs from stock on 1 device .* Keep it on a torch device"):
+        pipe.to("jax")
+    assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in pipe.transformer.parameters())
+    # what the error says: it keeps working on torch
+    out = pipe(prompt="a cat", height=16, width=16, num_frames=5, num_inference_steps=1, output_type="np",
+               generator=torch.Generator().manual_seed(0)).frames
+    assert np.isfinite(out).all()
+
+
+def test_an_untested_class_warns_once(caplog, monkeypatch):
+    monkeypatch.setattr(support, "_warned", set())
+    monkeypatch.setattr(support, "measured", lambda: {})
+    with caplog.at_level(logging.WARNING, logger="diffusers_tpu"):
+        for _ in range(2):
+            support.check(tiny.wan_pipeline("wan-4head"))
+    warnings = [r.getMessage() for r in caplog.records if "not been compared" in r.getMessage()]
+    assert len(warnings) == 1 and "WanPipeline runs on the wan family file" in warnings[0]
+
+
+@pytest.mark.sweep
+def test_the_sweep_confirms_the_table():
+    """Runs every recipe on 1 device and the mesh (two processes side by side) and checks each committed row."""
+    committed = json.loads(support.TABLE.read_text())
+    measured = sweep.table(sweep.sweep(sorted(sweep_recipes.RECIPES)))
+    changed = {name: (committed.get(name, {}).get("status"), row["status"], row["why"])
+               for name, row in measured.items() if committed.get(name, {}).get("status") != row["status"]}
+    assert changed == {}, changed
