@@ -75,7 +75,7 @@ def test_an_untested_class_warns_once(caplog, monkeypatch):
     monkeypatch.setattr(support, "measured", lambda: {})
     with caplog.at_level(logging.WARNING, logger="diffusers_tpu"):
         for _ in range(2):
-            support.check(tiny.wan_pipeline("wan-4head"))
+            support.check(tiny.wan_pipeline("wan-4head"), "wan")
     warnings = [r.getMessage() for r in caplog.records if "not been compared" in r.getMessage()]
     assert len(warnings) == 1 and "WanPipeline runs on the wan family file" in warnings[0]
 

@@ -27,7 +27,8 @@ def run(pipe, call, output_type, flags=None):
     return out.frames if hasattr(out, "frames") else out.images
 
 
-@pytest.mark.parametrize("name", list(tiny_unet.PIPELINES))
+# SVD and AnimateDiff: compared on the mesh in test_mesh_families and on 1 device by the parity sweep
+@pytest.mark.parametrize("name", [n for n in tiny_unet.PIPELINES if n not in ("svd", "animatediff")])
 def test_unet_pipeline_matches_stock(name, caplog, monkeypatch):
     monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "cpu")  # "tpu" rehearses on the CPU
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")

@@ -472,7 +472,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         raise ValueError(f"config must be a diffusers_tpu.TPUConfig, got {type(config).__name__}.")
     config = config or TPUConfig()
     family = family_of(pipe)
-    support.check(pipe)
+    support.check(pipe, family.name)
     target = backend.resolve_target(kind)
     current = runtime_of(pipe)
     if current is not None and current.config == config and current.target == target and dtype is None:

@@ -56,11 +56,11 @@ def supported_pipelines(detail: bool = False) -> dict:
                        max_abs_mesh=rows.get(name, {}).get("max_abs_mesh")) for name, path in paths.items()}
 
 
-def check(pipe) -> None:
+def check(pipe, family_name: str) -> None:
     """Before anything moves: refuse a class the sweep measured differing from stock; warn once for one it never
-    compared."""
+    compared. ``family_name``: the family ``pipe`` takes (not looked up: that imports every pipeline class)."""
     name = type(pipe).__name__
-    found = status(name)
+    found = status(name, family_name if family_name in ("generic", "unet") else f"family {family_name}")
     if found.startswith("unsupported") and name in measured():
         raise ValueError(f"{name} is not run on JAX: the parity sweep found it {found[len('unsupported: '):]}. Keep "
                          "it on a torch device (nothing was moved), or open an issue with this message.")

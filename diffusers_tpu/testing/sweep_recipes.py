@@ -194,6 +194,12 @@ RECIPES.update({
 
 RECIPES.update({"AnyFlowPipeline": _sweep(tiny_sweep.anyflow), "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit)})
 
+RECIPES.update({
+    "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
+    "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
+    "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
+})
+
 VIDEO = {name for name in RECIPES if any(word in name for word in (
     "Wan", "SkyReels", "CogVideoX", "HunyuanVideo", "LTX", "Latte", "Mochi", "EasyAnimate", "VideoDiffusion",
     "AnimateDiff", "Allegro", "Helios", "LucyEdit", "ToVideo", "AnyFlow", "ChronoEdit"))}

@@ -371,3 +371,37 @@ def chrono_edit(seed: int = 0):
     return pipe, dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=tiny_image(),
                       height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=5.0,
                       max_sequence_length=48)
+
+
+def sana_video(seed: int = 0):
+    from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, SanaVideoPipeline,
+                           SanaVideoTransformer3DModel)
+
+    from .tiny import WAN_VAE
+
+    transformer = _seeded(seed, lambda: SanaVideoTransformer3DModel(
+        in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=32,
+        sample_size=8, patch_size=(1, 2, 2), attention_bias=True, rope_max_seq_len=32))
+    with torch.no_grad():  # the ReLU linear attention's denominator kept away from 0 (see ``sana``)
+        for block in transformer.transformer_blocks:
+            block.attn1.to_q.bias.fill_(1.0)
+            block.attn1.to_k.bias.fill_(1.0)
+    pipe = SanaVideoPipeline(transformer=transformer, vae=_seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
+                             scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder=_gemma2(seed + 2),
+                             tokenizer=char_tokenizer())
+    return pipe, dict(PROMPTS, height=32, width=32, frames=9, num_inference_steps=2, guidance_scale=5.0,
+                      max_sequence_length=48, complex_human_instruction=None, use_resolution_binning=False)
+
+
+def hunyuan_skyreels_i2v(seed: int = 0):
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoTransformer3DModel
+
+    from .tiny_families import hunyuan_video
+
+    pipe, call = hunyuan_video(seed)
+    components = dict(pipe.components)
+    components["transformer"] = _seeded(seed, lambda: HunyuanVideoTransformer3DModel.from_config(
+        dict(pipe.transformer.config, in_channels=8)))  # the image latents beside the noise
+    call = dict(call, image=tiny_image(16, 16), prompt=call["prompt"][0], negative_prompt=call["negative_prompt"][0])
+    return HunyuanSkyreelsImageToVideoPipeline(**components), call
