@@ -129,13 +129,15 @@ def sweep(names: list[str]) -> dict:
 
 
 def table(measured: dict) -> dict:
-    from .sweep_recipes import RECIPES, VIDEO
+    from .sweep_recipes import RECIPES
 
     rows = {}
     for name, result in sorted(measured.items()):
-        status, why = status_of(result["one"], result["mesh"], name in VIDEO)
+        shape = (result["one"] or result["mesh"] or {}).get("shape", [])
+        video = len(shape) == 5  # [batch, frames, height, width, channels]
+        status, why = status_of(result["one"], result["mesh"], video)
         rows[name] = dict(status=status, why=why, max_abs_1=(result["one"] or {}).get("max_abs"),
-                          max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=name in VIDEO)
+                          max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=video)
     assert set(rows) <= set(RECIPES)
     return rows
 

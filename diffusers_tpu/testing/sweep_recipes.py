@@ -1,6 +1,6 @@
 """Tiny recipes for the parity sweep (``testing.sweep``): pipeline class name -> a function returning ``(pipe,
 call arguments)``, components built offline from the class's own model classes (2+ layers, prompts of different
-lengths, guidance on). ``VIDEO``: the classes whose output is a video (the mesh run is required for them)."""
+lengths, guidance on)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,6 @@ RECIPES.update({
 })
 
 
-
 def _sweep(build, cls_name=None, **extra):
     def recipe():
         pipe, call = build(cls_name=cls_name) if cls_name else build()
@@ -126,6 +125,7 @@ def _sweep(build, cls_name=None, **extra):
     return recipe
 
 
+# pipelines only the sweep builds (testing/tiny_sweep.py)
 RECIPES.update({
     "StableDiffusion3Pipeline": _sweep(tiny_sweep.sd3),
     "StableDiffusion3Img2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(),
@@ -146,18 +146,12 @@ RECIPES.update({
     "ChromaPipeline": _sweep(tiny_sweep.chroma, "ChromaPipeline"),
     "ChromaImg2ImgPipeline": _sweep(tiny_sweep.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8),
     "Lumina2Pipeline": _sweep(tiny_sweep.lumina2),
-})
-
-RECIPES.update({
     "HeliosPipeline": _sweep(tiny_sweep.helios),
     "LucyEditPipeline": _sweep(tiny_sweep.lucy_edit),
     "HunyuanDiTPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPipeline"),
     "HunyuanDiTPAGPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
     "CogView4Pipeline": _sweep(tiny_sweep.cogview4),
     "LTXConditionPipeline": _as("LTXConditionPipeline", _named(tiny_families, "ltx")),
-})
-
-RECIPES.update({
     "CogVideoXImageToVideoPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXImageToVideoPipeline"),
     "CogVideoXFunControlPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXFunControlPipeline"),
     "SkyReelsV2ImageToVideoPipeline": _sweep(tiny_sweep.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"),
@@ -167,7 +161,6 @@ RECIPES.update({
     "VideoToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "VideoToVideoSDPipeline"),
     "AnimateDiffVideoToVideoPipeline": _sweep(tiny_sweep.animatediff_v2v),
 })
-
 
 
 def _controlnet_variant(cls_name, **extra):
@@ -190,16 +183,9 @@ RECIPES.update({
     "StableDiffusionControlNetInpaintPipeline": _controlnet_variant("StableDiffusionControlNetInpaintPipeline",
                                                                     mask_image=_mask(), strength=0.8),
     "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
-})
-
-RECIPES.update({"AnyFlowPipeline": _sweep(tiny_sweep.anyflow), "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit)})
-
-RECIPES.update({
+    "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
+    "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),
     "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
     "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
     "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
 })
-
-VIDEO = {name for name in RECIPES if any(word in name for word in (
-    "Wan", "SkyReels", "CogVideoX", "HunyuanVideo", "LTX", "Latte", "Mochi", "EasyAnimate", "VideoDiffusion",
-    "AnimateDiff", "Allegro", "Helios", "LucyEdit", "ToVideo", "AnyFlow", "ChronoEdit"))}
