@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tiny import char_tokenizer, tiny_t5, tiny_umt5
+from .tiny import char_tokenizer, test_image, tiny_t5, tiny_umt5
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
@@ -260,16 +260,10 @@ def cogvideox_i2v(seed: int = 0, cls_name: str = "CogVideoXImageToVideoPipeline"
     call = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", height=32, width=32,
                 num_inference_steps=2, max_sequence_length=32)
     if "Image" in cls_name:
-        call.update(image=tiny_image(), num_frames=9)
+        call.update(image=test_image(), num_frames=9)
     else:
         call.update(control_video=test_frames(9))
     return getattr(diffusers, cls_name)(**components), call
-
-
-def tiny_image(height: int = 32, width: int = 32):
-    from .tiny import test_image
-
-    return test_image(height, width)
 
 
 def skyreels_i2v(seed: int = 0, cls_name: str = "SkyReelsV2ImageToVideoPipeline"):
@@ -286,7 +280,7 @@ def skyreels_i2v(seed: int = 0, cls_name: str = "SkyReelsV2ImageToVideoPipeline"
     forcing = "DiffusionForcing" in cls_name
     config = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=16) if forcing else WAN_I2V_TRANSFORMER
     components["transformer"] = _seeded(seed, lambda: SkyReelsV2Transformer3DModel(**config))
-    call = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=tiny_image(),
+    call = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=test_image(),
                 height=32, width=32, num_frames=9, num_inference_steps=2, max_sequence_length=16)
     if forcing:
         call.update(ar_step=1, causal_block_size=1)
@@ -368,7 +362,7 @@ def chrono_edit(seed: int = 0):
                      FlowMatchEulerDiscreteScheduler(shift=5.0),
                      image_encoder=_seeded(seed + 3, lambda: CLIPVisionModel(CLIPVisionConfig(**CLIP_VISION))),
                      image_processor=processor(crop_size=32, size=32))
-    return pipe, dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=tiny_image(),
+    return pipe, dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", image=test_image(),
                       height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=5.0,
                       max_sequence_length=48)
 
@@ -403,5 +397,5 @@ def hunyuan_skyreels_i2v(seed: int = 0):
     components = dict(pipe.components)
     components["transformer"] = _seeded(seed, lambda: HunyuanVideoTransformer3DModel.from_config(
         dict(pipe.transformer.config, in_channels=8)))  # the image latents beside the noise
-    call = dict(call, image=tiny_image(16, 16), prompt=call["prompt"][0], negative_prompt=call["negative_prompt"][0])
+    call = dict(call, image=test_image(16, 16), prompt=call["prompt"][0], negative_prompt=call["negative_prompt"][0])
     return HunyuanSkyreelsImageToVideoPipeline(**components), call
