@@ -166,6 +166,58 @@ def test_a_host_table_indexed_by_a_device_scalar_reads_like_torch():
         assert float(got) == float(table[7])
 
 
+def test_random_draws_on_the_device_follow_torch_generators_like_stock_on_the_cpu():
+    """``latent_dist.sample()`` without a generator (I2VGen-XL) and ``torch.randn(..., generator=cpu)``: torch's values
+    under ``torch.manual_seed``, and a generator advances between draws (torchax's own keys ignored both)."""
+    import numpy as np
+
+    torchax = compat.import_torchax()
+
+    def host(t):
+        return torch.from_numpy(np.asarray(t.jax(), np.float32))
+
+    with torchax.default_env():
+        like = torch.zeros(2, 3, dtype=torch.bfloat16).to("jax")
+        torch.manual_seed(7)
+        drawn = [torch.randn(2, 3, device="jax"), torch.randn_like(like), torch.rand(4, device="jax"),
+                 torch.zeros(3).to("jax").normal_(1.0, 2.0)]
+        generator = torch.Generator().manual_seed(1)
+        pair = [torch.randn(3, generator=generator, device="jax") for _ in range(2)]
+    torch.manual_seed(7)
+    expected = [torch.randn(2, 3), torch.randn(2, 3, dtype=torch.bfloat16), torch.rand(4),
+                torch.zeros(3).normal_(1.0, 2.0)]
+    for got, want in zip(drawn, expected):
+        assert got.dtype == want.dtype and torch.equal(host(got), want.float()), (got, want)
+    generator = torch.Generator().manual_seed(1)
+    assert all(torch.equal(host(got), torch.randn(3, generator=generator)) for got in pair)
+
+
+def test_a_value_with_leading_unit_dimensions_is_assigned_like_torch():
+    """Text2Video-Zero: ``warped[i] = warp(latents[i][None])``, a (1, C, H, W) value into a (C, H, W) slot."""
+    import numpy as np
+
+    torchax = compat.import_torchax()
+    expected = torch.zeros(3, 2, 4)
+    value = torch.arange(8.0).reshape(1, 1, 2, 4)
+    expected[1] = value
+    with torchax.default_env():
+        out = torch.zeros(3, 2, 4).to("jax")
+        out[1] = value.to("jax")
+        assert torch.equal(torch.from_numpy(np.asarray(out.jax())), expected)
+
+
+def test_device_values_written_into_a_host_tensor_land_there_like_torch():
+    """SEGA's ``self.edit_estimates[i, c] = noise_pred`` (a CPU tensor holding device values), and ``copy_``."""
+    torchax = compat.import_torchax()
+    value = torch.arange(6.0).reshape(2, 3)
+    with torchax.default_env():
+        estimates, copied = torch.zeros(3, 2, 3), torch.zeros(2, 3, dtype=torch.bfloat16)
+        estimates[1] = value.to("jax")
+        copied.copy_(value.to("jax"))
+    assert type(estimates) is torch.Tensor and torch.equal(estimates[1], value) and not estimates[0].any()
+    assert torch.equal(copied, value.to(torch.bfloat16))
+
+
 def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_it():
     """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
     compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped

@@ -33,9 +33,10 @@ def test_statuses_follow_the_measurements():
     for name, row in rows.items():
         if row["status"].startswith("verified"):
             assert table[name] == row["status"]
-            assert row["max_abs_1"] <= sweep.TOLERANCE
+            eight_bit = "levels_off_1" in row  # the pipeline rounds its own frames: ≤ 0.1% of subpixels one level off
+            assert row["max_abs_1"] <= sweep.TOLERANCE or eight_bit and row["levels_off_1"] <= 1e-3
             if row["status"] == "verified":
-                assert row["max_abs_mesh"] <= sweep.TOLERANCE
+                assert row["max_abs_mesh"] <= sweep.TOLERANCE or eight_bit and row["levels_off_mesh"] <= 1e-3
     assert table["WanPipeline"] == "verified"
     assert table["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
     never_swept = next(n for n, p in support.registry.pipeline_paths().items() if p == "generic" and n not in rows)
@@ -54,6 +55,25 @@ def test_status_words():
     assert sweep.status_of(dict(max_abs=None, finite=False), mesh, True)[0] == "unsupported"
     assert sweep.status_of(dict(error="recipe: TypeError: x"), None, True) == ("untested", "recipe: TypeError: x")
     assert sweep.status_of(one, dict(error="jax: ValueError: y"), True)[0] == "unsupported"
+
+
+def test_outputs_are_compared_absolutely_in_0_1_and_relative_to_their_magnitude_beyond():
+    import numpy as np
+
+    image = np.linspace(0.0, 1.0, 12, dtype=np.float32)
+    absolute = sweep.compare(image, image + 2e-4)
+    assert "scale" not in absolute and abs(absolute["max_abs"] - 2e-4) < 1e-6
+    assert sweep.status_of(sweep.compare(image, image + 2e-4), None, False)[0] == "unsupported"
+    hdr = image * 50.0  # linear light: float32's last bit is 50 times an image's
+    relative = sweep.compare(hdr, hdr + 1.5e-4)
+    assert relative["scale"] == 50.0 and relative["max_abs"] < sweep.TOLERANCE
+    assert sweep.compare(hdr, hdr + 1e-2)["max_abs"] > sweep.TOLERANCE
+    assert sweep.compare(image, image * np.nan)["max_abs"] is None
+    frames = np.round(image * 255.0) / 255.0  # rounded to 8 bits by the pipeline itself
+    nudged = frames.copy()
+    nudged[3] += 1 / 255.0
+    assert sweep.close_enough(sweep.compare(np.tile(frames, 100), np.concatenate([nudged, np.tile(frames, 99)])))
+    assert not sweep.close_enough(sweep.compare(frames, nudged))  # one subpixel in 12: over 0.1%
 
 
 def test_a_class_measured_differing_is_refused_before_anything_moves(monkeypatch):

@@ -135,7 +135,9 @@ def _patch_type_as():
 # --- 4. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
 # Reason: torch casts an assigned value to the destination's dtype; torchax hands both to ``.at[].set`` as they
 # are, and JAX warns that mixing them (float32 into bfloat16) will become an error. Wan's rotary embedding does
-# exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``).
+# exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``). torch also drops a
+# value's leading size-1 dimensions (``out[i] = x[i][None]``: Text2Video-Zero's warp), which JAX refuses to broadcast
+# ("fewer dimensions"); without them broadcasting is the same.
 # Guard: only wraps torchax's own ``__setitem__`` (0.0.10 - 0.0.13), once.
 def _patch_setitem():
     from torchax.tensor import Tensor
@@ -151,6 +153,11 @@ def _patch_setitem():
             value = value.astype(self._elem.dtype)
         elif isinstance(value, (int, float)) and self.dtype == torch.bool:
             value = bool(value)  # torch: mask[:n] = 1 sets True (Z-Image's caption mask)
+        if isinstance(value, (torch.Tensor, jax.Array)) and value.ndim and value.shape[0] == 1:
+            shape = tuple(value.shape)
+            while shape and shape[0] == 1:
+                shape = shape[1:]
+            value = value.reshape(shape)
         return stock(self, key, value)
 
     __setitem__._diffusers_tpu = True
@@ -543,6 +550,35 @@ def _patch_fill_diagonal():
     _applied.add("torchax Tensor.fill_diagonal_")
 
 
+# --- 15. Random draws outside a program follow torch's generators ----------------------------------------------
+# Reason: torchax draws ``torch.randn(..., device=jax)``, ``randn_like`` and ``normal_`` from its own key, so
+# ``torch.manual_seed`` changes nothing and a CPU generator passed for a device draw gives the same values at every
+# draw. Stock draws from torch's generators: a pipeline that samples ``latent_dist.sample()`` without a generator
+# (I2VGen-XL) gave another video than stock's under the same seed (max-abs 0.1). Outside a trace such draws are
+# made by torch on the host (``host_glue.draw``) and placed on the devices. The draws are never glue ops (torch tags
+# them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a call.
+# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
+def _patch_random_draws():
+    from torchax.tensor import Environment
+
+    from . import host_glue
+
+    stock = Environment.dispatch
+    if getattr(stock, "_diffusers_tpu_draws", False):
+        return
+
+    def dispatch(self, func, types, args, kwargs):
+        if func in host_glue.RANDOM_DRAWS:
+            drawn = host_glue.draw(self, func, args, kwargs or {})
+            if drawn is not host_glue.NOT_GLUE:
+                return drawn
+        return stock(self, func, types, args, kwargs)
+
+    dispatch._diffusers_tpu = dispatch._diffusers_tpu_draws = True
+    Environment.dispatch = dispatch
+    _applied.add("random draws from torch's generators")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -558,6 +594,7 @@ def apply() -> None:
     _patch_glue_on_host()
     _patch_strided_set()
     _patch_fill_diagonal()
+    _patch_random_draws()
 
 
 def applied() -> set[str]:

@@ -7,6 +7,9 @@ concrete torchax tensors (or views of them) holding a scalar or a vector: at mos
 most ``GLUE_ELEMENTS`` values. Latents, embeddings and masks never do, at any model size, so tiny test models take
 the same path as real ones. torch computes the op on the host exactly as stock does on a CPU, and the result is
 placed where the op's first input was (a transfer, not a program). ``compat`` installs this in torchax's dispatch.
+
+Random draws for the devices outside a trace are made here too (``draw``): torch on the CPU, from the caller's CPU
+generator or torch's default one, so ``torch.manual_seed`` decides them and they equal stock's CPU values.
 Imports nothing of the package.
 """
 
@@ -158,11 +161,53 @@ _FROM_DATA = (torch.tensor, torch.as_tensor, torch.Tensor)
 _TO_PYTHON = (torch._C.TensorBase.__float__, torch._C.TensorBase.__int__, torch._C.TensorBase.__bool__)
 
 
+_HOST_WRITES = (torch.Tensor.__setitem__, torch.Tensor.copy_)
+
+
+def _write_into_host(func, args, kwargs):
+    """``host[i] = device_value`` / ``host.copy_(device_value)``: the device values read to the host and written
+    there, as torch writes CUDA values into a CPU tensor (SEGA keeps its per-step estimates in CPU tensors:
+    ``self.edit_estimates[i, c] = noise_pred``); torchax cannot write into a host tensor."""
+    import torch.utils._pytree as pytree
+    from jax._src import core
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+    from torchax.view import View
+
+    target = args[0]
+    if isinstance(target, (Tensor, View)) or target.device.type != "cpu" or not core.trace_state_clean():
+        return NOT_GLUE
+    values = [x for x in pytree.tree_leaves((args[1:], kwargs)) if isinstance(x, (Tensor, View))]
+    if not values:
+        return NOT_GLUE
+    host = {}
+    for value in values:
+        array = value._elem if isinstance(value, Tensor) else value.jax()
+        if isinstance(array, jax.core.Tracer):
+            return NOT_GLUE
+        host[id(value)] = _torch_of(_host_of(array))
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        rest = pytree.tree_map_only(torch.Tensor, lambda t: host.get(id(t), t), (args[1:], kwargs))
+        return func(target, *rest[0], **rest[1])
+
+
+def _torch_of(array) -> torch.Tensor:
+    """A numpy array (``ml_dtypes.bfloat16`` included) as a CPU tensor of its own."""
+    import numpy as np
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.array(array).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array))
+
+
 def run(env, func, args, kwargs):
     """The op's result computed on the host, or ``NOT_GLUE``."""
     import torch.utils._pytree as pytree
     from torch.utils._python_dispatch import _disable_current_modes
     from torchax.tensor import Tensor
+
+    if func in _HOST_WRITES and args and isinstance(args[0], torch.Tensor):
+        return _write_into_host(func, args, kwargs)
 
     if func in _FROM_DATA and args and isinstance(args[0], (list, tuple)) and (
             found := _from_scalars(env, func, args, kwargs)) is not NOT_GLUE:
@@ -223,6 +268,50 @@ def getitem(env, tensor, indexes):
     if like is None or result.numel() > GLUE_ELEMENTS:
         return NOT_GLUE
     return Tensor(_placed(host_numpy(result), like), env)
+
+
+_DRAWS = (torch.randn, torch.rand, torch.randint, torch.randperm)
+_DRAWS_LIKE = (torch.randn_like, torch.rand_like, torch.randint_like)
+_DRAWS_IN_PLACE = (torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.random_, torch.Tensor.exponential_)
+RANDOM_DRAWS = frozenset(_DRAWS + _DRAWS_LIKE + _DRAWS_IN_PLACE)
+
+
+def draw(env, func, args, kwargs):
+    """A random draw for the devices made by torch on the host, or ``NOT_GLUE``.
+
+    torchax draws from its own key (``torch.manual_seed`` has no effect) and, given a CPU generator, from a key made
+    of the generator's initial seed (the same values at every draw). torch on the CPU draws from the generator given,
+    or the default one, and advances it: the values a CPU run of stock draws (``vae.encode(x).latent_dist.sample()``
+    without a generator: I2VGen-XL). Inside a trace torchax's keys remain (a program cannot call torch)."""
+    from jax._src import core
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torchax.tensor import Tensor
+
+    generator = kwargs.get("generator")
+    if not core.trace_state_clean() or (generator is not None and generator.device.type != "cpu"):
+        return NOT_GLUE
+    like = None
+    if func in _DRAWS:
+        if not env._should_use_torchax_tensor(kwargs.get("device")):
+            return NOT_GLUE
+    elif not args or type(args[0]) is not Tensor or isinstance(args[0]._elem, jax.core.Tracer):
+        return NOT_GLUE  # a view, or a host tensor: torchax's or torch's own
+    elif func in _DRAWS_LIKE and kwargs.get("device") is not None and not env._should_use_torchax_tensor(
+            kwargs["device"]):
+        return NOT_GLUE
+    else:
+        like = args[0]._elem
+    target = args[0] if like is not None else None
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        host_kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        if target is not None:  # only the shape and dtype of the tensor drawn like / into matter
+            args = (torch.empty(like.shape, dtype=target.dtype), *args[1:])
+        result = func(*args, **host_kwargs)
+    array = _placed(host_numpy(result), like)
+    if func in _DRAWS_IN_PLACE:  # torchax's in-place ops replace the wrapped array too
+        target._elem = array
+        return target
+    return Tensor(array, env)
 
 
 def view_on_host(view):

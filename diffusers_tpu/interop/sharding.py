@@ -216,6 +216,8 @@ def restore(module: torch.nn.Module) -> None:
             return slot.keep_original
         if slot.host is not None:
             return slot.host(slot)
+        if not hasattr(tensor, "jax"):  # the module moved it back itself (Cosmos' guardrail: ``.to("cpu")``)
+            return tensor.to("cpu", slot.restore_dtype)
         return jax_to_host(tensor.jax(), slot.restore_dtype)
 
     replace(slots, host)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import PIL.Image
 
-from . import tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_unet
+from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_unet, tiny_sweep_variants,
+               tiny_sweep_video, tiny_unet)
 from .tiny_families import PROMPTS, test_frames
 
 VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
@@ -189,3 +190,69 @@ RECIPES.update({
     "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
     "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
 })
+
+# video pipelines only the sweep builds (testing/tiny_sweep_video.py)
+RECIPES.update({
+    "AnimateDiffControlNetPipeline": _sweep(tiny_sweep_video.animatediff_controlnet, "AnimateDiffControlNetPipeline"),
+    "AnimateDiffVideoToVideoControlNetPipeline": _sweep(tiny_sweep_video.animatediff_controlnet,
+                                                        "AnimateDiffVideoToVideoControlNetPipeline"),
+    "AnimateDiffSparseControlNetPipeline": _sweep(tiny_sweep_video.animatediff_sparse),
+    "AnimateDiffSDXLPipeline": _sweep(tiny_sweep_video.animatediff_sdxl),
+    "PIAPipeline": _sweep(tiny_sweep_video.pia),
+    "I2VGenXLPipeline": _sweep(tiny_sweep_video.i2vgen_xl),
+    "TextToVideoZeroPipeline": _sweep(tiny_sweep_video.text_to_video_zero),
+    "TextToVideoZeroSDXLPipeline": _sweep(tiny_sweep_video.text_to_video_zero_sdxl),
+    "EasyAnimateInpaintPipeline": _sweep(tiny_sweep_video.easyanimate_inpaint),
+    "EasyAnimateControlPipeline": _sweep(tiny_sweep_video.easyanimate_control),
+    "HeliosPyramidPipeline": _sweep(tiny_sweep_video.helios_pyramid),
+})
+
+# a family's components under its other classes (testing/tiny_sweep_variants.py)
+_VARIANTS = {
+    tiny_sweep_variants.sd_variant: (
+        "StableDiffusionPAGPipeline", "StableDiffusionPAGImg2ImgPipeline", "StableDiffusionPAGInpaintPipeline",
+        "StableDiffusionControlNetPAGPipeline", "StableDiffusionControlNetPAGInpaintPipeline",
+        "LatentConsistencyModelPipeline", "LatentConsistencyModelImg2ImgPipeline",
+        "StableDiffusionInstructPix2PixPipeline", "StableDiffusionPanoramaPipeline", "StableDiffusionSAGPipeline",
+        "SemanticStableDiffusionPipeline", "StableDiffusionParadigmsPipeline", "StableDiffusionModelEditingPipeline",
+        "CycleDiffusionPipeline", "StableDiffusionAttendAndExcitePipeline"),
+    tiny_sweep_variants.sdxl_variant: (
+        "StableDiffusionXLPAGPipeline", "StableDiffusionXLPAGImg2ImgPipeline", "StableDiffusionXLPAGInpaintPipeline",
+        "StableDiffusionXLControlNetPipeline", "StableDiffusionXLControlNetImg2ImgPipeline",
+        "StableDiffusionXLControlNetInpaintPipeline", "StableDiffusionXLControlNetPAGPipeline",
+        "StableDiffusionXLControlNetPAGImg2ImgPipeline", "StableDiffusionXLControlNetUnionPipeline",
+        "StableDiffusionXLControlNetUnionImg2ImgPipeline", "StableDiffusionXLControlNetUnionInpaintPipeline",
+        "StableDiffusionXLInstructPix2PixPipeline"),
+    tiny_sweep_variants.flux_variant: (
+        "FluxControlPipeline", "FluxControlImg2ImgPipeline", "FluxControlInpaintPipeline", "FluxFillPipeline",
+        "FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline", "FluxControlNetInpaintPipeline"),
+}
+RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS.items() for cls in classes})
+_VARIANTS2 = {
+    tiny_sweep_variants.other_variant: (
+        "ChromaInpaintPipeline", "FluxKontextInpaintPipeline", "StableDiffusion3ControlNetPipeline",
+        "StableDiffusion3ControlNetInpaintingPipeline", "CogView4ControlPipeline", "SanaSprintPipeline",
+        "SanaSprintImg2ImgPipeline"),
+    tiny_sweep_variants.sd_conditioned: (
+        "StableDiffusionImageVariationPipeline", "StableDiffusionAdapterPipeline", "StableDiffusionLDM3DPipeline",
+        "StableDiffusionUpscalePipeline"),
+}
+RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS2.items() for cls in classes})
+RECIPES["DiTPipeline"] = _sweep(tiny_sweep_variants.dit)
+RECIPES.update({
+    "LTX2InContextPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2InContextPipeline"),
+    "LTX2HDRPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2HDRPipeline"),
+    "LTXI2VLongMultiPromptPipeline": _sweep(tiny_sweep_video.ltx_long_multi_prompt),
+    "SanaImageToVideoPipeline": _sweep(tiny_sweep_video.sana_i2v),
+})
+RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos2, cls) for cls in (
+    "Cosmos2TextToImagePipeline", "Cosmos2VideoToWorldPipeline")})
+_VARIANTS3 = {
+    tiny_sweep_unet.unconditional: ("DDPMPipeline", "DDIMPipeline", "PNDMPipeline", "LDMPipeline",
+                                    "ConsistencyModelPipeline"),
+    tiny_sweep_unet.kandinsky22: ("KandinskyV22Pipeline", "KandinskyV22Img2ImgPipeline", "KandinskyV22InpaintPipeline",
+                                  "KandinskyV22ControlnetPipeline", "KandinskyV22ControlnetImg2ImgPipeline"),
+    tiny_sweep_unet.deepfloyd_if: ("IFPipeline", "IFImg2ImgPipeline", "IFInpaintingPipeline", "IFSuperResolutionPipeline",
+                                   "IFImg2ImgSuperResolutionPipeline", "IFInpaintingSuperResolutionPipeline"),
+}
+RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS3.items() for cls in classes})

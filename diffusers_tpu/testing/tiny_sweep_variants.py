@@ -1,0 +1,270 @@
+"""Tiny offline pipelines for the parity sweep that reuse a family's tiny components under its other classes
+(SD 1.5 / SDXL guidance and control variants, Flux control / fill / ControlNet, ...), with what each class adds
+(a ControlNet, a wider UNet input, a scheduler): each ``(pipe, call arguments)``."""
+
+from __future__ import annotations
+
+import diffusers
+import numpy as np
+import PIL.Image
+import torch
+
+from . import tiny_images, tiny_unet
+from .tiny import test_image
+from .tiny_sweep import _seeded
+
+PROMPTS = tiny_unet.PROMPTS
+
+
+def mask(height: int = 32, width: int = 32):
+    """The right half masked."""
+    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
+
+
+def rebuilt(seed, model, **changes):
+    """A fresh model of ``model``'s class and config with ``changes`` (``from_config`` would keep a changed value
+    that the original left at its default at that default: it reads ``_use_default_values``)."""
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    return _seeded(seed, lambda: type(model).from_config(dict(config, **changes)))
+
+
+def _fit(cls_name, parts, call):
+    """The class built from the parts its constructor takes, and the call arguments its ``__call__`` takes (the
+    variants of a family differ in both: no negative prompt for LCM, no image encoder for InstructPix2Pix...)."""
+    import inspect
+
+    cls = getattr(diffusers, cls_name)
+    built = set(inspect.signature(cls.__init__).parameters)
+    called = set(inspect.signature(cls.__call__).parameters)
+    return cls(**{k: v for k, v in parts.items() if k in built}), {k: v for k, v in call.items() if k in called}
+
+
+def _sd(seed, **unet):
+    return tiny_unet._sd_parts(seed, unet or None)
+
+
+def _sd_controlnet(seed, **extra):
+    config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
+                       down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
+                       norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
+    return _seeded(seed, lambda: diffusers.ControlNetModel(**config))
+
+
+def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
+    """SD 1.5's components under a guidance / editing class: PAG (text, img2img, inpaint, ControlNet), LCM,
+    InstructPix2Pix, Panorama, SAG, SEGA, Paradigms, model editing, CycleDiffusion, Attend-and-Excite."""
+    inpaint = "Inpaint" in cls_name
+    unet = {}
+    if inpaint:
+        unet["in_channels"] = 9  # noise + masked image latents + mask
+    elif "InstructPix2Pix" in cls_name:
+        unet["in_channels"] = 8  # noise + image latents
+    elif "LatentConsistency" in cls_name:
+        unet["time_cond_proj_dim"] = 32  # LCM's guidance embedding
+    parts = _sd(seed, **unet)
+    call = dict(PROMPTS, height=32, width=32, num_inference_steps=2)
+    if "PAG" in cls_name:
+        call.update(pag_scale=2.0)
+    if "ControlNet" in cls_name:
+        parts["controlnet"] = _sd_controlnet(seed + 3)
+        call.update(control_image=test_image(seed=seed + 5)) if inpaint else call.update(image=test_image(seed=seed + 5))
+    if inpaint:
+        call.update(image=test_image(), mask_image=mask(), strength=0.8)
+    elif "Img2Img" in cls_name:
+        call.update(image=test_image(), strength=0.8)
+    if "LatentConsistency" in cls_name:
+        parts["scheduler"] = diffusers.LCMScheduler(beta_schedule="scaled_linear", beta_start=0.00085,
+                                                    beta_end=0.012)
+    if "InstructPix2Pix" in cls_name:
+        call = dict(PROMPTS, image=test_image(), num_inference_steps=2, image_guidance_scale=1.5)
+    if "Panorama" in cls_name:
+        call.update(width=64)
+    if "SAG" in cls_name:
+        call.update(sag_scale=0.75)
+    if "Semantic" in cls_name:
+        call.update(editing_prompt=["a dog", "snow"], edit_guidance_scale=5.0, edit_warmup_steps=0,
+                    reverse_editing_direction=[False, True], edit_threshold=0.9)
+    if "Paradigms" in cls_name:
+        parts["scheduler"] = diffusers.DDPMParallelScheduler(beta_schedule="scaled_linear", beta_start=0.00085,
+                                                             beta_end=0.012)
+        call.update(num_inference_steps=4, parallel=2)
+    if "Cycle" in cls_name:
+        call = dict(prompt=PROMPTS["prompt"], source_prompt=["a cat", "a fox in the snow"], image=test_image(),
+                    num_inference_steps=4, strength=0.8)
+    if "AttendAndExcite" in cls_name:
+        call = dict(prompt="a cat and a dog", negative_prompt="blurry", token_indices=[2, 4], height=32, width=32,
+                    num_inference_steps=2, max_iter_to_alter=2)
+    return _fit(cls_name, parts, call)
+
+
+def _sdxl_parts(seed, **unet):
+    pipe, _ = tiny_unet.sdxl(seed)
+    parts = dict(pipe.components)
+    if unet:
+        parts["unet"] = rebuilt(seed, pipe.unet, **unet)
+    return parts
+
+
+def _sdxl_controlnet(seed, union=False):
+    config = dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
+                  down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), attention_head_dim=(2, 4),
+                  use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
+                  transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=80,
+                  cross_attention_dim=64, norm_num_groups=4, conditioning_embedding_out_channels=(8, 8))
+    if union:  # its control-type transformer at the first block's width
+        return _seeded(seed, lambda: diffusers.ControlNetUnionModel(
+            **config, num_trans_channel=8, num_trans_head=2, num_trans_layer=2, num_proj_channel=8))
+    return _seeded(seed, lambda: diffusers.ControlNetModel(**config))
+
+
+def sdxl_variant(seed: int = 0, cls_name: str = "StableDiffusionXLPAGPipeline"):
+    """SDXL's components under its PAG, ControlNet (and union), InstructPix2Pix classes."""
+    inpaint = "Inpaint" in cls_name
+    unet = dict(in_channels=8) if "InstructPix2Pix" in cls_name else {}
+    if inpaint and "Union" not in cls_name:  # the union inpaint class takes SDXL's own 4-channel UNet only
+        unet = dict(in_channels=9)
+    parts = _sdxl_parts(seed, **unet)
+    call = dict(PROMPTS, height=32, width=32, num_inference_steps=2)
+    if "PAG" in cls_name:
+        call.update(pag_scale=2.0)
+    if "ControlNet" in cls_name:
+        union = "Union" in cls_name
+        parts["controlnet"] = _sdxl_controlnet(seed + 5, union)
+        control = test_image(seed=seed + 5)
+        if union:  # one control image, its type given by index
+            call.update(control_image=[control], control_mode=[0])
+        elif inpaint or "Img2Img" in cls_name:
+            call.update(control_image=control)
+        else:
+            call.update(image=control)
+    if inpaint:
+        call.update(image=test_image(), mask_image=mask(), strength=0.8)
+    elif "Img2Img" in cls_name:
+        call.update(image=test_image(), strength=0.8)
+    if "InstructPix2Pix" in cls_name:
+        call = dict(PROMPTS, image=test_image(), num_inference_steps=2, image_guidance_scale=1.5)
+    return _fit(cls_name, parts, call)
+
+
+def _flux_parts(seed, in_channels=None):
+    pipe, call = tiny_images.flux(seed)
+    parts = {k: v for k, v in pipe.components.items() if k not in ("image_encoder", "feature_extractor")}
+    if in_channels:
+        parts["transformer"] = rebuilt(seed, pipe.transformer, in_channels=in_channels,
+                                       out_channels=pipe.transformer.config.in_channels)
+    return parts, call
+
+
+def flux_variant(seed: int = 0, cls_name: str = "FluxControlPipeline"):
+    """Flux's components under its control (latents of the control image beside the noise), fill and ControlNet
+    classes."""
+    image, control = test_image(16, 16), test_image(16, 16, seed + 5)
+    if cls_name.startswith("FluxControlNet"):
+        parts, call = _flux_parts(seed)
+        transformer = parts["transformer"].config
+        parts["controlnet"] = _seeded(seed + 6, lambda: diffusers.FluxControlNetModel(
+            patch_size=1, in_channels=transformer.in_channels, num_layers=2, num_single_layers=2,
+            attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32, pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8]))
+        call.update(control_image=control, controlnet_conditioning_scale=0.7)
+    elif cls_name.startswith("FluxControl"):
+        parts, call = _flux_parts(seed, in_channels=8)
+        call.update(control_image=control)
+    else:  # fill: noise + masked image latents + the mask, packed
+        parts, call = _flux_parts(seed, in_channels=4 + 4 + 4)
+        call.update(image=image, mask_image=mask(16, 16))
+    if "Inpaint" in cls_name:
+        call.update(image=image, mask_image=mask(16, 16), strength=0.8)
+    elif "Img2Img" in cls_name:
+        call.update(image=image, strength=0.8)
+    return _fit(cls_name, parts, call)
+
+
+def other_variant(seed: int = 0, cls_name: str = "ChromaInpaintPipeline"):
+    """The sweep's own image families under their other classes: Chroma inpaint, Flux Kontext inpaint, SD3
+    ControlNet (and its inpainting), CogView4 control, Sana Sprint (and img2img)."""
+    from . import tiny_sweep
+
+    image = test_image()
+    if cls_name == "ChromaInpaintPipeline":
+        pipe, call = tiny_sweep.chroma(seed, cls_name)
+        return pipe, dict(call, image=image, mask_image=mask(), strength=0.8)
+    if cls_name == "FluxKontextInpaintPipeline":
+        parts, call = _flux_parts(seed)
+        return _fit(cls_name, parts, dict(call, image=test_image(16, 16), mask_image=mask(16, 16), strength=0.8,
+                                          _auto_resize=False, max_area=16 * 16))
+    if cls_name.startswith("StableDiffusion3ControlNet"):
+        inpaint = "Inpaint" in cls_name
+        pipe, call = tiny_sweep.sd3(seed, "StableDiffusion3InpaintPipeline" if inpaint else "StableDiffusion3Pipeline")
+        t = pipe.transformer.config
+        controlnet = _seeded(seed + 6, lambda: diffusers.SD3ControlNetModel(
+            sample_size=32, patch_size=1, in_channels=t.in_channels, num_layers=2, attention_head_dim=8,
+            num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64,
+            out_channels=t.out_channels, extra_conditioning_channels=1 if inpaint else 0))
+        call = dict(call, control_image=test_image(seed=seed + 5), controlnet_conditioning_scale=0.7)
+        if inpaint:
+            call.update(control_mask=mask())
+        return _fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
+    if cls_name == "CogView4ControlPipeline":
+        pipe, call = tiny_sweep.cogview4(seed)
+        parts = dict(pipe.components, transformer=rebuilt(seed, pipe.transformer, in_channels=8))
+        return _fit(cls_name, parts, dict(call, control_image=test_image(seed=seed + 5)))
+    if cls_name.startswith("SanaSprint"):
+        pipe, call = tiny_sweep.sana(seed)
+        transformer = rebuilt(seed, pipe.transformer, guidance_embeds=True, qk_norm="rms_norm_across_heads")
+        with torch.no_grad():  # the linear attention's denominator kept away from 0 (see ``tiny_sweep.sana``)
+            for block in transformer.transformer_blocks:
+                block.attn1.to_q.bias.fill_(1.0)
+                block.attn1.to_k.bias.fill_(1.0)
+        parts = dict(pipe.components, transformer=transformer, scheduler=diffusers.SCMScheduler())
+        call = dict(call, num_inference_steps=2, guidance_scale=4.5, intermediate_timesteps=None,
+                    use_resolution_binning=False)
+        if "Img2Img" in cls_name:
+            call.update(image=image, strength=0.8)
+        return _fit(cls_name, parts, call)
+    raise ValueError(f"no variant recipe for {cls_name}")
+
+
+def dit(seed: int = 0):
+    """DiT: class-conditional, two labels, CFG."""
+    from diffusers import DiTPipeline, DiTTransformer2DModel
+
+    from .tiny_sweep import _kl_vae
+
+    transformer = _seeded(seed, lambda: DiTTransformer2DModel(
+        sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, in_channels=4,
+        out_channels=8, activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_zero",
+        norm_elementwise_affine=False))
+    pipe = DiTPipeline(transformer=transformer, vae=_kl_vae(seed + 1), scheduler=diffusers.DPMSolverMultistepScheduler())
+    return pipe, dict(class_labels=[1, 207], num_inference_steps=2, guidance_scale=4.0)
+
+
+def sd_conditioned(seed: int = 0, cls_name: str = "StableDiffusionImageVariationPipeline"):
+    """SD 1.5 conditioned otherwise: on a CLIP image embedding, with a T2I adapter, RGB-D output (LDM3D), the x4
+    upscaler's noise-level class embedding."""
+    parts = _sd(seed)
+    call = dict(PROMPTS, height=32, width=32, num_inference_steps=2)
+    if cls_name == "StableDiffusionImageVariationPipeline":
+        import transformers
+        from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+        from .tiny import CLIP_VISION
+
+        processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
+        parts.update(image_encoder=_seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+            **dict(CLIP_VISION, projection_dim=32)))), feature_extractor=processor(crop_size=32, size=32))
+        call = dict(image=test_image(), height=32, width=32, num_inference_steps=2, guidance_scale=3.0)
+    elif cls_name == "StableDiffusionAdapterPipeline":
+        parts["adapter"] = _seeded(seed + 3, lambda: diffusers.T2IAdapter(
+            in_channels=3, channels=[8, 16], num_res_blocks=2, downscale_factor=2))
+        call.update(image=[test_image(seed=seed + 5), test_image(seed=seed + 6)])  # one per prompt
+    elif cls_name == "StableDiffusionLDM3DPipeline":
+        parts["image_encoder"] = None
+        parts["vae"] = rebuilt(seed + 1, parts["vae"], in_channels=4, out_channels=4)  # RGB and depth
+    elif cls_name == "StableDiffusionUpscalePipeline":
+        parts["unet"] = rebuilt(seed, parts["unet"], in_channels=7, num_class_embeds=1000)  # latents + low-res RGB
+        parts["low_res_scheduler"] = diffusers.DDPMScheduler()
+        parts["vae"] = rebuilt(seed + 1, parts["vae"], scaling_factor=0.08333)
+        call = dict(PROMPTS, image=[test_image(16, 16), test_image(16, 16, seed + 1)],
+                    num_inference_steps=2, noise_level=20)
+    return _fit(cls_name, parts, call)

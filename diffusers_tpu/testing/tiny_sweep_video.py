@@ -1,0 +1,246 @@
+"""Tiny offline video pipelines that only the parity sweep builds (AnimateDiff's ControlNet / SparseCtrl / SDXL
+variants, PIA, I2VGenXL, Text2Video-Zero, EasyAnimate inpaint / control, Helios pyramid, ...): each ``(pipe, call
+arguments)``, 2+ layers, heads that tp=2 divides, prompts of different lengths where the class takes several."""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+
+from . import tiny_unet
+from .tiny import char_tokenizer, test_image, tiny_clip
+from .tiny_families import test_frames
+from .tiny_sweep import _seeded
+from .tiny_sweep_variants import rebuilt
+
+ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
+
+
+def _animatediff_parts(seed):
+    pipe, call = tiny_unet.animatediff(seed)
+    return dict(pipe.components), call
+
+
+def _controlnet(seed, cls=None, **extra):
+    config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
+                       down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
+                       norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
+    return _seeded(seed, lambda: (cls or diffusers.ControlNetModel)(**config))
+
+
+def animatediff_controlnet(seed: int = 0, cls_name: str = "AnimateDiffControlNetPipeline"):
+    """AnimateDiff with a ControlNet over every frame (text-to-video, and video-to-video)."""
+    components, call = _animatediff_parts(seed)
+    components.pop("unet")  # the pipeline builds its motion UNet from the 2-D one again
+    pipe = getattr(diffusers, cls_name)(unet=tiny_unet.animatediff(seed)[0].unet, controlnet=_controlnet(seed + 5),
+                                        **{k: v for k, v in components.items() if k != "controlnet"})
+    # one video, one prompt: the control frames are the video's
+    call = dict(call, **ONE_PROMPT, conditioning_frames=test_frames(4, seed=seed + 7))
+    if "VideoToVideo" in cls_name:  # its length is the video's
+        call = dict(call, video=test_frames(4), strength=0.8)
+        call.pop("num_frames")
+    return pipe, call
+
+
+def animatediff_sparse(seed: int = 0):
+    """AnimateDiff SparseCtrl: a sparse ControlNet conditioned on two of the four frames."""
+    components, call = _animatediff_parts(seed)
+    controlnet = _controlnet(seed + 5, diffusers.SparseControlNetModel, motion_num_attention_heads=4,
+                             down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"))
+    pipe = diffusers.AnimateDiffSparseControlNetPipeline(controlnet=controlnet, **components)
+    return pipe, dict(call, **ONE_PROMPT, conditioning_frames=test_frames(2, seed=seed + 7), controlnet_frame_indices=[0, 2])
+
+
+def animatediff_sdxl(seed: int = 0):
+    """AnimateDiff on SDXL's UNet: motion modules in both blocks."""
+    from diffusers import DDIMScheduler, MotionAdapter
+
+    pipe, call = tiny_unet.sdxl(seed)
+    adapter = _seeded(seed + 5, lambda: MotionAdapter(
+        block_out_channels=(8, 16), motion_layers_per_block=2, motion_norm_num_groups=2, motion_num_attention_heads=4,
+        use_motion_mid_block=False))
+    components = {k: v for k, v in pipe.components.items() if k not in ("scheduler",)}
+    scheduler = DDIMScheduler(beta_schedule="linear", clip_sample=False, steps_offset=1, timestep_spacing="linspace")
+    sdxl_pipe = diffusers.AnimateDiffSDXLPipeline(motion_adapter=adapter, scheduler=scheduler, **components)
+    return sdxl_pipe, dict(call, num_frames=4)
+
+
+def pia(seed: int = 0):
+    """PIA: an image animated by SD 1.5's UNet with 9 input channels (noise, image latents, mask) and motion."""
+    from diffusers import MotionAdapter, PIAPipeline, UNet2DConditionModel
+
+    parts = tiny_unet._sd_parts(seed)
+    parts["unet"] = _seeded(seed, lambda: UNet2DConditionModel(**dict(tiny_unet.SD_UNET, in_channels=9)))
+    for key in ("safety_checker", "requires_safety_checker"):
+        parts.pop(key)
+    adapter = _seeded(seed + 3, lambda: MotionAdapter(block_out_channels=(8, 16), motion_layers_per_block=2,
+                                                      motion_norm_num_groups=2, motion_num_attention_heads=4))
+    pipe = PIAPipeline(motion_adapter=adapter, image_encoder=None, **parts)
+    return pipe, dict(tiny_unet.PROMPTS, image=test_image(), height=32, width=32, num_frames=4, num_inference_steps=2,
+                      strength=1.0)
+
+
+def i2vgen_xl(seed: int = 0):
+    """I2VGen-XL: a 3-D UNet conditioned on the text, the image's CLIP embedding and its latents."""
+    import transformers
+    from diffusers import DDIMScheduler, I2VGenXLPipeline, I2VGenXLUNet
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    from .tiny import CLIP_VISION
+    from .tiny_sweep import _kl_vae
+
+    unet = _seeded(seed, lambda: I2VGenXLUNet(
+        block_out_channels=(8, 16), layers_per_block=2, sample_size=16, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
+        cross_attention_dim=32, attention_head_dim=4, num_attention_heads=None, norm_num_groups=4))
+    processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
+    image_encoder = _seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+        **dict(CLIP_VISION, projection_dim=32))))
+    pipe = I2VGenXLPipeline(vae=_kl_vae(seed + 1), text_encoder=tiny_clip(seed + 2), tokenizer=char_tokenizer(77),
+                            image_encoder=image_encoder, feature_extractor=processor(crop_size=32, size=32), unet=unet,
+                            scheduler=DDIMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False,
+                                                    rescale_betas_zero_snr=True, prediction_type="v_prediction"))
+    return pipe, dict(ONE_PROMPT, image=test_image(), height=32, width=32, num_frames=4, num_inference_steps=2,
+                      decode_chunk_size=2, clip_skip=None)  # its default clip_skip=1 reads a module transformers 5 lacks
+
+
+def text_to_video_zero(seed: int = 0):
+    """Text2Video-Zero: SD 1.5 with cross-frame attention and a motion-field warp of the first frame's latents."""
+    from diffusers import TextToVideoZeroPipeline
+
+    parts = tiny_unet._sd_parts(seed)
+    return TextToVideoZeroPipeline(**parts), dict(ONE_PROMPT, video_length=3, height=32, width=32,
+                                                  num_inference_steps=4, t0=1, t1=2)
+
+
+def text_to_video_zero_sdxl(seed: int = 0):
+    from diffusers import TextToVideoZeroSDXLPipeline
+
+    pipe, call = tiny_unet.sdxl(seed)
+    components = {k: v for k, v in pipe.components.items() if k != "force_zeros_for_empty_prompt"}
+    pipe = TextToVideoZeroSDXLPipeline(**components, force_zeros_for_empty_prompt=False, add_watermarker=False)
+    return pipe, dict(ONE_PROMPT, video_length=3, height=32, width=32, num_inference_steps=4, t0=1, t1=2)
+
+
+def _easyanimate(seed, in_channels):
+    from .tiny_generic import easyanimate_pipeline
+
+    pipe = easyanimate_pipeline(seed)
+    return dict(pipe.components, transformer=rebuilt(seed, pipe.transformer, in_channels=in_channels))
+
+
+def _video_tensor(frames, channels=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(1, channels, frames, 16, 16, generator=generator)
+
+
+def easyanimate_inpaint(seed: int = 0):
+    """EasyAnimate inpaint: noise, the mask and the masked video's latents side by side into the transformer."""
+    components = _easyanimate(seed, 4 + 1 + 4)
+    components["vae"].register_to_config(cache_mag_vae=True)  # the pipeline reads it; AutoencoderKLMagvit omits it
+    pipe = diffusers.EasyAnimateInpaintPipeline(**components)
+    mask = torch.zeros(1, 1, 5, 16, 16)
+    mask[..., :, 8:] = 1.0
+    return pipe, dict(ONE_PROMPT, video=_video_tensor(5, seed=seed), mask_video=mask, height=16, width=16,
+                      num_frames=5, num_inference_steps=2, guidance_scale=5.0, strength=1.0)
+
+
+def easyanimate_control(seed: int = 0):
+    """EasyAnimate control: the control video's and a reference image's latents beside the noise."""
+    pipe = diffusers.EasyAnimateControlPipeline(**_easyanimate(seed, 4 * 3))
+    return pipe, dict(ONE_PROMPT, control_video=_video_tensor(5, seed=seed), ref_image=_video_tensor(1, seed=seed + 1),
+                      height=16, width=16, num_frames=5, num_inference_steps=2, guidance_scale=5.0)
+
+
+def helios_pyramid(seed: int = 0):
+    """Helios' pyramid sampler: two resolution stages over the same transformer."""
+    from diffusers import HeliosPyramidPipeline, HeliosScheduler
+
+    from .tiny_sweep import helios
+
+    pipe, call = helios(seed)
+    components = dict(pipe.components, scheduler=HeliosScheduler(stages=2, stage_range=[0, 0.5, 1], gamma=0.25))
+    call = {k: v for k, v in call.items() if k != "num_inference_steps"}
+    return HeliosPyramidPipeline(**components), dict(call, pyramid_num_inference_steps_list=[2, 2])
+
+
+def ltx2_reference(seed: int = 0, cls_name: str = "LTX2InContextPipeline"):
+    """LTX-2's in-context (IC-LoRA) and HDR classes: a reference video encoded into extra tokens beside the noise."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+    from .tiny_families import pipeline
+    from .tiny_sweep_variants import _fit
+
+    pipe, call = pipeline("ltx2", seed)
+    parts = dict(pipe.components, audio_scheduler=FlowMatchEulerDiscreteScheduler())
+    reference = LTX2ReferenceCondition(frames=test_frames(5, seed=seed + 7), strength=1.0)
+    return _fit(cls_name, parts, dict(call, reference_conditions=[reference]))
+
+
+def ltx_long_multi_prompt(seed: int = 0):
+    """LTX image-to-video over temporal tiles, one prompt per segment."""
+    from diffusers import LTXI2VLongMultiPromptPipeline
+
+    from .tiny_families import pipeline
+
+    pipe, call = pipeline("ltx", seed)
+    call = dict(call, prompt="a cat walks on the grass | the cat sits down", negative_prompt="blurry",
+                cond_image=test_image(), num_frames=17, temporal_tile_size=9, temporal_overlap=1)
+    return LTXI2VLongMultiPromptPipeline(**pipe.components), call
+
+
+def sana_i2v(seed: int = 0):
+    """Sana Video's image-to-video class: the first frame's latents fixed."""
+    from diffusers import SanaImageToVideoPipeline
+
+    from .tiny_sweep import sana_video
+
+    pipe, call = sana_video(seed)
+    return SanaImageToVideoPipeline(**pipe.components), dict(call, image=test_image())
+
+
+class PassThroughGuardrail(torch.nn.Module):
+    """Stands in for Cosmos' guardrail (the ``cosmos_guardrail`` package, not installed here): every prompt and
+    video passes unchanged. Stock refuses to run without a checker; this one changes no value, so the comparison
+    is of the pipeline itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("_where", torch.zeros(()), persistent=False)  # the pipeline asks its modules' device
+
+    @property
+    def device(self) -> torch.device:
+        return self._where.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._where.dtype
+
+    def check_text_safety(self, prompt: str) -> bool:
+        return True
+
+    def check_video_safety(self, frames):
+        return frames
+
+
+def cosmos2(seed: int = 0, cls_name: str = "Cosmos2TextToImagePipeline"):
+    """Cosmos 2 (text-to-image, video-to-world): its transformer, Wan's VAE, T5. Without the padding-mask channel
+    (``concat_padding_mask``): resizing that mask needs torchvision, which this environment lacks."""
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, FlowMatchEulerDiscreteScheduler
+
+    from .tiny import WAN_VAE, tiny_t5
+
+    transformer = _seeded(seed, lambda: CosmosTransformer3DModel(
+        in_channels=16 + ("Video" in cls_name), out_channels=16, num_attention_heads=2, attention_head_dim=16,
+        num_layers=2, mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2),
+        rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type=None))
+    pipe = getattr(diffusers, cls_name)(
+        text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer(), transformer=transformer,
+        vae=_seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
+        scheduler=FlowMatchEulerDiscreteScheduler(use_karras_sigmas=True), safety_checker=PassThroughGuardrail())
+    call = dict(tiny_unet.PROMPTS, height=32, width=32, num_inference_steps=2, guidance_scale=7.0,
+                max_sequence_length=48)
+    if "Video" in cls_name:  # the first frame given, five generated
+        call = dict(call, **ONE_PROMPT, image=test_image(), num_frames=5)
+    return pipe, call
