@@ -58,7 +58,8 @@ def test_supported_pipelines():
     assert paths["StableDiffusionPipeline"] == "unet" and paths["KandinskyV22Pipeline"] == "unet"
     table = diffusers_tpu.supported_pipelines()
     assert table["WanPipeline"] == table["LattePipeline"] == table["StableDiffusionPipeline"] == "verified"
-    assert table["KandinskyV22Pipeline"].startswith("untested: runs on the unet path")
+    assert table["KandinskyV22Pipeline"] == "verified"
+    assert table["Kandinsky3Pipeline"].startswith("untested: runs on the unet path")
     assert table["WuerstchenPriorPipeline"] == "unsupported: no transformer or UNet denoiser"
 
 

@@ -41,7 +41,7 @@ def test_statuses_follow_the_measurements():
     assert table["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
     never_swept = next(n for n, p in support.registry.pipeline_paths().items() if p == "generic" and n not in rows)
     assert table[never_swept].startswith("untested: runs on the generic path")
-    assert table["DDPMPipeline"].startswith("untested: runs on the unet path")
+    assert table["ScoreSdeVePipeline"].startswith("untested: runs on the unet path")
     assert table["FluxPriorReduxPipeline"] == "unsupported: no transformer or UNet denoiser"
     videos = [n for n, r in rows.items() if r["video"] and r["status"] == "verified on 1 device"]
     assert videos == [], f"video pipelines verified on 1 device only: {videos}"

@@ -55,23 +55,23 @@ def test_unet_pipeline_matches_stock(name, caplog, monkeypatch):
 
 
 def test_an_unverified_unet_pipeline_runs_with_a_warning_and_matches_stock(caplog):
-    """A UNet pipeline no family names (DDPM: an unconditional UNet2DModel with self-attention) takes the UNet
-    path, says it is unverified, and still gives stock's images."""
+    """A UNet pipeline no recipe compares (score-SDE VE: an unconditional UNet2DModel with self-attention and a
+    predictor-corrector sampler) takes the UNet path, says it is unverified, and still gives stock's images."""
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")
 
-    def ddpm():
+    def score_sde():
         torch.manual_seed(0)
         model = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 8),
                                       down_block_types=("DownBlock2D", "AttnDownBlock2D"),
                                       up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=4,
                                       layers_per_block=2, attention_head_dim=2)
-        return diffusers.DDPMPipeline(unet=model.eval(), scheduler=diffusers.DDPMScheduler())
+        return diffusers.ScoreSdeVePipeline(unet=model.eval(), scheduler=diffusers.ScoreSdeVeScheduler())
 
     call = dict(num_inference_steps=3, batch_size=2)
-    expected = run(ddpm(), call, "np")
-    assert diffusers_tpu.supported_pipelines()["DDPMPipeline"].startswith("untested: runs on the unet path")
-    pipe = ddpm().to("jax")
-    assert "DDPMPipeline runs on the unet path; no tiny recipe in the parity sweep: its output has not been " \
+    expected = run(score_sde(), call, "np")
+    assert diffusers_tpu.supported_pipelines()["ScoreSdeVePipeline"].startswith("untested: runs on the unet path")
+    pipe = score_sde().to("jax")
+    assert "ScoreSdeVePipeline runs on the unet path; no tiny recipe in the parity sweep: its output has not been " \
            "compared with stock" in caplog.text
     assert_np_matches(run(pipe, call, "np"), expected)
 

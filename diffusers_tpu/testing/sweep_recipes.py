@@ -204,7 +204,6 @@ RECIPES.update({
     "TextToVideoZeroSDXLPipeline": _sweep(tiny_sweep_video.text_to_video_zero_sdxl),
     "EasyAnimateInpaintPipeline": _sweep(tiny_sweep_video.easyanimate_inpaint),
     "EasyAnimateControlPipeline": _sweep(tiny_sweep_video.easyanimate_control),
-    "HeliosPyramidPipeline": _sweep(tiny_sweep_video.helios_pyramid),
 })
 
 # a family's components under its other classes (testing/tiny_sweep_variants.py)
@@ -228,22 +227,35 @@ _VARIANTS = {
         "FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline", "FluxControlNetInpaintPipeline"),
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS.items() for cls in classes})
-_VARIANTS2 = {
-    tiny_sweep_variants.other_variant: (
-        "ChromaInpaintPipeline", "FluxKontextInpaintPipeline", "StableDiffusion3ControlNetPipeline",
-        "StableDiffusion3ControlNetInpaintingPipeline", "CogView4ControlPipeline", "SanaSprintPipeline",
-        "SanaSprintImg2ImgPipeline"),
-    tiny_sweep_variants.sd_conditioned: (
-        "StableDiffusionImageVariationPipeline", "StableDiffusionAdapterPipeline", "StableDiffusionLDM3DPipeline",
-        "StableDiffusionUpscalePipeline"),
-}
+_VARIANTS2 = {tiny_sweep_variants.sd_conditioned: (
+    "StableDiffusionImageVariationPipeline", "StableDiffusionAdapterPipeline", "StableDiffusionLDM3DPipeline",
+    "StableDiffusionUpscalePipeline")}
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS2.items() for cls in classes})
+
+
+def _variant_of(base, cls_name, variant=tiny_sweep_variants.other_variant):
+    """A class built from another recipe's tiny ``(pipe, call)`` (``base``, built with that class's own name)."""
+    return lambda: variant(base(), cls_name)
+
+
+RECIPES.update({
+    "ChromaInpaintPipeline": _variant_of(lambda: tiny_sweep.chroma(0, "ChromaInpaintPipeline"),
+                                         "ChromaInpaintPipeline"),
+    "StableDiffusion3ControlNetPipeline": _variant_of(tiny_sweep.sd3, "StableDiffusion3ControlNetPipeline"),
+    "StableDiffusion3ControlNetInpaintingPipeline": _variant_of(
+        lambda: tiny_sweep.sd3(0, "StableDiffusion3InpaintPipeline"), "StableDiffusion3ControlNetInpaintingPipeline"),
+    "CogView4ControlPipeline": _variant_of(tiny_sweep.cogview4, "CogView4ControlPipeline"),
+    "SanaSprintPipeline": _variant_of(tiny_sweep.sana, "SanaSprintPipeline"),
+    "SanaSprintImg2ImgPipeline": _variant_of(tiny_sweep.sana, "SanaSprintImg2ImgPipeline"),
+    "FluxKontextInpaintPipeline": _sweep(tiny_sweep_variants.flux_kontext_inpaint),
+    "HeliosPyramidPipeline": lambda: tiny_sweep_video.helios_pyramid(tiny_sweep.helios()),
+    "SanaImageToVideoPipeline": lambda: tiny_sweep_video.sana_i2v(tiny_sweep.sana_video()),
+})
 RECIPES["DiTPipeline"] = _sweep(tiny_sweep_variants.dit)
 RECIPES.update({
     "LTX2InContextPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2InContextPipeline"),
     "LTX2HDRPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2HDRPipeline"),
     "LTXI2VLongMultiPromptPipeline": _sweep(tiny_sweep_video.ltx_long_multi_prompt),
-    "SanaImageToVideoPipeline": _sweep(tiny_sweep_video.sana_i2v),
 })
 RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos2, cls) for cls in (
     "Cosmos2TextToImagePipeline", "Cosmos2VideoToWorldPipeline")})
@@ -256,3 +268,8 @@ _VARIANTS3 = {
                                    "IFImg2ImgSuperResolutionPipeline", "IFInpaintingSuperResolutionPipeline"),
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS3.items() for cls in classes})
+RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos1, cls) for cls in (
+    "CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline")})
+RECIPES["HunyuanVideoFramepackPipeline"] = _sweep(tiny_sweep_video.hunyuan_framepack)
+RECIPES.update({cls: _sweep(tiny_sweep_video.motif, cls) for cls in (
+    "MotifVideoPipeline", "MotifVideoImage2VideoPipeline")})

@@ -187,6 +187,51 @@ def test_image(height: int = 32, width: int = 32, seed: int = 0):
     return PIL.Image.fromarray(pixels)
 
 
+def test_mask(height: int = 32, width: int = 32):
+    """A PIL mask with its right half set (for inpainting)."""
+    import numpy as np
+    import PIL.Image
+
+    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
+
+
+def seeded(seed: int, build):
+    """``build()`` under ``torch.manual_seed(seed)``, in eval mode."""
+    torch.manual_seed(seed)
+    return build().eval()
+
+
+def kl_vae(seed: int, latent_channels: int = 4, blocks: int = 2, **extra):
+    """A tiny ``AutoencoderKL`` (8 channels a block); SD3-style shift and scaling factors unless ``extra`` says."""
+    from diffusers import AutoencoderKL
+
+    extra = dict(dict(shift_factor=0.0609, scaling_factor=1.5035), **extra)  # SD3-style pipelines read both
+    return seeded(seed, lambda: AutoencoderKL(
+        block_out_channels=(8,) * blocks, down_block_types=("DownEncoderBlock2D",) * blocks,
+        up_block_types=("UpDecoderBlock2D",) * blocks, norm_num_groups=2, latent_channels=latent_channels, **extra))
+
+
+def rebuilt(seed: int, model, **changes):
+    """A fresh model of ``model``'s class and config with ``changes`` (``from_config`` would keep a changed value
+    that the original left at its default at that default: it reads ``_use_default_values``)."""
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    return seeded(seed, lambda: type(model).from_config(dict(config, **changes)))
+
+
+def fit(cls_name: str, parts: dict, call: dict):
+    """The diffusers class ``cls_name`` built from the parts its constructor takes, and the call arguments its
+    ``__call__`` takes (a family's classes differ in both: no negative prompt for LCM, no image encoder for
+    InstructPix2Pix...)."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, cls_name)
+    built = set(inspect.signature(cls.__init__).parameters)
+    called = set(inspect.signature(cls.__call__).parameters)
+    return cls(**{k: v for k, v in parts.items() if k in built}), {k: v for k, v in call.items() if k in called}
+
+
 def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> str:
     """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
     wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)

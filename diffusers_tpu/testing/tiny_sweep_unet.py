@@ -8,9 +8,7 @@ from __future__ import annotations
 import diffusers
 import torch
 
-from .tiny import char_tokenizer, test_image, tiny_t5
-from .tiny_sweep import _seeded
-from .tiny_sweep_variants import _fit, mask
+from .tiny import char_tokenizer, fit, seeded, test_image, test_mask, tiny_t5
 
 UNET_2D = dict(sample_size=16, in_channels=3, out_channels=3, layers_per_block=2, block_out_channels=(8, 16),
                norm_num_groups=4, attention_head_dim=4, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
@@ -27,15 +25,15 @@ def unconditional(seed: int = 0, cls_name: str = "DDPMPipeline"):
     if cls_name == "LDMPipeline":
         parts["vqvae"] = _movq(seed + 1)
         unet.update(in_channels=4, out_channels=4, sample_size=8)
-    parts["unet"] = _seeded(seed, lambda: diffusers.UNet2DModel(**unet))
+    parts["unet"] = seeded(seed, lambda: diffusers.UNet2DModel(**unet))
     call = dict(batch_size=2, num_inference_steps=5 if cls_name == "PNDMPipeline" else 2)  # PNDM: 4 warm-up steps
     if cls_name == "ConsistencyModelPipeline":
         call.update(class_labels=None)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)
 
 
 def _movq(seed):
-    return _seeded(seed, lambda: diffusers.VQModel(
+    return seeded(seed, lambda: diffusers.VQModel(
         block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
         up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"), in_channels=3, out_channels=3, latent_channels=4,
         norm_num_groups=32, num_vq_embeddings=16, vq_embed_dim=4, norm_type="spatial", layers_per_block=1))
@@ -46,7 +44,7 @@ def kandinsky22(seed: int = 0, cls_name: str = "KandinskyV22Pipeline"):
     """Kandinsky 2.2's decoder classes: the UNet attends to projected image embeddings (given, as the prior would
     give them), MoVQ decodes; img2img, inpaint and the depth-hint ControlNet variants."""
     inpaint, hint = "Inpaint" in cls_name, "Controlnet" in cls_name
-    unet = _seeded(seed, lambda: diffusers.UNet2DConditionModel(
+    unet = seeded(seed, lambda: diffusers.UNet2DConditionModel(
         in_channels=9 if inpaint else 8 if hint else 4, out_channels=8, addition_embed_type="image_hint" if hint
         else "image", down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
         up_block_types=("SimpleCrossAttnUpBlock2D", "ResnetUpsampleBlock2D"), mid_block_type="UNetMidBlock2DSimpleCrossAttn",
@@ -63,17 +61,17 @@ def kandinsky22(seed: int = 0, cls_name: str = "KandinskyV22Pipeline"):
         call["hint"] = torch.rand(2, 3, 128, 128, generator=generator)
     if inpaint:  # an image and a mask per prompt
         call.update(image=[test_image(), test_image(seed=seed + 1)],
-                    mask_image=[mask(), mask()])
+                    mask_image=[test_mask(), test_mask()])
     elif "Img2Img" in cls_name:
         call.update(image=test_image(), strength=0.8)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)
 
 
 def deepfloyd_if(seed: int = 0, cls_name: str = "IFPipeline"):
     """DeepFloyd IF's stages: the 64-px base (here 16 px) and the super-resolution UNet that also takes the noisy
     low-resolution image and its noise level; text-to-image, img2img and inpainting of each."""
     sr = "SuperResolution" in cls_name
-    unet = _seeded(seed, lambda: diffusers.UNet2DConditionModel(
+    unet = seeded(seed, lambda: diffusers.UNet2DConditionModel(
         sample_size=32 if sr else 16, in_channels=6 if sr else 3, out_channels=6, layers_per_block=2,
         block_out_channels=(8, 16), down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
         up_block_types=("SimpleCrossAttnUpBlock2D", "ResnetUpsampleBlock2D"), mid_block_type="UNetMidBlock2DSimpleCrossAttn",
@@ -94,7 +92,7 @@ def deepfloyd_if(seed: int = 0, cls_name: str = "IFPipeline"):
                 clean_caption=False, height=size, width=size)
     low = [test_image(16, 16, seed + 3), test_image(16, 16, seed + 4)]
     if "Inpainting" in cls_name:
-        call.update(image=[test_image(size, size), test_image(size, size, seed + 1)], mask_image=mask(size, size),
+        call.update(image=[test_image(size, size), test_image(size, size, seed + 1)], mask_image=test_mask(size, size),
                     strength=0.8)
         if sr:
             call.update(original_image=call["image"], image=low)
@@ -104,4 +102,4 @@ def deepfloyd_if(seed: int = 0, cls_name: str = "IFPipeline"):
             call.update(original_image=call["image"], image=low)
     elif sr:
         call.update(image=low)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)

@@ -5,38 +5,12 @@
 from __future__ import annotations
 
 import diffusers
-import numpy as np
-import PIL.Image
 import torch
 
 from . import tiny_images, tiny_unet
-from .tiny import test_image
-from .tiny_sweep import _seeded
+from .tiny import fit, kl_vae, rebuilt, seeded, test_image, test_mask
 
 PROMPTS = tiny_unet.PROMPTS
-
-
-def mask(height: int = 32, width: int = 32):
-    """The right half masked."""
-    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
-
-
-def rebuilt(seed, model, **changes):
-    """A fresh model of ``model``'s class and config with ``changes`` (``from_config`` would keep a changed value
-    that the original left at its default at that default: it reads ``_use_default_values``)."""
-    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
-    return _seeded(seed, lambda: type(model).from_config(dict(config, **changes)))
-
-
-def _fit(cls_name, parts, call):
-    """The class built from the parts its constructor takes, and the call arguments its ``__call__`` takes (the
-    variants of a family differ in both: no negative prompt for LCM, no image encoder for InstructPix2Pix...)."""
-    import inspect
-
-    cls = getattr(diffusers, cls_name)
-    built = set(inspect.signature(cls.__init__).parameters)
-    called = set(inspect.signature(cls.__call__).parameters)
-    return cls(**{k: v for k, v in parts.items() if k in built}), {k: v for k, v in call.items() if k in called}
 
 
 def _sd(seed, **unet):
@@ -47,7 +21,7 @@ def _sd_controlnet(seed, **extra):
     config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
                        down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
                        norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
-    return _seeded(seed, lambda: diffusers.ControlNetModel(**config))
+    return seeded(seed, lambda: diffusers.ControlNetModel(**config))
 
 
 def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
@@ -69,7 +43,7 @@ def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
         parts["controlnet"] = _sd_controlnet(seed + 3)
         call.update(control_image=test_image(seed=seed + 5)) if inpaint else call.update(image=test_image(seed=seed + 5))
     if inpaint:
-        call.update(image=test_image(), mask_image=mask(), strength=0.8)
+        call.update(image=test_image(), mask_image=test_mask(), strength=0.8)
     elif "Img2Img" in cls_name:
         call.update(image=test_image(), strength=0.8)
     if "LatentConsistency" in cls_name:
@@ -94,7 +68,7 @@ def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
     if "AttendAndExcite" in cls_name:
         call = dict(prompt="a cat and a dog", negative_prompt="blurry", token_indices=[2, 4], height=32, width=32,
                     num_inference_steps=2, max_iter_to_alter=2)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)
 
 
 def _sdxl_parts(seed, **unet):
@@ -112,9 +86,9 @@ def _sdxl_controlnet(seed, union=False):
                   transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=80,
                   cross_attention_dim=64, norm_num_groups=4, conditioning_embedding_out_channels=(8, 8))
     if union:  # its control-type transformer at the first block's width
-        return _seeded(seed, lambda: diffusers.ControlNetUnionModel(
+        return seeded(seed, lambda: diffusers.ControlNetUnionModel(
             **config, num_trans_channel=8, num_trans_head=2, num_trans_layer=2, num_proj_channel=8))
-    return _seeded(seed, lambda: diffusers.ControlNetModel(**config))
+    return seeded(seed, lambda: diffusers.ControlNetModel(**config))
 
 
 def sdxl_variant(seed: int = 0, cls_name: str = "StableDiffusionXLPAGPipeline"):
@@ -138,12 +112,12 @@ def sdxl_variant(seed: int = 0, cls_name: str = "StableDiffusionXLPAGPipeline"):
         else:
             call.update(image=control)
     if inpaint:
-        call.update(image=test_image(), mask_image=mask(), strength=0.8)
+        call.update(image=test_image(), mask_image=test_mask(), strength=0.8)
     elif "Img2Img" in cls_name:
         call.update(image=test_image(), strength=0.8)
     if "InstructPix2Pix" in cls_name:
         call = dict(PROMPTS, image=test_image(), num_inference_steps=2, image_guidance_scale=1.5)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)
 
 
 def _flux_parts(seed, in_channels=None):
@@ -162,7 +136,7 @@ def flux_variant(seed: int = 0, cls_name: str = "FluxControlPipeline"):
     if cls_name.startswith("FluxControlNet"):
         parts, call = _flux_parts(seed)
         transformer = parts["transformer"].config
-        parts["controlnet"] = _seeded(seed + 6, lambda: diffusers.FluxControlNetModel(
+        parts["controlnet"] = seeded(seed + 6, lambda: diffusers.FluxControlNetModel(
             patch_size=1, in_channels=transformer.in_channels, num_layers=2, num_single_layers=2,
             attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32, pooled_projection_dim=32,
             axes_dims_rope=[4, 4, 8]))
@@ -172,46 +146,37 @@ def flux_variant(seed: int = 0, cls_name: str = "FluxControlPipeline"):
         call.update(control_image=control)
     else:  # fill: noise + masked image latents + the mask, packed
         parts, call = _flux_parts(seed, in_channels=4 + 4 + 4)
-        call.update(image=image, mask_image=mask(16, 16))
+        call.update(image=image, mask_image=test_mask(16, 16))
     if "Inpaint" in cls_name:
-        call.update(image=image, mask_image=mask(16, 16), strength=0.8)
+        call.update(image=image, mask_image=test_mask(16, 16), strength=0.8)
     elif "Img2Img" in cls_name:
         call.update(image=image, strength=0.8)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)
 
 
-def other_variant(seed: int = 0, cls_name: str = "ChromaInpaintPipeline"):
-    """The sweep's own image families under their other classes: Chroma inpaint, Flux Kontext inpaint, SD3
-    ControlNet (and its inpainting), CogView4 control, Sana Sprint (and img2img)."""
-    from . import tiny_sweep
-
+def other_variant(base, cls_name: str):
+    """The sweep's own image families (``base``: their ``(pipe, call)`` from ``tiny_sweep``) under their other
+    classes: Chroma inpaint, SD3 ControlNet (and its inpainting), CogView4 control, Sana Sprint (and img2img)."""
+    pipe, call = base
     image = test_image()
     if cls_name == "ChromaInpaintPipeline":
-        pipe, call = tiny_sweep.chroma(seed, cls_name)
-        return pipe, dict(call, image=image, mask_image=mask(), strength=0.8)
-    if cls_name == "FluxKontextInpaintPipeline":
-        parts, call = _flux_parts(seed)
-        return _fit(cls_name, parts, dict(call, image=test_image(16, 16), mask_image=mask(16, 16), strength=0.8,
-                                          _auto_resize=False, max_area=16 * 16))
+        return pipe, dict(call, image=image, mask_image=test_mask(), strength=0.8)
     if cls_name.startswith("StableDiffusion3ControlNet"):
         inpaint = "Inpaint" in cls_name
-        pipe, call = tiny_sweep.sd3(seed, "StableDiffusion3InpaintPipeline" if inpaint else "StableDiffusion3Pipeline")
         t = pipe.transformer.config
-        controlnet = _seeded(seed + 6, lambda: diffusers.SD3ControlNetModel(
+        controlnet = seeded(6, lambda: diffusers.SD3ControlNetModel(
             sample_size=32, patch_size=1, in_channels=t.in_channels, num_layers=2, attention_head_dim=8,
             num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64,
             out_channels=t.out_channels, extra_conditioning_channels=1 if inpaint else 0))
-        call = dict(call, control_image=test_image(seed=seed + 5), controlnet_conditioning_scale=0.7)
+        call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
         if inpaint:
-            call.update(control_mask=mask())
-        return _fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
+            call.update(control_mask=test_mask())
+        return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     if cls_name == "CogView4ControlPipeline":
-        pipe, call = tiny_sweep.cogview4(seed)
-        parts = dict(pipe.components, transformer=rebuilt(seed, pipe.transformer, in_channels=8))
-        return _fit(cls_name, parts, dict(call, control_image=test_image(seed=seed + 5)))
+        parts = dict(pipe.components, transformer=rebuilt(0, pipe.transformer, in_channels=8))
+        return fit(cls_name, parts, dict(call, control_image=test_image(seed=5)))
     if cls_name.startswith("SanaSprint"):
-        pipe, call = tiny_sweep.sana(seed)
-        transformer = rebuilt(seed, pipe.transformer, guidance_embeds=True, qk_norm="rms_norm_across_heads")
+        transformer = rebuilt(0, pipe.transformer, guidance_embeds=True, qk_norm="rms_norm_across_heads")
         with torch.no_grad():  # the linear attention's denominator kept away from 0 (see ``tiny_sweep.sana``)
             for block in transformer.transformer_blocks:
                 block.attn1.to_q.bias.fill_(1.0)
@@ -221,21 +186,25 @@ def other_variant(seed: int = 0, cls_name: str = "ChromaInpaintPipeline"):
                     use_resolution_binning=False)
         if "Img2Img" in cls_name:
             call.update(image=image, strength=0.8)
-        return _fit(cls_name, parts, call)
+        return fit(cls_name, parts, call)
     raise ValueError(f"no variant recipe for {cls_name}")
+
+
+def flux_kontext_inpaint(seed: int = 0):
+    parts, call = _flux_parts(seed)
+    return fit("FluxKontextInpaintPipeline", parts, dict(call, image=test_image(16, 16), mask_image=test_mask(16, 16),
+                                                          strength=0.8, _auto_resize=False, max_area=16 * 16))
 
 
 def dit(seed: int = 0):
     """DiT: class-conditional, two labels, CFG."""
     from diffusers import DiTPipeline, DiTTransformer2DModel
 
-    from .tiny_sweep import _kl_vae
-
-    transformer = _seeded(seed, lambda: DiTTransformer2DModel(
+    transformer = seeded(seed, lambda: DiTTransformer2DModel(
         sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, in_channels=4,
         out_channels=8, activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_zero",
         norm_elementwise_affine=False))
-    pipe = DiTPipeline(transformer=transformer, vae=_kl_vae(seed + 1), scheduler=diffusers.DPMSolverMultistepScheduler())
+    pipe = DiTPipeline(transformer=transformer, vae=kl_vae(seed + 1), scheduler=diffusers.DPMSolverMultistepScheduler())
     return pipe, dict(class_labels=[1, 207], num_inference_steps=2, guidance_scale=4.0)
 
 
@@ -251,11 +220,11 @@ def sd_conditioned(seed: int = 0, cls_name: str = "StableDiffusionImageVariation
         from .tiny import CLIP_VISION
 
         processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
-        parts.update(image_encoder=_seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+        parts.update(image_encoder=seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
             **dict(CLIP_VISION, projection_dim=32)))), feature_extractor=processor(crop_size=32, size=32))
         call = dict(image=test_image(), height=32, width=32, num_inference_steps=2, guidance_scale=3.0)
     elif cls_name == "StableDiffusionAdapterPipeline":
-        parts["adapter"] = _seeded(seed + 3, lambda: diffusers.T2IAdapter(
+        parts["adapter"] = seeded(seed + 3, lambda: diffusers.T2IAdapter(
             in_channels=3, channels=[8, 16], num_res_blocks=2, downscale_factor=2))
         call.update(image=[test_image(seed=seed + 5), test_image(seed=seed + 6)])  # one per prompt
     elif cls_name == "StableDiffusionLDM3DPipeline":
@@ -267,4 +236,4 @@ def sd_conditioned(seed: int = 0, cls_name: str = "StableDiffusionImageVariation
         parts["vae"] = rebuilt(seed + 1, parts["vae"], scaling_factor=0.08333)
         call = dict(PROMPTS, image=[test_image(16, 16), test_image(16, 16, seed + 1)],
                     num_inference_steps=2, noise_level=20)
-    return _fit(cls_name, parts, call)
+    return fit(cls_name, parts, call)

@@ -8,10 +8,8 @@ import diffusers
 import torch
 
 from . import tiny_unet
-from .tiny import char_tokenizer, test_image, tiny_clip
+from .tiny import char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, tiny_clip
 from .tiny_families import test_frames
-from .tiny_sweep import _seeded
-from .tiny_sweep_variants import rebuilt
 
 ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
 
@@ -25,7 +23,7 @@ def _controlnet(seed, cls=None, **extra):
     config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
                        down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
                        norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
-    return _seeded(seed, lambda: (cls or diffusers.ControlNetModel)(**config))
+    return seeded(seed, lambda: (cls or diffusers.ControlNetModel)(**config))
 
 
 def animatediff_controlnet(seed: int = 0, cls_name: str = "AnimateDiffControlNetPipeline"):
@@ -56,7 +54,7 @@ def animatediff_sdxl(seed: int = 0):
     from diffusers import DDIMScheduler, MotionAdapter
 
     pipe, call = tiny_unet.sdxl(seed)
-    adapter = _seeded(seed + 5, lambda: MotionAdapter(
+    adapter = seeded(seed + 5, lambda: MotionAdapter(
         block_out_channels=(8, 16), motion_layers_per_block=2, motion_norm_num_groups=2, motion_num_attention_heads=4,
         use_motion_mid_block=False))
     components = {k: v for k, v in pipe.components.items() if k not in ("scheduler",)}
@@ -70,10 +68,10 @@ def pia(seed: int = 0):
     from diffusers import MotionAdapter, PIAPipeline, UNet2DConditionModel
 
     parts = tiny_unet._sd_parts(seed)
-    parts["unet"] = _seeded(seed, lambda: UNet2DConditionModel(**dict(tiny_unet.SD_UNET, in_channels=9)))
+    parts["unet"] = seeded(seed, lambda: UNet2DConditionModel(**dict(tiny_unet.SD_UNET, in_channels=9)))
     for key in ("safety_checker", "requires_safety_checker"):
         parts.pop(key)
-    adapter = _seeded(seed + 3, lambda: MotionAdapter(block_out_channels=(8, 16), motion_layers_per_block=2,
+    adapter = seeded(seed + 3, lambda: MotionAdapter(block_out_channels=(8, 16), motion_layers_per_block=2,
                                                       motion_norm_num_groups=2, motion_num_attention_heads=4))
     pipe = PIAPipeline(motion_adapter=adapter, image_encoder=None, **parts)
     return pipe, dict(tiny_unet.PROMPTS, image=test_image(), height=32, width=32, num_frames=4, num_inference_steps=2,
@@ -87,16 +85,15 @@ def i2vgen_xl(seed: int = 0):
     from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
     from .tiny import CLIP_VISION
-    from .tiny_sweep import _kl_vae
 
-    unet = _seeded(seed, lambda: I2VGenXLUNet(
+    unet = seeded(seed, lambda: I2VGenXLUNet(
         block_out_channels=(8, 16), layers_per_block=2, sample_size=16, in_channels=4, out_channels=4,
         down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
         cross_attention_dim=32, attention_head_dim=4, num_attention_heads=None, norm_num_groups=4))
     processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
-    image_encoder = _seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+    image_encoder = seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
         **dict(CLIP_VISION, projection_dim=32))))
-    pipe = I2VGenXLPipeline(vae=_kl_vae(seed + 1), text_encoder=tiny_clip(seed + 2), tokenizer=char_tokenizer(77),
+    pipe = I2VGenXLPipeline(vae=kl_vae(seed + 1), text_encoder=tiny_clip(seed + 2), tokenizer=char_tokenizer(77),
                             image_encoder=image_encoder, feature_extractor=processor(crop_size=32, size=32), unet=unet,
                             scheduler=DDIMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False,
                                                     rescale_betas_zero_snr=True, prediction_type="v_prediction"))
@@ -152,13 +149,12 @@ def easyanimate_control(seed: int = 0):
                       height=16, width=16, num_frames=5, num_inference_steps=2, guidance_scale=5.0)
 
 
-def helios_pyramid(seed: int = 0):
-    """Helios' pyramid sampler: two resolution stages over the same transformer."""
+def helios_pyramid(base):
+    """Helios' pyramid sampler (``base``: Helios' tiny ``(pipe, call)``): two resolution stages over the same
+    transformer."""
     from diffusers import HeliosPyramidPipeline, HeliosScheduler
 
-    from .tiny_sweep import helios
-
-    pipe, call = helios(seed)
+    pipe, call = base
     components = dict(pipe.components, scheduler=HeliosScheduler(stages=2, stage_range=[0, 0.5, 1], gamma=0.25))
     call = {k: v for k, v in call.items() if k != "num_inference_steps"}
     return HeliosPyramidPipeline(**components), dict(call, pyramid_num_inference_steps_list=[2, 2])
@@ -170,12 +166,11 @@ def ltx2_reference(seed: int = 0, cls_name: str = "LTX2InContextPipeline"):
     from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 
     from .tiny_families import pipeline
-    from .tiny_sweep_variants import _fit
 
     pipe, call = pipeline("ltx2", seed)
     parts = dict(pipe.components, audio_scheduler=FlowMatchEulerDiscreteScheduler())
     reference = LTX2ReferenceCondition(frames=test_frames(5, seed=seed + 7), strength=1.0)
-    return _fit(cls_name, parts, dict(call, reference_conditions=[reference]))
+    return fit(cls_name, parts, dict(call, reference_conditions=[reference]))
 
 
 def ltx_long_multi_prompt(seed: int = 0):
@@ -190,13 +185,12 @@ def ltx_long_multi_prompt(seed: int = 0):
     return LTXI2VLongMultiPromptPipeline(**pipe.components), call
 
 
-def sana_i2v(seed: int = 0):
-    """Sana Video's image-to-video class: the first frame's latents fixed."""
+def sana_i2v(base):
+    """Sana Video's image-to-video class (``base``: Sana Video's tiny ``(pipe, call)``): the first frame's latents
+    fixed."""
     from diffusers import SanaImageToVideoPipeline
 
-    from .tiny_sweep import sana_video
-
-    pipe, call = sana_video(seed)
+    pipe, call = base
     return SanaImageToVideoPipeline(**pipe.components), dict(call, image=test_image())
 
 
@@ -231,16 +225,104 @@ def cosmos2(seed: int = 0, cls_name: str = "Cosmos2TextToImagePipeline"):
 
     from .tiny import WAN_VAE, tiny_t5
 
-    transformer = _seeded(seed, lambda: CosmosTransformer3DModel(
+    transformer = seeded(seed, lambda: CosmosTransformer3DModel(
         in_channels=16 + ("Video" in cls_name), out_channels=16, num_attention_heads=2, attention_head_dim=16,
         num_layers=2, mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2),
         rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type=None))
     pipe = getattr(diffusers, cls_name)(
         text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer(), transformer=transformer,
-        vae=_seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
+        vae=seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
         scheduler=FlowMatchEulerDiscreteScheduler(use_karras_sigmas=True), safety_checker=PassThroughGuardrail())
     call = dict(tiny_unet.PROMPTS, height=32, width=32, num_inference_steps=2, guidance_scale=7.0,
                 max_sequence_length=48)
     if "Video" in cls_name:  # the first frame given, five generated
         call = dict(call, **ONE_PROMPT, image=test_image(), num_frames=5)
+    return pipe, call
+
+
+def cosmos1(seed: int = 0, cls_name: str = "CosmosTextToWorldPipeline"):
+    """Cosmos 1.0 (text-to-world, video-to-world): its own causal VAE (Haar patches, 4x4x4 compression), EDM's
+    Euler sampler, a learnable extra position embedding; without the padding-mask channel (see ``cosmos2``)."""
+    from diffusers import AutoencoderKLCosmos, CosmosTransformer3DModel, EDMEulerScheduler
+
+    from .tiny import tiny_t5
+
+    video = "Video" in cls_name
+    transformer = seeded(seed, lambda: CosmosTransformer3DModel(
+        in_channels=4 + video, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+        mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2),
+        rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type="learnable"))
+    vae = seeded(seed + 1, lambda: AutoencoderKLCosmos(
+        in_channels=3, out_channels=3, latent_channels=4, encoder_block_out_channels=(8, 8, 8, 8),
+        decode_block_out_channels=(8, 8, 8, 8), attention_resolutions=(8,), resolution=64, num_layers=2,
+        patch_size=4, patch_type="haar", scaling_factor=1.0, spatial_compression_ratio=4,
+        temporal_compression_ratio=4, latents_mean=None, latents_std=None))
+    scheduler = EDMEulerScheduler(sigma_min=0.002, sigma_max=80, sigma_data=0.5, sigma_schedule="karras",
+                                  num_train_timesteps=1000, prediction_type="epsilon", rho=7.0,
+                                  final_sigmas_type="sigma_min")
+    pipe = getattr(diffusers, cls_name)(text_encoder=tiny_t5(seed + 2), tokenizer=char_tokenizer(),
+                                        transformer=transformer, vae=vae, scheduler=scheduler,
+                                        safety_checker=PassThroughGuardrail())
+    call = dict(ONE_PROMPT, height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=7.0,
+                max_sequence_length=48)
+    if video:
+        call["image"] = test_image()
+    return pipe, call
+
+
+def hunyuan_framepack(seed: int = 0):
+    """HunyuanVideo FramePack: HunyuanVideo 1.0's tiny text encoders and VAE, the FramePack transformer (history
+    latents at 1x/2x/4x, a SigLIP image projection), sections of frames generated back to front."""
+    from diffusers import HunyuanVideoFramepackPipeline, HunyuanVideoFramepackTransformer3DModel
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    from .tiny_families import hunyuan_video
+
+    pipe, call = hunyuan_video(seed)
+    transformer = seeded(seed, lambda: HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=8, num_layers=2, num_single_layers=2,
+        num_refiner_layers=2, patch_size=2, patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4), image_condition_type=None, has_image_proj=True,
+        image_proj_dim=32, has_clean_x_embedder=True))
+    image_encoder = seeded(seed + 5, lambda: SiglipVisionModel(SiglipVisionConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+        patch_size=8)))
+    components = dict(pipe.components, transformer=transformer, image_encoder=image_encoder,
+                      feature_extractor=SiglipImageProcessor(size={"height": 32, "width": 32}))
+    call = dict(call, **ONE_PROMPT, image=test_image(), height=32, width=32, num_frames=9, latent_window_size=3)
+    return HunyuanVideoFramepackPipeline(**components), call
+
+
+def motif(seed: int = 0, cls_name: str = "MotifVideoPipeline"):
+    """Motif-Video (text- and image-to-video): a T5Gemma-2 encoder (its SigLIP tower embeds the first frame), the
+    transformer taking noise, the first frame's latents and their mask (33 channels at full size), guidance
+    through diffusers' guider."""
+    from diffusers import (AutoencoderKLWan, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           MotifVideoTransformer3DModel)
+    from transformers import SiglipImageProcessor
+    from transformers.models.t5gemma2 import T5Gemma2Encoder, T5Gemma2EncoderConfig
+
+    from .tiny import WAN_VAE
+
+    transformer = seeded(seed, lambda: MotifVideoTransformer3DModel(
+        in_channels=33, out_channels=16, num_attention_heads=4, attention_head_dim=8, num_layers=2,
+        num_single_layers=2, patch_size=2, patch_size_t=1, text_embed_dim=32, image_embed_dim=16,
+        rope_axes_dim=(2, 2, 4)))
+    config = T5Gemma2EncoderConfig(
+        text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, vocab_size=128, max_position_embeddings=256,
+                         pad_token_id=0, eos_token_id=1, bos_token_id=2, sliding_window=64),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8), mm_tokens_per_image=4, boi_token_index=125,
+        eoi_token_index=126, image_token_index=127)
+    config.text_config.dropout_rate = 0.0  # set by the encoder-decoder config that real checkpoints ship
+    text_encoder = seeded(seed + 2, lambda: T5Gemma2Encoder(config, eoi_token_index=126))
+    pipe = getattr(diffusers, cls_name)(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), vae=seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
+        text_encoder=text_encoder, tokenizer=char_tokenizer(), transformer=transformer,
+        guider=ClassifierFreeGuidance(guidance_scale=5.0),
+        feature_extractor=SiglipImageProcessor(size={"height": 32, "width": 32}))
+    call = dict(tiny_unet.PROMPTS, height=32, width=32, num_frames=5, num_inference_steps=2, max_sequence_length=48)
+    if "Image2Video" in cls_name:  # one image, one prompt
+        call = dict(call, **ONE_PROMPT, image=test_image())
     return pipe, call
