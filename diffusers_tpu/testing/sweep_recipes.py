@@ -273,3 +273,5 @@ RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos1, cls) for cls in (
 RECIPES["HunyuanVideoFramepackPipeline"] = _sweep(tiny_sweep_video.hunyuan_framepack)
 RECIPES.update({cls: _sweep(tiny_sweep_video.motif, cls) for cls in (
     "MotifVideoPipeline", "MotifVideoImage2VideoPipeline")})
+RECIPES.update({cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandinsky3Pipeline",
+                                                                        "Kandinsky3Img2ImgPipeline")})

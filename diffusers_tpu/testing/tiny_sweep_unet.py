@@ -103,3 +103,19 @@ def deepfloyd_if(seed: int = 0, cls_name: str = "IFPipeline"):
     elif sr:
         call.update(image=low)
     return fit(cls_name, parts, call)
+
+
+def kandinsky3(seed: int = 0, cls_name: str = "Kandinsky3Pipeline"):
+    """Kandinsky 3: its own UNet attending to T5 states, MoVQ decoding; text-to-image and img2img."""
+    unet = seeded(seed, lambda: diffusers.Kandinsky3UNet(
+        in_channels=4, time_embedding_dim=16, groups=2, attention_head_dim=4, layers_per_block=3,
+        block_out_channels=(32, 64), cross_attention_dim=4, encoder_hid_dim=32))
+    parts = dict(tokenizer=char_tokenizer(), text_encoder=tiny_t5(seed + 2), unet=unet, movq=_movq(seed + 1),
+                 scheduler=diffusers.DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=True,
+                                                   thresholding=False))
+    call = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
+                negative_prompt=["blurry", "low quality, deformed"], height=32, width=32, num_inference_steps=2,
+                guidance_scale=6.0)
+    if "Img2Img" in cls_name:
+        call.update(image=[test_image(), test_image(seed=seed + 1)], strength=0.8)
+    return fit(cls_name, parts, call)
