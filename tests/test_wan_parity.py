@@ -148,6 +148,18 @@ def test_progress_bar_reports_step_time_and_compile_separately():
     assert stats.total_seconds >= stats.compile_seconds
 
 
+def test_a_class_s_own_progress_bar_options_pass_through():
+    """Marigold's ``progress_bar(..., desc=..., leave=False)`` through the timed bar (it raised TypeError)."""
+    from types import SimpleNamespace
+
+    from diffusers_tpu.runtime import call_stats
+
+    seen = []
+    bar = call_stats.timed_progress_bar(SimpleNamespace(), lambda *a, **k: seen.append((a, k)) or "bar")
+    assert bar(range(3), None, desc="Diffusion steps", leave=False) == "bar"
+    assert seen == [((range(3), None), dict(desc="Diffusion steps", leave=False))]
+
+
 def test_dtype_casts_follow_stock_semantics():
     pipe = tiny.wan_pipeline("wan").to("jax")
     pipe.to(torch.bfloat16)  # dtype only, while on JAX: cast on the devices, keep the sharding

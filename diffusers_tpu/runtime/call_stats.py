@@ -40,8 +40,8 @@ def timed_progress_bar(runtime, stock_progress_bar):
     """The pipeline's ``progress_bar`` with per-step device time (each step waits for the denoiser's last output) and
     compilation reported apart: rate and ETA count device time only."""
 
-    def progress_bar(iterable=None, total=None):
-        bar = stock_progress_bar(iterable=iterable, total=total)
+    def progress_bar(iterable=None, total=None, *args, **kwargs):  # a class's own options pass through (Marigold:
+        bar = stock_progress_bar(iterable, total, *args, **kwargs)  # ``desc``, ``leave``)
         if iterable is not None:
             return bar
         stock_update = bar.update

@@ -275,3 +275,7 @@ RECIPES.update({cls: _sweep(tiny_sweep_video.motif, cls) for cls in (
     "MotifVideoPipeline", "MotifVideoImage2VideoPipeline")})
 RECIPES.update({cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandinsky3Pipeline",
                                                                         "Kandinsky3Img2ImgPipeline")})
+RECIPES.update({
+    "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
+    **{cls: _sweep(tiny_sweep_variants.marigold, cls) for cls in ("MarigoldDepthPipeline", "MarigoldNormalsPipeline")},
+})

@@ -187,7 +187,28 @@ def other_variant(base, cls_name: str):
         if "Img2Img" in cls_name:
             call.update(image=image, strength=0.8)
         return fit(cls_name, parts, call)
+    if cls_name == "QwenImageControlNetPipeline":
+        t = pipe.transformer.config
+        controlnet = seeded(6, lambda: diffusers.QwenImageControlNetModel.from_transformer(
+            pipe.transformer, num_layers=2, attention_head_dim=t.attention_head_dim,
+            num_attention_heads=t.num_attention_heads, load_weights_from_transformer=False))
+        call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
+        return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     raise ValueError(f"no variant recipe for {cls_name}")
+
+
+def marigold(seed: int = 0, cls_name: str = "MarigoldDepthPipeline"):
+    """Marigold depth / normals: SD 1.5's parts with a UNet reading the image's latents beside the noise, an empty
+    prompt, one DDIM ensemble member."""
+    parts = _sd(seed, in_channels=8)
+    parts.update(scheduler=diffusers.DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                                                   clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+                                                   prediction_type="v_prediction", timestep_spacing="trailing"),
+                 prediction_type="depth" if "Depth" in cls_name else "normals", default_denoising_steps=2,
+                 default_processing_resolution=32)
+    call = dict(image=[test_image(), test_image(seed=seed + 1)], num_inference_steps=2, ensemble_size=1,
+                processing_resolution=32, match_input_resolution=True, batch_size=2)
+    return fit(cls_name, parts, call)
 
 
 def flux_kontext_inpaint(seed: int = 0):
