@@ -279,3 +279,8 @@ RECIPES.update({
     "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
     **{cls: _sweep(tiny_sweep_variants.marigold, cls) for cls in ("MarigoldDepthPipeline", "MarigoldNormalsPipeline")},
 })
+RECIPES.update({
+    "HunyuanDiTControlNetPipeline": _variant_of(lambda: tiny_sweep.hunyuan_dit(0, "HunyuanDiTPipeline"),
+                                                "HunyuanDiTControlNetPipeline"),
+    "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
+})

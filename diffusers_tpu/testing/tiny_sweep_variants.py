@@ -194,6 +194,25 @@ def other_variant(base, cls_name: str):
             num_attention_heads=t.num_attention_heads, load_weights_from_transformer=False))
         call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
         return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
+    if cls_name == "HunyuanDiTControlNetPipeline":
+        controlnet = seeded(6, lambda: diffusers.HunyuanDiT2DControlNetModel.from_transformer(
+            pipe.transformer, transformer_num_layers=2, load_weights_from_transformer=False))
+        call = dict(call, control_image=test_image(64, 64, seed=5), controlnet_conditioning_scale=0.7)
+        return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
+    if cls_name == "SanaControlNetPipeline":
+        t = pipe.transformer.config
+        controlnet = seeded(6, lambda: diffusers.SanaControlNetModel(
+            in_channels=t.in_channels, out_channels=t.out_channels, num_attention_heads=t.num_attention_heads,
+            attention_head_dim=t.attention_head_dim, num_layers=2, num_cross_attention_heads=t.num_cross_attention_heads,
+            cross_attention_head_dim=t.cross_attention_head_dim, cross_attention_dim=t.cross_attention_dim,
+            caption_channels=t.caption_channels, sample_size=t.sample_size, patch_size=t.patch_size,
+            attention_bias=True))
+        with torch.no_grad():  # the linear attention's denominator kept away from 0 (see ``tiny_sweep.sana``)
+            for block in controlnet.transformer_blocks:
+                block.attn1.to_q.bias.fill_(1.0)
+                block.attn1.to_k.bias.fill_(1.0)
+        call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
+        return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     raise ValueError(f"no variant recipe for {cls_name}")
 
 
