@@ -284,3 +284,4 @@ RECIPES.update({
                                                 "HunyuanDiTControlNetPipeline"),
     "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
 })
+RECIPES["ZImageControlNetPipeline"] = _variant_of(lambda: tiny_images.z_image(0), "ZImageControlNetPipeline")

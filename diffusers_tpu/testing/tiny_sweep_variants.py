@@ -213,6 +213,16 @@ def other_variant(base, cls_name: str):
                 block.attn1.to_k.bias.fill_(1.0)
         call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
         return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
+    if cls_name == "ZImageControlNetPipeline":  # the ControlNet shares the transformer's embedders and refiners
+        t = pipe.transformer.config
+        controlnet = seeded(6, lambda: diffusers.ZImageControlNetModel(
+            control_layers_places=[0, 1], control_refiner_layers_places=[0], control_in_dim=t.in_channels,
+            all_patch_size=t.all_patch_size, all_f_patch_size=t.all_f_patch_size, dim=t.dim,
+            n_refiner_layers=t.n_refiner_layers, n_heads=t.n_heads, n_kv_heads=t.n_kv_heads, norm_eps=t.norm_eps,
+            qk_norm=t.qk_norm))
+        controlnet = diffusers.ZImageControlNetModel.from_transformer(controlnet, pipe.transformer)
+        call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
+        return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     raise ValueError(f"no variant recipe for {cls_name}")
 
 
