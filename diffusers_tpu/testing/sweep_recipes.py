@@ -4,8 +4,6 @@ lengths, guidance on)."""
 
 from __future__ import annotations
 
-import numpy as np
-import PIL.Image
 
 from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_unet, tiny_sweep_variants,
                tiny_sweep_video, tiny_unet)
@@ -16,10 +14,6 @@ VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_step
 
 def _image(height=32, width=32, seed=0):
     return tiny.test_image(height, width, seed)
-
-
-def _mask(height=32, width=32):
-    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
 
 
 def _named(module, name):
@@ -103,17 +97,17 @@ RECIPES.update({
     "FluxImg2ImgPipeline": _as("FluxImg2ImgPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
                                strength=0.8),
     "FluxInpaintPipeline": _as("FluxInpaintPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
-                               mask_image=_mask(16, 16), strength=0.8),
+                               mask_image=tiny.test_mask(16, 16), strength=0.8),
     "FluxKontextPipeline": _as("FluxKontextPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
                                _auto_resize=False, max_area=16 * 16),
     "QwenImageImg2ImgPipeline": _as("QwenImageImg2ImgPipeline", _named(tiny_images, "qwen-image"), image=_image(),
                                     strength=0.8),
     "QwenImageInpaintPipeline": _as("QwenImageInpaintPipeline", _named(tiny_images, "qwen-image"), image=_image(),
-                                    mask_image=_mask(), strength=0.8),
+                                    mask_image=tiny.test_mask(), strength=0.8),
     "ZImageImg2ImgPipeline": _as("ZImageImg2ImgPipeline", _named(tiny_images, "z-image"), image=_image(),
                                  strength=0.8),
     "ZImageInpaintPipeline": _as("ZImageInpaintPipeline", _named(tiny_images, "z-image"), image=_image(),
-                                 mask_image=_mask(), strength=0.8),
+                                 mask_image=tiny.test_mask(), strength=0.8),
     "StableDiffusionXLImg2ImgPipeline": _as("StableDiffusionXLImg2ImgPipeline", _named(tiny_unet, "sdxl"),
                                             image=_image(), strength=0.8),
 })
@@ -132,7 +126,7 @@ RECIPES.update({
     "StableDiffusion3Img2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(),
                                               strength=0.8),
     "StableDiffusion3InpaintPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3InpaintPipeline", image=_image(),
-                                              mask_image=_mask(), strength=0.8),
+                                              mask_image=tiny.test_mask(), strength=0.8),
     "StableDiffusion3PAGPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0),
     "StableDiffusion3PAGImg2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGImg2ImgPipeline",
                                                  image=_image(), strength=0.8, pag_scale=2.0),
@@ -178,11 +172,11 @@ def _controlnet_variant(cls_name, **extra):
 
 RECIPES.update({
     "StableDiffusionXLInpaintPipeline": _as("StableDiffusionXLInpaintPipeline", _named(tiny_unet, "sdxl"),
-                                            image=_image(), mask_image=_mask(), strength=0.8),
+                                            image=_image(), mask_image=tiny.test_mask(), strength=0.8),
     "StableDiffusionControlNetImg2ImgPipeline": _controlnet_variant("StableDiffusionControlNetImg2ImgPipeline",
                                                                     strength=0.8),
     "StableDiffusionControlNetInpaintPipeline": _controlnet_variant("StableDiffusionControlNetInpaintPipeline",
-                                                                    mask_image=_mask(), strength=0.8),
+                                                                    mask_image=tiny.test_mask(), strength=0.8),
     "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
     "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
     "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),

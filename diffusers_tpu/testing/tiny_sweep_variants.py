@@ -17,13 +17,6 @@ def _sd(seed, **unet):
     return tiny_unet._sd_parts(seed, unet or None)
 
 
-def _sd_controlnet(seed, **extra):
-    config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
-                       down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
-                       norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
-    return seeded(seed, lambda: diffusers.ControlNetModel(**config))
-
-
 def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
     """SD 1.5's components under a guidance / editing class: PAG (text, img2img, inpaint, ControlNet), LCM,
     InstructPix2Pix, Panorama, SAG, SEGA, Paradigms, model editing, CycleDiffusion, Attend-and-Excite."""
@@ -40,7 +33,7 @@ def sd_variant(seed: int = 0, cls_name: str = "StableDiffusionPAGPipeline"):
     if "PAG" in cls_name:
         call.update(pag_scale=2.0)
     if "ControlNet" in cls_name:
-        parts["controlnet"] = _sd_controlnet(seed + 3)
+        parts["controlnet"] = tiny_unet.controlnet(seed + 3)
         call.update(control_image=test_image(seed=seed + 5)) if inpaint else call.update(image=test_image(seed=seed + 5))
     if inpaint:
         call.update(image=test_image(), mask_image=test_mask(), strength=0.8)

@@ -19,18 +19,11 @@ def _animatediff_parts(seed):
     return dict(pipe.components), call
 
 
-def _controlnet(seed, cls=None, **extra):
-    config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
-                       down_block_types=tiny_unet.SD_UNET["down_block_types"], cross_attention_dim=32,
-                       norm_num_groups=4, attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
-    return seeded(seed, lambda: (cls or diffusers.ControlNetModel)(**config))
-
-
 def animatediff_controlnet(seed: int = 0, cls_name: str = "AnimateDiffControlNetPipeline"):
     """AnimateDiff with a ControlNet over every frame (text-to-video, and video-to-video)."""
     components, call = _animatediff_parts(seed)
     components.pop("unet")  # the pipeline builds its motion UNet from the 2-D one again
-    pipe = getattr(diffusers, cls_name)(unet=tiny_unet.animatediff(seed)[0].unet, controlnet=_controlnet(seed + 5),
+    pipe = getattr(diffusers, cls_name)(unet=tiny_unet.animatediff(seed)[0].unet, controlnet=tiny_unet.controlnet(seed + 5),
                                         **{k: v for k, v in components.items() if k != "controlnet"})
     # one video, one prompt: the control frames are the video's
     call = dict(call, **ONE_PROMPT, conditioning_frames=test_frames(4, seed=seed + 7))
@@ -43,7 +36,7 @@ def animatediff_controlnet(seed: int = 0, cls_name: str = "AnimateDiffControlNet
 def animatediff_sparse(seed: int = 0):
     """AnimateDiff SparseCtrl: a sparse ControlNet conditioned on two of the four frames."""
     components, call = _animatediff_parts(seed)
-    controlnet = _controlnet(seed + 5, diffusers.SparseControlNetModel, motion_num_attention_heads=4,
+    controlnet = tiny_unet.controlnet(seed + 5, diffusers.SparseControlNetModel, motion_num_attention_heads=4,
                              down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"))
     pipe = diffusers.AnimateDiffSparseControlNetPipeline(controlnet=controlnet, **components)
     return pipe, dict(call, **ONE_PROMPT, conditioning_frames=test_frames(2, seed=seed + 7), controlnet_frame_indices=[0, 2])

@@ -82,16 +82,22 @@ def sd_inpaint(seed: int = 0):
         num_inference_steps=2)
 
 
+def controlnet(seed: int, cls=None, **extra):
+    """SD 1.5's tiny ControlNet (``cls``: another ControlNet class of the same layout, e.g. SparseCtrl's)."""
+    from diffusers import ControlNetModel
+
+    config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
+                       down_block_types=SD_UNET["down_block_types"], cross_attention_dim=32, norm_num_groups=4,
+                       attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
+    torch.manual_seed(seed)
+    return (cls or ControlNetModel)(**config).eval()
+
+
 def sd_controlnet(seed: int = 0):
-    from diffusers import ControlNetModel, StableDiffusionControlNetPipeline
+    from diffusers import StableDiffusionControlNetPipeline
 
     parts = _sd_parts(seed)
-    torch.manual_seed(seed + 3)
-    controlnet = ControlNetModel(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
-                                 down_block_types=SD_UNET["down_block_types"], cross_attention_dim=32,
-                                 norm_num_groups=4, attention_head_dim=4,
-                                 conditioning_embedding_out_channels=(8, 8)).eval()
-    return StableDiffusionControlNetPipeline(**parts, controlnet=controlnet, image_encoder=None), dict(
+    return StableDiffusionControlNetPipeline(**parts, controlnet=controlnet(seed + 3), image_encoder=None), dict(
         PROMPTS, image=_image(32, 32, seed), height=32, width=32, num_inference_steps=2)
 
 
