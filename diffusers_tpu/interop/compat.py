@@ -579,6 +579,61 @@ def _patch_random_draws():
     _applied.add("random draws from torch's generators")
 
 
+
+# --- 16. Convolutions never split a small spatial dimension over the mesh ---------------------------------------
+# Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a
+# spatial dimension into parts no longer than the kernel (measured on XLA:CPU with plain ``jax.jit``: a 3x3 conv of
+# a 4-row input split over 2 devices, a 4x4 stride-2 conv of 6 or 8 rows, 7x7 up to 6 rows a part; off by up to
+# 1e2, no error; 102 of 3,136 shapes, none with parts longer than the kernel). Attention hands a UNet's image
+# tokens back split over sp/tp; at a UNet's deepest, smallest levels the next convolution then fell in that zone
+# (the latent x2 upscaler's K-UNet differed from stock by 0.27 on dp2·tp2). Inside the runtime's programs
+# (``mesh_of_traces``) a convolution's input is constrained to keep whole every spatial dimension shorter than
+# 2 x kernel x devices; batch, channels and long dimensions stay free. The partitioner is shared by all backends.
+# Guard: wraps torchax's ``aten.convolution`` lowering (``aten.conv2d`` calls it) once, for torchax 0.0.10 - 0.0.13.
+_trace_mesh: contextvars.ContextVar = contextvars.ContextVar("diffusers_tpu_trace_mesh", default=None)
+
+
+@contextlib.contextmanager
+def mesh_of_traces(mesh):
+    """The mesh that programs traced in this context run on (None: one device)."""
+    token = _trace_mesh.set(mesh)
+    try:
+        yield
+    finally:
+        _trace_mesh.reset(token)
+
+
+def whole_small_spatial_dims(array, kernel):
+    """``array`` ([N, C, *spatial]) constrained to keep every spatial dim shorter than 2 x kernel x devices unsplit
+    on the current trace mesh; unchanged without a mesh or such a dimension."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = _trace_mesh.get()
+    if mesh is None or mesh.size == 1 or array.ndim != 2 + len(kernel):
+        return array
+    free = PartitionSpec.UNCONSTRAINED
+    spatial = [None if k > 1 and n < 2 * k * mesh.size else free for n, k in zip(array.shape[2:], kernel)]
+    if None not in spatial:
+        return array
+    return jax.lax.with_sharding_constraint(array, NamedSharding(mesh, PartitionSpec(free, free, *spatial)))
+
+
+def _patch_convolution_inputs():
+    from torchax.ops import jaten, ops_registry
+
+    stock = jaten._aten_convolution
+    if getattr(stock, "_diffusers_tpu", False):
+        return
+
+    @functools.wraps(stock)
+    def convolution(input, weight, *args, **kwargs):
+        return stock(whole_small_spatial_dims(input, weight.shape[2:]), weight, *args, **kwargs)
+
+    convolution._diffusers_tpu = True
+    jaten._aten_convolution = convolution
+    ops_registry.all_aten_ops[torch.ops.aten.convolution].func = convolution
+    _applied.add("convolutions keep small spatial dims whole")
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -595,6 +650,7 @@ def apply() -> None:
     _patch_strided_set()
     _patch_fill_diagonal()
     _patch_random_draws()
+    _patch_convolution_inputs()
 
 
 def applied() -> set[str]:

@@ -22,7 +22,7 @@ import diffusers
 
 from . import (attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers, stacked_weights,
                support)
-from ..interop import backend, boundary, compile as jit, distributed, sharding
+from ..interop import backend, boundary, compat, compile as jit, distributed, sharding
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
 from .denoiser import (TRACE_ERRORS, Denoiser, active_hooks, check_hooks, forget_unfinished, hook_reference,
@@ -92,12 +92,14 @@ class PipelineRuntime:
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
-    def active(self, settings: attention.AttentionSettings | None = None):
-        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe).
-        The matmul precision is part of every program's trace (TPU and GPU would otherwise run float32 products
-        in bfloat16 / TF32 and leave stock's results)."""
+    def active(self, settings: attention.AttentionSettings | None = None, mesh=None):
+        """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe);
+        ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
+        ``compat.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
+        otherwise run float32 products in bfloat16 / TF32 and leave stock's results)."""
         with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
-                jax.default_device(self.home_device), jax.default_matmul_precision(self.config.matmul_precision):
+                jax.default_device(self.home_device), jax.default_matmul_precision(self.config.matmul_precision), \
+                compat.mesh_of_traces(mesh or self.mesh):
             yield
 
     @contextlib.contextmanager
@@ -336,7 +338,8 @@ class PipelineRuntime:
         function = getattr(owner, method)
         if self.vae_mesh.size > 1:
             function = sharding.spatial_outputs(function, self.vae_mesh)
-        return jit.compiled_function(owner, function, state=state, activate=functools.partial(self.active, None),
+        return jit.compiled_function(owner, function, state=state,
+                                     activate=functools.partial(self.active, None, self.vae_mesh),
                                      place_input=self._width_input)
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
