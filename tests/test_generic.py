@@ -59,7 +59,8 @@ def test_supported_pipelines():
     table = diffusers_tpu.supported_pipelines()
     assert table["WanPipeline"] == table["LattePipeline"] == table["StableDiffusionPipeline"] == "verified"
     assert table["KandinskyV22Pipeline"] == "verified"
-    assert table["KandinskyPipeline"].startswith("untested: runs on the unet path")  # 2.1: no recipe
+    assert table["KandinskyPipeline"] == "verified"
+    assert table["KarrasVePipeline"].startswith("untested: runs on the unet path")  # no recipe
     assert table["WuerstchenPriorPipeline"] == "unsupported: no transformer or UNet denoiser"
 
 

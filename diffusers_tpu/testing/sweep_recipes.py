@@ -5,7 +5,7 @@ lengths, guidance on)."""
 from __future__ import annotations
 
 
-from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_unet, tiny_sweep_variants,
+from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants,
                tiny_sweep_video, tiny_unet)
 from .tiny_families import PROMPTS, test_frames
 
@@ -215,7 +215,7 @@ _VARIANTS = {
         "StableDiffusionXLControlNetInpaintPipeline", "StableDiffusionXLControlNetPAGPipeline",
         "StableDiffusionXLControlNetPAGImg2ImgPipeline", "StableDiffusionXLControlNetUnionPipeline",
         "StableDiffusionXLControlNetUnionImg2ImgPipeline", "StableDiffusionXLControlNetUnionInpaintPipeline",
-        "StableDiffusionXLInstructPix2PixPipeline"),
+        "StableDiffusionXLInstructPix2PixPipeline", "StableDiffusionXLAdapterPipeline"),
     tiny_sweep_variants.flux_variant: (
         "FluxControlPipeline", "FluxControlImg2ImgPipeline", "FluxControlInpaintPipeline", "FluxFillPipeline",
         "FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline", "FluxControlNetInpaintPipeline"),
@@ -258,6 +258,11 @@ _VARIANTS3 = {
                                     "ConsistencyModelPipeline"),
     tiny_sweep_unet.kandinsky22: ("KandinskyV22Pipeline", "KandinskyV22Img2ImgPipeline", "KandinskyV22InpaintPipeline",
                                   "KandinskyV22ControlnetPipeline", "KandinskyV22ControlnetImg2ImgPipeline"),
+    tiny_sweep_unet.kandinsky22_combined: ("KandinskyV22CombinedPipeline", "KandinskyV22Img2ImgCombinedPipeline",
+                                           "KandinskyV22InpaintCombinedPipeline"),
+    tiny_sweep_unet.kandinsky21: ("KandinskyPipeline", "KandinskyImg2ImgPipeline", "KandinskyInpaintPipeline",
+                                  "KandinskyCombinedPipeline", "KandinskyImg2ImgCombinedPipeline",
+                                  "KandinskyInpaintCombinedPipeline"),
     tiny_sweep_unet.deepfloyd_if: ("IFPipeline", "IFImg2ImgPipeline", "IFInpaintingPipeline", "IFSuperResolutionPipeline",
                                    "IFImg2ImgSuperResolutionPipeline", "IFInpaintingSuperResolutionPipeline"),
 }
@@ -271,11 +276,19 @@ RECIPES.update({cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandin
                                                                         "Kandinsky3Img2ImgPipeline")})
 RECIPES.update({
     "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
-    **{cls: _sweep(tiny_sweep_variants.marigold, cls) for cls in ("MarigoldDepthPipeline", "MarigoldNormalsPipeline")},
+    **{cls: _sweep(tiny_sweep_variants.marigold, cls) for cls in (
+        "MarigoldDepthPipeline", "MarigoldNormalsPipeline", "MarigoldIntrinsicsPipeline")},
 })
 RECIPES.update({
     "HunyuanDiTControlNetPipeline": _variant_of(lambda: tiny_sweep.hunyuan_dit(0, "HunyuanDiTPipeline"),
                                                 "HunyuanDiTControlNetPipeline"),
     "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
 })
-RECIPES["ZImageControlNetPipeline"] = _variant_of(lambda: tiny_images.z_image(0), "ZImageControlNetPipeline")
+RECIPES.update({cls: _variant_of(lambda: tiny_images.z_image(0), cls) for cls in (
+    "ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline")})
+RECIPES["QwenImageControlNetInpaintPipeline"] = _variant_of(lambda: tiny_images.qwen_image(0),
+                                                            "QwenImageControlNetInpaintPipeline")
+RECIPES.update({cls: _sweep(build, cls) if len(classes) > 1 else _sweep(build)
+                for build, classes in tiny_sweep_sd.BUILDERS.items() for cls in classes})
+RECIPES.update({cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls) for cls in (
+    "QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")})

@@ -119,3 +119,72 @@ def kandinsky3(seed: int = 0, cls_name: str = "Kandinsky3Pipeline"):
     if "Img2Img" in cls_name:
         call.update(image=[test_image(), test_image(seed=seed + 1)], strength=0.8)
     return fit(cls_name, parts, call)
+
+
+
+def _kandinsky_prior(seed):
+    """Kandinsky's prior parts (2.1 and 2.2): a ``PriorTransformer`` turning CLIP text states into a 32-wide image
+    embedding, sampled by the unCLIP scheduler."""
+    from transformers import (CLIPImageProcessor, CLIPTextConfig, CLIPTextModelWithProjection, CLIPVisionConfig,
+                              CLIPVisionModelWithProjection)
+
+    layers = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=32)
+    return dict(
+        prior_prior=seeded(seed + 3, lambda: diffusers.PriorTransformer(
+            num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2)),
+        prior_text_encoder=seeded(seed + 4, lambda: CLIPTextModelWithProjection(CLIPTextConfig(
+            **layers, max_position_embeddings=77, vocab_size=128, bos_token_id=None, eos_token_id=1, pad_token_id=0))),
+        prior_image_encoder=seeded(seed + 5, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+            **layers, image_size=32, patch_size=8))),
+        prior_tokenizer=char_tokenizer(77), prior_image_processor=CLIPImageProcessor(crop_size=32, size=32),
+        prior_scheduler=diffusers.UnCLIPScheduler(variance_type="fixed_small_log", prediction_type="sample",
+                                                  clip_sample=True, clip_sample_range=10.0))
+
+
+def _combined(seed, cls_name, decoder):
+    """A Kandinsky combined class: the prior's parts in front of ``decoder``'s (``(pipe, call)`` of the decoder)."""
+    pipe, call = decoder
+    call = {k: v for k, v in call.items() if not k.endswith("image_embeds")}
+    call.update(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
+                negative_prompt=["blurry", "low quality, deformed"], prior_num_inference_steps=2,
+                prior_guidance_scale=4.0)
+    return fit(cls_name, dict(pipe.components, **_kandinsky_prior(seed)), call)
+
+
+def kandinsky22_combined(seed: int = 0, cls_name: str = "KandinskyV22CombinedPipeline"):
+    """Kandinsky 2.2's combined classes: its prior in front of the decoder above."""
+    return _combined(seed, cls_name, kandinsky22(seed, cls_name.replace("Combined", "")))
+
+
+def kandinsky21(seed: int = 0, cls_name: str = "KandinskyPipeline"):
+    """Kandinsky 2.1's decoders: the UNet attends to the multilingual CLIP text states beside the projected image
+    embedding (given, as the prior would give them); text-to-image, img2img, inpaint and the combined classes."""
+    from diffusers.pipelines.kandinsky.text_encoder import MCLIPConfig, MultilingualCLIP
+
+    if "Combined" in cls_name:
+        return _combined(seed, cls_name, kandinsky21(seed, cls_name.replace("Combined", "")))
+    inpaint = "Inpaint" in cls_name
+    unet = seeded(seed, lambda: diffusers.UNet2DConditionModel(
+        in_channels=9 if inpaint else 4, out_channels=8, addition_embed_type="text_image",
+        down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
+        up_block_types=("SimpleCrossAttnUpBlock2D", "ResnetUpsampleBlock2D"), mid_block_type="UNetMidBlock2DSimpleCrossAttn",
+        block_out_channels=(8, 16), layers_per_block=2, encoder_hid_dim=32, encoder_hid_dim_type="text_image_proj",
+        cross_attention_dim=32, attention_head_dim=4, resnet_time_scale_shift="scale_shift", class_embed_type=None,
+        norm_num_groups=4, sample_size=16))
+    text_encoder = seeded(seed + 2, lambda: MultilingualCLIP(MCLIPConfig(
+        numDims=32, transformerDimensions=32, hidden_size=32, intermediate_size=37, num_attention_heads=4,
+        num_hidden_layers=2, vocab_size=128, pad_token_id=0, max_position_embeddings=80)))
+    parts = dict(unet=unet, movq=_movq(seed + 1), text_encoder=text_encoder, tokenizer=char_tokenizer(77),
+                 scheduler=diffusers.DDIMScheduler(beta_schedule="linear", beta_start=0.00085, beta_end=0.012,
+                                                   clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+                                                   prediction_type="epsilon", thresholding=False))
+    generator = torch.Generator().manual_seed(seed + 7)
+    call = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
+                negative_prompt=["blurry", "low quality, deformed"], image_embeds=torch.randn(2, 32, generator=generator),
+                negative_image_embeds=torch.randn(2, 32, generator=generator), height=32, width=32,
+                num_inference_steps=2, guidance_scale=4.0)
+    if inpaint:
+        call.update(image=[test_image(), test_image(seed=seed + 1)], mask_image=[test_mask(), test_mask()])
+    elif "Img2Img" in cls_name:
+        call.update(image=[test_image(), test_image(seed=seed + 1)], strength=0.8)
+    return fit(cls_name, parts, call)

@@ -85,7 +85,7 @@ def _sdxl_controlnet(seed, union=False):
 
 
 def sdxl_variant(seed: int = 0, cls_name: str = "StableDiffusionXLPAGPipeline"):
-    """SDXL's components under its PAG, ControlNet (and union), InstructPix2Pix classes."""
+    """SDXL's components under its PAG, ControlNet (and union), InstructPix2Pix and T2I-adapter classes."""
     inpaint = "Inpaint" in cls_name
     unet = dict(in_channels=8) if "InstructPix2Pix" in cls_name else {}
     if inpaint and "Union" not in cls_name:  # the union inpaint class takes SDXL's own 4-channel UNet only
@@ -110,6 +110,10 @@ def sdxl_variant(seed: int = 0, cls_name: str = "StableDiffusionXLPAGPipeline"):
         call.update(image=test_image(), strength=0.8)
     if "InstructPix2Pix" in cls_name:
         call = dict(PROMPTS, image=test_image(), num_inference_steps=2, image_guidance_scale=1.5)
+    if "Adapter" in cls_name:  # SDXL's adapter layout: features at the UNet's first two resolutions
+        parts["adapter"] = seeded(seed + 3, lambda: diffusers.T2IAdapter(
+            in_channels=3, channels=[8, 16], num_res_blocks=2, downscale_factor=4, adapter_type="full_adapter_xl"))
+        call.update(image=[test_image(seed=seed + 5), test_image(seed=seed + 6)], adapter_conditioning_scale=0.8)
     return fit(cls_name, parts, call)
 
 
@@ -180,12 +184,15 @@ def other_variant(base, cls_name: str):
         if "Img2Img" in cls_name:
             call.update(image=image, strength=0.8)
         return fit(cls_name, parts, call)
-    if cls_name == "QwenImageControlNetPipeline":
-        t = pipe.transformer.config
+    if cls_name.startswith("QwenImageControlNet"):  # inpainting: the masked image's latents and the mask (packed 2x2)
+        t, inpaint = pipe.transformer.config, "Inpaint" in cls_name
         controlnet = seeded(6, lambda: diffusers.QwenImageControlNetModel.from_transformer(
             pipe.transformer, num_layers=2, attention_head_dim=t.attention_head_dim,
-            num_attention_heads=t.num_attention_heads, load_weights_from_transformer=False))
+            num_attention_heads=t.num_attention_heads, load_weights_from_transformer=False,
+            extra_condition_channels=4 if inpaint else 0))
         call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
+        if inpaint:
+            call.update(control_mask=test_mask())
         return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     if cls_name == "HunyuanDiTControlNetPipeline":
         controlnet = seeded(6, lambda: diffusers.HunyuanDiT2DControlNetModel.from_transformer(
@@ -206,27 +213,32 @@ def other_variant(base, cls_name: str):
                 block.attn1.to_k.bias.fill_(1.0)
         call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
         return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
-    if cls_name == "ZImageControlNetPipeline":  # the ControlNet shares the transformer's embedders and refiners
-        t = pipe.transformer.config
+    if cls_name.startswith("ZImageControlNet"):  # the ControlNet shares the transformer's embedders and refiners
+        t, inpaint = pipe.transformer.config, "Inpaint" in cls_name  # inpainting: + mask + masked image's latents
         controlnet = seeded(6, lambda: diffusers.ZImageControlNetModel(
-            control_layers_places=[0, 1], control_refiner_layers_places=[0], control_in_dim=t.in_channels,
+            control_layers_places=[0, 1], control_refiner_layers_places=[0],
+            control_in_dim=2 * t.in_channels + 1 if inpaint else t.in_channels,
             all_patch_size=t.all_patch_size, all_f_patch_size=t.all_f_patch_size, dim=t.dim,
             n_refiner_layers=t.n_refiner_layers, n_heads=t.n_heads, n_kv_heads=t.n_kv_heads, norm_eps=t.norm_eps,
             qk_norm=t.qk_norm))
         controlnet = diffusers.ZImageControlNetModel.from_transformer(controlnet, pipe.transformer)
         call = dict(call, control_image=test_image(seed=5), controlnet_conditioning_scale=0.7)
+        if inpaint:
+            call.update(image=[test_image(seed=4)] * 2, mask_image=[test_mask()] * 2)
         return fit(cls_name, dict(pipe.components, controlnet=controlnet), call)
     raise ValueError(f"no variant recipe for {cls_name}")
 
 
 def marigold(seed: int = 0, cls_name: str = "MarigoldDepthPipeline"):
     """Marigold depth / normals: SD 1.5's parts with a UNet reading the image's latents beside the noise, an empty
-    prompt, one DDIM ensemble member."""
-    parts = _sd(seed, in_channels=8)
+    prompt, one DDIM ensemble member; intrinsics: two targets (8 latent channels out) denoised together."""
+    intrinsics = "Intrinsics" in cls_name
+    parts = _sd(seed, in_channels=12, out_channels=8) if intrinsics else _sd(seed, in_channels=8)
     parts.update(scheduler=diffusers.DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
                                                    clip_sample=False, set_alpha_to_one=False, steps_offset=1,
                                                    prediction_type="v_prediction", timestep_spacing="trailing"),
-                 prediction_type="depth" if "Depth" in cls_name else "normals", default_denoising_steps=2,
+                 prediction_type="depth" if "Depth" in cls_name else "intrinsics" if intrinsics else "normals",
+                 target_properties={"target_names": ["albedo", "shading"]}, default_denoising_steps=2,
                  default_processing_resolution=32)
     call = dict(image=[test_image(), test_image(seed=seed + 1)], num_inference_steps=2, ensemble_size=1,
                 processing_resolution=32, match_input_resolution=True, batch_size=2)
