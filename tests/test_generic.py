@@ -84,3 +84,19 @@ def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_ru
     got = classic(prompt="a cat", num_frames=5, height=32, width=32, num_inference_steps=2, output_type="np",
                   generator=torch.Generator().manual_seed(0)).frames
     assert np.abs(got - expected).max() <= 1e-4
+
+
+def test_flux2_kv_cache_crosses_programs_as_its_tensors():
+    """FLUX.2 klein's reference KV cache is a program output and the next program's input: its tensors are pytree
+    leaves (runtime patch 8), its reference-token count static."""
+    import torch.utils._pytree as pytree
+    from diffusers.models.transformers.transformer_flux2 import Flux2KVCache
+
+    cache = Flux2KVCache(num_double_layers=2, num_single_layers=1)
+    cache.num_ref_tokens = 5
+    cache.get_double(1).store(torch.ones(1, 5, 2, 4), torch.zeros(1, 5, 2, 4))
+    leaves, spec = pytree.tree_flatten(cache)
+    assert [tuple(x.shape) for x in leaves if x is not None] == [(1, 5, 2, 4)] * 2
+    back = pytree.tree_unflatten([None if x is None else x + 1 for x in leaves], spec)
+    assert back.num_ref_tokens == 5 and back.get_double(0).k_ref is None and back.get_single(0).v_ref is None
+    assert torch.equal(back.get_double(1).k_ref, torch.full((1, 5, 2, 4), 2.0))

@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import jax
+import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend
@@ -49,7 +50,8 @@ def timed_progress_bar(runtime, stock_progress_bar):
 
         def update(n=1):
             if runtime._last_output is not None:
-                jax.block_until_ready(pytree.tree_map(backend.to_jax_array, runtime._last_output))
+                # tensors only: an output may hold other objects (FLUX.2 klein's KV cache)
+                jax.block_until_ready(pytree.tree_map_only(torch.Tensor, backend.to_jax_array, runtime._last_output))
             now = time.perf_counter()
             seconds, marks["last"] = now - marks["last"], now
             compile_now = runtime._log.seconds if runtime._log is not None else 0.0

@@ -255,6 +255,37 @@ def _patch_modular_pipelines(modular_pipeline) -> None:
     _applied.add("ModularPipeline.to")
 
 
+# --- 8. FLUX.2 klein's reference-token KV cache crosses program boundaries as arrays ------------------------------
+# Reason: ``Flux2Transformer2DModel(kv_cache_mode="extract")`` returns a ``Flux2KVCache`` (per layer, the reference
+# tokens' keys and values) that the next steps pass back in ``"cached"`` mode. A compiled program returned it as an
+# opaque object holding traced values (a tracer leak: ``Flux2KleinKVPipeline`` failed). Registered as pytree nodes,
+# its tensors become the program's outputs and the next program's inputs; ``num_ref_tokens`` is static.
+# Guard: diffusers >= 0.42 (``transformer_flux2.Flux2KVCache``); applied when that module is imported.
+def _register_flux2_kv_cache(transformer_flux2) -> None:
+    import torch.utils._pytree as pytree
+
+    cache, layer = getattr(transformer_flux2, "Flux2KVCache", None), getattr(transformer_flux2, "Flux2KVLayerCache", None)
+    if cache is None or layer is None or layer in pytree.SUPPORTED_NODES:
+        return
+
+    def unflatten_layer(children, _):
+        built = layer()
+        built.k_ref, built.v_ref = children
+        return built
+
+    def unflatten_cache(children, context):
+        double, single = children
+        built = cache(0, 0)
+        built.double_block_caches, built.single_block_caches, built.num_ref_tokens = list(double), list(single), context
+        return built
+
+    pytree.register_pytree_node(layer, lambda c: ((c.k_ref, c.v_ref), None), unflatten_layer,
+                                serialized_type_name="diffusers.Flux2KVLayerCache")
+    pytree.register_pytree_node(cache, lambda c: ((c.double_block_caches, c.single_block_caches), c.num_ref_tokens),
+                                unflatten_cache, serialized_type_name="diffusers.Flux2KVCache")
+    _applied.add("Flux2KVCache as a pytree")
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
@@ -270,6 +301,7 @@ def apply() -> None:
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
+    import_hooks.when_imported("diffusers.models.transformers.transformer_flux2", _register_flux2_kv_cache)
 
 
 def applied() -> list[str]:

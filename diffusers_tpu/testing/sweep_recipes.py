@@ -5,7 +5,7 @@ lengths, guidance on)."""
 from __future__ import annotations
 
 
-from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants,
+from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_more, tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants,
                tiny_sweep_video, tiny_unet)
 from .tiny_families import PROMPTS, test_frames
 
@@ -292,3 +292,5 @@ RECIPES.update({cls: _sweep(build, cls) if len(classes) > 1 else _sweep(build)
                 for build, classes in tiny_sweep_sd.BUILDERS.items() for cls in classes})
 RECIPES.update({cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls) for cls in (
     "QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")})
+RECIPES.update({cls: _sweep(build, cls) for build, classes in tiny_sweep_more.BUILDERS.items() for cls in classes})
+RECIPES.update(tiny_sweep_more.RECIPES)
