@@ -294,3 +294,6 @@ RECIPES.update({cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls) for cls in (
     "QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")})
 RECIPES.update({cls: _sweep(build, cls) for build, classes in tiny_sweep_more.BUILDERS.items() for cls in classes})
 RECIPES.update(tiny_sweep_more.RECIPES)
+RECIPES.update({cls: _sweep(tiny_sweep_edit.kandinsky5, cls) for cls in (
+    "Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")})
+RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_sweep_edit.cosmos25)

@@ -8,7 +8,7 @@ import diffusers
 import torch
 
 from . import tiny_unet
-from .tiny import char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, tiny_clip
+from .tiny import PassThroughGuardrail, char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, tiny_clip
 from .tiny_families import test_frames
 
 ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
@@ -185,30 +185,6 @@ def sana_i2v(base):
 
     pipe, call = base
     return SanaImageToVideoPipeline(**pipe.components), dict(call, image=test_image())
-
-
-class PassThroughGuardrail(torch.nn.Module):
-    """Stands in for Cosmos' guardrail (the ``cosmos_guardrail`` package, not installed here): every prompt and
-    video passes unchanged. Stock refuses to run without a checker; this one changes no value, so the comparison
-    is of the pipeline itself."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("_where", torch.zeros(()), persistent=False)  # the pipeline asks its modules' device
-
-    @property
-    def device(self) -> torch.device:
-        return self._where.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._where.dtype
-
-    def check_text_safety(self, prompt: str) -> bool:
-        return True
-
-    def check_video_safety(self, frames):
-        return frames
 
 
 def cosmos2(seed: int = 0, cls_name: str = "Cosmos2TextToImagePipeline"):
