@@ -579,7 +579,6 @@ def _patch_random_draws():
     _applied.add("random draws from torch's generators")
 
 
-
 # --- 16. Convolutions never split a small spatial dimension over the mesh ---------------------------------------
 # Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a
 # spatial dimension into parts no longer than the kernel (measured on XLA:CPU with plain ``jax.jit``: a 3x3 conv of
@@ -633,6 +632,7 @@ def _patch_convolution_inputs():
     jaten._aten_convolution = convolution
     ops_registry.all_aten_ops[torch.ops.aten.convolution].func = convolution
     _applied.add("convolutions keep small spatial dims whole")
+
 
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""

@@ -77,15 +77,41 @@ def tiny_t5(seed: int = 0):
     return T5EncoderModel(T5Config(**config)).eval()
 
 
-def tiny_clip(seed: int, hidden: int = 32):
-    """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token."""
-    from transformers import CLIPTextConfig, CLIPTextModel
+def tiny_clip(seed: int, hidden: int = 32, projection: bool = False):
+    """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token; with ``projection``
+    the class with a text projection (SDXL's second encoder, unCLIP priors)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
     config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
                             projection_dim=hidden, max_position_embeddings=77, vocab_size=128, bos_token_id=None,
                             eos_token_id=1, pad_token_id=0)
-    return CLIPTextModel(config).eval()
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config).eval()
+
+
+def tiny_clip_vision(seed: int, hidden: int = 32):
+    """A CLIP vision encoder with a projection for 32-px images (8-px patches), 2 layers, 4 heads."""
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    torch.manual_seed(seed)
+    return CLIPVisionModelWithProjection(CLIPVisionConfig(
+        hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=hidden,
+        image_size=32, patch_size=8)).eval()
+
+
+def clip_image_processor():
+    """CLIP's image processor at 32 px (its PIL class where torchvision, which the default needs, is absent)."""
+    import transformers
+
+    return getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)(crop_size=32, size=32)
+
+
+def tiny_prior(seed: int):
+    """An unCLIP prior (``PriorTransformer``): CLIP text states to a 32-wide image embedding, 2 layers."""
+    from diffusers import PriorTransformer
+
+    torch.manual_seed(seed)
+    return PriorTransformer(num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2).eval()
 
 
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:

@@ -10,7 +10,8 @@ import diffusers
 import torch
 
 from . import tiny_unet
-from .tiny import char_tokenizer, fit, rebuilt, seeded, test_image, test_mask
+from .tiny import (char_tokenizer, clip_image_processor, fit, rebuilt, seeded, test_image, test_mask, tiny_clip,
+                   tiny_clip_vision, tiny_prior)
 from .tiny_families import PROMPTS
 
 PROMPT_PAIR = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
@@ -22,19 +23,6 @@ def _sd(seed, **unet):
     return tiny_unet._sd_parts(seed, unet or None)
 
 
-def _clip_vision(seed, image_size=32, **extra):
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    return seeded(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
-        **dict(CLIP_LAYERS, image_size=image_size, patch_size=8, **extra))))
-
-
-def _clip_processor():
-    import transformers
-
-    return getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)(crop_size=32, size=32)
-
-
 def paint_by_example(seed: int = 0):
     """Inpainting guided by an example image: a CLIP vision encoder with a mapper replaces the text encoder."""
     from diffusers.pipelines.deprecated.paint_by_example import PaintByExampleImageEncoder
@@ -42,7 +30,7 @@ def paint_by_example(seed: int = 0):
 
     parts = _sd(seed, in_channels=9)
     parts.update(image_encoder=seeded(seed + 3, lambda: PaintByExampleImageEncoder(CLIPVisionConfig(
-        **dict(CLIP_LAYERS, image_size=32, patch_size=8)), proj_size=32)), feature_extractor=_clip_processor())
+        **dict(CLIP_LAYERS, image_size=32, patch_size=8)), proj_size=32)), feature_extractor=clip_image_processor())
     call = dict(example_image=[test_image(seed=seed + 5), test_image(seed=seed + 6)],
                 image=[test_image(), test_image(seed=seed + 1)], mask_image=test_mask(), height=32, width=32,
                 num_inference_steps=2, guidance_scale=4.0)
@@ -76,9 +64,9 @@ def gligen(seed: int = 0, cls_name: str = "StableDiffusionGLIGENPipeline"):
         from diffusers.pipelines.stable_diffusion import CLIPImageProjection
         from transformers import CLIPProcessor
 
-        parts.update(image_encoder=_clip_vision(seed + 3), image_project=seeded(
+        parts.update(image_encoder=tiny_clip_vision(seed + 3), image_project=seeded(
             seed + 4, lambda: CLIPImageProjection(hidden_size=32)), processor=CLIPProcessor(
-                image_processor=_clip_processor(), tokenizer=parts["tokenizer"]))
+                image_processor=clip_image_processor(), tokenizer=parts["tokenizer"]))
         call.update(gligen_images=[test_image(seed=seed + 5), None], gligen_phrases=[None, "grass"],
                     gligen_boxes=[[0.1, 0.1, 0.5, 0.6], [0.4, 0.5, 0.9, 0.9]])
     return fit(cls_name, parts, call)
@@ -104,8 +92,6 @@ def latent_upscale(seed: int = 0):
 def stable_unclip(seed: int = 0, cls_name: str = "StableUnCLIPPipeline"):
     """Stable unCLIP: the UNet conditioned on a (noised, normalized) CLIP image embedding through its class
     embedding — from a prior on the text (text-to-image) or from the image itself (image variation)."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
     parts = _sd(seed, class_embed_type="projection", projection_class_embeddings_input_dim=64)
     from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
 
@@ -113,15 +99,12 @@ def stable_unclip(seed: int = 0, cls_name: str = "StableUnCLIPPipeline"):
                  image_noising_scheduler=diffusers.DDPMScheduler(beta_schedule="squaredcos_cap_v2"))
     call = dict(PROMPTS, height=32, width=32, num_inference_steps=2, noise_level=20, guidance_scale=4.0)
     if "Img2Img" in cls_name:
-        parts.update(image_encoder=_clip_vision(seed + 3), feature_extractor=_clip_processor())
+        parts.update(image_encoder=tiny_clip_vision(seed + 3), feature_extractor=clip_image_processor())
         call.update(image=test_image(seed=seed + 5))
     else:
         parts.update(
-            prior_tokenizer=char_tokenizer(77), prior_text_encoder=seeded(seed + 4, lambda: CLIPTextModelWithProjection(
-                CLIPTextConfig(**CLIP_LAYERS, max_position_embeddings=77, vocab_size=128, bos_token_id=None,
-                               eos_token_id=1, pad_token_id=0))),
-            prior=seeded(seed + 3, lambda: diffusers.PriorTransformer(
-                num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2)),
+            prior_tokenizer=char_tokenizer(77), prior_text_encoder=tiny_clip(seed + 4, projection=True),
+            prior=tiny_prior(seed + 3),
             prior_scheduler=diffusers.DDPMScheduler(beta_schedule="squaredcos_cap_v2", prediction_type="sample",
                                                     num_train_timesteps=1000, clip_sample=True,
                                                     clip_sample_range=5.0))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import diffusers
 import torch
 
-from .tiny import char_tokenizer, fit, seeded, test_image, test_mask, tiny_t5
+from .tiny import (char_tokenizer, clip_image_processor, fit, seeded, test_image, test_mask, tiny_clip,
+                   tiny_clip_vision, tiny_prior, tiny_t5)
 
 UNET_2D = dict(sample_size=16, in_channels=3, out_channels=3, layers_per_block=2, block_out_channels=(8, 16),
                norm_num_groups=4, attention_head_dim=4, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
@@ -125,18 +126,10 @@ def kandinsky3(seed: int = 0, cls_name: str = "Kandinsky3Pipeline"):
 def _kandinsky_prior(seed):
     """Kandinsky's prior parts (2.1 and 2.2): a ``PriorTransformer`` turning CLIP text states into a 32-wide image
     embedding, sampled by the unCLIP scheduler."""
-    from transformers import (CLIPImageProcessor, CLIPTextConfig, CLIPTextModelWithProjection, CLIPVisionConfig,
-                              CLIPVisionModelWithProjection)
-
-    layers = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=32)
     return dict(
-        prior_prior=seeded(seed + 3, lambda: diffusers.PriorTransformer(
-            num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2)),
-        prior_text_encoder=seeded(seed + 4, lambda: CLIPTextModelWithProjection(CLIPTextConfig(
-            **layers, max_position_embeddings=77, vocab_size=128, bos_token_id=None, eos_token_id=1, pad_token_id=0))),
-        prior_image_encoder=seeded(seed + 5, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
-            **layers, image_size=32, patch_size=8))),
-        prior_tokenizer=char_tokenizer(77), prior_image_processor=CLIPImageProcessor(crop_size=32, size=32),
+        prior_prior=tiny_prior(seed + 3), prior_text_encoder=tiny_clip(seed + 4, projection=True),
+        prior_image_encoder=tiny_clip_vision(seed + 5), prior_tokenizer=char_tokenizer(77),
+        prior_image_processor=clip_image_processor(),
         prior_scheduler=diffusers.UnCLIPScheduler(variance_type="fixed_small_log", prediction_type="sample",
                                                   clip_sample=True, clip_sample_range=10.0))
 

@@ -269,14 +269,12 @@ def sd_conditioned(seed: int = 0, cls_name: str = "StableDiffusionImageVariation
     parts = _sd(seed)
     call = dict(PROMPTS, height=32, width=32, num_inference_steps=2)
     if cls_name == "StableDiffusionImageVariationPipeline":
-        import transformers
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
-        from .tiny import CLIP_VISION
+        from .tiny import CLIP_VISION, clip_image_processor
 
-        processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
         parts.update(image_encoder=seeded(seed + 3, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
-            **dict(CLIP_VISION, projection_dim=32)))), feature_extractor=processor(crop_size=32, size=32))
+            **dict(CLIP_VISION, projection_dim=32)))), feature_extractor=clip_image_processor())
         call = dict(image=test_image(), height=32, width=32, num_inference_steps=2, guidance_scale=3.0)
     elif cls_name == "StableDiffusionAdapterPipeline":
         parts["adapter"] = seeded(seed + 3, lambda: diffusers.T2IAdapter(

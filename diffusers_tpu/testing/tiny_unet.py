@@ -105,7 +105,6 @@ def sdxl(seed: int = 0):
     """SDXL's layout: two CLIP text encoders (the second with a projection, concatenated to 64 features), time ids
     as added conditions, a linear-projection transformer of 2 layers in the second block."""
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
@@ -116,10 +115,7 @@ def sdxl(seed: int = 0):
         cross_attention_dim=64, norm_num_groups=4).eval()
     torch.manual_seed(seed + 1)
     vae = AutoencoderKL(**SD_VAE, sample_size=32).eval()
-    torch.manual_seed(seed + 3)
-    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(
-        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
-        max_position_embeddings=77, vocab_size=128, bos_token_id=None, eos_token_id=1, pad_token_id=0)).eval()
+    text_encoder_2 = tiny_clip(seed + 3, projection=True)
     pipe = StableDiffusionXLPipeline(
         vae=vae, text_encoder=tiny_clip(seed + 2), text_encoder_2=text_encoder_2, tokenizer=char_tokenizer(77),
         tokenizer_2=char_tokenizer(77), unet=unet, scheduler=EulerDiscreteScheduler(), image_encoder=None,
