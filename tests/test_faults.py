@@ -83,7 +83,9 @@ def test_unwritable_destinations_exit_2_before_loading(tmp_path, capsys, output,
 
 
 _SLOW_WRITER = """
-import sys, time
+import signal, sys, time
+# Ctrl-C as in a terminal: a shell that started the suite in the background leaves SIGINT ignored in its children
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from diffusers_tpu.runtime import outputs
 def write(temp):
     open(temp, "wb").write(b"half a video")
