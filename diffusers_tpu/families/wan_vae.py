@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..interop import backend, sharding
+from ..interop import backend
 from ..interop.compile import compiled_function
 
 
@@ -65,13 +65,6 @@ def _decode_first(vae, z, cache=None, start: int = 0):
     outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
             for i in range(z.shape[2])]
     return torch.cat(outs, 2), cache
-
-
-def _decode_first_on_mesh(vae, mesh, z, cache=None, start: int = 0):
-    """``_decode_first`` with its outputs (pixels, feature cache) kept spatially sharded: left free, XLA's
-    partitioner replicated the whole program (every device decoding all of frames 0-1; ``plan`` found it)."""
-    out, cache = _decode_first(vae, z, cache, start)
-    return sharding.spatially(out, mesh), [sharding.spatially(entry, mesh) for entry in cache]
 
 
 def _decode_chunk(vae, z, cache):
@@ -244,9 +237,9 @@ def install(vae, runtime, state, place_input) -> None:
 
     config = runtime.config
     dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
-    compile_ = functools.partial(compiled_function, vae, state=state, activate=runtime.active,
-                                 place_input=place_input, compute_dtype=dtype)
-    decode_first = compile_(functools.partial(_decode_first_on_mesh, vae, runtime.vae_mesh))
+    options = dict(runtime.vae_program_options(), place_input=place_input)
+    compile_ = functools.partial(compiled_function, vae, state=state, compute_dtype=dtype, **options)
+    decode_first = compile_(functools.partial(_decode_first, vae))
     # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
     # never reads it again.
     decode_chunk = compile_(functools.partial(_decode_chunk, vae), donate=1)

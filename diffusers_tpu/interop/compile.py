@@ -186,7 +186,7 @@ class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
     def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None,
-                 extras=None, trace_hook=None, carried: tuple = (), carried_key: tuple = ()):
+                 extras=None, trace_hook=None, carried: tuple = (), carried_key: tuple = (), place_output=None):
         self.out_spec = None
         self.out_static = None
         self.donate = donate
@@ -259,8 +259,9 @@ class _Program:
                        if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))}
             out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
-            return ([to_jax_array(x) for x in out_leaves if isinstance(x, torch.Tensor)]
-                    + [to_jax_array(value) for value in post if isinstance(value, torch.Tensor)])
+            placed = place_output or (lambda tensor: tensor)
+            return ([to_jax_array(placed(x)) for x in out_leaves if isinstance(x, torch.Tensor)]
+                    + [to_jax_array(placed(value)) for value in post if isinstance(value, torch.Tensor)])
 
         # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
         self.traced = traced
@@ -337,12 +338,15 @@ def compiled_function(
     donate: int | None = None,
     extras=None,
     trace_hook=None,
+    place_output=None,
 ) -> Callable:
     """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
     ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
     arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
-    ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``). One program is
+    ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``); ``place_output``, if
+    given, constrains every tensor the program returns (its result, list arguments it changed, carried attributes)
+    while tracing: left free, the partitioner may pick a sharding the mesh cannot name. One program is
     compiled per structure of non-tensor arguments and input shapes. ``extras`` feeds module state that is not a
     weight into the program: ``extras.key()`` (hashable: part of the program key), ``extras.values()`` (arrays:
     program inputs) and ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
@@ -374,7 +378,7 @@ def compiled_function(
                 ) from None
             if program is None:
                 program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
-                                                   trace_hook, carried, carried_key)
+                                                   trace_hook, carried, carried_key, place_output)
             dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
             carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
             extra = extras.values() if extras is not None else []

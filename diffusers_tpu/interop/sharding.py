@@ -12,7 +12,6 @@ mesh leaves the module untouched. ``resync`` brings a placed module up to date a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -328,22 +327,12 @@ def spatial_spec(shape, devices: int) -> tuple:
 
 def spatially(tensor, mesh):
     """A video ``[B, C, T, H, W]`` constrained to its VAE mesh's spatial sharding (``spatial_spec``, as the runtime
-    places VAE inputs); anything else as it is."""
-    spec = spatial_spec(tensor.shape, mesh.size) if isinstance(tensor, torch.Tensor) else ()
-    return constrain(tensor, mesh, spec) if spec else tensor
-
-
-def spatial_outputs(function, mesh):
-    """``function`` with every video among its outputs kept spatially sharded on ``mesh``. Left free, XLA's
-    partitioner may replicate a whole VAE program (Wan's first decode program, CogVideoX's decoder with its
-    carried conv cache: every device decoding everything; ``plan`` found both)."""
-    import torch.utils._pytree as pytree
-
-    @functools.wraps(function)
-    def constrained(*args, **kwargs):
-        return pytree.tree_map(lambda value: spatially(value, mesh), function(*args, **kwargs))
-
-    return constrained
+    places VAE inputs), or whole where neither side divides: left free, the TPU partitioner may split a small
+    cache entry over part of the mesh (width 2 over 2 of 4 chips), which JAX cannot name on the mesh and refuses
+    when it compiles. Anything else as it is."""
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 5:
+        return tensor
+    return constrain(tensor, mesh, spatial_spec(tensor.shape, mesh.size) or (None,) * 5)
 
 
 def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:

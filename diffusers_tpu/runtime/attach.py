@@ -332,15 +332,19 @@ class PipelineRuntime:
                         lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh))
                 self._override(vae, name, self.public(method))
 
+    def vae_program_options(self) -> dict:
+        """How every VAE program compiles (``jit.compiled_function`` options): on the VAE mesh, video inputs spatially
+        sharded, and on several devices every video it returns or leaves in a feature cache too
+        (``sharding.spatially``). Left free, XLA's partitioner may replicate a whole VAE program (Wan's first decode
+        program, CogVideoX's decoder with its carried conv cache: every device decoding everything; ``plan`` found
+        both), or split a small cache entry over part of the mesh, which JAX then refuses."""
+        spatially = functools.partial(sharding.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
+        return dict(activate=functools.partial(self.active, None, self.vae_mesh), place_input=self._width_input,
+                    place_output=spatially)
+
     def compiled_vae_method(self, owner, method: str, state):
-        """A VAE method (``Family.vae_methods``) compiled on the VAE mesh: video inputs spatially sharded, and on
-        several devices its video outputs too (``sharding.spatial_outputs``)."""
-        function = getattr(owner, method)
-        if self.vae_mesh.size > 1:
-            function = sharding.spatial_outputs(function, self.vae_mesh)
-        return jit.compiled_function(owner, function, state=state,
-                                     activate=functools.partial(self.active, None, self.vae_mesh),
-                                     place_input=self._width_input)
+        """A VAE method (``Family.vae_methods``) compiled as every VAE program is (``vae_program_options``)."""
+        return jit.compiled_function(owner, getattr(owner, method), state=state, **self.vae_program_options())
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
