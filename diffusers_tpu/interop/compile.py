@@ -423,7 +423,7 @@ def compiled_function(
     compiled.programs = programs
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
-    compiled.extras, compiled.trace_hook = extras, trace_hook
+    compiled.extras, compiled.trace_hook, compiled.place_output = extras, trace_hook, place_output
     compiled.carried, compiled.eager = carried, eager
     return compiled
 
@@ -471,7 +471,8 @@ def _lowered(compiled, args, kwargs):
     key = (spec, static, shapes, extras.key() if extras is not None else None, carried_key)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                      compiled.compute_dtype, compiled.donate, extras,
-                                                     compiled.trace_hook, compiled.carried, carried_key)
+                                                     compiled.trace_hook, compiled.carried, carried_key,
+                                                     compiled.place_output)
     carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
     # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
     dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
