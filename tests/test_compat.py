@@ -374,3 +374,38 @@ def test_convolutions_of_spatially_split_inputs_match_torch_on_a_mesh():
     assert done.returncode == 0, done.stderr[-3000:]
     worst = float(done.stdout.split("WORST")[-1])
     assert worst < 1e-5, worst
+
+
+_TWO_MESHES = r"""
+import os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import jax, numpy as np, torch
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import diffusers_tpu
+from diffusers_tpu.interop import compat
+torchax = compat.import_torchax()
+devices = np.array(jax.devices())
+vae_mesh = Mesh(devices.reshape(1, 8), ("batch", "spatial"))
+mesh = Mesh(devices.reshape(2, 2, 2), ("dp", "sp", "tp"))
+env = torchax.default_env()
+a = torch.randn(2, 64, 4, generator=torch.Generator().manual_seed(0))
+b = torch.randn(2, 64, 4, generator=torch.Generator().manual_seed(1))
+with env:
+    # a VAE statistic's product on the VAE mesh, a transformer output on the pipeline mesh (LTX-2 DFR's latents)
+    x = env.j2t_iso(jax.device_put(a.numpy(), NamedSharding(vae_mesh, P())))
+    y = env.j2t_iso(jax.device_put(b.numpy(), NamedSharding(mesh, P("dp", ("sp", "tp")))))
+    with compat.mesh_of_traces(mesh):
+        got = np.asarray(env.t2j_iso(x - y))
+print("WORST", float(np.abs(got - (a - b).numpy()).max()))
+"""
+
+
+def test_an_eager_op_on_tensors_of_two_meshes_runs_on_the_trace_mesh():
+    """Same devices, two meshes (the VAE's and the pipeline's): JAX could not name the output sharding XLA chose for
+    an eager op mixing them (IndivisibleError); compat patch 17 runs it on the trace mesh instead."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TWO_MESHES], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split("WORST")[-1]) == 0.0

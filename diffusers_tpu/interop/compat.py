@@ -634,6 +634,49 @@ def _patch_convolution_inputs():
     _applied.add("convolutions keep small spatial dims whole")
 
 
+# --- 17. An eager op on tensors of two meshes ----------------------------------------------------------------
+# Reason: a VAE's buffers live on the VAE mesh (batch x spatial), the denoiser's outputs on the pipeline mesh
+# (dp x sp x tp): the same devices, two meshes. An eager op mixing both (LTX-2 DFR normalizes latents with the VAE's
+# statistics, then subtracts a transformer output) lets XLA pick an output sharding that JAX cannot name on the
+# first operand's mesh, and JAX raises ``IndivisibleError`` before anything is computed. Such an op is run again
+# with the operands off the current trace mesh replicated onto it (in place: same tensor objects, same values).
+# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; costs nothing unless that error is raised.
+def _onto_trace_mesh(tensors) -> bool:
+    """Replicate each torchax tensor whose array lies on another mesh onto the trace mesh; whether any moved."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh, moved = _trace_mesh.get(), False
+    for tensor in tensors:
+        sharding = getattr(getattr(tensor, "_elem", None), "sharding", None)
+        if mesh is not None and isinstance(sharding, NamedSharding) and sharding.mesh != mesh:
+            tensor._elem = jax.device_put(tensor._elem, NamedSharding(mesh, PartitionSpec()))
+            moved = True
+    return moved
+
+
+def _patch_mixed_mesh_operands():
+    from jax._src.sharding import IndivisibleError
+    from torchax.tensor import Environment, Tensor
+
+    stock = Environment.dispatch
+    if getattr(stock, "_diffusers_tpu_meshes", False):
+        return
+
+    def dispatch(self, func, types, args, kwargs):
+        try:
+            return stock(self, func, types, args, kwargs)
+        except IndivisibleError:
+            operands = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
+            if not _onto_trace_mesh(operands):
+                raise
+            return stock(self, func, types, args, kwargs)
+
+    dispatch.__dict__.update(stock.__dict__)  # the inner wrappers' markers: apply() stays idempotent
+    dispatch._diffusers_tpu = dispatch._diffusers_tpu_meshes = True
+    Environment.dispatch = dispatch
+    _applied.add("eager ops on two meshes")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -651,6 +694,7 @@ def apply() -> None:
     _patch_fill_diagonal()
     _patch_random_draws()
     _patch_convolution_inputs()
+    _patch_mixed_mesh_operands()  # outermost dispatch wrapper: it retries whatever the others do
 
 
 def applied() -> set[str]:

@@ -5,8 +5,8 @@ lengths, guidance on)."""
 from __future__ import annotations
 
 
-from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_more, tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants,
-               tiny_sweep_video, tiny_unet)
+from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_more,
+               tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants, tiny_sweep_video, tiny_sweep_video_more, tiny_unet)
 from .tiny_families import PROMPTS, test_frames
 
 VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
@@ -297,3 +297,5 @@ RECIPES.update(tiny_sweep_more.RECIPES)
 RECIPES.update({cls: _sweep(tiny_sweep_edit.kandinsky5, cls) for cls in (
     "Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")})
 RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_sweep_edit.cosmos25)
+RECIPES["Kandinsky6TI2VAPipeline"] = tiny_sweep_edit.kandinsky6
+RECIPES.update(tiny_sweep_video_more.RECIPES)

@@ -1,7 +1,7 @@
 """Tiny offline pipelines that only the parity sweep builds whose Qwen2.5-VL text encoder sits behind Qwen2-VL's
 processor: Qwen-Image's edit classes (the encoder reads the input image beside the instruction: the processor
-expands the template's image token into one token per merged 28x28 patch) and Kandinsky 5 (text only through the
-processor): each ``(pipe, call arguments)``."""
+expands the template's image token into one token per merged 28x28 patch) and Kandinsky 5 and 6 (text only through
+the processor): each ``(pipe, call arguments)``."""
 
 from __future__ import annotations
 
@@ -140,3 +140,33 @@ def cosmos25(seed: int = 0, cls_name: str = "Cosmos2_5_PredictBasePipeline"):
     call = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", height=32, width=32,
                 num_frames=5, num_inference_steps=2, guidance_scale=7.0, max_sequence_length=48)
     return fit(cls_name, parts, call)
+
+
+def _short_kandinsky6_template():
+    """Stock wraps each prompt in a 7-line system template and crops its first 129 Qwen tokens (module constants):
+    with the character tokenizer that is ~700 tokens a prompt. The recipe sets a short template and crop in the
+    module (test harness only, for stock and JAX alike)."""
+    from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
+
+    module._PROMPT_TEMPLATE, module._QWEN_CROP_START = "<s>{}<e>", 3
+
+
+def kandinsky6(seed: int = 0):
+    """Kandinsky 6 text/image-to-video: Qwen2.5-VL states (through its processor) and CLIP's pooled embedding into
+    the fused video-audio transformer; the image's latents as the first frame's visual condition; HunyuanVideo's
+    VAE; CFG with a negative prompt. Video only (``sample_audio=False``): the MMAudio VAE and vocoder are left out."""
+    import diffusers
+
+    _short_kandinsky6_template()
+    encoder, processor = _vl_encoder(tiny_images.qwen_image(seed)[0], seed)
+    transformer = seeded(seed, lambda: diffusers.Kandinsky6Transformer3DModel(
+        in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=32, time_dim=16, patch_size=(1, 2, 2),
+        model_dim=32, ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6), visual_cond=True,
+        in_audio_dim=4, out_audio_dim=4, visual_token_type_num_embeddings=2))
+    parts = dict(transformer=transformer, vae=tiny_families.hunyuan_video(seed)[0].vae, text_encoder=encoder,
+                 tokenizer=processor, text_encoder_2=tiny_clip(seed + 3), tokenizer_2=char_tokenizer(77),
+                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0))
+    images = [test_image(64, 64, seed + 4), test_image(64, 64, seed + 5)]  # one a prompt
+    call = dict(tiny_families.PROMPTS, image=images, height=64, width=64, num_frames=9, num_inference_steps=2,
+                guidance_scale=4.0, max_sequence_length=32, sample_audio=False)
+    return fit("Kandinsky6TI2VAPipeline", parts, call)

@@ -1,0 +1,98 @@
+"""Tiny offline video pipelines that only the parity sweep builds, second part: LTX-2's distilled keyframe (DFR)
+classes and HunyuanVideo image-to-video (LLaVA); each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
+
+from __future__ import annotations
+
+import torch
+
+from .tiny import fit, seeded
+from .tiny_families import PROMPTS
+
+LTX2_DFR_CALL = dict(prompt=PROMPTS["prompt"], height=32, width=32, num_frames=9, frame_rate=25.0,
+                     sigmas=[1.0, 0.9, 0.6], max_sequence_length=48)
+
+
+def _ltx2_with_keyframes(seed: int):
+    """LTX-2's tiny components with a transformer that marks keyframe tokens (``use_keyframes_abs_pos_embedding``,
+    LTX-2.5): DFR refuses one without. The marker is zeros at initialisation; drawn here, as a trained one is."""
+    import diffusers
+
+    from .tiny_families import pipeline
+
+    pipe, _ = pipeline("ltx2", seed)
+    transformer = seeded(seed, lambda: diffusers.LTX2VideoTransformer3DModel.from_config(
+        pipe.transformer.config, use_keyframes_abs_pos_embedding=True)).eval()
+    with torch.no_grad():
+        transformer.keyframes_abs_pos_embedding.copy_(
+            torch.randn(transformer.keyframes_abs_pos_embedding.shape, generator=torch.Generator().manual_seed(seed)))
+    return dict(pipe.components, transformer=transformer)
+
+
+def ltx2_dfr(seed: int = 0):
+    """LTX-2 DFR (distilled, no guidance): one pass over a canvas padded to whole keyframe segments, a generated
+    keyframe slot per segment end beside the video tokens, joint audio; a short distilled schedule."""
+    import diffusers
+
+    return diffusers.LTX2DFRPipeline(**_ltx2_with_keyframes(seed)), dict(LTX2_DFR_CALL)
+
+
+def ltx2_dfr_temporal_refine(seed: int = 0):
+    """LTX-2 DFR's temporal refine round on the output of a DFR pass (run here on torch, as a user composes them):
+    its canvas latents upsampled in time by the latent upsampler, re-denoised with the pass's keyframes and audio."""
+    from diffusers import LTX2DFRPipeline, LTXEulerAncestralRFScheduler
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    parts = _ltx2_with_keyframes(seed)
+    with torch.no_grad():
+        first = LTX2DFRPipeline(**parts)(**LTX2_DFR_CALL, output_type="latent",
+                                          generator=torch.Generator().manual_seed(seed))
+    upsampler = seeded(seed + 12, lambda: LTX2LatentUpsamplerModel(  # GroupNorm(32, mid_channels)
+        in_channels=parts["transformer"].config.in_channels, mid_channels=32, num_blocks_per_stage=1, dims=3,
+        spatial_upsample=False, temporal_upsample=True)).eval()
+    parts = dict(parts, scheduler=LTXEulerAncestralRFScheduler(), temporal_latent_upsampler=upsampler)
+    call = dict(LTX2_DFR_CALL, latents=first.frames, keyframes_latents=first.keyframes,
+                keyframe_positions=first.keyframe_positions, audio_latents=first.audio, sigmas=[0.9, 0.6])
+    return fit("LTX2DFRTemporalRefinePipeline", parts, call)
+
+
+HEADER_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<image>")
+
+
+def hunyuan_video_i2v(seed: int = 0):
+    """HunyuanVideo image-to-video: a LLaVA text encoder (CLIP vision tower, 4 image tokens of a 28-px image, into a
+    Llama) reads the image beside the prompt through stock's chat template (its header tokens added to the
+    character tokenizer, a one-letter system part); the image's latents concatenated to the noise
+    (``latent_concat``); real CFG with a negative prompt. One prompt: stock pairs one image with every prompt."""
+    import diffusers
+    import transformers
+
+    from .tiny import char_tokenizer, test_image
+    from .tiny_families import hunyuan_video
+
+    base, call = hunyuan_video(seed)
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(HEADER_TOKENS)})
+    start, end, eot, image = HEADER_TOKENS
+    encoder = seeded(seed + 2, lambda: transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=2, image_size=28, patch_size=14),
+        text_config=transformers.LlamaConfig(hidden_size=16, intermediate_size=37, num_attention_heads=4,
+                                             num_key_value_heads=2, num_hidden_layers=3, vocab_size=len(tokenizer),
+                                             pad_token_id=0, eos_token_id=1, bos_token_id=None),
+        image_token_index=tokenizer.convert_tokens_to_ids(image), pad_token_id=0,
+        vision_feature_select_strategy="default", vision_feature_layer=-2)).eval())
+    transformer = seeded(seed, lambda: diffusers.HunyuanVideoTransformer3DModel.from_config(
+        base.transformer.config, in_channels=2 * 4 + 1, image_condition_type="latent_concat")).eval()
+    pipe = diffusers.HunyuanVideoImageToVideoPipeline(
+        transformer=transformer, vae=base.vae, scheduler=base.scheduler, text_encoder=encoder, tokenizer=tokenizer,
+        text_encoder_2=base.text_encoder_2, tokenizer_2=base.tokenizer_2,
+        image_processor=transformers.CLIPImageProcessor(crop_size=28, size=28))
+    # stock's template, shortened: the image token at 3, the user prompt from 9, 4 tokens before the assistant part
+    template = dict(template=f"{start}s{end}{image}d{eot}{start}u{end}{{}}{eot}{start}a{end}", crop_start=9,
+                    image_emb_start=3, image_emb_end=3 + 4, image_emb_len=4)
+    return pipe, dict(call, prompt=PROMPTS["prompt"][1], negative_prompt=PROMPTS["negative_prompt"][0],
+                      image=test_image(16, 16, seed + 4), prompt_template=template)
+
+
+RECIPES = {"LTX2DFRPipeline": ltx2_dfr, "LTX2DFRTemporalRefinePipeline": ltx2_dfr_temporal_refine,
+           "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v}
