@@ -99,6 +99,15 @@ def tiny_clip_vision(seed: int, hidden: int = 32):
         image_size=32, patch_size=8)).eval()
 
 
+def tiny_gemma2(seed: int):
+    """A Gemma 2 text model, 32 wide, 2 layers (Sana, Sana Video, SANA-WM)."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    return seeded(seed, lambda: Gemma2Model(Gemma2Config(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, vocab_size=128, max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=2)))
+
+
 def clip_image_processor():
     """CLIP's image processor at 32 px (its PIL class where torchvision, which the default needs, is absent)."""
     import transformers

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tiny import char_tokenizer, kl_vae, seeded, test_image, tiny_t5, tiny_umt5
+from .tiny import char_tokenizer, kl_vae, seeded, test_image, tiny_gemma2, tiny_t5, tiny_umt5
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
@@ -65,14 +65,6 @@ def auraflow(seed: int = 0):
     return pipe, dict(IMAGE_CALL, guidance_scale=5.0, max_sequence_length=48)
 
 
-def _gemma2(seed):
-    from transformers import Gemma2Config, Gemma2Model
-
-    return seeded(seed, lambda: Gemma2Model(Gemma2Config(
-        hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=16, vocab_size=128, max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=2)))
-
-
 def sana(seed: int = 0, cls_name: str = "SanaPipeline"):
     import diffusers
     from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaTransformer2DModel
@@ -94,7 +86,7 @@ def sana(seed: int = 0, cls_name: str = "SanaPipeline"):
         scaling_factor=0.41407))
     tokenizer = char_tokenizer()
     pipe = getattr(diffusers, cls_name)(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
-                                        text_encoder=_gemma2(seed + 2), tokenizer=tokenizer)
+                                        text_encoder=tiny_gemma2(seed + 2), tokenizer=tokenizer)
     return pipe, dict(IMAGE_CALL, guidance_scale=4.5, clean_caption=False, max_sequence_length=48,
                       complex_human_instruction=None)
 
@@ -158,7 +150,7 @@ def lumina2(seed: int = 0):
         scaling_factor=1.0,
         axes_dim_rope=(4, 2, 2), axes_lens=(128, 128, 128), cap_feat_dim=32))
     pipe = Lumina2Pipeline(transformer=transformer, vae=kl_vae(seed + 1), scheduler=FlowMatchEulerDiscreteScheduler(),
-                           text_encoder=_gemma2(seed + 2), tokenizer=char_tokenizer())
+                           text_encoder=tiny_gemma2(seed + 2), tokenizer=char_tokenizer())
     return pipe, dict(IMAGE_CALL, guidance_scale=4.0, max_sequence_length=48, system_prompt="sys")
 
 
@@ -373,7 +365,7 @@ def sana_video(seed: int = 0):
             block.attn1.to_q.bias.fill_(1.0)
             block.attn1.to_k.bias.fill_(1.0)
     pipe = SanaVideoPipeline(transformer=transformer, vae=seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
-                             scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder=_gemma2(seed + 2),
+                             scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder=tiny_gemma2(seed + 2),
                              tokenizer=char_tokenizer())
     return pipe, dict(PROMPTS, height=32, width=32, frames=9, num_inference_steps=2, guidance_scale=5.0,
                       max_sequence_length=48, complex_human_instruction=None, use_resolution_binning=False)

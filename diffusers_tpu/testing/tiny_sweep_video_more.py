@@ -1,5 +1,5 @@
 """Tiny offline video pipelines that only the parity sweep builds, second part: LTX-2's distilled keyframe (DFR)
-classes and HunyuanVideo image-to-video (LLaVA); each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
+classes, HunyuanVideo image-to-video (LLaVA) and SANA-WM; each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
 
 from __future__ import annotations
 
@@ -94,5 +94,26 @@ def hunyuan_video_i2v(seed: int = 0):
                       image=test_image(16, 16, seed + 4), prompt_template=template)
 
 
+def sana_wm(seed: int = 0):
+    """SANA-WM camera-controlled image-to-video: a Gemma 2 encoder behind a short chi-prompt (stock's is ~1,000
+    characters), the gated-delta-net linear-attention transformer with a softmax block every second layer and
+    chunked Plucker camera rays (6 x the VAE's temporal stride channels) from an action string; LTX-2's VAE; CFG."""
+    import diffusers
+
+    from .tiny import char_tokenizer, test_image, tiny_gemma2
+    from .tiny_families import pipeline
+
+    vae = pipeline("ltx2", seed)[0].vae
+    transformer = seeded(seed, lambda: diffusers.SanaWMTransformer3DModel(
+        in_channels=vae.config.latent_channels, num_layers=2, hidden_size=64, num_attention_heads=2,
+        linear_head_dim=32, softmax_every_n=2, caption_channels=32, chunk_plucker_post_attn_blocks=2,
+        chunk_plucker_channels=6 * vae.temporal_compression_ratio, image_size=32, mixed_precision="fp32")).eval()
+    pipe = diffusers.SanaWMPipeline(tokenizer=char_tokenizer(), text_encoder=tiny_gemma2(seed + 2), vae=vae,
+                                    transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+    return pipe, dict(image=test_image(32, 32, seed + 4), prompt=PROMPTS["prompt"][1], action="w-4,a-4",
+                      intrinsics=[30.0, 30.0, 16.0, 16.0], height=32, width=32, num_inference_steps=2,
+                      guidance_scale=4.0, negative_prompt="blurry", max_sequence_length=32, chi_prompt=["Describe: "])
+
+
 RECIPES = {"LTX2DFRPipeline": ltx2_dfr, "LTX2DFRTemporalRefinePipeline": ltx2_dfr_temporal_refine,
-           "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v}
+           "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v, "SanaWMPipeline": sana_wm}
