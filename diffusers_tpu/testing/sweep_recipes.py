@@ -298,4 +298,5 @@ RECIPES.update({cls: _sweep(tiny_sweep_edit.kandinsky5, cls) for cls in (
     "Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")})
 RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_sweep_edit.cosmos25)
 RECIPES["Kandinsky6TI2VAPipeline"] = tiny_sweep_edit.kandinsky6
+RECIPES["Cosmos2_5_TransferPipeline"] = tiny_sweep_edit.cosmos25_transfer
 RECIPES.update(tiny_sweep_video_more.RECIPES)

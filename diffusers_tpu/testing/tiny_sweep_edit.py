@@ -142,6 +142,28 @@ def cosmos25(seed: int = 0, cls_name: str = "Cosmos2_5_PredictBasePipeline"):
     return fit(cls_name, parts, call)
 
 
+def cosmos25_transfer(seed: int = 0):
+    """Cosmos 2.5 transfer: the predict recipe's parts with a ControlNet (its control branch reads the control
+    video's latents, the condition mask and the padding mask) feeding every transformer block; an edge-like control
+    video of 5 frames. Stock's ControlNet resizes the padding mask with torchvision, which this environment lacks
+    (its wheels here need a CUDA build of torch 2.14)."""
+    import diffusers
+
+    pipe, call = cosmos25(seed)
+    config = dict(num_attention_heads=2, attention_head_dim=16, mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4,
+                  max_size=(4, 32, 32), patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0))
+    transformer = seeded(seed, lambda: diffusers.CosmosTransformer3DModel(
+        in_channels=17, out_channels=16, num_layers=2, concat_padding_mask=False, extra_pos_embed_type=None,
+        use_crossattn_projection=True, crossattn_proj_in_channels=32, encoder_hidden_states_channels=32,
+        controlnet_block_every_n=1, **config))
+    controlnet = seeded(seed + 5, lambda: diffusers.CosmosControlNetModel(
+        n_controlnet_blocks=2, in_channels=16 + 2, latent_channels=16 + 2, model_channels=32,
+        use_crossattn_projection=True, crossattn_proj_in_channels=32, encoder_hidden_states_channels=32, **config))
+    parts = dict(pipe.components, transformer=transformer, controlnet=controlnet)
+    controls = [test_image(32, 32, seed + 6 + frame) for frame in range(5)]
+    return fit("Cosmos2_5_TransferPipeline", parts, dict(call, controls=controls, num_frames_per_chunk=5))
+
+
 def _short_kandinsky6_template():
     """Stock wraps each prompt in a 7-line system template and crops its first 129 Qwen tokens (module constants):
     with the character tokenizer that is ~700 tokens a prompt. The recipe sets a short template and crop in the
