@@ -20,6 +20,11 @@ import logging
 import torch
 
 from ..interop import backend
+from . import flex_attention
+
+# processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
+# ``flex_attention.flex_on_jax`` serves it
+FLEX_BACKENDS = ("flex", "_native_flex")
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -115,7 +120,7 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
     for processor_owner in _attention_modules(module):
         processor = processor_owner.processor
         chosen = getattr(processor, "_attention_backend", None)
-        if chosen is not None:
+        if chosen is not None and chosen not in FLEX_BACKENDS:
             warn_once(f"backend-{id(module)}", f"attention backend {chosen} set on {type(module).__name__}: on JAX "
                       f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend "
                       "applies again when the pipeline goes back to torch.")
@@ -127,7 +132,7 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
         for owner in _attention_modules(module):
             processor = owner.processor
             chosen = getattr(processor, "_attention_backend", None)
-            if chosen is not None:
+            if chosen is not None and chosen not in FLEX_BACKENDS:
                 processor._attention_backend = None
                 runtime._undo.append(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b))
         logger.warning("set_attention_backend(%r) on a module on JAX: attention runs through %s (TPUConfig.attention); "
@@ -160,12 +165,14 @@ def native_attention_dispatch():
 
     previous = _AttentionBackendRegistry._active_backend
     if previous == AttentionBackendName.NATIVE:
-        yield
+        with flex_attention.flex_on_jax():
+            yield
         return
     warn_once(f"dispatch-{previous}", f"attention_backend({previous.value!r}) is active: on JAX attention runs through "
               "the project's kernel (TPUConfig.attention) instead.")
     _AttentionBackendRegistry._active_backend = AttentionBackendName.NATIVE
     try:
-        yield
+        with flex_attention.flex_on_jax():
+            yield
     finally:
         _AttentionBackendRegistry._active_backend = previous

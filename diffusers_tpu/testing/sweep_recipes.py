@@ -179,6 +179,7 @@ RECIPES.update({
                                                                     mask_image=tiny.test_mask(), strength=0.8),
     "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
     "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
+    "AnyFlowFARPipeline": _sweep(tiny_sweep.anyflow_far),
     "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),
     "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
     "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),

@@ -332,6 +332,21 @@ def anyflow(seed: int = 0):
                       max_sequence_length=48)
 
 
+def anyflow_far(seed: int = 0):
+    """AnyFlow FAR: frame-autoregressive chunks under a causal flex-attention block mask, older chunks compressed
+    (4x4 patches), a KV cache across chunks; mean-velocity flow-map steps with CFG."""
+    from diffusers import AnyFlowFARPipeline, AnyFlowFARTransformer3DModel, FlowMapEulerDiscreteScheduler
+
+    config = dict(patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=2, num_attention_heads=4,
+                  attention_head_dim=8, in_channels=16, out_channels=16, text_dim=32, freq_dim=64, ffn_dim=48,
+                  num_layers=2, rope_max_seq_len=32)
+    pipe = _wan_like(seed, AnyFlowFARTransformer3DModel, config, AnyFlowFARPipeline,
+                     FlowMapEulerDiscreteScheduler(shift=5.0))
+    # 13 frames: 4 latent frames in chunks of 1, 2 and 1 (stock's default partition is for 81 frames)
+    return pipe, dict(PROMPTS, height=32, width=32, num_frames=13, num_inference_steps=2, guidance_scale=5.0,
+                      max_sequence_length=48, chunk_partition=[1, 2, 1])
+
+
 def chrono_edit(seed: int = 0):
     import transformers
     from diffusers import ChronoEditPipeline, ChronoEditTransformer3DModel, FlowMatchEulerDiscreteScheduler
