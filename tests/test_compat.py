@@ -157,6 +157,35 @@ def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
     assert torch.equal(got, expected), (got, expected)
 
 
+@pytest.mark.parametrize("window, args", [("hann_window", (10,)), ("hann_window", (9, False)),
+                                          ("hamming_window", (8,)), ("kaiser_window", (7, True, 5.0))])
+def test_window_functions_on_the_device_are_torch_windows(window, args):
+    """Kandinsky 6 SR blends its tiles with ``torch.hann_window(..., device=...)``: torchax has no lowering."""
+    import numpy as np
+
+    torchax = compat.import_torchax()
+    with torchax.default_env():
+        got = torch.from_numpy(np.asarray(getattr(torch, window)(*args, device="jax").jax()))
+    assert torch.equal(got, getattr(torch, window)(*args))
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_inplace_cumulative_sums_write_back_like_torch(view):
+    """NABLA's block mask: ``vals.cumsum_(-1)`` on a sorted tensor."""
+    import numpy as np
+
+    torchax = compat.import_torchax()
+    expected = torch.rand(3, 6, generator=torch.Generator().manual_seed(0))
+    with torchax.default_env():
+        out = expected.clone().to("jax")
+        (out[1:] if view else out).cumsum_(-1)
+        (out[:, :2] if view else out).cumprod_(0)
+        got = torch.from_numpy(np.asarray(out.jax()))
+    (expected[1:] if view else expected).cumsum_(-1)
+    (expected[:, :2] if view else expected).cumprod_(0)
+    assert torch.allclose(got, expected, atol=1e-6), (got, expected)
+
+
 def test_a_host_table_indexed_by_a_device_scalar_reads_like_torch():
     """DDPM's ``self.alphas_cumprod[t]``: a CPU tensor indexed by a timestep that lives on the device."""
     torchax = compat.import_torchax()

@@ -677,6 +677,47 @@ def _patch_mixed_mesh_operands():
     _applied.add("eager ops on two meshes")
 
 
+# --- 18. aten ops torchax does not lower: window factories, in-place cumulative sums ------------------------------
+# Reason: torchax has no lowering of aten's window factories (hann, hamming, blackman, bartlett, kaiser) nor of
+# ``cumsum_`` / ``cumprod_``; Kandinsky 6 SR (a Hann window blending its tiles, NABLA's ``vals.cumsum_(-1)``)
+# stopped with OperatorNotFound. Windows take no tensors: torch computes them on the host and they enter JAX as
+# constants (stock's values). The in-place sums are torchax's functional ones written back (its ``InplaceOp``).
+# Guard: registered only for overloads torchax does not lower itself (0.0.10 - 0.0.13 lower none of them).
+_WINDOWS = ("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window")
+
+
+def _host_window(overload):
+    def window(*args, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False):
+        from torchax.ops import mappings
+
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            dtype = mappings.j2t_dtype(dtype)
+        return jnp.asarray(overload(*args, dtype=dtype).numpy())
+
+    return window
+
+
+def _patch_missing_ops():
+    from torchax.ops import op_base, ops_registry
+
+    env = import_torchax().default_env()  # built already: its op table is a copy of the registry
+
+    def register(overload, implementation, **kind):
+        if overload not in ops_registry.all_aten_ops:
+            ops_registry.register_torch_dispatch_op(overload, implementation, **kind)
+            env._ops[overload] = ops_registry.all_aten_ops[overload]
+
+    for name in _WINDOWS:
+        packet = getattr(torch.ops.aten, name)
+        for overload_name in packet.overloads():
+            if not overload_name.endswith("out"):
+                register(getattr(packet, overload_name), _host_window(getattr(packet, overload_name)))
+    for inplace, functional in ((torch.ops.aten.cumsum_, torch.ops.aten.cumsum),
+                                (torch.ops.aten.cumprod_, torch.ops.aten.cumprod)):
+        register(inplace.default, op_base.InplaceOp(functional), is_jax_function=False, is_view_op=True)
+    _applied.add("window functions and in-place cumulative sums")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -694,6 +735,7 @@ def apply() -> None:
     _patch_fill_diagonal()
     _patch_random_draws()
     _patch_convolution_inputs()
+    _patch_missing_ops()
     _patch_mixed_mesh_operands()  # outermost dispatch wrapper: it retries whatever the others do
 
 

@@ -1,5 +1,5 @@
 """Tiny offline video pipelines that only the parity sweep builds, second part: LTX-2's distilled keyframe (DFR)
-classes, HunyuanVideo image-to-video (LLaVA) and SANA-WM; each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
+classes, HunyuanVideo image-to-video (LLaVA), SANA-WM and Kandinsky 6 SR; each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
 
 from __future__ import annotations
 
@@ -115,5 +115,25 @@ def sana_wm(seed: int = 0):
                       guidance_scale=4.0, negative_prompt="blurry", max_sequence_length=32, chi_prompt=["Describe: "])
 
 
+def kandinsky6_sr(seed: int = 0):
+    """Kandinsky 6 video super-resolution (x2): the K-VAE (4x spatial here) encodes the low-resolution video, the SR
+    transformer refines tiles of the trained size (one 64-px tile here) under NABLA attention (a block mask chosen
+    from the queries' and keys' block means beside a sliding-tile prior: flex attention), Hann-blended."""
+    import diffusers
+
+    from .tiny_families import test_frames
+
+    vae = seeded(seed + 1, lambda: diffusers.Kandinsky6SRVAE(
+        latent_channels=4, encoder_block_out_channels=(8, 8, 8), decoder_block_out_channels=(8, 8, 8),
+        layers_per_block=1, temporal_compression_ratio=4)).eval()
+    transformer = seeded(seed, lambda: diffusers.Kandinsky6SRTransformer3DModel(
+        in_visual_dim=4, out_visual_dim=4, time_dim=16, model_dim=32, ff_dim=64, num_visual_blocks=2,
+        axes_dims=(4, 6, 6), nabla_window=(3, 3, 3), tile_sizes=((64, 64),))).eval()
+    pipe = diffusers.Kandinsky6SRPipeline(transformer=transformer, vae=vae,
+                                          scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+    return pipe, dict(video=test_frames(5, seed=seed + 3), resolution_scale=2, num_inference_steps=2)
+
+
 RECIPES = {"LTX2DFRPipeline": ltx2_dfr, "LTX2DFRTemporalRefinePipeline": ltx2_dfr_temporal_refine,
-           "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v, "SanaWMPipeline": sana_wm}
+           "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v, "SanaWMPipeline": sana_wm,
+           "Kandinsky6SRPipeline": kandinsky6_sr}
