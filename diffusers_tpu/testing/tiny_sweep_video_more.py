@@ -1,5 +1,5 @@
 """Tiny offline video pipelines that only the parity sweep builds, second part: LTX-2's distilled keyframe (DFR)
-classes, HunyuanVideo image-to-video (LLaVA), SANA-WM and Kandinsky 6 SR; each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
+classes, HunyuanVideo image-to-video (LLaVA), SANA-WM, Kandinsky 6 SR and Cosmos 3 omni; each ``(pipe, call arguments)``, 2 layers, 2+ heads."""
 
 from __future__ import annotations
 
@@ -134,6 +134,31 @@ def kandinsky6_sr(seed: int = 0):
     return pipe, dict(video=test_frames(5, seed=seed + 3), resolution_scale=2, num_inference_steps=2)
 
 
+def cosmos3_omni(seed: int = 0):
+    """Cosmos 3 omni text-to-video: one Qwen-style decoder reads the prompt's tokens and denoises Wan 2.2's 48-channel
+    latents in the same sequence (3-D mRoPE, separate text and generation weights per layer); the character
+    tokenizer with a chat template and the ``<|vision_start|>`` token; CFG with a negative prompt (stock's
+    resolution and duration templates on, its long system prompt off); no safety checker."""
+    import diffusers
+
+    from .tiny import WAN22_VAE, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>"]})
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    transformer = seeded(seed, lambda: diffusers.Cosmos3OmniTransformer(
+        head_dim=16, hidden_size=32, intermediate_size=64, latent_channel=48, latent_patch_size=2,
+        num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=48 * 4,
+        vocab_size=len(tokenizer), rope_axes_dim=(4, 2, 2))).eval()
+    scheduler = diffusers.UniPCMultistepScheduler(flow_shift=5.0, use_flow_sigmas=True,
+                                                  prediction_type="flow_prediction")
+    pipe = diffusers.Cosmos3OmniPipeline(transformer=transformer, text_tokenizer=tokenizer, vae=seeded(
+        seed + 1, lambda: diffusers.AutoencoderKLWan(**WAN22_VAE)).eval(), scheduler=scheduler,
+        enable_safety_checker=False)
+    return pipe, dict(prompt=PROMPTS["prompt"][1], negative_prompt=PROMPTS["negative_prompt"][0], num_frames=5,
+                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, use_system_prompt=False)
+
+
 RECIPES = {"LTX2DFRPipeline": ltx2_dfr, "LTX2DFRTemporalRefinePipeline": ltx2_dfr_temporal_refine,
            "HunyuanVideoImageToVideoPipeline": hunyuan_video_i2v, "SanaWMPipeline": sana_wm,
-           "Kandinsky6SRPipeline": kandinsky6_sr}
+           "Kandinsky6SRPipeline": kandinsky6_sr, "Cosmos3OmniPipeline": cosmos3_omni}
