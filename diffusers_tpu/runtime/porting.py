@@ -164,12 +164,9 @@ def native_attention_dispatch():
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
     previous = _AttentionBackendRegistry._active_backend
-    if previous == AttentionBackendName.NATIVE:
-        with flex_attention.flex_on_jax():
-            yield
-        return
-    warn_once(f"dispatch-{previous}", f"attention_backend({previous.value!r}) is active: on JAX attention runs through "
-              "the project's kernel (TPUConfig.attention) instead.")
+    if previous != AttentionBackendName.NATIVE:
+        warn_once(f"dispatch-{previous}", f"attention_backend({previous.value!r}) is active: on JAX attention runs "
+                  "through the project's kernel (TPUConfig.attention) instead.")
     _AttentionBackendRegistry._active_backend = AttentionBackendName.NATIVE
     try:
         with flex_attention.flex_on_jax():
