@@ -100,11 +100,38 @@ def test_an_untested_class_warns_once(caplog, monkeypatch):
     assert len(warnings) == 1 and "WanPipeline runs on the wan family file" in warnings[0]
 
 
+CI_SWEEP_SECONDS = 720  # CI's part: about 12 minutes of the whole sweep's recorded time (all of it: ~50 minutes)
+
+
+def test_the_ci_sample_covers_every_path_within_its_time_and_changes_with_the_commit():
+    names, paths = sorted(sweep_recipes.RECIPES), support.registry.pipeline_paths()
+    part = sweep.sample(names, CI_SWEEP_SECONDS, "abc", paths)
+    assert part == sweep.sample(names, CI_SWEEP_SECONDS, "abc", paths)  # one commit, one sample
+    assert part != sweep.sample(names, CI_SWEEP_SECONDS, "abd", paths)
+    assert {paths[n].split(":")[0] for n in part} == {paths[n].split(":")[0] for n in names}
+    cost = sweep.estimated_seconds(names)
+    one_per_path = len({paths[n].split(":")[0] for n in names}) * max(cost.values())
+    assert CI_SWEEP_SECONDS * 0.8 < sum(cost[n] for n in part) <= CI_SWEEP_SECONDS + one_per_path
+    assert len(part) < len(names) / 2
+
+
+def test_processes_sharing_a_claims_folder_take_each_class_once(tmp_path):
+    taken = [[n for n in ("A", "B", "C") if sweep._claim(str(tmp_path), n)] for _ in range(2)]
+    assert taken == [["A", "B", "C"], []]
+    assert sweep._claim(None, "A")
+
+
 @pytest.mark.sweep
 def test_the_sweep_confirms_the_table():
-    """Runs every recipe on 1 device and the mesh (two processes side by side) and checks each committed row."""
+    """Runs a part of the recipes drawn from the commit (every denoiser path; ``DIFFUSERS_TPU_SWEEP=all``: every
+    recipe) on 1 device and the mesh, and checks each of their committed rows."""
+    import os
+
     committed = json.loads(support.TABLE.read_text())
-    measured = sweep.table(sweep.sweep(sorted(sweep_recipes.RECIPES)))
+    names = sorted(sweep_recipes.RECIPES)
+    if os.environ.get("DIFFUSERS_TPU_SWEEP") != "all":
+        names = sweep.sample(names, CI_SWEEP_SECONDS, sweep.commit_key(), support.registry.pipeline_paths())
+    measured = sweep.table(sweep.sweep(names))
     changed = {name: (committed.get(name, {}).get("status"), row["status"], row["why"])
                for name, row in measured.items() if committed.get(name, {}).get("status") != row["status"]}
     assert changed == {}, changed

@@ -7,14 +7,18 @@ page ``docs/verified-pipelines.md``::
 
     python -m diffusers_tpu.testing.sweep --write
 
-The 1-device and the mesh runs are two processes side by side (the mesh's 8 simulated CPU devices must be set
-before JAX starts); ``--only NAME ...`` runs some classes, ``--devices 1|8 --out FILE`` one process.
+The 1-device runs are two processes taking classes from one queue, slowest first, and the mesh runs two more
+beside them (the mesh's 8 simulated CPU devices must be set before JAX starts); ``--only NAME ...`` runs
+some classes, ``--devices 1|8 --out FILE`` one process. ``--sample SECONDS`` runs a part whose recorded times
+add up to about that (CI's check, tests/test_sweep.py): one class of every denoiser path, then classes in an order
+drawn from a key.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import subprocess
@@ -70,10 +74,9 @@ def measure(name: str, devices: int) -> dict:
     if not np.isfinite(ref).all() or float(ref.std()) < 1e-3:  # a blank or broken video proves nothing
         return dict(error=f"recipe: stock's output is constant or not finite (std {float(np.nanstd(ref)):.1e})",
                     seconds=time.perf_counter() - began)
-    try:
-        pipe.to("jax", config=TPUConfig(mesh=MESH if devices > 1 else None))
+    try:  # no persistent compile cache: no two classes share a program, so writing them would only cost time
+        pipe.to("jax", config=TPUConfig(mesh=MESH if devices > 1 else None, compile_cache_dir=False))
         out = _run(pipe, call)
-        pipe.to("cpu")
     except Exception as error:
         return dict(error=f"jax: {type(error).__name__}: {str(error)[:300]}", seconds=time.perf_counter() - began)
     if out.shape != ref.shape:
@@ -112,12 +115,25 @@ def close_enough(result: dict | None) -> bool:
     return result["max_abs"] <= TOLERANCE
 
 
-def run_process(names: list[str], devices: int, out_file: str):
+def _claim(folder: str | None, name: str) -> bool:
+    """True for the one process of those sharing ``folder`` that takes ``name`` (always, without a folder)."""
+    if folder is None:
+        return True
+    try:
+        os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+
+
+def run_process(names: list[str], devices: int, out_file: str, claims: str | None = None):
     from ..runtime import support
 
     support.measured = lambda: {}  # measure every class afresh: no refusal or verdict from the committed table
     results = {}
     for name in names:
+        if not _claim(claims, name):
+            continue
         results[name] = measure(name, devices)
         print(f"[{devices} device(s)] {name}: {results[name]}", file=sys.stderr, flush=True)
         Path(out_file).write_text(json.dumps(results, indent=1))  # what is done survives a crash
@@ -139,27 +155,79 @@ def status_of(one: dict | None, mesh: dict | None, video: bool) -> tuple[str, st
     return "untested", error
 
 
-def spawn(names: list[str], devices: int, out_file: str) -> subprocess.Popen:
+def spawn(names: list[str], devices: int, out_file: str, claims: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flags = env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     if devices > 1:
         flags += f" --xla_force_host_platform_device_count={devices}"
     env["XLA_FLAGS"] = flags.strip()
     env.setdefault("HF_HUB_OFFLINE", "1")
+    claimed = ["--claims", claims] if claims else []
     return subprocess.Popen([sys.executable, "-m", "diffusers_tpu.testing.sweep", "--devices", str(devices),
-                             "--out", out_file, "--only", *names], env=env)
+                             "--out", out_file, *claimed, "--only", *names], env=env)
+
+
+PROCESSES = 2  # per device count: whichever kind of run finishes first leaves both cores to the other
 
 
 def sweep(names: list[str]) -> dict:
-    """Both processes side by side; ``{class: {"one": ..., "mesh": ...}}``."""
+    """The 1-device and the mesh processes side by side; ``{class: {"one": ..., "mesh": ...}}``."""
+    recorded = _recorded()
     with tempfile.TemporaryDirectory() as folder:
-        files = {devices: os.path.join(folder, f"{devices}.json") for devices in (1, 8)}
-        processes = [spawn(names, devices, path) for devices, path in files.items()]
+        runs = []
+        for devices, seconds in ((1, "seconds_1"), (8, "seconds_mesh")):
+            claims = os.path.join(folder, f"claims-{devices}")
+            os.makedirs(claims)
+            slowest_first = sorted(names, key=lambda n: -(recorded.get(n, {}).get(seconds) or 0.0))
+            runs += [(devices, os.path.join(folder, f"{devices}-{i}.json"), slowest_first, claims)
+                     for i in range(PROCESSES)]
+        processes = [spawn(order, devices, path, claims) for devices, path, order, claims in runs]
         for process in processes:
             process.wait()
-        found = {devices: json.loads(Path(path).read_text()) if os.path.exists(path) else {}
-                 for devices, path in files.items()}
+        found = {1: {}, 8: {}}
+        for devices, path, _, _ in runs:
+            if os.path.exists(path):
+                found[devices].update(json.loads(Path(path).read_text()))
     return {name: {"one": found[1].get(name), "mesh": found[8].get(name)} for name in names}
+
+
+def commit_key() -> str:
+    """The checkout's commit (a rerun of one commit draws the same sample), else a fixed key."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no-commit"
+
+
+def _recorded() -> dict:
+    return json.loads(TABLE.read_text()) if TABLE.exists() else {}
+
+
+def estimated_seconds(names: list[str]) -> dict[str, float]:
+    """Each class's share of the sweep's wall time by its recorded runs, each timed among the 2 x PROCESSES
+    processes sharing two cores (a class never measured counts as a typical one)."""
+    recorded = _recorded()
+    known = sorted(r["seconds_1"] + r["seconds_mesh"] for r in recorded.values()
+                   if r.get("seconds_1") and r.get("seconds_mesh"))
+    typical = known[len(known) // 2] if known else 60.0  # unrecorded: ~15 s of wall time a class, as measured
+    both = {n: (recorded.get(n, {}).get("seconds_1") or 0) + (recorded.get(n, {}).get("seconds_mesh") or 0)
+            for n in names}
+    return {n: (both[n] or typical) / (2 * PROCESSES) for n in names}
+
+
+def sample(names: list[str], seconds: float, key: str, paths: dict[str, str]) -> list[str]:
+    """A part of ``names`` that the sweep runs in about ``seconds``: the first class of every denoiser path
+    (``paths``: class -> path), then the others while they fit, each in an order drawn from ``key``."""
+    cost = estimated_seconds(names)
+    drawn = sorted(names, key=lambda n: hashlib.sha256(f"{key}:{n}".encode()).hexdigest())
+    firsts = list({paths.get(n, "generic").split(":")[0]: n for n in reversed(drawn)}.values())
+    chosen, spent = [], 0.0
+    for name in firsts + [n for n in drawn if n not in firsts]:
+        if name in firsts or spent + cost[name] <= seconds:
+            chosen.append(name)
+            spent += cost[name]
+    return sorted(chosen)
 
 
 def table(measured: dict) -> dict:
@@ -171,7 +239,9 @@ def table(measured: dict) -> dict:
         video = len(shape) == 5  # [batch, frames, height, width, channels]
         status, why = status_of(result["one"], result["mesh"], video)
         rows[name] = dict(status=status, why=why, max_abs_1=(result["one"] or {}).get("max_abs"),
-                          max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=video)
+                          max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=video,
+                          seconds_1=(result["one"] or {}).get("seconds"),
+                          seconds_mesh=(result["mesh"] or {}).get("seconds"))
         if any((result[k] or {}).get("quantized") for k in ("one", "mesh")):  # judged by the 8-bit rule
             rows[name].update(levels_off_1=(result["one"] or {}).get("levels_off"),
                               levels_off_mesh=(result["mesh"] or {}).get("levels_off"))
@@ -202,6 +272,10 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", help="pipeline class names")
     parser.add_argument("--devices", type=int, choices=(1, 8), help="run in this process on this many devices")
     parser.add_argument("--out", help="with --devices: the JSON file to write")
+    parser.add_argument("--sample", type=float, metavar="SECONDS",
+                        help="run a part taking about this long (every denoiser path; drawn from --key)")
+    parser.add_argument("--key", help="with --sample: what draws the part (default: the checkout's commit)")
+    parser.add_argument("--claims", help="with --devices: a folder shared by processes that split the classes")
     args = parser.parse_args(argv)
     from .sweep_recipes import RECIPES
 
@@ -210,13 +284,17 @@ def main(argv=None):
     if unknown:
         parser.error(f"no recipe for {unknown}; recipes: {sorted(RECIPES)}")
     if args.devices:
-        run_process(names, args.devices, args.out)
+        run_process(names, args.devices, args.out, args.claims)
         return
+    if args.sample is not None:
+        from ..runtime import registry
+
+        names = sample(names, args.sample, args.key or commit_key(), registry.pipeline_paths())
     rows = table(sweep(names))
     for name, row in rows.items():
         print(f"{name:55s} {row['status']:22s} {row['max_abs_1']} {row['max_abs_mesh']} {row['why'][:80]}")
     if args.write:
-        if args.only:
+        if args.only or args.sample is not None:
             previous = json.loads(TABLE.read_text()) if TABLE.exists() else {}
             rows = {**previous, **rows}
         write(rows)
