@@ -201,7 +201,9 @@ def commit_key() -> str:
 
 
 def _recorded() -> dict:
-    return json.loads(TABLE.read_text()) if TABLE.exists() else {}
+    from ..runtime import support
+
+    return support.measured()  # the committed table (this process never replaces support.measured)
 
 
 def estimated_seconds(names: list[str]) -> dict[str, float]:
