@@ -59,3 +59,39 @@ def test_a_mask_of_another_size_is_refused():
     short = torch.zeros(1, 128, 2, 16)
     with pytest.raises(ValueError, match="same size"):
         flex_as_sdpa(short, short, short, attn_mask=mask)
+
+
+class MaskedSum(torch.nn.Module):
+    """A module given a BlockMask per call, as AnyFlow FAR's transformer is."""
+
+    def forward(self, x, mask):
+        return x * dense_mask(mask)[0, 0].float().sum(dim=-1)
+
+
+def test_an_equal_block_mask_made_anew_compiles_nothing_and_another_mask_its_own_program():
+    import contextlib
+
+    from diffusers_tpu.interop import backend, compile as jit
+
+    def active():
+        stack = contextlib.ExitStack()
+        stack.enter_context(backend.jax_mode())
+        return stack
+
+    module = MaskedSum()
+    compiled = jit.compiled_function(module, module.forward, state=lambda: {}, activate=active)
+    x = torch.ones(LENGTH)
+
+    def run(real):  # a fresh mask object every call, as the pipeline makes it
+        mask = create_block_mask(chunk_causal(real), None, None, LENGTH, LENGTH, device="cpu", BLOCK_SIZE=BLOCK)
+        with backend.jax_mode():
+            out = compiled(backend.wrap(backend.host_to_jax(x)), mask)
+            return backend.jax_to_host(out.jax()), module(x, mask)
+
+    got, want = run(200)
+    assert torch.equal(got, want)
+    with jit.compile_log() as log:
+        got, want = run(200)
+    assert log.compilations == 0 and len(compiled.programs) == 1 and torch.equal(got, want)
+    got, want = run(LENGTH)  # another mask: another program, its own result
+    assert len(compiled.programs) == 2 and torch.equal(got, want) and not torch.equal(got, run(200)[0])

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import compat, module_state
+from . import compat, module_state, static_keys
 from .backend import is_jax_tensor, to_jax_array, wrap
 
 logger = logging.getLogger(__name__)
@@ -315,6 +315,11 @@ class _Program:
         return out
 
 
+def _by_value(static: tuple) -> tuple:
+    """The non-tensor arguments as a program key: registered types by their contents (``static_keys``)."""
+    return tuple(x if x is _TENSOR else static_keys.key_of(x) for x in static)
+
+
 def _argument_lists(args, kwargs) -> dict:
     """The list-valued arguments of a call, keyed by position or name."""
     found = {i: a for i, a in enumerate(args) if type(a) is list}
@@ -368,7 +373,7 @@ def compiled_function(
             shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
             values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in carried]
             carried_key = tuple(module_state.signature(value) for value in values)
-            key = (spec, static, shapes, extras.key() if extras is not None else None, carried_key)
+            key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key)
             try:
                 program = programs.get(key)
             except TypeError:
@@ -468,7 +473,7 @@ def _lowered(compiled, args, kwargs):
     extras = compiled.extras
     values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in compiled.carried]
     carried_key = tuple(module_state.signature(value) for value in values)
-    key = (spec, static, shapes, extras.key() if extras is not None else None, carried_key)
+    key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                      compiled.compute_dtype, compiled.donate, extras,
                                                      compiled.trace_hook, compiled.carried, carried_key,

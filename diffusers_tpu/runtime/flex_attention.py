@@ -12,6 +12,19 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+from ..interop import static_keys
+
+
+def _block_mask_key(mask: BlockMask) -> tuple:
+    """What a traced program reads of a ``BlockMask`` (``dense_mask``): equal masks share one program."""
+    tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices)
+    return (tuple(mask.seq_lengths), tuple(mask.BLOCK_SIZE), static_keys.content_key(tensors),
+            static_keys.content_key(mask.mask_mod))
+
+
+static_keys.register(BlockMask, _block_mask_key)  # AnyFlow FAR makes a new, equal mask on every call
 
 
 def _blocks_dense(num_blocks: torch.Tensor, indices: torch.Tensor, kv_blocks: int) -> torch.Tensor:
@@ -45,8 +58,6 @@ def dense_mask(block_mask) -> torch.Tensor:
 def flex_as_sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                  return_lse=False, _parallel_config=None):
     """diffusers' flex backend signature (``[B, L, H, D]`` in and out) through ``scaled_dot_product_attention``."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     if return_lse:
         raise NotImplementedError("flex attention with return_lse=True has no JAX path here; keep this pipeline on "
                                   "a torch device, or open an issue.")
