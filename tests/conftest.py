@@ -45,6 +45,18 @@ def pil_array(videos) -> np.ndarray:
     return np.stack([np.stack([np.asarray(frame) for frame in video]) for video in videos]).astype(np.int16)
 
 
+def stock_pil(frames):
+    """Stock's "pil" output of a call whose "np" output is ``frames``, without running stock again: diffusers'
+    ``numpy_to_pil`` (the step both outputs share up to the last: "pil" is "np" rounded to 8 bits), nested as the
+    pipeline nests it (videos of frames, or images). test_postprocess checks it against stock's own "pil"."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    frames = np.asarray(frames)
+    if frames.ndim == 5:
+        return [VaeImageProcessor.numpy_to_pil(video) for video in frames]
+    return VaeImageProcessor.numpy_to_pil(frames)
+
+
 def assert_np_matches(out, ref, atol=1e-4):
     out, ref = np.asarray(out), np.asarray(ref)
     assert out.shape == ref.shape and out.dtype == ref.dtype == np.float32

@@ -15,13 +15,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import generate, pil_array  # noqa: E402
+from conftest import generate, pil_array, stock_pil  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile as jit
 from diffusers_tpu.planner import lowering
-from diffusers_tpu.testing import tiny, tiny_generic  # noqa: E402
+from diffusers_tpu.testing import tiny  # noqa: E402
 
 # (mesh, attention_kv_threshold, attention). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16:
 # both shard heads over tp; 10000 (the default): both shard the query sequence; 100: self queries, cross heads.
@@ -49,14 +49,14 @@ def compare(out, ref, pil_out, pil_ref):
             "pil_max_levels": int(diff.max()), "pil_fraction": float((diff > 0).mean())}
 
 
-# Two parts ("core", "families": issue 14's pipelines and plan), each the subprocess of its own test file
+# Two parts ("core", "families": plan on the mesh), each the subprocess of its own test file
 # (test_mesh.py, test_mesh_families.py), so pytest-xdist runs them on different workers.
 def main(part: str):
     started = time.perf_counter()
     report = {"devices": len(jax.devices()), "runs": {}}
     if part == "families":
         seconds = report["seconds"] = {}
-        for name, run in (("families_14", family_runs), ("plan", plan_run)):
+        for name, run in (("plan", plan_run),):
             began = time.perf_counter()
             report[name] = run()
             seconds[name] = time.perf_counter() - began
@@ -64,7 +64,8 @@ def main(part: str):
         print("REPORT " + json.dumps(report))
         return
     pipe = tiny.wan_pipeline("wan-4head")
-    ref, pil_ref = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
+    ref = generate(pipe, output_type="np")
+    pil_ref = stock_pil(ref)
     for name, (mesh, threshold, kernel) in MESHES.items():
         device = "tpu" if name == "dp2-sp1-tp4" else "jax"  # "tpu" rehearses on CPU via the env var
         os.environ["DIFFUSERS_TPU_PLATFORM"] = "cpu"
@@ -154,7 +155,8 @@ def cogvideox_runs():
     call = dict(max_sequence_length=32, num_frames=17, width=64)
     for name, (variant, scheduler, mesh) in cases.items():
         pipe = tiny.cogvideox_pipeline(variant, scheduler=scheduler)
-        ref, pil_ref = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
+        ref = generate(pipe, output_type="np", **call)
+        pil_ref = stock_pil(ref)
         pipe.to("jax", config=TPUConfig(mesh=mesh))
         out, pil_out = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
         weight = pipe.transformer.transformer_blocks[0].attn1.to_q.weight
@@ -174,7 +176,8 @@ def wan22_runs():
     for name, (make, extra) in cases.items():
         pipe = make()
         call = dict(extra, num_frames=9, width=64 if name != "ti2v" else 128)  # TI2V: 16x VAE, latent width 8
-        ref, pil_ref = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
+        ref = generate(pipe, output_type="np", **call)
+        pil_ref = stock_pil(ref)
         pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, vae_decode_chunk=2))
         out, pil_out = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
         runtime = pipe._diffusers_tpu_runtime
@@ -190,7 +193,8 @@ def hunyuan15_runs():
 
     runs = {}
     pipe = tiny.hunyuan15_pipeline()
-    ref, pil_ref = generate(pipe, output_type="np", **HY_CALL), generate(pipe, output_type="pil", **HY_CALL)
+    ref = generate(pipe, output_type="np", **HY_CALL)
+    pil_ref = stock_pil(ref)
     # dp2·sp2·tp2: the parity sweep (CI's third command)
     cases = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 10000)}
     for name, (mesh, threshold) in cases.items():
@@ -215,7 +219,8 @@ def causal_wan_runs():
     pipe = tiny.causal_wan_pipeline()
     pipe.set_progress_bar_config(disable=True)
     run = lambda **extra: pipe(**call, **extra, generator=torch.Generator().manual_seed(0)).frames  # noqa: E731
-    ref, pil_ref = run(output_type="np"), run(output_type="pil")
+    ref = run(output_type="np")
+    pil_ref = stock_pil(ref)
     # dp2·sp2·tp2: the parity sweep (CI's third command)
     cases = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 10000)}
     for name, (mesh, threshold) in cases.items():
@@ -328,69 +333,6 @@ def cache_runs():
         runs[f"{cache}-{name}"] = dict(np_max_abs=float(np.abs(out - expected).max()),
                                        finite=bool(np.isfinite(out).all()), warm_compilations=log.compilations)
     return runs
-
-
-def family_runs():
-    """Issue 14's pipelines on the mesh: the generic path (Latte, inferred sharding) and Wan's wider family (CFG
-    pair batched over dp), on dp2-sp1-tp4 and dp1-sp2-tp4."""
-    import copy
-
-    from diffusers_tpu.testing import tiny_families, tiny_images, tiny_unet
-
-    runs = {}
-    # one layout each (the parity sweep runs every one of them on dp2·sp2·tp2 too; CI's second command)
-    cases = [("latte", "dp1-sp2-tp4"), ("wan-v2v", "dp2-sp1-tp4"), ("wan-vace", "dp1-sp2-tp4"),
-             ("skyreels-v2", "dp2-sp1-tp4"), ("skyreels-v2-df", "dp1-sp2-tp4"), ("ltx", "dp2-sp1-tp4"),
-             ("hunyuan-video", "dp1-sp2-tp4"), ("flux", "dp2-sp1-tp4"), ("qwen-image", "dp1-sp2-tp4"),
-             ("z-image", "dp2-sp1-tp4"), ("hunyuanvideo15-i2v", "dp2-sp1-tp4"), ("ltx2", "dp1-sp2-tp4"),
-             ("easyanimate", "dp2-sp1-tp4"), ("sdxl", "dp1-sp2-tp4"), ("svd", "dp2-sp1-tp4"),
-             ("animatediff", "dp2-sp1-tp4")]
-    references = {}
-    for name, mesh_name in cases:
-        if name in tiny_generic.PIPELINES:
-            make = lambda name=name: (lambda p: (p, tiny_generic.generic_call(p)))(tiny_generic.generic_pipeline(name))  # noqa: E731
-        else:
-            module = next(m for m in (tiny_images, tiny_unet, tiny_families) if m is tiny_families or name in m.PIPELINES)
-            make = lambda name=name, module=module: module.pipeline(name)  # noqa: E731
-        began = time.perf_counter()
-        pipe, call = make()
-        call = {k: v for k, v in call.items() if k != "output_type"}
-
-        sound = []
-
-        def run(p, kind):
-            out = p(**copy.deepcopy(call), output_type=kind, generator=torch.Generator().manual_seed(0))
-            if hasattr(out, "audio"):  # LTX-2's soundtrack: host tensors, compared too
-                sound.append(out.audio)
-            return out.images if hasattr(out, "images") else out.frames
-
-        if name not in references:
-            references[name] = (run(pipe, "np"), run(pipe, "pil"), sound[:1])
-        pipe.to("jax", config=TPUConfig(mesh=MESHES_13[mesh_name], attention_kv_threshold=16))
-        sound.clear()
-        out, pil_out = run(pipe, "np"), run(pipe, "pil")
-        with jit.compile_log() as log:
-            run(pipe, "np")
-        attn = _first_attention(getattr(pipe, "transformer", None) or pipe.unet)
-        runtime = pipe._diffusers_tpu_runtime
-        runs[f"{name}-{mesh_name}"] = dict(compare(np.asarray(out), np.asarray(references[name][0]), pil_out,
-                                                   references[name][1]), warm_compilations=log.compilations,
-                                           family=runtime.family.name,
-                                           batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
-                                           audio_max_abs=float((sound[0] - references[name][2][0]).abs().max())
-                                           if sound else None,
-                                           q_spec=[str(s) for s in diffusers_tpu.sharding_of(attn.to_q.weight).spec],
-                                           seconds=round(time.perf_counter() - began, 1))
-        pipe.to("cpu")
-    return runs
-
-
-def _first_attention(transformer):
-    from diffusers_tpu.families.generic import is_attention
-
-    return next(m for n, m in transformer.named_modules()
-                if is_attention(m) and (n.split(".")[0] in ("blocks", "transformer_blocks", "layers")
-                                        or ".transformer_blocks." in n))  # a UNet's spatial transformers
 
 
 def export_realistic(mesh):

@@ -54,3 +54,22 @@ def test_unusual_requests_go_to_stock():
         assert postprocess.postprocess_video(processor, stock, x, "latent") == "stock"
         assert postprocess.postprocess_video(processor, stock, x, "np", do_denormalize=[False]) == "stock"
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("kind", ["video", "image"])
+def test_stock_pil_is_stocks_own_pil_output(kind):
+    """The tests' stock "pil" reference (conftest.stock_pil of stock's "np" output) is exactly stock's "pil" call."""
+    from conftest import generate, pil_array, stock_pil
+
+    from diffusers_tpu.testing import tiny, tiny_images
+
+    if kind == "video":
+        pipe = tiny.wan_pipeline("wan-4head")
+        outputs = {t: generate(pipe, output_type=t, num_inference_steps=2) for t in ("np", "pil")}
+    else:
+        pipe, call = tiny_images.pipeline("flux")
+        outputs = {t: pipe(**call, output_type=t, generator=torch.Generator().manual_seed(0)).images
+                   for t in ("np", "pil")}
+    derived = stock_pil(outputs["np"])
+    assert type(derived) is type(outputs["pil"]) and len(derived) == len(outputs["pil"])
+    np.testing.assert_array_equal(pil_array(derived), pil_array(outputs["pil"]))

@@ -37,6 +37,11 @@ def test_statuses_follow_the_measurements():
             assert row["max_abs_1"] <= sweep.TOLERANCE or eight_bit and row["levels_off_1"] <= 1e-3
             if row["status"] == "verified":
                 assert row["max_abs_mesh"] <= sweep.TOLERANCE or eight_bit and row["levels_off_mesh"] <= 1e-3
+            # rows measured since the sweep records them: a second call compiled nothing, on 1 device and the mesh;
+            # pictures' "pil" within one level of stock on <= 0.1% of subpixels
+            assert row.get("warm_compilations", 0) == 0, name
+            for side in ("1", "mesh"):
+                assert (row.get(f"pil_levels_off_{side}") or 0.0) <= 1e-3, name
     assert table["WanPipeline"] == "verified"
     assert table["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
     never_swept = next(n for n, p in support.registry.pipeline_paths().items() if p == "generic" and n not in rows)
@@ -55,6 +60,13 @@ def test_status_words():
     assert sweep.status_of(dict(max_abs=None, finite=False), mesh, True)[0] == "unsupported"
     assert sweep.status_of(dict(error="recipe: TypeError: x"), None, True) == ("untested", "recipe: TypeError: x")
     assert sweep.status_of(one, dict(error="jax: ValueError: y"), True)[0] == "unsupported"
+    pil = dict(one, pil_max_levels=1, pil_levels_off=5e-4)
+    assert sweep.close_enough(pil) and sweep.close_enough(dict(one, audio_max_abs=3e-5))
+    assert not sweep.close_enough(dict(pil, pil_max_levels=2))  # a subpixel two levels off
+    assert not sweep.close_enough(dict(pil, pil_levels_off=2e-3))  # one level on more than 0.1%
+    assert not sweep.close_enough(dict(one, pil_error="TypeError: not 8-bit images"))
+    assert not sweep.close_enough(dict(one, audio_max_abs=None)) and not sweep.close_enough(dict(one, audio_max_abs=1e-3))
+    assert "pil: 2 levels" in sweep.status_of(one, dict(pil, pil_max_levels=2), True)[1]
 
 
 def test_outputs_are_compared_absolutely_in_0_1_and_relative_to_their_magnitude_beyond():
@@ -135,3 +147,12 @@ def test_the_sweep_confirms_the_table():
     changed = {name: (committed.get(name, {}).get("status"), row["status"], row["why"])
                for name, row in measured.items() if committed.get(name, {}).get("status") != row["status"]}
     assert changed == {}, changed
+    # what the status does not say: a second call compiles nothing; the CFG pair runs as one batch over dp as the
+    # committed row recorded it (rows measured before the sweep recorded it carry none: the next --write adds it)
+    recompiled = {name: row["warm_compilations"] for name, row in measured.items()
+                  if row["status"].startswith("verified") and row["warm_compilations"]}
+    assert recompiled == {}, recompiled
+    drifted = {name: (committed[name]["batched_steps_mesh"], row["batched_steps_mesh"])
+               for name, row in measured.items() if "batched_steps_mesh" in committed[name]
+               and committed[name]["batched_steps_mesh"] != row["batched_steps_mesh"]}
+    assert drifted == {}, drifted

@@ -3,27 +3,24 @@
 import numpy as np
 import pytest
 import torch
-from conftest import CALL, assert_np_matches, assert_pil_matches, generate
+from conftest import CALL, assert_np_matches, assert_pil_matches, generate, stock_pil
 
 import diffusers
 import diffusers_tpu
 from diffusers_tpu.interop import compile as jit
 from diffusers_tpu.testing import tiny
 
-CASES = [("wan", "flow_match"), ("wan", "unipc"), ("wan-4head", "flow_match"), ("wan-4head", "unipc")]
+# (variant, scheduler, device string): each variant, scheduler and string meets each other one once ("tpu" and "jax"
+# take the same path on CPU: the string alone differs)
+CASES = [("wan", "flow_match", "jax"), ("wan", "unipc", "tpu"), ("wan-4head", "flow_match", "tpu"),
+         ("wan-4head", "unipc", "jax")]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
-def case(request):
-    variant, scheduler = request.param
+@pytest.mark.parametrize("variant,scheduler,device", CASES, ids=["-".join(c) for c in CASES])
+def test_matches_stock_torch(variant, scheduler, device, monkeypatch):
     pipe = tiny.wan_pipeline(variant, scheduler=scheduler)
-    reference = {"np": generate(pipe, output_type="np"), "pil": generate(pipe, output_type="pil")}
-    return pipe, reference
-
-
-@pytest.mark.parametrize("device", ["jax", "tpu"])
-def test_matches_stock_torch(case, device, monkeypatch):
-    pipe, reference = case
+    reference = {"np": generate(pipe, output_type="np")}
+    reference["pil"] = stock_pil(reference["np"])
     monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "cpu")  # "tpu" rehearses on CPU; "jax" ignores it
     pipe.to(device)
     try:

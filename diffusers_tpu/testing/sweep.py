@@ -1,6 +1,8 @@
 """The parity sweep: every pipeline class with a tiny recipe (``sweep_recipes``) run on stock torch (CPU, float32)
 and on JAX, on 1 device and on the 8-device mesh (dp2·sp2·tp2), compared as ``"np"`` (max-abs ≤ 1e-4; an output
-beyond [0, 1], such as linear HDR, divided by its largest magnitude first).
+beyond [0, 1], such as linear HDR, divided by its largest magnitude first), pictures as ``"pil"`` too (one level at
+most on ≤ 0.1% of subpixels), a soundtrack as ``"np"``; a third call records what it compiles (nothing, once warm)
+and each row how many guided steps ran the CFG pair as one batch on the mesh.
 
 One command measures and rewrites the table that ``diffusers_tpu.supported_pipelines()`` reads and the generated
 page ``docs/verified-pipelines.md``::
@@ -42,13 +44,62 @@ def _frames(out):
     return out[0]
 
 
-def _run(pipe, call):
+def _run(pipe, call, output_type="np", sound: list | None = None):
+    """The call's frames (float32 for ``"np"``); a soundtrack it makes too (LTX-2) is appended to ``sound``."""
     import numpy as np
     import torch
 
     torch.manual_seed(0)  # draws without the generator (``latent_dist.sample()``) come from torch's default one
-    out = pipe(**copy.deepcopy(call), output_type="np", generator=torch.Generator().manual_seed(0))
-    return np.asarray(_frames(out), dtype=np.float32)
+    out = pipe(**copy.deepcopy(call), output_type=output_type, generator=torch.Generator().manual_seed(0))
+    if sound is not None and isinstance(getattr(out, "audio", None), torch.Tensor):
+        sound.append(out.audio.detach().float().cpu().numpy())
+    frames = _frames(out)
+    return np.asarray(frames, dtype=np.float32) if output_type == "np" else frames
+
+
+def _pictures(ref) -> bool:
+    """Whether a "np" output is 8-bit-able pictures (RGB or gray in [0, 1]): then "pil" is compared too."""
+    return ref.ndim >= 4 and ref.shape[-1] in (1, 3) and float(ref.min()) >= 0.0 and float(ref.max()) <= 1.0
+
+
+def _pil_levels(images):
+    """A "pil" output (images, or videos as lists of frames) as one uint8 array."""
+    import numpy as np
+
+    if isinstance(images, (list, tuple)):
+        return np.stack([_pil_levels(image) for image in images])
+    array = np.asarray(images)
+    if array.dtype != np.uint8:
+        raise TypeError(f'output_type="pil" gave {type(images).__name__} of {array.dtype}, not 8-bit images')
+    return array
+
+
+def second_calls(pipe, call, ref) -> dict:
+    """What the JAX pipeline gives on two more calls: ``"pil"`` (its frames made 8-bit on the device) beside stock's
+    rounding of its own ``"np"`` output (diffusers' ``numpy_to_pil``, the function stock's ``"pil"`` ends in), and an
+    ``"np"`` call that must compile nothing (``warm_compilations``)."""
+    import numpy as np
+    from diffusers.image_processor import VaeImageProcessor
+
+    from ..interop import compile as jit
+
+    found = {}
+    if _pictures(ref):
+        try:
+            frames = ref.reshape(-1, *ref.shape[-3:])
+            stock = np.stack([np.asarray(image) for image in VaeImageProcessor.numpy_to_pil(frames)])
+            levels = _pil_levels(_run(pipe, call, "pil")).reshape(stock.shape)
+            off = np.abs(levels.astype(np.int16) - stock.astype(np.int16))
+            found.update(pil_max_levels=int(off.max()), pil_levels_off=float((off > 0).mean()))
+        except ValueError as error:
+            if "output_type" not in str(error):  # else the pipeline's own check refused "pil" (Marigold: np, pt)
+                found["pil_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        except Exception as error:
+            found["pil_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+    with jit.compile_log() as log:
+        _run(pipe, call)
+    found["warm_compilations"] = log.compilations
+    return found
 
 
 def measure(name: str, devices: int) -> dict:
@@ -64,8 +115,9 @@ def measure(name: str, devices: int) -> dict:
         pipe.set_progress_bar_config(disable=True)
     except Exception as error:
         return dict(error=f"recipe: {type(error).__name__}: {str(error)[:300]}", seconds=time.perf_counter() - began)
+    sound = []
     try:
-        ref = _run(pipe, call)
+        ref = _run(pipe, call, sound=sound)
     except Exception as error:  # stock diffusers itself fails: nothing to compare
         import diffusers
 
@@ -76,13 +128,23 @@ def measure(name: str, devices: int) -> dict:
                     seconds=time.perf_counter() - began)
     try:  # no persistent compile cache: no two classes share a program, so writing them would only cost time
         pipe.to("jax", config=TPUConfig(mesh=MESH if devices > 1 else None, compile_cache_dir=False))
-        out = _run(pipe, call)
+        out = _run(pipe, call, sound=sound)
     except Exception as error:
         return dict(error=f"jax: {type(error).__name__}: {str(error)[:300]}", seconds=time.perf_counter() - began)
+    runtime = pipe._diffusers_tpu_runtime
+    found = dict(batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0)  # CFG pairs run as one batch
+    if len(sound) == 2:  # the soundtrack, compared as the frames are
+        same = sound[1].shape == sound[0].shape and np.isfinite(sound[1]).all()
+        found["audio_max_abs"] = float(np.abs(sound[1] - sound[0]).max()) if same else None
     if out.shape != ref.shape:
         return dict(error=f"output shape {out.shape} where stock gives {ref.shape}",
                     seconds=time.perf_counter() - began)
-    return dict(compare(ref, out), shape=list(ref.shape), seconds=round(time.perf_counter() - began, 1))
+    try:
+        found.update(second_calls(pipe, call, ref))
+    except Exception as error:
+        return dict(error=f"jax, second call: {type(error).__name__}: {str(error)[:300]}",
+                    seconds=time.perf_counter() - began)
+    return dict(compare(ref, out), **found, shape=list(ref.shape), seconds=round(time.perf_counter() - began, 1))
 
 
 def compare(ref, out) -> dict:
@@ -110,6 +172,10 @@ def close_enough(result: dict | None) -> bool:
     """max-abs ≤ ``TOLERANCE``; an output the pipeline rounded to 8 bits: within one level on ≤ 0.1% of subpixels."""
     if result is None or result.get("max_abs") is None:
         return False
+    if "audio_max_abs" in result and (result["audio_max_abs"] is None or result["audio_max_abs"] > TOLERANCE):
+        return False
+    if "pil_error" in result or result.get("pil_max_levels", 0) > 1 or result.get("pil_levels_off", 0.0) > 1e-3:
+        return False  # "pil": stock's rounding, one level at most on at most 0.1% of subpixels
     if result.get("quantized"):
         return result["max_levels"] <= 1 and result["levels_off"] <= 1e-3
     return result["max_abs"] <= TOLERANCE
@@ -127,6 +193,10 @@ def _claim(folder: str | None, name: str) -> bool:
 
 
 def run_process(names: list[str], devices: int, out_file: str, claims: str | None = None):
+    import gc
+
+    import jax
+
     from ..runtime import support
 
     support.measured = lambda: {}  # measure every class afresh: no refusal or verdict from the committed table
@@ -135,6 +205,8 @@ def run_process(names: list[str], devices: int, out_file: str, claims: str | Non
         if not _claim(claims, name):
             continue
         results[name] = measure(name, devices)
+        gc.collect()  # the class's pipeline and programs go before the next class is built (no two share one)
+        jax.clear_caches()
         print(f"[{devices} device(s)] {name}: {results[name]}", file=sys.stderr, flush=True)
         Path(out_file).write_text(json.dumps(results, indent=1))  # what is done survives a crash
 
@@ -144,7 +216,9 @@ def status_of(one: dict | None, mesh: dict | None, video: bool) -> tuple[str, st
     ok = close_enough
     for label, result in (("1 device", one), (MESH_NAME, mesh)):
         if result is not None and "error" not in result and not ok(result):
-            return "unsupported", f"differs from stock on {label} (max-abs {result.get('max_abs')})"
+            pil = result.get("pil_error") or (f"; pil: {result['pil_max_levels']} levels on "
+                                              f"{result['pil_levels_off']:.2%}" if "pil_max_levels" in result else "")
+            return "unsupported", f"differs from stock on {label} (max-abs {result.get('max_abs')}{pil})"
         if result is not None and result.get("error", "").startswith(("jax", "output shape")):
             return "unsupported", f"fails on {label}: {result['error']}"
     if ok(one) and ok(mesh):
@@ -244,7 +318,11 @@ def table(measured: dict) -> dict:
         rows[name] = dict(status=status, why=why, max_abs_1=(result["one"] or {}).get("max_abs"),
                           max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=video,
                           seconds_1=(result["one"] or {}).get("seconds"),
-                          seconds_mesh=(result["mesh"] or {}).get("seconds"))
+                          seconds_mesh=(result["mesh"] or {}).get("seconds"),
+                          pil_levels_off_1=(result["one"] or {}).get("pil_levels_off"),
+                          pil_levels_off_mesh=(result["mesh"] or {}).get("pil_levels_off"),
+                          batched_steps_mesh=(result["mesh"] or {}).get("batched_steps"),
+                          warm_compilations=max((result[k] or {}).get("warm_compilations", 0) for k in ("one", "mesh")))
         if any((result[k] or {}).get("quantized") for k in ("one", "mesh")):  # judged by the 8-bit rule
             rows[name].update(levels_off_1=(result["one"] or {}).get("levels_off"),
                               levels_off_mesh=(result["mesh"] or {}).get("levels_off"))
@@ -295,7 +373,8 @@ def main(argv=None):
         names = sample(names, args.sample, args.key or commit_key(), registry.pipeline_paths())
     rows = table(sweep(names))
     for name, row in rows.items():
-        print(f"{name:55s} {row['status']:22s} {row['max_abs_1']} {row['max_abs_mesh']} {row['why'][:80]}")
+        print(f"{name:55s} {row['status']:22s} {row['max_abs_1']} {row['max_abs_mesh']} pil {row['pil_levels_off_1']} "
+              f"{row['pil_levels_off_mesh']} warm {row['warm_compilations']} {row['why'][:80]}")
     if args.write:
         if args.only or args.sample is not None:
             previous = json.loads(TABLE.read_text()) if TABLE.exists() else {}
