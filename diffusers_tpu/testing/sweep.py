@@ -169,7 +169,8 @@ def compare(ref, out) -> dict:
 
 
 def close_enough(result: dict | None) -> bool:
-    """max-abs ≤ ``TOLERANCE``; an output the pipeline rounded to 8 bits: within one level on ≤ 0.1% of subpixels."""
+    """max-abs ≤ ``TOLERANCE`` (a soundtrack too); an output the pipeline rounded to 8 bits, and "pil": within one
+    level on ≤ 0.1% of subpixels."""
     if result is None or result.get("max_abs") is None:
         return False
     if "audio_max_abs" in result and (result["audio_max_abs"] is None or result["audio_max_abs"] > TOLERANCE):
