@@ -10,6 +10,7 @@ backend of the same signature that turns the mask into a boolean ``[B, H, Lq, Lk
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
@@ -17,11 +18,18 @@ from torch.nn.attention.flex_attention import BlockMask
 from ..interop import static_keys
 
 
+_KEYS_OF_MASKS: "weakref.WeakKeyDictionary[BlockMask, tuple]" = weakref.WeakKeyDictionary()
+
+
 def _block_mask_key(mask: BlockMask) -> tuple:
-    """What a traced program reads of a ``BlockMask`` (``dense_mask``): equal masks share one program."""
-    tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices)
-    return (tuple(mask.seq_lengths), tuple(mask.BLOCK_SIZE), static_keys.content_key(tensors),
-            static_keys.content_key(mask.mask_mod))
+    """What a traced program reads of a ``BlockMask`` (``dense_mask``): equal masks share one program. Read once
+    per mask object (a pipeline passes one mask to every step: its tensors leave the devices once)."""
+    key = _KEYS_OF_MASKS.get(mask)
+    if key is None:
+        tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices)
+        key = _KEYS_OF_MASKS[mask] = (tuple(mask.seq_lengths), tuple(mask.BLOCK_SIZE),
+                                      static_keys.content_key(tensors), static_keys.content_key(mask.mask_mod))
+    return key
 
 
 static_keys.register(BlockMask, _block_mask_key)  # AnyFlow FAR makes a new, equal mask on every call
