@@ -68,6 +68,30 @@ def test_status_words():
     assert not sweep.close_enough(dict(one, audio_max_abs=None))
     assert not sweep.close_enough(dict(one, audio_max_abs=1e-3))
     assert "pil: 2 levels" in sweep.status_of(one, dict(pil, pil_max_levels=2), True)[1]
+    ignored = dict(one, pil_ignored=True, pil_max_abs=1e-6)  # stock too gives float frames for "pil"
+    assert sweep.close_enough(ignored) and not sweep.close_enough(dict(ignored, pil_max_abs=1e-3))
+
+
+def test_a_pil_call_giving_float_frames_is_held_against_stocks_own_pil_call():
+    import numpy as np
+
+    frames = np.random.default_rng(0).random((3, 8, 8, 3), dtype=np.float32)
+
+    class Stock:  # back on torch after ``to("cpu")``: "pil" answered with float frames, or with 8-bit pictures
+        def __init__(self, honours_pil):
+            self.honours_pil, self.device = honours_pil, "jax"
+
+        def to(self, device):
+            self.device = device
+
+        def __call__(self, output_type, generator, **call):
+            assert self.device == "cpu"
+            return [(frames * 255).astype(np.uint8) if self.honours_pil and output_type == "pil" else frames]
+
+    assert sweep._ignores_pil(frames, frames) and not sweep._ignores_pil((frames * 255).astype(np.uint8), frames)
+    found = sweep.stock_pil(Stock(honours_pil=False), {}, frames + 2e-7)
+    assert found["pil_ignored"] and found["pil_max_abs"] < 1e-6
+    assert "pil_error" in sweep.stock_pil(Stock(honours_pil=True), {}, frames)
 
 
 def test_outputs_are_compared_absolutely_in_0_1_and_relative_to_their_magnitude_beyond():
