@@ -72,18 +72,19 @@ def sana(seed: int = 0, cls_name: str = "SanaPipeline"):
     transformer = seeded(seed, lambda: SanaTransformer2DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
         num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=32,
-        sample_size=32, patch_size=1, attention_bias=True))
+        sample_size=16, patch_size=1, attention_bias=True))  # 16: resolution binning's 512 px bins
     with torch.no_grad():  # ReLU linear attention divides by sum(relu(q)·relu(k)): random weights leave it near 0 for
         for block in transformer.transformer_blocks:  # some tokens, then fp32 rounding decides; keep it well away
             block.attn1.to_q.bias.fill_(1.0)
             block.attn1.to_k.bias.fill_(1.0)
+    # DC-AE's 32x compression (six blocks, as Sana's): the 512 px the pipeline bins a 32 px request to are 16x16 latents
+    blocks, multiscales = ("ResBlock",) * 5 + ("EfficientViTBlock",), ((),) * 5 + ((5,),)
     vae = seeded(seed + 1, lambda: AutoencoderDC(
-        in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=("ResBlock", "EfficientViTBlock"),
-        decoder_block_types=("ResBlock", "EfficientViTBlock"), encoder_block_out_channels=(8, 8),
-        decoder_block_out_channels=(8, 8), encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
-        encoder_layers_per_block=(1, 1), decoder_layers_per_block=[1, 1], downsample_block_type="conv",
-        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu",
-        scaling_factor=0.41407))
+        in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=blocks,
+        decoder_block_types=blocks, encoder_block_out_channels=(8,) * 6, decoder_block_out_channels=(8,) * 6,
+        encoder_qkv_multiscales=multiscales, decoder_qkv_multiscales=multiscales, encoder_layers_per_block=(1,) * 6,
+        decoder_layers_per_block=[1] * 6, downsample_block_type="conv", upsample_block_type="interpolate",
+        decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407))
     tokenizer = char_tokenizer()
     pipe = getattr(diffusers, cls_name)(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
                                         text_encoder=tiny_gemma2(seed + 2), tokenizer=tokenizer)
