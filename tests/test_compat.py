@@ -438,3 +438,23 @@ def test_an_eager_op_on_tensors_of_two_meshes_runs_on_the_trace_mesh():
     done = subprocess.run([sys.executable, "-c", _TWO_MESHES], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split("WORST")[-1]) == 0.0
+
+
+def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
+    """torchax maps a function it defines anew on every call: run eagerly, each group norm compiled again."""
+    import numpy as np
+
+    from diffusers_tpu.interop import backend, compile as jit
+
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(4, 8)
+    xs = [torch.randn(2, 8, 5, 5) for _ in range(3)]
+    with backend.jax_mode():
+        weight, bias = (backend.wrap(backend.host_to_jax(p.detach())) for p in (norm.weight, norm.bias))
+        got = [torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(xs[0])), 4, weight, bias, 1e-5)]
+        with jit.compile_log() as log:
+            got += [torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(x)), 4, weight, bias, 1e-5)
+                    for x in xs[1:]]
+    assert log.compilations == 0
+    for x, y in zip(xs, got):
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(y)), norm(x).detach().numpy(), atol=1e-5)

@@ -150,3 +150,81 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     got = np.asarray(backend.to_jax_array(got))
     assert got.shape == tuple(expected.shape) and got.shape[2] == frames
     np.testing.assert_allclose(got, expected.numpy(), atol=1e-4)
+
+
+def test_a_processor_put_in_place_of_another_gets_the_state_and_another_class_its_own_program():
+    """SAG puts a new attention-storing processor on its UNet at every call and reads what it stored: the program
+    must write the carried attention into the processor there now, not the first call's. A processor of another
+    class in the same place (PAG's) is traced anew; one of the same class reuses the program."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor
+    from diffusers.pipelines.deprecated.stable_diffusion_sag.pipeline_stable_diffusion_sag import (
+        CrossAttnStoreProcessor)
+
+    torch.manual_seed(0)
+    stock, moved = Attention(query_dim=8, heads=2, dim_head=4), Attention(query_dim=8, heads=2, dim_head=4)
+    moved.load_state_dict(stock.state_dict())
+    compiled = on_jax(moved)
+    x = torch.randn(1, 6, 8)
+    for call in range(3):
+        stock.processor, moved.processor = CrossAttnStoreProcessor(), CrossAttnStoreProcessor()
+        with jit.compile_log() as log:
+            got = compiled(x)
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(got)), stock(x).detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(moved.processor.attention_probs)),
+                                   stock.processor.attention_probs.detach().numpy(), atol=1e-6)
+        assert log.compilations == 0 or call == 0, call
+    stock.processor, moved.processor = AttnProcessor(), AttnProcessor()
+    with jit.compile_log() as log:
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(), atol=1e-5)
+    assert log.compilations > 0  # another class: its own program
+
+
+class SettingUpHooks(torch.nn.Module):
+    """Registers a forward hook on its first call, as transformers' output capturing does: part of the program."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.hooked = False
+
+    def forward(self, x):
+        if not self.hooked:
+            self.hooked = True
+            self.proj.register_forward_hook(lambda module, args, output: None)
+        return self.proj(x) * 2
+
+
+def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
+    """A hook registered on a submodule (SAG reads its UNet's map size through one; a user collects activations) is
+    Python stock runs at every call: the method runs eagerly while it is registered, and compiled again after. A
+    hook the traced code registers itself (a one-time set-up) is the program's own."""
+    torch.manual_seed(0)
+    stock, moved = Streaming(), Streaming()
+    moved.load_state_dict(stock.state_dict())
+    compiled = on_jax(moved)
+    seen = {"stock": [], "jax": []}
+    handles = [stock.proj.register_forward_hook(lambda m, a, out: seen["stock"].append(out.detach().clone())),
+               moved.proj.register_forward_hook(lambda m, a, out: seen["jax"].append(out.detach().clone()))]
+    frames = [torch.randn(1, 3, 4) for _ in range(3)]
+    with jit.compile_log() as log:
+        for x in frames:
+            np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(),
+                                       atol=1e-5)
+    assert log.compilations == 0 and compiled.hooked and "forward hooks" in caplog.text
+    assert len(seen["jax"]) == len(seen["stock"]) == 3
+    for got, expected in zip(seen["jax"], seen["stock"]):
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(got)), expected.numpy(), atol=1e-5)
+    for handle in handles:
+        handle.remove()
+    with jit.compile_log() as log:  # no hook left: compiled again
+        compiled(frames[0])
+    assert log.compilations > 0
+
+    setting_up = SettingUpHooks()
+    compiled = on_jax(setting_up)
+    x = torch.randn(2, 4)
+    compiled(x)
+    with jit.compile_log() as log:
+        np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))),
+                                   (setting_up.proj(x) * 2).detach().numpy(), atol=1e-5)
+    assert log.compilations == 0 and not compiled.hooked

@@ -181,3 +181,20 @@ def test_the_sweep_confirms_the_table():
                for name, row in measured.items() if "batched_steps_mesh" in committed[name]
                and committed[name]["batched_steps_mesh"] != row["batched_steps_mesh"]}
     assert drifted == {}, drifted
+
+
+def test_a_pil_call_raising_is_left_out_only_when_stock_raises_the_same():
+    class Stock:
+        def __init__(self, message):
+            self.message = message
+
+        def to(self, device):
+            self.device = device
+
+        def __call__(self, output_type, generator, **call):
+            assert self.device == "cpu"
+            raise TypeError(self.message)
+
+    raised = TypeError("Cannot handle this data type: (1, 1, 1), <u2")
+    assert "pil_stock_fails" in sweep.stock_pil_fails(Stock(str(raised)), {}, raised)
+    assert sweep.stock_pil_fails(Stock("another"), {}, raised) == {}

@@ -718,6 +718,31 @@ def _patch_missing_ops():
     _applied.add("window functions and in-place cumulative sums")
 
 
+# --- 19. Group norm run eagerly ----------------------------------------------------------------------------------
+# Reason: torchax 0.0.10-0.0.13 computes ``aten.native_group_norm`` with ``jax.lax.map`` over a function it defines
+# anew on every call; outside a trace JAX wraps that map in a program keyed by the function, so every eager group
+# norm compiled again (a UNet run eagerly while a pipeline's forward hooks are registered, as SAG's: 124 programs
+# per call). Outside a trace it now runs as one program per shape, group count and epsilon; inside, unchanged.
+# Guard: wraps the registered implementation once.
+def _patch_eager_group_norm():
+    from torchax.ops import jaten, ops_registry
+
+    stock = jaten._aten_native_group_norm
+    if getattr(stock, "_diffusers_tpu", False):
+        return
+    jitted = jax.jit(stock, static_argnums=(3, 4, 5, 6, 7))
+
+    @functools.wraps(stock)
+    def group_norm(input, weight, bias, N, C, HxW, group, eps=1e-5):
+        traced = any(isinstance(x, jax.core.Tracer) for x in (input, weight, bias))
+        return (stock if traced else jitted)(input, weight, bias, N, C, HxW, group, eps)
+
+    group_norm._diffusers_tpu = True
+    jaten._aten_native_group_norm = group_norm
+    ops_registry.all_aten_ops[torch.ops.aten.native_group_norm].func = group_norm
+    _applied.add("group norm compiled once per shape when run eagerly")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     import_torchax()
@@ -735,6 +760,7 @@ def apply() -> None:
     _patch_fill_diagonal()
     _patch_random_draws()
     _patch_convolution_inputs()
+    _patch_eager_group_norm()
     _patch_missing_ops()
     _patch_mixed_mesh_operands()  # outermost dispatch wrapper: it retries whatever the others do
 

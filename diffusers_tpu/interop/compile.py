@@ -178,6 +178,8 @@ class _TensorSlot:
 
 _TENSOR = _TensorSlot()
 _CARRIED_TENSOR = _TensorSlot()  # a carried attribute left holding a tensor: the program's next output
+HOOKED = ("%s.%s has forward hooks on its modules (registered by the pipeline or by you): stock runs them at every "
+          "call, so it runs eagerly (op by op, same result, slower) while they are registered.")
 EAGER = ("%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly (op by op) from "
          "now on, with the same result as stock, slower.")
 
@@ -358,66 +360,76 @@ def compiled_function(
     """
     name = getattr(method, "__name__", "function")
     programs: dict = {}
-    carried: list = []  # (owner, attribute) found to carry state from one call to the next (``module_state``)
+    carried: list = []  # (owner, attribute) found to carry state from one call to the next (``module_state``); a
+    # held object's owner is its ``Place``
+    held: list = []  # the places holding plain objects (attention processors), found at the first call
     caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
     eager: list = []  # the reason, once state was found that no program can carry: the method then runs eagerly
+    traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture): the program's own
 
     def compiled(*args, **kwargs):
         with activate():
             if eager:
                 return method(*args, **kwargs)
-            leaves, spec = pytree.tree_flatten((args, kwargs))
-            static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-            # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache
-            # holds "Rep" markers or tensors depending on the frame count), and each program keeps its own.
-            shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-            values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in carried]
-            carried_key = tuple(module_state.signature(value) for value in values)
-            key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key)
+            hooks = module_state.hooks(module)
+            if hooks - traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
+                if not compiled.hooked:
+                    compiled.hooked = True
+                    logger.warning(HOOKED, type(module).__name__, name)
+                return method(*args, **kwargs)
             try:
-                program = programs.get(key)
-            except TypeError:
-                raise TypeError(
-                    f"{type(module).__name__}.{name} on JAX takes tensors and hashable values (numbers, strings, "
-                    f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
-                ) from None
-            if program is None:
-                program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
-                                                   trace_hook, carried, carried_key, place_output)
-            dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
-            carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
-            extra = extras.values() if extras is not None else []
-            weights = state()
-            try:
-                arrays = program(weights, dynamic, extra, carried_in)
-            except module_state.Uncarriable as reason:
+                return _compiled_call(args, kwargs)
+            finally:
+                traced_hooks.update(module_state.hooks(module) - hooks)
+
+    def _compiled_call(args, kwargs):
+        leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
+        carried_key = key[-2]
+        try:
+            program = programs.get(key)
+        except TypeError:
+            raise TypeError(
+                f"{type(module).__name__}.{name} on JAX takes tensors and hashable values (numbers, strings, "
+                f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
+            ) from None
+        if program is None:
+            program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
+                                               trace_hook, live, carried_key, place_output)
+        program.carried = live  # the objects now at the carried places
+        dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+        carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
+        extra = extras.values() if extras is not None else []
+        weights = state()
+        try:
+            arrays = program(weights, dynamic, extra, carried_in)
+        except module_state.Uncarriable as reason:
+            del programs[key]
+            return run_eagerly(f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs)
+        found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in caches]
+        program.discovered = None
+        if found and donate is None:
+            pairs = [(owner, attribute) for owner, attribute, *_ in found]
+            is_state = program.state_dependence(pairs, weights, dynamic, extra, carried_in)
+            new_state = [(owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state)
+                         if yes and kind == "tensor"]
+            eager_state = [(owner, attribute, kind, before) for (owner, attribute, kind, before), yes
+                           in zip(found, is_state) if yes and kind != "tensor"]
+            caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
+            if eager_state:  # changed on every call, or tensors in a container: no program carries that
+                what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
+                if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
+                    eager.append(what)  # this call's result and its plain values are stock's; eager from now on
+                    logger.warning(EAGER, type(module).__name__, name, what)
+                    return program.rebuild(arrays, args, kwargs)
+                module_state.restore([(o, a, before) for o, a, _, before in eager_state])
+                return run_eagerly(what, args, kwargs)
+            if new_state:  # this run could not leave the state behind: run the call again, carrying it
+                logger.info("%s.%s keeps state between calls (%s): carried through its programs",
+                            type(module).__name__, name, ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state))
+                carried.extend((module_state.where(owner, held[0]), attribute) for owner, attribute in new_state)
                 del programs[key]
-                return run_eagerly(f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs)
-            found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in caches]
-            program.discovered = None
-            if found and donate is None:
-                pairs = [(owner, attribute) for owner, attribute, *_ in found]
-                is_state = program.state_dependence(pairs, weights, dynamic, extra, carried_in)
-                new_state = [(owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state)
-                             if yes and kind == "tensor"]
-                eager_state = [(owner, attribute, kind, before) for (owner, attribute, kind, before), yes
-                               in zip(found, is_state) if yes and kind != "tensor"]
-                caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
-                if eager_state:  # changed on every call, or tensors in a container: no program carries that
-                    what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
-                    if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
-                        eager.append(what)  # this call's result and its plain values are stock's; eager from now on
-                        logger.warning(EAGER, type(module).__name__, name, what)
-                        return program.rebuild(arrays, args, kwargs)
-                    module_state.restore([(o, a, before) for o, a, _, before in eager_state])
-                    return run_eagerly(what, args, kwargs)
-                if new_state:  # this run could not leave the state behind: run the call again, carrying it
-                    logger.info("%s.%s keeps state between calls (%s): carried through its programs",
-                                type(module).__name__, name, ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state))
-                    carried.extend(new_state)
-                    del programs[key]
-                    return compiled(*args, **kwargs)
-            return program.rebuild(arrays, args, kwargs)
+                return compiled(*args, **kwargs)
+        return program.rebuild(arrays, args, kwargs)
 
     def run_eagerly(reason: str, args, kwargs):
         eager.append(reason)
@@ -429,8 +441,27 @@ def compiled_function(
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
     compiled.extras, compiled.trace_hook, compiled.place_output = extras, trace_hook, place_output
-    compiled.carried, compiled.eager = carried, eager
+    compiled.carried, compiled.eager, compiled.held, compiled.hooked = carried, eager, held, False
     return compiled
+
+
+def _call_key(compiled, args, kwargs):
+    """``(leaves, spec, static, key, live, values)`` of a call: the program key, the carried attributes at their
+    places now (``live``: (owner, name)) and their values."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+    # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds "Rep"
+    # markers or tensors depending on the frame count), and each program keeps its own.
+    shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
+    if not compiled.held:
+        compiled.held.append(module_state.places(compiled.module))
+    live = tuple((module_state.current(owner), attribute) for owner, attribute in compiled.carried)
+    values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
+    carried_key = tuple(module_state.signature(value) for value in values)
+    extras = compiled.extras
+    key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key,
+           module_state.held_key(compiled.held[0]))
+    return leaves, spec, static, key, live, values
 
 
 def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
@@ -467,17 +498,12 @@ def _abstract(value) -> jax.ShapeDtypeStruct:
 
 
 def _lowered(compiled, args, kwargs):
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-    shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
+    leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
     extras = compiled.extras
-    values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in compiled.carried]
-    carried_key = tuple(module_state.signature(value) for value in values)
-    key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key)
     program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
                                                      compiled.compute_dtype, compiled.donate, extras,
-                                                     compiled.trace_hook, compiled.carried, carried_key,
-                                                     compiled.place_output)
+                                                     compiled.trace_hook, live, key[-2], compiled.place_output)
+    program.carried = live
     carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
     # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
     dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]

@@ -36,14 +36,66 @@ class Uncarriable(Exception):
     """A carried attribute was left holding a value no program can carry (the method then runs eagerly)."""
 
 
+def _held(value) -> bool:
+    """A plain diffusers/transformers object a module holds (an attention processor, a ``RopeEmbedder``)."""
+    return hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and type(
+        value).__module__.split(".")[0] in ("diffusers", "transformers")
+
+
 def owners(module) -> list:
     """Every module in ``module``, and the plain diffusers/transformers objects they hold (``RopeEmbedder``)."""
     found = []
     for sub in module.modules():
         found.append(sub)
-        found += [v for v in vars(sub).values() if hasattr(v, "__dict__") and not isinstance(
-            v, (torch.nn.Module, torch.Tensor, type)) and type(v).__module__.split(".")[0] in ("diffusers", "transformers")]
+        found += [v for v in vars(sub).values() if _held(v)]
     return found
+
+
+class Place:
+    """Where a module holds a plain object: ``holder.<name>``. A pipeline may put another object there between calls
+    (SAG and PAG set new attention processors on every call), so what a program carries or was traced with is found
+    by its place, not by the object it found there first."""
+
+    def __init__(self, holder, name: str):
+        self.holder, self.name = holder, name
+
+    def get(self):
+        return vars(self.holder).get(self.name)
+
+
+def places(module) -> list[Place]:
+    """Every place in ``module`` holding a plain diffusers/transformers object."""
+    return [Place(sub, name) for sub in module.modules() for name, value in vars(sub).items() if _held(value)]
+
+
+def where(owner, found: list[Place]):
+    """``owner`` itself for a module; the ``Place`` that holds it for a held object (``found``: ``places``)."""
+    return next((place for place in found if place.get() is owner), owner)
+
+
+def current(owner):
+    """The object now at an owner's place (``where``)."""
+    return owner.get() if isinstance(owner, Place) else owner
+
+
+def held_key(found: list[Place]) -> tuple:
+    """What of the held objects selects the program: each one's class. A processor of another class (PAG's on the
+    layers it is applied to) is traced anew; a new one of the same class (SAG's, made on every call) reuses it."""
+    return tuple(type(place.get()) for place in found)
+
+
+def hooks(module) -> frozenset:
+    """The forward hooks and pre-hooks on ``module``'s submodules and torch's global ones: Python that stock runs at
+    every call (SAG's reads the map size off its UNet's middle block; a user's may collect activations), which a
+    compiled program would replay only as its trace saw it."""
+    from torch.nn.modules import module as torch_module
+
+    found = set(torch_module._global_forward_hooks.values()) | set(torch_module._global_forward_pre_hooks.values())
+    for sub in module.modules():
+        found.update(sub._forward_hooks.values())
+        found.update(sub._forward_pre_hooks.values())
+    # this package's own hooks (activation sharding constraints) act while tracing only
+    return frozenset(hook for hook in found if not getattr(hook, "__module__", "").startswith("diffusers_tpu."))
 
 
 def snapshot(module) -> list:
