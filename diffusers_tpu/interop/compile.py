@@ -362,7 +362,7 @@ def compiled_function(
     programs: dict = {}
     carried: list = []  # (owner, attribute) found to carry state from one call to the next (``module_state``); a
     # held object's owner is its ``Place``
-    held: list = []  # the places holding plain objects (attention processors), found at the first call
+    held: list = []  # [places holding plain objects (attention processors), every module]: at the first call
     caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
     eager: list = []  # the reason, once state was found that no program can carry: the method then runs eagerly
     traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture): the program's own
@@ -371,16 +371,21 @@ def compiled_function(
         with activate():
             if eager:
                 return method(*args, **kwargs)
-            hooks = module_state.hooks(module)
+            if not held:  # the module's structure, found at the first call
+                held.append(module_state.places(module))
+                held.append(list(module.modules()))
+            hooks = module_state.hooks(held[1])
             if hooks - traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
                 if not compiled.hooked:
                     compiled.hooked = True
                     logger.warning(HOOKED, type(module).__name__, name)
                 return method(*args, **kwargs)
+            traces = len(programs)
             try:
                 return _compiled_call(args, kwargs)
             finally:
-                traced_hooks.update(module_state.hooks(module) - hooks)
+                if len(programs) != traces:  # only a trace registers hooks of its own
+                    traced_hooks.update(module_state.hooks(held[1]) - hooks)
 
     def _compiled_call(args, kwargs):
         leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
@@ -454,7 +459,7 @@ def _call_key(compiled, args, kwargs):
     # markers or tensors depending on the frame count), and each program keeps its own.
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
     if not compiled.held:
-        compiled.held.append(module_state.places(compiled.module))
+        compiled.held.extend((module_state.places(compiled.module), list(compiled.module.modules())))
     live = tuple((module_state.current(owner), attribute) for owner, attribute in compiled.carried)
     values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
     carried_key = tuple(module_state.signature(value) for value in values)

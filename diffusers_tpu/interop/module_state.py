@@ -84,17 +84,16 @@ def held_key(found: list[Place]) -> tuple:
     return tuple(type(place.get()) for place in found)
 
 
-def hooks(module) -> frozenset:
-    """The forward hooks and pre-hooks on ``module``'s submodules and torch's global ones: Python that stock runs at
-    every call (SAG's reads the map size off its UNet's middle block; a user's may collect activations), which a
-    compiled program would replay only as its trace saw it."""
+def hooks(modules: list) -> frozenset:
+    """The forward hooks and pre-hooks on ``modules`` (a module's ``modules()``, listed once: this runs at every
+    call) and torch's global ones: Python that stock runs at every call (SAG's reads the map size off its UNet's
+    middle block; a user's may collect activations), which a compiled program would replay only as its trace saw
+    it. This package's own hooks (activation sharding constraints) act while tracing only and are left out."""
     from torch.nn.modules import module as torch_module
 
-    found = set(torch_module._global_forward_hooks.values()) | set(torch_module._global_forward_pre_hooks.values())
-    for sub in module.modules():
-        found.update(sub._forward_hooks.values())
-        found.update(sub._forward_pre_hooks.values())
-    # this package's own hooks (activation sharding constraints) act while tracing only
+    found = [hook for sub in modules for table in (sub._forward_hooks, sub._forward_pre_hooks) if table
+             for hook in table.values()]
+    found += [*torch_module._global_forward_hooks.values(), *torch_module._global_forward_pre_hooks.values()]
     return frozenset(hook for hook in found if not getattr(hook, "__module__", "").startswith("diffusers_tpu."))
 
 
