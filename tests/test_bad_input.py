@@ -137,10 +137,10 @@ def test_frame_count_rounding_is_stocks(pipe_and_reference, caplog):
 
 
 def test_a_native_torch_tpu_device_is_left_to_stock_diffusers(monkeypatch):
-    assert runtime.jax_target_of(("tpu",), {}) == "tpu"
+    assert backend.parse_device("tpu") == "tpu"
     monkeypatch.setattr(backend, "_torch_has_native_device", lambda kind: kind == "tpu")
-    assert runtime.jax_target_of(("tpu",), {}) is None
-    assert runtime.jax_target_of(("jax",), {}) == "jax"
+    assert backend.parse_device("tpu") is None
+    assert backend.parse_device("jax") == "jax"
 
 
 @pytest.mark.parametrize(

@@ -216,14 +216,14 @@ def _prepare(pipe, runtime) -> None:
     processor = KeyMaskProcessor(runtime.config.text_padding)
     for module in transformer.modules():
         if isinstance(getattr(module, "processor", None), HunyuanVideo15AttnProcessor2_0):
-            runtime._override(module, "processor", processor)
-    runtime._override(transformer, "forward", with_token_order(transformer.forward))
+            runtime.overrides.set(module, "processor", processor)
+    runtime.overrides.set(transformer, "forward", with_token_order(transformer.forward))
     for module in pipe.vae.modules():
         if isinstance(module, HunyuanVideo15AttnBlock):
-            runtime._override(module, "prepare_causal_attention_mask", frame_causal_mask)
+            runtime.overrides.set(module, "prepare_causal_attention_mask", frame_causal_mask)
     scheduler = pipe.scheduler
     if hasattr(scheduler, "set_begin_index"):
-        runtime._override(scheduler, "set_timesteps", _from_first_timestep(scheduler, scheduler.set_timesteps))
+        runtime.overrides.set(scheduler, "set_timesteps", _from_first_timestep(scheduler, scheduler.set_timesteps))
 
 
 def _from_first_timestep(scheduler, set_timesteps):

@@ -278,12 +278,12 @@ def install(vae, runtime, state, place_input) -> None:
                 x = patchify(x, patch_size=vae.config.patch_size)
             return encode_frames(x)
 
-    runtime._override(vae, "_decode", _decode)
-    runtime._override(vae, "_encode", _encode)
+    runtime.overrides.set(vae, "_decode", _decode)
+    runtime.overrides.set(vae, "_encode", _encode)
     tiles = _Tiles(vae, runtime, decode_frames, encode_frames)
-    runtime._override(vae, "tiled_decode", tiles.decode)
-    runtime._override(vae, "tiled_encode", tiles.encode)
+    runtime.overrides.set(vae, "tiled_decode", tiles.decode)
+    runtime.overrides.set(vae, "tiled_encode", tiles.encode)
     runtime.enter_public_vae_methods(vae)
-    runtime._override(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
+    runtime.overrides.set(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
                                                        "encode_first": encode_first, "encode_chunk": encode_chunk,
                                                        "rehearsed": set()})  # StreamingDecoder's block shapes

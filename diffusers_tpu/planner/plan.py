@@ -73,7 +73,7 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
     module.__class__ = type(cls.__name__, (cls,), {"dtype": property(lambda self: dtype)})
     pipe.__class__ = type(pipe_cls.__name__, (pipe_cls,), {"_execution_device": property(lambda self: torch.device("cpu"))})
     if runtime is not None:
-        runtime._override(module, "forward", record)  # where the compiled entry goes (undone with the runtime)
+        runtime.overrides.set(module, "forward", record)  # where the compiled entry goes (undone with the runtime)
         if family.prepare is not None:
             family.prepare(pipe, runtime)
     else:

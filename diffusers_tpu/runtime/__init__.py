@@ -1,7 +1,7 @@
 """The pipeline runtime: a stock diffusers pipeline attached to JAX by ``pipe.to("tpu")``, run, and detached.
 
 Holds the user's knobs (``config.TPUConfig``), the family contract and registry (``registry``), attaching and
-detaching a pipeline (``attach``), the compiled denoiser entry (``denoiser``), attention on the mesh
+detaching a pipeline (``attach``; what it changed on the user's objects and how to put each back: ``overrides``), the compiled denoiser entry (``denoiser``), attention on the mesh
 (``attention``), batched classifier-free guidance (``cfg``), on-device postprocessing (``postprocess``), scheduler
 fixes (``schedulers``), GPU-script semantics (``porting``), LoRA (``lora``), weight quantization (``quantize``),
 sharded loading (``loading``), staged runs (``stages``) and the patches of diffusers/peft/torch (``patches``).

@@ -25,33 +25,13 @@ from . import (attention, cfg, host_calls, limits, placement, porting, postproce
 from ..interop import backend, boundary, compat, compile as jit, distributed, sharding
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
+from .overrides import Overrides
 from .denoiser import (TRACE_ERRORS, Denoiser, active_hooks, check_hooks, forget_unfinished, hook_reference,
                        innermost_forward)
 from .registry import Family, family_of, vae_methods
 
 logger = logging.getLogger(__name__)
 _ATTR = "_diffusers_tpu_runtime"
-
-
-# --- reading pipe.to(...) arguments ----------------------------------------------------------------------
-def _device_arg(args, kwargs):
-    if "device" in kwargs:
-        return kwargs["device"]
-    return args[0] if args and not isinstance(args[0], torch.dtype) else None
-
-
-def jax_target_of(args, kwargs) -> str | None:
-    return backend.parse_device(_device_arg(args, kwargs))
-
-
-def dtype_of(args, kwargs) -> torch.dtype | None:
-    if "dtype" in kwargs:
-        return kwargs["dtype"]
-    return next((a for a in args[:2] if isinstance(a, torch.dtype)), None)
-
-
-def is_dtype_only(args, kwargs) -> bool:
-    return _device_arg(args, kwargs) is None and dtype_of(args, kwargs) is not None
 
 
 def runtime_of(pipe) -> PipelineRuntime | None:
@@ -82,7 +62,7 @@ class PipelineRuntime:
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
-        self._undo: list = []
+        self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
         self._last_output = None
         self._log: jit.CompileLog | None = None
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
@@ -233,8 +213,8 @@ class PipelineRuntime:
             sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
-            self._undo.append(functools.partial(sharding.restore, module))
-            self._override(module, "state_dict", host_calls.host_state_dict(module.state_dict, module))
+            self.overrides.add_undo(functools.partial(sharding.restore, module))
+            self.overrides.set(module, "state_dict", host_calls.host_state_dict(module.state_dict, module))
             porting.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
@@ -250,45 +230,45 @@ class PipelineRuntime:
                     prefix = f"{path}." if path else ""
                     owned = functools.partial(_state, [s for s in slots if s.qualified.startswith(prefix)], prefix)
                     if name == "vae":
-                        self._override(owner, method, self.compiled_vae_method(owner, method, owned))
+                        self.overrides.set(owner, method, self.compiled_vae_method(owner, method, owned))
                     else:
                         self._jit(owner, method, owned, place_input)
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
-                self._override(module, "forward", self.public(module.forward))
+                self.overrides.set(module, "forward", self.public(module.forward))
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
-            self._override(module, "forward", host_calls.on_host(module.forward, self))
+            self.overrides.set(module, "forward", host_calls.on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
         if host_encoders and "device" in host_calls.parameters(getattr(pipe, "encode_prompt", None)):
-            self._override(pipe, "encode_prompt", host_calls.run_on_host(pipe.encode_prompt, self))
+            self.overrides.set(pipe, "encode_prompt", host_calls.run_on_host(pipe.encode_prompt, self))
         for name in host_calls.HOST_HELPERS:
             if "device" in host_calls.parameters(getattr(pipe, name, None)):
-                self._override(pipe, name, host_calls.run_on_host(getattr(pipe, name), self))
+                self.overrides.set(pipe, name, host_calls.run_on_host(getattr(pipe, name), self))
         if self.pairing is not None:
-            self._override(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
+            self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
-            self._override(pipe, "encode_prompt", self.public(pipe.encode_prompt))
-        self._override(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))
+            self.overrides.set(pipe, "encode_prompt", self.public(pipe.encode_prompt))
+        self.overrides.set(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
             postprocess.install(processor)
-            self._undo.append(functools.partial(postprocess.uninstall, processor))
+            self.overrides.add_undo(functools.partial(postprocess.uninstall, processor))
         image_processor = getattr(pipe, "image_processor", None)
         if self.config.postprocess_on_device and image_processor is not None and postprocess.install_image(
                 image_processor):
-            self._undo.append(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
+            self.overrides.add_undo(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
         for entry in self.denoisers.values():
             module = entry.module
             if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
-                self._override(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
-                self._override(module, "cache_context", self.pairing.track_context(module, module.cache_context))
-            self._override(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
+                self.overrides.set(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
+                self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
+            self.overrides.set(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
 
     def denoiser_entry(self, module, rules, state=None) -> Denoiser:
         """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
@@ -298,7 +278,8 @@ class PipelineRuntime:
         if family.denoiser_forward is not None:
             forward = types.MethodType(family.denoiser_forward, module)
         handles = sharding.add_activation_constraints(module, family.activation_rules, self.mesh)
-        self._undo.extend(handle.remove for handle in handles)
+        for handle in handles:
+            self.overrides.add_undo(handle.remove)
         return Denoiser(self, module, forward, rules, self.attention, self._batch_input, state=state)
 
     def _place_denoiser(self, name: str, module, rules) -> None:
@@ -307,19 +288,20 @@ class PipelineRuntime:
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
         self._install_forward(module, entry)
-        self._override(module, "forward", self._recording_output(module.forward))
+        self.overrides.set(module, "forward", self._recording_output(module.forward))
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
         keep running around it), else as an instance attribute."""
         found = hook_reference(module)
         if found is None:
-            self._override(module, "forward", forward)
+            self.overrides.set(module, "forward", forward)
             return
         reference, attribute = found
         stock = getattr(reference, attribute)
         setattr(reference, attribute, forward)
-        self._undo.append(lambda: setattr(reference, attribute, stock))
+        self.overrides.add_undo(lambda: setattr(reference, attribute, stock),
+                                f"{type(reference).__name__}.{attribute}")
 
     def enter_public_vae_methods(self, vae) -> None:
         """``vae.encode`` / ``vae.decode`` do tensor math around the compiled parts (slicing, tiling, the latent
@@ -330,7 +312,7 @@ class PipelineRuntime:
                 if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``sharding.onto_mesh``)
                     method = functools.wraps(method)(
                         lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh))
-                self._override(vae, name, self.public(method))
+                self.overrides.set(vae, name, self.public(method))
 
     def vae_program_options(self) -> dict:
         """How every VAE program compiles (``jit.compiled_function`` options): on the VAE mesh, video inputs spatially
@@ -350,43 +332,11 @@ class PipelineRuntime:
         activate = functools.partial(self.active, settings)
         stock = getattr(module, method)
         compiled = jit.compiled_method(module, method, state=state, activate=activate, place_input=place_input)
-        self._override(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
-
-    def _override(self, owner, name, value):
-        """Set ``owner.<name>`` for as long as the pipeline is on JAX. A function is guarded: once detached it calls
-        what was there before, so a wrapper someone installed on top of it (a diffusers hook) keeps working."""
-        had = name in vars(owner)
-        previous = vars(owner).get(name)
-        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-            value = self._guarded(owner, name, value, previous if had else None)
-        object.__setattr__(owner, name, value)
-
-        def undo():
-            if vars(owner).get(name) is not value:
-                return  # replaced on top of ours: ours (guarded) now falls through
-            if had:
-                object.__setattr__(owner, name, previous)
-            else:
-                vars(owner).pop(name, None)
-
-        self._undo.append(undo)
-
-    def _guarded(self, owner, name, value, previous):
-        @functools.wraps(value)
-        def guarded(*args, **kwargs):
-            if self.attached:
-                return value(*args, **kwargs)
-            fallback = previous if previous is not None else getattr(type(owner), name).__get__(owner)
-            return fallback(*args, **kwargs)
-
-        guarded.__wrapped__ = value
-        return guarded
+        self.overrides.set(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
 
     def undo(self) -> None:
         self.attached = False
-        for step in reversed(self._undo):
-            step()
-        self._undo.clear()
+        self.overrides.undo_all()
 
 
 class _EagerIfUntraceable:
@@ -514,7 +464,8 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     mesh = backend.build_mesh(mesh_shape, devices)
     runtime = PipelineRuntime(pipe, family, config, target, mesh, dtype)
     runtime.text_encoder_placement = encoders
-    runtime._undo.extend(prepared)
+    for step in prepared:
+        runtime.overrides.add_undo(step)
     porting.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
     try:
         runtime.place(plans)

@@ -261,10 +261,11 @@ class Denoiser:
         unit.__wrapped__ = stock
         if hooked:
             setattr(reference, attribute, unit)
-            self.runtime._undo.append(lambda: setattr(reference, attribute, stock)
-                                      if getattr(reference, attribute) is unit else None)
+            self.runtime.overrides.add_undo(lambda: setattr(reference, attribute, stock)
+                                            if getattr(reference, attribute) is unit else None,
+                                            f"{type(reference).__name__}.{attribute}")
         else:
-            self.runtime._override(module, "forward", unit)
+            self.runtime.overrides.set(module, "forward", unit)
         return key
 
 

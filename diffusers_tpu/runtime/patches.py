@@ -15,7 +15,7 @@ import re
 import torch
 
 from . import attention, lora, porting, registry, support, attach as runtime
-from ..interop import compat, import_hooks, startup
+from ..interop import backend, compat, import_hooks, startup
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,27 @@ def _check_diffusers_version() -> bool:
     return tested
 
 
+# what ``pipe.to(...)``'s arguments ask for: torch's own signatures, (device, dtype) in either form
+def _device_arg(args, kwargs):
+    if "device" in kwargs:
+        return kwargs["device"]
+    return args[0] if args and not isinstance(args[0], torch.dtype) else None
+
+
+def _jax_target_of(args, kwargs) -> str | None:
+    return backend.parse_device(_device_arg(args, kwargs))
+
+
+def _dtype_of(args, kwargs) -> torch.dtype | None:
+    if "dtype" in kwargs:
+        return kwargs["dtype"]
+    return next((a for a in args[:2] if isinstance(a, torch.dtype)), None)
+
+
+def _is_dtype_only(args, kwargs) -> bool:
+    return _device_arg(args, kwargs) is None and _dtype_of(args, kwargs) is not None
+
+
 def _patch_pipeline_to(pipeline_utils):
     DiffusionPipeline = pipeline_utils.DiffusionPipeline  # the module itself: diffusers' lazy names may be mid-import
     _check_diffusers_version()
@@ -57,19 +78,19 @@ def _patch_pipeline_to(pipeline_utils):
     @functools.wraps(stock_to)
     def to(self, *args, **kwargs):
         config = kwargs.pop("config", None)
-        target = runtime.jax_target_of(args, kwargs)
+        target = _jax_target_of(args, kwargs)
         if target is not None:
             for cls in type(self).__mro__:  # subclasses with their own __call__ (diffusers_tpu's, users')
                 wrap_pipeline_call(cls)
-            return runtime.attach(self, target, config=config, dtype=runtime.dtype_of(args, kwargs))
+            return runtime.attach(self, target, config=config, dtype=_dtype_of(args, kwargs))
         if config is not None:
             raise ValueError(
                 "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
                 "pipe.to('jax', config=...)."
             )
         if runtime.is_attached(self):
-            if runtime.is_dtype_only(args, kwargs):
-                return runtime.cast(self, runtime.dtype_of(args, kwargs))
+            if _is_dtype_only(args, kwargs):
+                return runtime.cast(self, _dtype_of(args, kwargs))
             runtime.detach(self)
         return stock_to(self, *args, **kwargs)
 
@@ -239,7 +260,7 @@ def _patch_modular_pipelines(modular_pipeline) -> None:
 
     @functools.wraps(stock_to)
     def to(self, *args, **kwargs):
-        if runtime.jax_target_of(args, dict(kwargs)) is not None:
+        if _jax_target_of(args, dict(kwargs)) is not None:
             name = type(self).__name__
             classic = registry.classic_pipeline(name)
             use = (f"load the same checkpoint with diffusers.{classic}.from_pretrained(...) and move that with "

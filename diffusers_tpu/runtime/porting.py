@@ -106,7 +106,7 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
         for attribute, value in deferred.items():
             setattr(module, attribute, value)
 
-    runtime._undo.append(restore)
+    runtime.overrides.add_undo(restore, f"{type(module).__name__}.compile's state")
 
     def compile_(*args, **kwargs):
         warn_once(f"compile-{id(module)}", f"{type(module).__name__}.compile() has no effect on JAX (XLA compiles "
@@ -116,7 +116,7 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
         deferred["_compiled_call_impl"] = module._compiled_call_impl
         module._compiled_call_impl = None
 
-    runtime._override(module, "compile", compile_)
+    runtime.overrides.set(module, "compile", compile_)
     for processor_owner in _attention_modules(module):
         processor = processor_owner.processor
         chosen = getattr(processor, "_attention_backend", None)
@@ -125,7 +125,8 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
                       f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend "
                       "applies again when the pipeline goes back to torch.")
             processor._attention_backend = None
-            runtime._undo.append(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b))
+            runtime.overrides.add_undo(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
+                                       f"{type(processor).__name__}._attention_backend")
 
     def set_attention_backend(backend_name: str) -> None:
         type(module).set_attention_backend(module, backend_name)  # stock validation and bookkeeping
@@ -134,13 +135,14 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
             chosen = getattr(processor, "_attention_backend", None)
             if chosen is not None and chosen not in FLEX_BACKENDS:
                 processor._attention_backend = None
-                runtime._undo.append(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b))
+                runtime.overrides.add_undo(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
+                                           f"{type(processor).__name__}._attention_backend")
         logger.warning("set_attention_backend(%r) on a module on JAX: attention runs through %s (TPUConfig.attention); "
                        "the backend applies when the pipeline goes back to torch.", backend_name,
                        runtime.attention.implementation)
 
     if hasattr(type(module), "set_attention_backend"):
-        runtime._override(module, "set_attention_backend", set_attention_backend)
+        runtime.overrides.set(module, "set_attention_backend", set_attention_backend)
 
 
 def _attention_modules(module):
