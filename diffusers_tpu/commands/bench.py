@@ -2,7 +2,7 @@
 pipeline on stock torch side by side.
 
 Stages are timed through the stock pipeline's own seams — ``encode_prompt``, the progress bar's per-step updates,
-``vae.decode``, ``video_processor.postprocess_video`` — so the same probe measures a JAX pipeline and a torch one.
+``vae.decode``, ``video_processor.postprocess_video`` — so the same timer measures a JAX pipeline and a torch one.
 Every stage waits for the device (``block_until_ready`` / ``cuda.synchronize``) before its clock stops: dispatch
 time is not compute time. Warm-up calls are reported apart (they include compilation); any compilation during
 the timed calls is a recompilation, which is a bug, and is reported as such.
@@ -22,6 +22,7 @@ import torch
 from ..interop import backend
 from ..runtime import attach as runtime
 from ..interop.compile import compile_log
+from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
 from .subcommand_arguments import BENCH_MODEL, CACHES
 from .measures import PEAK_TFLOPS, peak_memory as _peak_memory, peak_tflops, versions as _versions  # noqa: F401
@@ -48,11 +49,11 @@ def _nbytes(frames) -> int:
     return np.asarray(frames).nbytes  # a PIL image
 
 
-class Probe:
+class StageTimer:
     """Times one pipeline's stages through its stock seams (instance overrides, removed by ``remove``)."""
 
     def __init__(self, pipe):
-        self.pipe, self.runs, self._undo = pipe, [], []
+        self.pipe, self.runs, self._overrides = pipe, [], Overrides(lambda: True)
         self.cuda = not runtime.is_attached(pipe) and pipe._execution_device.type == "cuda"
         self._last, self._run = None, None
         self._wrap(pipe, "encode_prompt", self._timed("text_encoding"))
@@ -88,17 +89,15 @@ class Probe:
                 return _inner(*args, **kwargs)
 
             setattr(reference, attribute, counted)
-            self._undo.append(lambda r=reference, a=attribute, f=inner: setattr(r, a, f))
+            self._overrides.add_undo(lambda r=reference, a=attribute, f=inner: setattr(r, a, f),
+                                     f"{type(reference).__name__}.{attribute}")
         return lambda: count[0]
 
     def _wrap(self, owner, name, make):
-        had, previous = name in vars(owner), vars(owner).get(name)
-        object.__setattr__(owner, name, make(getattr(owner, name)))
-        self._undo.append(lambda: object.__setattr__(owner, name, previous) if had else vars(owner).pop(name, None))
+        self._overrides.set(owner, name, make(getattr(owner, name)))
 
     def remove(self):
-        for undo in reversed(self._undo):
-            undo()
+        self._overrides.undo_all()
 
     def sync(self, value=None):
         if self.cuda:
@@ -216,24 +215,24 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
 
     streaming = hasattr(pipe, "block_timings")  # a causal pipeline: time each transformer pass and block
     call = call_arguments(pipe, dict(call, timing=True) if streaming else call)
-    probe = Probe(pipe)
+    timer = StageTimer(pipe)
     blocks = {"warmup": [], "timed": []}
     try:
         with compile_log() as warm_log:
             for _ in range(warmup):
-                with probe.run():
+                with timer.run():
                     output = pipe(**call, generator=torch.Generator().manual_seed(seed))
                 blocks["warmup"].append(list(getattr(pipe, "block_timings", [])))
-        warm_runs, probe.runs = probe.runs, []
+        warm_runs, timer.runs = timer.runs, []
         with compile_log() as timed_log:
             for index in range(runs):
                 tracing = trace_dir is not None and index == 0 and runtime.is_attached(pipe)
-                with _trace(trace_dir) if tracing else contextlib.nullcontext(), probe.run():
+                with _trace(trace_dir) if tracing else contextlib.nullcontext(), timer.run():
                     output = pipe(**call, generator=torch.Generator().manual_seed(seed))
                 blocks["timed"].append(list(getattr(pipe, "block_timings", [])))
     finally:
-        probe.remove()
-    report = {"stages": _stages(probe.runs), "warmup": _stages(warm_runs), "cache": cache_report(probe.runs)}
+        timer.remove()
+    report = {"stages": _stages(timer.runs), "warmup": _stages(warm_runs), "cache": cache_report(timer.runs)}
     if streaming:
         # progress updates are whole blocks, and postprocessing waits for the block's VAE decode: see "blocks"
         for stage in ("steps", "postprocess"):
@@ -245,10 +244,10 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
         report["compile"] = {"seconds": warm_log.seconds, "compilations": warm_log.compilations,
                              "persistent_cache_hits": warm_log.cache_hits,
                              "recompilations_after_warmup": timed_log.compilations}
-    report["peak_memory_bytes"] = _peak_memory(pipe, probe.cuda)
+    report["peak_memory_bytes"] = _peak_memory(pipe, timer.cuda)
     if warm_runs and warm_runs[0].get("peak_after"):
         report["peak_memory_after_stage"] = {"first_call": dict(warm_runs[0]["peak_after"]),
-                                             "last_call": dict(probe.runs[-1]["peak_after"]) if probe.runs else None}
+                                             "last_call": dict(timer.runs[-1]["peak_after"]) if timer.runs else None}
     return report, _frames(output)
 
 
