@@ -265,7 +265,6 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=wan.SHARD_RULES,
         activation_rules=wan.ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
         vae_methods=(),
         vae_install=wan_vae.install,
         check_call=_check_call,

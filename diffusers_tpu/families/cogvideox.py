@@ -111,7 +111,6 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
         vae_methods=("decoder.forward",),
         check_call=_check_call,
         decode_latents=decode_latents,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import diffusers
 
 from . import hunyuan_video
-from ..runtime.registry import Family, register
+from ..runtime.registry import CFGBatching, Family, register
 
 
 def forward_flops(config, latent_height: int, latent_width: int, text_tokens: int) -> int:
@@ -34,13 +34,13 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=hunyuan_video.SHARD_RULES,
         activation_rules=hunyuan_video.ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         # encode_prompt -> (embeddings, pooled, text ids); called a second time for the negative prompt
-        cfg_negative=lambda encoded: (encoded[0], encoded[1]),
-        cfg_condition_arg=("encoder_hidden_states", "pooled_projections"),
-        cfg_negative_call=1,
-        cfg_batched_args=("hidden_states", "timestep", "guidance"),
+        cfg=CFGBatching(
+            negative=lambda encoded: (encoded[0], encoded[1]),
+            condition_args=("encoder_hidden_states", "pooled_projections"),
+            negative_call=1,
+            batched_args=("hidden_states", "timestep", "guidance"),
+        ),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, 2 * (h // (pipe.vae_scale_factor * 2)), 2 * (w // (pipe.vae_scale_factor * 2)),
             text),

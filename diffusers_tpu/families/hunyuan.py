@@ -36,7 +36,7 @@ from diffusers.utils import apply_lora_scale
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
 from ..runtime.config import TEXT_PADDING_MODES
-from ..runtime.registry import Family, register
+from ..runtime.registry import CFGBatching, Family, register
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k RMS norms are shared by all heads.
@@ -317,18 +317,18 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         denoiser_forward=forward,
         prepare=_prepare,
         tpu_dtypes={"text_encoder_2": torch.bfloat16},
         # the guider's "pred_cond" / "pred_uncond" passes as one batch; the negative text comes from a second
         # encode_prompt call: (embeddings, mask, ByT5 embeddings, ByT5 mask)
-        cfg_negative=lambda encoded: tuple(encoded),
-        cfg_condition_arg=("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
-                           "encoder_attention_mask_2"),
-        cfg_negative_call=1,
-        cfg_batched_args=("hidden_states", "timestep", "image_embeds"),
+        cfg=CFGBatching(
+            negative=lambda encoded: tuple(encoded),
+            condition_args=("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                            "encoder_attention_mask_2"),
+            negative_call=1,
+            batched_args=("hidden_states", "timestep", "image_embeds"),
+        ),
         stage_encode=stage_encode,
         stage_inputs=stage_inputs,
         decode_latents=decode_latents,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import Family, register
+from ..runtime.registry import CFGBatching, Family, register
 
 _DOUBLE, _SINGLE = r"^transformer_blocks\.\d+\.", r"^single_transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k norms are shared by all heads.
@@ -60,13 +60,13 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         # encode_prompt -> (embeddings, pooled, mask); called a second time for the negative prompt
-        cfg_negative=lambda encoded: (encoded[0], encoded[2], encoded[1]),
-        cfg_condition_arg=("encoder_hidden_states", "encoder_attention_mask", "pooled_projections"),
-        cfg_negative_call=1,
-        cfg_batched_args=("hidden_states", "timestep", "guidance"),
+        cfg=CFGBatching(
+            negative=lambda encoded: (encoded[0], encoded[2], encoded[1]),
+            condition_args=("encoder_hidden_states", "encoder_attention_mask", "pooled_projections"),
+            negative_call=1,
+            batched_args=("hidden_states", "timestep", "guidance"),
+        ),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
                                                                 text),
     )

@@ -51,8 +51,6 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
                                                                 text),
     )

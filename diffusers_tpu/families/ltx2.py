@@ -60,7 +60,6 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=num_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
                                                                 text),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import Family, register
+from ..runtime.registry import CFGBatching, Family, register
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # the double-stream MMDiT layout: image and text q/k/v column-parallel, both outputs row-parallel, both MLPs
@@ -46,14 +46,14 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        num_heads=lambda pipe: pipe.transformer.config.num_attention_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         # encode_prompt -> (embeddings, mask); called a second time for the negative prompt
-        cfg_negative=lambda encoded: (encoded[0], encoded[1]),
-        cfg_condition_arg=("encoder_hidden_states", "encoder_hidden_states_mask"),
-        cfg_negative_call=1,
-        cfg_pad_text=True,
-        cfg_batched_args=("hidden_states", "timestep", "guidance"),
+        cfg=CFGBatching(
+            negative=lambda encoded: (encoded[0], encoded[1]),
+            condition_args=("encoder_hidden_states", "encoder_hidden_states_mask"),
+            negative_call=1,
+            pad_text=True,
+            batched_args=("hidden_states", "timestep", "guidance"),
+        ),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, 2 * (h // (pipe.vae_scale_factor * 2)), 2 * (w // (pipe.vae_scale_factor * 2)),
             text),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import diffusers
 
 from . import wan_vae
-from ..runtime.registry import Family, register, zero_text_call
+from ..runtime.registry import CFGBatching, Family, register, zero_text_call
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -42,8 +42,13 @@ WAN21_1_3B = dict(_WAN21, num_attention_heads=12, ffn_dim=8960, num_layers=30)
 WAN21_14B = dict(_WAN21, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 
 
+def _denoiser(pipe):
+    """The transformer the pipeline has (Wan 2.2 A14B may load only its low-noise ``transformer_2``)."""
+    return pipe.transformer if pipe.transformer is not None else getattr(pipe, "transformer_2", None)
+
+
 def _num_heads(pipe) -> int | None:
-    model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+    model = _denoiser(pipe)
     return model.config.num_attention_heads if model is not None else None
 
 
@@ -73,7 +78,7 @@ def check_frames(pipe, kwargs) -> None:
     """A temporal patch over 1 with a latent frame count it does not divide fails inside the first scheduler step
     in stock code (the transformer drops the leftover frames). Refuse it before anything compiles and name counts
     that work. (Height and width need no check: stock rounds them to whole patches itself, with a warning.)"""
-    transformer = pipe.transformer if pipe.transformer is not None else getattr(pipe, "transformer_2", None)
+    transformer = _denoiser(pipe)
     frames = kwargs.get("num_frames")
     if transformer is None or frames is None:
         return
@@ -127,9 +132,11 @@ FAMILY = register(
         num_heads=_num_heads,
         vae_methods=(),
         vae_install=wan_vae.install,
-        cfg_negative=lambda encoded: encoded[1],
-        cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
+        cfg=CFGBatching(
+            negative=lambda encoded: encoded[1],
+            batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
                           "control_hidden_states", "fps"),
+        ),
         check_call=check_frames,
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),

@@ -45,7 +45,6 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=lambda pipe: pipe.transformer.config.n_heads,
-        vae_methods=("decoder.forward", "encoder.forward"),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
             pipe.transformer.config, h // pipe.vae_scale_factor, w // pipe.vae_scale_factor, text),
     )

@@ -79,9 +79,7 @@ def _vae_targets(pipe, family) -> list:
 
 
 def _paired_arguments(family) -> set:
-    condition = family.cfg_condition_arg
-    condition = set(condition) if isinstance(condition, tuple) else {condition} if condition else set()
-    return set(family.cfg_batched_args or ()) | condition
+    return family.cfg.paired_arguments if family.cfg is not None else {"encoder_hidden_states"}
 
 
 def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool = True) -> dict:

@@ -56,9 +56,8 @@ class PipelineRuntime:
         )
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
         self.pairing = None
-        if batch_cfg and family.cfg_negative is not None:
-            self.pairing = cfg.CFGPairing(family.cfg_condition_arg, family.cfg_batched_args, family.cfg_negative_call,
-                                          family.cfg_pad_text)
+        if batch_cfg and family.cfg is not None:
+            self.pairing = cfg.CFGPairing(family.cfg)
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
@@ -249,7 +248,7 @@ class PipelineRuntime:
             if "device" in host_calls.parameters(getattr(pipe, name, None)):
                 self.overrides.set(pipe, name, host_calls.run_on_host(getattr(pipe, name), self))
         if self.pairing is not None:
-            self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt, family.cfg_negative))
+            self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
             self.overrides.set(pipe, "encode_prompt", self.public(pipe.encode_prompt))
         self.overrides.set(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))

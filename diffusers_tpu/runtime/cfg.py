@@ -37,19 +37,20 @@ class _Pending:
 
 
 class CFGPairing:
-    """``condition_args``: the denoiser keywords that differ between the "cond" and "uncond" calls (one for Wan,
-    embeddings + mask + pooled projections for HunyuanVideo); ``pick(encode_prompt output)`` gives the negative
-    value(s) in that order."""
+    """The guidance pair of one runtime batched as its family says (``registry.CFGBatching``: the denoiser keywords
+    that differ between the "cond" and "uncond" calls — one for Wan, embeddings + mask + pooled projections for
+    HunyuanVideo — and how the negative value(s) are picked from ``encode_prompt``, in that order)."""
 
-    def __init__(self, condition_args, batched_args: tuple[str, ...], negative_call: int = 0,
-                 pad_text: bool = False):
-        self.negative_call = negative_call  # which encode_prompt call of a pipeline call gives the negative
+    def __init__(self, spec):
+        self.spec = spec
+        self.negative_call = spec.negative_call  # which encode_prompt call of a pipeline call gives the negative
         # the text lengths of cond and uncond may differ (each padded to its own longest prompt): pad both to the
         # longer one with masked (zero) tokens, exact where the model masks padded keys (Qwen-Image's key mask)
-        self.pad_text = pad_text
+        self.pad_text = spec.pad_text
         self.encodes = 0
+        condition_args = spec.condition_args
         self.condition_args = (condition_args,) if isinstance(condition_args, str) else tuple(condition_args)
-        self.batched_args = batched_args
+        self.batched_args = spec.batched_args
         self.negative = None  # what encode_prompt returned for the negative prompt (a tuple)
         self.accepted = None  # the negative tensor objects the loop actually passes (learned at step 0)
         self.pending: _Pending | None = None
@@ -63,7 +64,9 @@ class CFGPairing:
         self.batched_steps = self.encodes = 0
 
     # -- seams ------------------------------------------------------------------------------------------
-    def capture_negative(self, encode_prompt, pick):
+    def capture_negative(self, encode_prompt):
+        pick = self.spec.negative
+
         def encode(*args, **kwargs):
             out = encode_prompt(*args, **kwargs)
             if self.encodes == self.negative_call:

@@ -13,6 +13,35 @@ from ..interop.sharding import Rule
 DENOISERS = ("transformer", "transformer_2", "transformer_3")  # component names a denoiser may have
 
 
+def attention_heads(pipe) -> int | None:
+    """``config.num_attention_heads`` of the pipeline's transformer: ``Family.num_heads`` unless a family says."""
+    return getattr(getattr(getattr(pipe, "transformer", None), "config", None), "num_attention_heads", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CFGBatching:
+    """How a family's classifier-free-guidance pair runs as one batch of two (``runtime.cfg.CFGPairing``)."""
+
+    # picks the negative embeddings out of ``encode_prompt``'s return value
+    negative: Callable[[object], object]
+    # the denoiser keyword (or keywords, in ``negative``'s order) that differs between the "cond" and "uncond" calls
+    condition_args: str | tuple[str, ...] = "encoder_hidden_states"
+    # denoiser keywords whose leading dimension is the batch
+    batched_args: tuple[str, ...] = ()
+    # which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the first, which returns
+    # both; 1: a second call made for the negative prompt only)
+    negative_call: int = 0
+    # the cond and uncond text lengths may differ: batch them padded to the longer one with masked tokens (only where
+    # the model masks padded text keys exactly)
+    pad_text: bool = False
+
+    @property
+    def paired_arguments(self) -> set[str]:
+        """Every denoiser keyword the pair's batch stacks."""
+        condition = (self.condition_args,) if isinstance(self.condition_args, str) else self.condition_args
+        return set(self.batched_args) | set(condition)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """Everything the generic runtime needs to know about one model family.
@@ -23,17 +52,12 @@ class Family:
         denoisers: component names of the denoising transformers (sharded by ``shard_rules`` and compiled).
         shard_rules: ``(regex, spec)`` rules for denoiser weights; unmatched weights are replicated.
         activation_rules: ``(regex, spec)`` sharding constraints on the first input of matching submodules.
-        num_heads: the denoiser's attention head count (tensor parallelism must divide it).
-        vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method.
-        cfg_negative: picks the negative embeddings out of ``encode_prompt``'s return value, enabling the
-            classifier-free-guidance pair to run as one batch; None when the family batches CFG itself.
-        cfg_condition_arg: the denoiser keyword (or tuple of keywords, in ``cfg_negative``'s order) that differs between
-            the "cond" and "uncond" calls.
-        cfg_batched_args: denoiser keywords whose leading dim is the batch.
-        cfg_negative_call: which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the
-            first, which returns both; 1: a second call made for the negative prompt only).
-        cfg_pad_text: the cond and uncond text lengths may differ; batch them padded to the longer one with masked
-            tokens (only where the model masks padded text keys exactly).
+        num_heads: the denoiser's attention head count (tensor parallelism must divide it); by default the
+            transformer's ``config.num_attention_heads``.
+        vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method (default: the
+            decoder's and the encoder's; the code around them, tiling and frame loops, runs as stock).
+        cfg: how the classifier-free-guidance pair runs as one batch (``CFGBatching``); None when the family batches
+            it itself or cannot.
         prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
         check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
         decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
@@ -64,13 +88,9 @@ class Family:
     denoisers: tuple[str, ...] = ("transformer",)
     shard_rules: tuple[Rule, ...] = ()
     activation_rules: tuple[Rule, ...] = ()
-    num_heads: Callable[[object], int | None] = lambda pipe: None
-    vae_methods: tuple[str, ...] = ("decode",)
-    cfg_negative: Callable[[object], object] | None = None
-    cfg_condition_arg: str | tuple[str, ...] = "encoder_hidden_states"
-    cfg_batched_args: tuple[str, ...] = ()
-    cfg_negative_call: int = 0
-    cfg_pad_text: bool = False
+    num_heads: Callable[[object], int | None] = attention_heads
+    vae_methods: tuple[str, ...] = ("decoder.forward", "encoder.forward")
+    cfg: CFGBatching | None = None
     prepare: Callable[[object, object], None] | None = None
     check_call: Callable[[object, dict], None] | None = None
     decode_latents: Callable[[object, object, int], object] | None = None
