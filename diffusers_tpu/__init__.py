@@ -60,7 +60,7 @@ else:
 # (``from diffusers_tpu import tiny``, ``diffusers_tpu.lowering.export_method``): resolved on first use.
 _NAMES = {
     "CausalWanTransformer3DModel": "families.causal_wan", "CausalWanPipeline": "families.causal_wan_pipeline",
-    "CogVideoXPipeline": "families.cogvideox", "HunyuanVideo15Pipeline": "families.hunyuan",
+    "CogVideoXPipeline": "families.cogvideox", "HunyuanVideo15Pipeline": "families.hunyuan_video15",
     "WanImageToVideoPipeline": "families.wan", "WanPipeline": "families.wan", "sharding_of": "interop.sharding",
     "CallStats": "runtime.attach", "stats": "runtime.attach", "TPUConfig": "runtime.config",
     "from_pretrained": "runtime.loading", "supported_pipelines": "runtime.support", "warm_up": "runtime.warmup",

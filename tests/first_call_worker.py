@@ -9,7 +9,7 @@ import sys
 import torch
 
 import diffusers_tpu  # noqa: F401  (registers the backend)
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny, tiny_families, tiny_images
 
 PROMPTS = dict(prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],

@@ -19,7 +19,7 @@ from conftest import generate, pil_array, stock_pil  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import lowering
 from diffusers_tpu.testing import tiny  # noqa: E402
 

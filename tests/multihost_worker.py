@@ -21,7 +21,7 @@ from conftest import generate  # noqa: E402
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import cli
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny, tiny_families  # noqa: E402
 import jax  # noqa: E402
 

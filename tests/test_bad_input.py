@@ -14,7 +14,7 @@ import diffusers_tpu
 from diffusers_tpu.interop import backend
 from diffusers_tpu.runtime import attach as runtime
 from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from diffusers_tpu.runtime import attention, attach as runtime
 from diffusers_tpu.interop import backend
 from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
 
 # (frames per block, sinks, window, latent frames): the first wraps the ring (4 blocks, 3-frame window + 1 sink).

@@ -67,7 +67,7 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
             decoder = wan_vae.StreamingDecoder(vae)
             streamed = torch.cat([decoder.decode(latents[:, :, i:i + per_block]) for i in range(0, 6, per_block)], 2)
             torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
     from diffusers_tpu.runtime import attach as runtime
 
     attached = runtime.runtime_of(pipe)
@@ -104,7 +104,7 @@ def test_block_options_act_on_the_right_blocks(pipes):
 ])
 def test_bad_input_fails_before_anything_runs(pipes, bad, message):
     _, pipe = pipes
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
 
     with jit.compile_log() as log, pytest.raises(ValueError, match=message):
         _run(pipe, **bad)

@@ -7,7 +7,7 @@ from conftest import assert_np_matches, assert_pil_matches, generate, stock_pil
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
 
 CALL = dict(max_sequence_length=32, num_frames=17)  # 5 latent frames: the VAE decodes 3 chunks

@@ -254,7 +254,7 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     import numpy as np
 
     from diffusers_tpu.interop import backend
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
 
     assert "schedule glue on the host" in patches.applied() and "torchax host transfers" in patches.applied()
     host = torch.linspace(1.0, 0.0, 7) ** 1.7 * 1000.0
@@ -336,7 +336,7 @@ def test_host_tensors_enter_jax_as_private_copies():
     """``host_to_jax`` and torchax's own conversion are transfers, not programs, and never share the tensor's memory
     (JAX on the CPU adopts aligned buffers): a later in-place change of the host tensor must not reach the copy."""
     from diffusers_tpu.interop import backend
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
 
     host = torch.zeros(64, 64)
     with backend.jax_mode(), jit.compile_log() as log:
@@ -444,7 +444,7 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
     """torchax maps a function it defines anew on every call: run eagerly, each group norm compiled again."""
     import numpy as np
 
-    from diffusers_tpu.interop import backend, compile as jit
+    from diffusers_tpu.interop import backend, jit
 
     torch.manual_seed(0)
     norm = torch.nn.GroupNorm(4, 8)

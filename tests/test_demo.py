@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu import demo
 from diffusers_tpu.demo import build, scenes, train
 

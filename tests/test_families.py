@@ -9,7 +9,7 @@ import torch
 from conftest import assert_np_matches, assert_pil_matches, stock_pil
 
 import diffusers_tpu
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny_families, tiny_images
 
 # name -> (family, denoiser calls per CFG side batched over dp, or None when the pipeline batches CFG itself)

@@ -70,7 +70,7 @@ def test_warm_up_compiles_ahead_for_the_served_sizes():
     import torch
 
     import diffusers_tpu
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
     from diffusers_tpu.testing import tiny
 
     pipe = tiny.wan_pipeline("wan", scheduler="unipc")

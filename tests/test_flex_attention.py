@@ -71,7 +71,7 @@ class MaskedSum(torch.nn.Module):
 def test_an_equal_block_mask_made_anew_compiles_nothing_and_another_mask_its_own_program():
     import contextlib
 
-    from diffusers_tpu.interop import backend, compile as jit
+    from diffusers_tpu.interop import backend, jit
 
     def active():
         stack = contextlib.ExitStack()

@@ -12,10 +12,10 @@ import diffusers_tpu
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import backend
-from diffusers_tpu.families import hunyuan
+from diffusers_tpu.families import hunyuan_video15
 from diffusers_tpu.runtime import attach as runtime
 from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 
 # A CFG pair of different padded lengths; the prompt's quoted text goes through ByT5, the negative has none (all
 # its ByT5 tokens are padding). Guidance is on (scale 6).
@@ -79,7 +79,7 @@ def _traced_shapes(pipe):
 def test_no_dense_attention_mask_in_the_traced_program(stock):
     pipe = stock[0].to("jax")
     try:
-        lengths = hunyuan._text_tokens(pipe)
+        lengths = hunyuan_video15._text_tokens(pipe)
         video = 3 * (32 // 8) * (48 // 8)  # latent frames x height x width (patch 1)
         seq = video + lengths
         assert not any(len(s) >= 2 and s[-2:] == (seq, seq) for s in _traced_shapes(pipe))
@@ -118,10 +118,10 @@ def test_static_forward_equals_stock_forward_on_torch(image):
     inputs = _random_inputs(transformer, image)
     with torch.no_grad():
         expected = transformer(**inputs)[0]
-        got = hunyuan.forward(transformer, **inputs)[0]
-        order, _ = hunyuan.text_token_order(inputs["encoder_attention_mask"], inputs["encoder_attention_mask_2"],
-                                            inputs["image_embeds"])
-        given = hunyuan.forward(transformer, **inputs, token_order=order)[0]
+        got = hunyuan_video15.forward(transformer, **inputs)[0]
+        order, _ = hunyuan_video15.text_token_order(inputs["encoder_attention_mask"],
+                                                    inputs["encoder_attention_mask_2"], inputs["image_embeds"])
+        given = hunyuan_video15.forward(transformer, **inputs, token_order=order)[0]
     assert torch.isfinite(expected).all()
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(given, got, rtol=0, atol=0)
@@ -132,8 +132,8 @@ def test_token_order_is_computed_once_per_prompt(stock, monkeypatch):
     try:
         generate(pipe, output_type="latent")  # compile
         calls = []
-        order = hunyuan.text_token_order
-        monkeypatch.setattr(hunyuan, "text_token_order", lambda *a: calls.append(1) or order(*a))
+        order = hunyuan_video15.text_token_order
+        monkeypatch.setattr(hunyuan_video15, "text_token_order", lambda *a: calls.append(1) or order(*a))
         generate(pipe, output_type="latent")  # 3 steps x (cond, uncond)
         assert len(calls) == 2
     finally:
@@ -173,7 +173,7 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
         return contextlib_nested(backend.jax_mode(), diffusers_tpu.runtime.attention.use(settings))
 
     for mode in ("mask", "zero_kv"):
-        processor = hunyuan.KeyMaskProcessor(mode)
+        processor = hunyuan_video15.KeyMaskProcessor(mode)
         run = jit.compiled_function(attn, lambda h, e, m: processor(attn, h, e, attention_mask=m),
                                     state=lambda: weights, activate=active)
         got = runtime.to_host(run(video, text, mask))
@@ -186,7 +186,7 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
         else:  # the approximation differs where text is padded
             assert (got[0] - expected[0]).abs().max() > 1e-4
     with pytest.raises(ValueError, match="text_padding"):
-        hunyuan.KeyMaskProcessor("zero")
+        hunyuan_video15.KeyMaskProcessor("zero")
 
 
 def contextlib_nested(*managers):
@@ -203,7 +203,7 @@ def test_vae_frame_causal_mask_equals_stock():
 
     for frames, hw in [(1, 4), (3, 6), (4, 1)]:
         stock_mask = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(frames, hw, torch.float32, "cpu", batch_size=2)
-        ours = hunyuan.frame_causal_mask(frames, hw, torch.float32, "cpu", batch_size=2)
+        ours = hunyuan_video15.frame_causal_mask(frames, hw, torch.float32, "cpu", batch_size=2)
         assert ours.shape == stock_mask.shape[1:]
         assert torch.equal(ours.expand_as(stock_mask), stock_mask)
 
@@ -255,7 +255,7 @@ def test_text_encoders_on_jax_and_bf16_byt5(stock):
 
 
 def test_byt5_bf16_is_the_tpu_default_only():
-    family = hunyuan.FAMILY
+    family = hunyuan_video15.FAMILY
     tpu, cpu = backend.Target("tpu", "tpu"), backend.Target("jax", "cpu")
     assert runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder_2", None) is torch.bfloat16
     assert runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder", None) is None

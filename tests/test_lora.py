@@ -6,7 +6,7 @@ import safetensors.torch
 import torch
 from conftest import assert_np_matches, generate
 
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
 
 STEPS = 2

@@ -6,7 +6,7 @@ import contextlib
 import numpy as np
 import torch
 
-from diffusers_tpu.interop import backend, compile as jit
+from diffusers_tpu.interop import backend, jit
 
 
 class Streaming(torch.nn.Module):

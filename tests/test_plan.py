@@ -6,7 +6,7 @@ import torch
 import jax
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import chips, plan
 from diffusers_tpu.testing import tiny, tiny_unet
 

@@ -10,7 +10,7 @@ from conftest import CALL, assert_np_matches, generate
 
 import diffusers
 from diffusers.callbacks import PipelineCallback
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import attach as runtime
 from diffusers_tpu.testing import tiny
 

@@ -10,7 +10,7 @@ from conftest import generate
 
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import compile as jit, sharding
+from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.runtime import quantize
 from diffusers_tpu.testing import tiny
 

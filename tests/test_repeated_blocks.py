@@ -8,7 +8,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import backend
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import attention, repeated_blocks
 
 WIDTH = 8

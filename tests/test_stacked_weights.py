@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import compile as jit, sharding
+from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.planner import hlo_stats, tpu_compiler
 from diffusers_tpu.runtime import stacked_weights
 from diffusers_tpu.testing import tiny
@@ -147,7 +147,7 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     other weights shrink too) (the compiled step's
     arguments shrink), and the layer loop gathers each layer's weights (all-gathers in its body)."""
     from diffusers_tpu.interop.backend import build_mesh
-    from diffusers_tpu.interop.compile import Gathered, Stacked
+    from diffusers_tpu.interop.jit import Gathered, Stacked
     from diffusers_tpu.planner import plan
     from diffusers_tpu.runtime.registry import family_of
 

@@ -8,7 +8,7 @@ from conftest import assert_np_matches, generate
 from diffusers import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig,
                        TaylorSeerCacheConfig)
 from diffusers_tpu.commands import bench
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
 
 STEPS = 6

@@ -15,7 +15,7 @@ from conftest import assert_np_matches, assert_pil_matches, stock_pil
 import diffusers
 import diffusers_tpu
 from diffusers_tpu.families import unet as unet_family
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import attention
 from diffusers_tpu.testing import tiny_unet
 

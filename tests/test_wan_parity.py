@@ -7,7 +7,7 @@ from conftest import CALL, assert_np_matches, assert_pil_matches, generate, stoc
 
 import diffusers
 import diffusers_tpu
-from diffusers_tpu.interop import compile as jit
+from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
 
 # (variant, scheduler, device string): each variant, scheduler and string meets each other one once ("tpu" and "jax"

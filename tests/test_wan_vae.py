@@ -10,7 +10,7 @@ import torch
 from conftest import assert_np_matches, generate
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import backend, compile as jit, sharding
+from diffusers_tpu.interop import backend, jit, sharding
 from diffusers_tpu.runtime import attach as runtime
 from diffusers_tpu.testing import tiny
 

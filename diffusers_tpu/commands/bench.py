@@ -21,7 +21,7 @@ import torch
 
 from ..interop import backend
 from ..runtime import attach as runtime
-from ..interop.compile import compile_log
+from ..interop.jit import compile_log
 from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
 from .subcommand_arguments import BENCH_MODEL, CACHES

@@ -30,7 +30,7 @@ def child(folder: str, height: int, width: int, frames: int, device: str, scan_b
     import torch
 
     import diffusers_tpu
-    from diffusers_tpu.interop import compile as jit
+    from diffusers_tpu.interop import jit
 
     marks = {"started": time.time()}
     pipe = diffusers_tpu.from_pretrained(folder, device=device, dtype=torch.bfloat16,

@@ -94,15 +94,15 @@ def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) 
 
     import jax
 
-    from ..interop import backend, boundary
-    from ..interop.compile import compile_log
+    from ..interop import backend, user_tensors
+    from ..interop.jit import compile_log
     from ..runtime import attach
     from .measures import peak_memory
 
     runtime = attach.runtime_of(pipe)
     module = getattr(pipe, name)
     with runtime.call_scope():
-        moved = [boundary.to_device(c) for c in calls]
+        moved = [user_tensors.to_device(c) for c in calls]
 
         def step():
             out = None

@@ -32,7 +32,7 @@ from ..interop import backend
 from ..runtime import attach as runtime
 from . import wan, wan_vae
 from .causal_wan import CausalWanTransformer3DModel
-from ..interop.compile import compile_log
+from ..interop.jit import compile_log
 from ..runtime.registry import Family, register
 
 OUTPUT_TYPES = ("np", "pil", "pt", "latent")

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import torch
 
 from ..interop import backend
-from ..interop.compile import compiled_function
+from ..interop.jit import compiled_function
 
 
 def _scan(step, cache: list, frames, per_call: int):

@@ -3,7 +3,7 @@
 Holds what any torch module needs to run on JAX through torchax and nothing about diffusers pipelines: the
 torch/torchax/JAX compatibility shims (``compat``), multi-host start-up (``distributed``), device strings, the
 torchax environment and the mesh (``backend``), weight placement (``sharding``), compiled module methods
-(``compile``) and what crosses back to the user's torch code (``boundary``).
+(``jit``) and what crosses back to the user's torch code (``user_tensors``).
 
 May import: the standard library, torch, torchax, JAX, and ``diffusers_tpu.kernels``. Never a layer above it
 (runtime, families, planner, testing, demo, commands): the layers above give it their rules through its hooks

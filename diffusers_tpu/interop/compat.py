@@ -1,6 +1,6 @@
 """Compatibility of torch, torchax and JAX: the low-level patches the backend needs, each with its reason and
-version guard. This module imports nothing of the package but ``host_glue`` (both sit at the bottom of the import graph);
-``patches`` holds the diffusers-level hooks at the top.
+version guard. This module imports nothing of the package but ``host_scalars`` (both sit at the bottom of the import
+graph); ``patches`` holds the diffusers-level hooks at the top.
 """
 
 from __future__ import annotations
@@ -267,11 +267,11 @@ def _patch_view_getitem():
     stock = operator.func
 
     def getitem(self, indexes):
-        from . import host_glue
+        from . import host_scalars
 
         # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
         env = getattr(self, "_env", None) or import_torchax().default_env()
-        if (found := host_glue.getitem(env, self, indexes)) is not host_glue.NOT_GLUE:
+        if (found := host_scalars.getitem(env, self, indexes)) is not host_scalars.NOT_GLUE:
             return found
         return stock(self.torch() if isinstance(self, View) else self, indexes)
 
@@ -336,9 +336,9 @@ def _patch_host_transfers():
     def t2j(tensor, use_dlpack=True):
         if use_dlpack or tensor.device.type != "cpu" or tensor.layout != torch.strided:
             return stock(tensor, use_dlpack)
-        from . import host_glue
+        from . import host_scalars
 
-        return jax.device_put(host_glue.host_numpy(tensor))
+        return jax.device_put(host_scalars.host_numpy(tensor))
 
     t2j._diffusers_tpu = True
     mappings.t2j = t2j
@@ -348,22 +348,22 @@ def _patch_host_transfers():
 # --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
 # Reason: every eager op on the devices is an XLA program of its own, compiled once per process, and the schedule
 # glue between a pipeline's models was a third of a first call's programs. Ops whose tensors are all scalars or
-# vectors run in torch on the host and their results are placed on the devices (``host_glue`` says what qualifies).
+# vectors run in torch on the host and their results are placed on the devices (``host_scalars`` says what qualifies).
 # torchax views get their shape without running the slice, and a view of such a vector is read on the host.
 # Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.
 def _patch_glue_on_host():
     from torchax.tensor import Environment
     from torchax.view import NarrowInfo, View
 
-    from . import host_glue
+    from . import host_scalars
 
     stock = Environment.dispatch
     if getattr(stock, "_diffusers_tpu_glue", False):
         return
 
     def dispatch(self, func, types, args, kwargs):
-        result = host_glue.run(self, func, args, kwargs or {})
-        return stock(self, func, types, args, kwargs) if result is host_glue.NOT_GLUE else result
+        result = host_scalars.run(self, func, args, kwargs or {})
+        return stock(self, func, types, args, kwargs) if result is host_scalars.NOT_GLUE else result
 
     def calculate_output_shape(self, source):
         return list(jax.eval_shape(self.transform_tensor, source).shape)
@@ -371,7 +371,7 @@ def _patch_glue_on_host():
     stock_jax = View.jax
 
     def view_jax(self):
-        array = host_glue.view_on_host(self)
+        array = host_scalars.view_on_host(self)
         return stock_jax(self) if array is None else array
 
     dispatch._diffusers_tpu = dispatch._diffusers_tpu_glue = True
@@ -555,22 +555,22 @@ def _patch_fill_diagonal():
 # ``torch.manual_seed`` changes nothing and a CPU generator passed for a device draw gives the same values at every
 # draw. Stock draws from torch's generators: a pipeline that samples ``latent_dist.sample()`` without a generator
 # (I2VGen-XL) gave another video than stock's under the same seed (max-abs 0.1). Outside a trace such draws are
-# made by torch on the host (``host_glue.draw``) and placed on the devices. The draws are never glue ops (torch tags
+# made by torch on the host (``host_scalars.draw``) and placed on the devices. The draws are never glue ops (torch tags
 # them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a call.
 # Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
 def _patch_random_draws():
     from torchax.tensor import Environment
 
-    from . import host_glue
+    from . import host_scalars
 
     stock = Environment.dispatch
     if getattr(stock, "_diffusers_tpu_draws", False):
         return
 
     def dispatch(self, func, types, args, kwargs):
-        if func in host_glue.RANDOM_DRAWS:
-            drawn = host_glue.draw(self, func, args, kwargs or {})
-            if drawn is not host_glue.NOT_GLUE:
+        if func in host_scalars.RANDOM_DRAWS:
+            drawn = host_scalars.draw(self, func, args, kwargs or {})
+            if drawn is not host_scalars.NOT_GLUE:
                 return drawn
         return stock(self, func, types, args, kwargs)
 

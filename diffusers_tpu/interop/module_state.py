@@ -9,7 +9,7 @@ while tracing. Model code does two such things:
   VAE keeps the last frames of each causal convolution and a flag-like tensor in its temporal upsampler; a counter).
   Replaying the first call's program would silently take the stateless branch again: a wrong video.
 
-``compile`` snapshots every module's attributes (and those of the plain diffusers/transformers objects they hold)
+``jit`` snapshots every module's attributes (and those of the plain diffusers/transformers objects they hold)
 around a trace, and classifies each attribute the trace assigned once, from one more trace:
 
 - a tensor whose value depends on the call's tensor inputs (``depends_on_inputs``, read from that trace's jaxpr) is

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families import cogvideox, hunyuan, wan
+from ..families import cogvideox, hunyuan_video15, wan
 from . import standins
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
@@ -54,7 +54,7 @@ ARCHITECTURES = {
                        vae_dtype=torch.float32),
     "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B, text_encoder=T5_V11_XXL, vae={}),
     # the 480p text-to-video checkpoint; its 1000 MLLM + 256 ByT5 text tokens are the pipeline's own lengths
-    "HunyuanVideo-1.5-8.3B": dict(family="hunyuanvideo15", transformer=hunyuan.HUNYUANVIDEO15_8B,
+    "HunyuanVideo-1.5-8.3B": dict(family="hunyuanvideo15", transformer=hunyuan_video15.HUNYUANVIDEO15_8B,
                                   text_encoder=QWEN25_VL_7B_TEXT, text_encoder_2=BYT5_SMALL, vae={}, flow_shift=5.0),
     # Wan2.1-1.3B run block-causally (Self-Forcing's recipe: 3 latent frames a block, every earlier frame attended)
     "CausalWan2.1-1.3B": dict(family="causal_wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={},

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..runtime import attention, postprocess, repeated_blocks
 from ..interop import backend, sharding
-from ..interop.compile import _TENSOR, _Program
+from ..interop.jit import _TENSOR, _Program
 
 
 def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:

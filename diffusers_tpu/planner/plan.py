@@ -155,7 +155,7 @@ def _reported_dtype(module, state: dict) -> torch.dtype:
 
     from ..runtime import quantize
 
-    from ..interop.compile import Gathered, LayerOf, expand_stacked
+    from ..interop.jit import Gathered, LayerOf, expand_stacked
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = expand_stacked(state)
@@ -253,7 +253,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
     ``hlo_stats.summary``, which holds the same keys)."""
     from torch.utils import _pytree as pytree
 
-    from ..interop import compile as jit
+    from ..interop import jit
 
     analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
     submit = (lambda lowered: compiler.submit(analyse, lowered)) if compiler is not None else (
@@ -327,7 +327,7 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) ->
 
 def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
     """``vae_decode_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
-    from ..interop import compile as jit
+    from ..interop import jit
     from . import lowering
 
     vae = getattr(pipe, "vae", None)
@@ -353,7 +353,7 @@ def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, 
 
 def _now(lowered, analyse=None) -> Future:
     """Compile here and now (``plan`` without a background compiler)."""
-    from ..interop import compile as jit
+    from ..interop import jit
 
     done = Future()
     done.set_result((analyse or jit.compiled_memory)(lowered))
@@ -415,7 +415,7 @@ def _zero_answers(compiled, programs: dict, submit=None):
     ``submit`` (``programs``: key -> (future analysis, outputs)) and answered with host zeros of its outputs."""
     from torch.utils import _pytree as pytree
 
-    from ..interop import compile as jit
+    from ..interop import jit
 
     def record(*args, **kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
@@ -432,7 +432,7 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
     prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
     tokenizer (a folder planned without its text encoders)."""
-    from ..interop import compile as jit
+    from ..interop import jit
     from . import lowering
     from ..runtime import placement
     from ..runtime.attach import component_dtype

@@ -87,7 +87,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     compiled for ``devices`` (see the module docstring). ``config``: the ``TPUConfig`` they are compiled for
     (default: ``TPUConfig()``, text encoders on the host); ``analyse``: default the memory analysis; ``vae=False``:
     the denoiser step only."""
-    from ..interop import compile as jit
+    from ..interop import jit
     from ..runtime import denoiser
     from ..runtime.config import TPUConfig
     from ..runtime.registry import family_of

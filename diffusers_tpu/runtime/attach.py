@@ -20,9 +20,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import diffusers
 
-from . import (attention, cfg, host_calls, limits, placement, porting, postprocess, quantize, schedulers, stacked_weights,
-               support)
-from ..interop import backend, boundary, compat, compile as jit, distributed, sharding
+from . import (attention, cfg, gpu_script_calls, oversized_calls, placement, postprocess, quantize, schedulers,
+               stacked_weights, stock_on_host, support)
+from ..interop import backend, compat, distributed, jit, sharding, user_tensors
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
 from .overrides import Overrides
@@ -65,7 +65,8 @@ class PipelineRuntime:
         self._last_output = None
         self._log: jit.CompileLog | None = None
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
-        self._encoding_on_host = 0  # > 0 inside a method run on the host (``host_calls.run_on_host``): text encoders' outputs stay there
+        # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
+        self._encoding_on_host = 0
         # "host" or "jax" (``attach`` resolves TPUConfig(text_encoder="auto") with ``placement``)
         self.text_encoder_placement = "host" if config.text_encoder == "auto" else config.text_encoder
 
@@ -76,9 +77,9 @@ class PipelineRuntime:
         ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
         ``compat.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
         otherwise run float32 products in bfloat16 / TF32 and leave stock's results)."""
-        with backend.jax_mode(), attention.use(settings or attention.SAFE), porting.native_attention_dispatch(), \
-                jax.default_device(self.home_device), jax.default_matmul_precision(self.config.matmul_precision), \
-                compat.mesh_of_traces(mesh or self.mesh):
+        with backend.jax_mode(), attention.use(settings or attention.SAFE), \
+                gpu_script_calls.native_attention_dispatch(), jax.default_device(self.home_device), \
+                jax.default_matmul_precision(self.config.matmul_precision), compat.mesh_of_traces(mesh or self.mesh):
             yield
 
     @contextlib.contextmanager
@@ -103,7 +104,7 @@ class PipelineRuntime:
 
     def public(self, method):
         """An entry point users call: outside a pipeline call its tensor inputs may be CPU tensors and its outputs
-        are CPU tensors (``boundary``); inside one it passes JAX tensors through."""
+        are CPU tensors (``user_tensors``); inside one it passes JAX tensors through."""
 
         @functools.wraps(method)
         def entry(*args, **kwargs):
@@ -112,7 +113,7 @@ class PipelineRuntime:
             self._depth += 1
             try:
                 with self.active():
-                    return boundary.to_host(method(*boundary.to_device(args), **boundary.to_device(kwargs)))
+                    return user_tensors.to_host(method(*user_tensors.to_device(args), **user_tensors.to_device(kwargs)))
             finally:
                 self._depth -= 1
 
@@ -124,7 +125,8 @@ class PipelineRuntime:
         bound = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
         checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
         checked.apply_defaults()
-        limits.check_fits(pipe, checked.arguments, list(self.mesh.devices.flat))  # before anything is allocated
+        # before anything is allocated
+        oversized_calls.check_fits(pipe, checked.arguments, list(self.mesh.devices.flat))
         if self.family.check_call is not None:  # bad input fails here, before anything compiles
             self.family.check_call(pipe, checked.arguments)
         self._host_callback(bound)
@@ -136,7 +138,7 @@ class PipelineRuntime:
         try:
             with self.active(), jit.compile_log() as log, self._schedulers_on_device():
                 self._log = log
-                out = boundary.to_host(stock_call(*bound.args, **bound.kwargs))
+                out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
         finally:
             self._depth, self._last_output, self._log = 0, None, None
         self.last_call.total_seconds = time.perf_counter() - start
@@ -146,7 +148,8 @@ class PipelineRuntime:
         return out
 
     def _host_callback(self, bound) -> None:
-        """A step callback sees host tensors (``boundary.host_callback``); a PipelineCallback keeps its tensor list."""
+        """A step callback sees host tensors (``user_tensors.host_callback``); a PipelineCallback keeps its tensor
+        list."""
         callback = bound.arguments.get("callback_on_step_end")
         if callback is None:
             return
@@ -154,15 +157,15 @@ class PipelineRuntime:
 
         if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
             bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
-        bound.arguments["callback_on_step_end"] = boundary.host_callback(callback, self.outside)
+        bound.arguments["callback_on_step_end"] = user_tensors.host_callback(callback, self.outside)
 
     def _unwrap_compiled_components(self) -> None:
         """``pipe.transformer = torch.compile(pipe.transformer)`` after the move: XLA compiles it already."""
         for name, module in list(self.pipe.components.items()):
             original = getattr(module, "_orig_mod", None)
             if isinstance(module, torch.nn.Module) and sharding.is_placed(original or module) and original is not None:
-                porting.warn_once(f"torch.compile-{name}", f"pipe.{name} was torch.compile'd on JAX: XLA compiles it "
-                                  "already, so the original module runs.")
+                gpu_script_calls.warn_once(f"torch.compile-{name}", f"pipe.{name} was torch.compile'd on JAX: XLA "
+                                           "compiles it already, so the original module runs.")
                 setattr(self.pipe, name, original)
 
     @contextlib.contextmanager
@@ -213,8 +216,8 @@ class PipelineRuntime:
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
             self.overrides.add_undo(functools.partial(sharding.restore, module))
-            self.overrides.set(module, "state_dict", host_calls.host_state_dict(module.state_dict, module))
-            porting.install_module_overrides(self, module)
+            self.overrides.set(module, "state_dict", stock_on_host.host_state_dict(module.state_dict, module))
+            gpu_script_calls.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
                 self._place_denoiser(name, module, rules)
@@ -239,14 +242,14 @@ class PipelineRuntime:
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
-            self.overrides.set(module, "forward", host_calls.on_host(module.forward, self))
+            self.overrides.set(module, "forward", stock_on_host.on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
-        if host_encoders and "device" in host_calls.parameters(getattr(pipe, "encode_prompt", None)):
-            self.overrides.set(pipe, "encode_prompt", host_calls.run_on_host(pipe.encode_prompt, self))
-        for name in host_calls.HOST_HELPERS:
-            if "device" in host_calls.parameters(getattr(pipe, name, None)):
-                self.overrides.set(pipe, name, host_calls.run_on_host(getattr(pipe, name), self))
+        if host_encoders and "device" in stock_on_host.parameters(getattr(pipe, "encode_prompt", None)):
+            self.overrides.set(pipe, "encode_prompt", stock_on_host.run_on_host(pipe.encode_prompt, self))
+        for name in stock_on_host.HOST_HELPERS:
+            if "device" in stock_on_host.parameters(getattr(pipe, name, None)):
+                self.overrides.set(pipe, name, stock_on_host.run_on_host(getattr(pipe, name), self))
         if self.pairing is not None:
             self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
@@ -358,7 +361,7 @@ class _EagerIfUntraceable:
                 logger.warning("%s cannot be traced by JAX (%s); it now runs eagerly: the same results, slower.",
                                self._name, type(error).__name__)
         with self._activate():
-            return self._stock(*boundary.to_device(args), **boundary.to_device(kwargs))
+            return self._stock(*user_tensors.to_device(args), **user_tensors.to_device(kwargs))
 
     def __getattr__(self, name):
         return getattr(self.compiled, name)
@@ -368,7 +371,7 @@ def _state(slots, prefix: str = "") -> dict:
     return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
 
 
-to_host = boundary.to_host  # callers' shorthand
+to_host = user_tensors.to_host  # callers' shorthand
 
 
 def _autoencoder_parts(module) -> tuple[str, ...]:
@@ -437,7 +440,8 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     heads = family.num_heads(pipe)
     if current is not None:
         detach(pipe)  # re-placing with another config starts from the torch pipeline
-    prepared = porting.prepare_components(pipe)  # offload hooks, torch.compile wrappers (undone on failure/detach)
+    # offload hooks, torch.compile wrappers (undone on failure/detach)
+    prepared = gpu_script_calls.prepare_components(pipe)
     try:
         modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
         text_encoders = placement.text_encoder_names(pipe)
@@ -465,7 +469,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     runtime.text_encoder_placement = encoders
     for step in prepared:
         runtime.overrides.add_undo(step)
-    porting.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
+    gpu_script_calls.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
     try:
         runtime.place(plans)
     except BaseException:

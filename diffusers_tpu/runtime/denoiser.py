@@ -21,7 +21,7 @@ into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 
 Code a trace cannot take (data-dependent shapes: ``torch.nonzero``, boolean indexing, ``.item()`` deciding control
 flow) takes the same route: a module whose forward fails to trace runs eagerly from then on, its submodules as
 compiled units — slower, never different. One warning names the module; a family file can then replace the code
-with a jit-safe equivalent (as ``hunyuan.py`` does).
+with a jit-safe equivalent (as ``hunyuan_video15.py`` does).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
 from . import lora, quantize, repeated_blocks, stacked_weights
-from ..interop.compile import compiled_function
+from ..interop.jit import compiled_function
 
 logger = logging.getLogger(__name__)
 

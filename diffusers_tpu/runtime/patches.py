@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from . import attention, lora, porting, registry, support, attach as runtime
+from . import attention, lora, gpu_script_calls, registry, support, attach as runtime
 from ..interop import backend, compat, import_hooks, startup
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def _patch_generator():
         _diffusers_tpu = True
 
         def __new__(cls, device="cpu"):
-            return stock(porting.generator_device(device))
+            return stock(gpu_script_calls.generator_device(device))
 
     Generator.__module__, Generator.__qualname__ = stock.__module__, stock.__qualname__
     torch.Generator = Generator
@@ -196,8 +196,8 @@ def _patch_generator():
 # --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
 # Reason: GPU scripts call CPU offloading, attention slicing and xformers; on a moved pipeline they would move
 # sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
-# meaning (``porting``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls warn
-# once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
+# meaning (``gpu_script_calls``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls
+# warn once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
 _PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", "enable_attention_slicing",
                    "enable_xformers_memory_efficient_attention")
 
@@ -211,7 +211,7 @@ def _patch_ported_methods(pipeline_utils):
 
         @functools.wraps(stock)
         def ported(self, *args, _name=name, _stock=stock, **kwargs):
-            handled, result = porting.pipeline_method(self, runtime.runtime_of(self), _name, args, kwargs)
+            handled, result = gpu_script_calls.pipeline_method(self, runtime.runtime_of(self), _name, args, kwargs)
             return result if handled else _stock(self, *args, **kwargs)
 
         ported._diffusers_tpu = True

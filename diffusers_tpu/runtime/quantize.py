@@ -22,7 +22,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..interop.backend import jax_dtype, jax_to_host
-from ..interop.compile import Rebuilt
+from ..interop.jit import Rebuilt
 
 logger = logging.getLogger(__name__)
 

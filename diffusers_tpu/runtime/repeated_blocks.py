@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..interop.backend import to_jax_array, wrap
-from ..interop.compile import LayerOf, Retrace, gathered, materialized
+from ..interop.jit import LayerOf, Retrace, gathered, materialized
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..interop import compat, sharding
 from ..interop.backend import is_jax_tensor, wrap
-from ..interop.compile import Gathered, Stacked
+from ..interop.jit import Gathered, Stacked
 from . import repeated_blocks
 
 

@@ -13,7 +13,7 @@ def warm_up(pipe, sizes: list[dict], **call) -> dict:
     count (a few small programs depend on the length of the timestep schedule), negative prompt, guidance and
     ``output_type``; prompts are padded to a fixed length, so any prompt will do. Returns what it compiled:
     ``{"programs": n, "seconds": s}``; a later request of a warmed size and step count compiles nothing."""
-    from ..interop import compile as jit
+    from ..interop import jit
     from .attach import is_attached
 
     if not is_attached(pipe):

@@ -102,7 +102,7 @@ def second_calls(pipe, call, ref) -> dict:
 
 
 def _warm_compilations(pipe, call) -> dict:
-    from ..interop import compile as jit
+    from ..interop import jit
 
     with jit.compile_log() as log:
         _run(pipe, call)

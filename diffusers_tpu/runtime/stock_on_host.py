@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import quantize
-from ..interop import backend, boundary, sharding
+from ..interop import backend, user_tensors, sharding
 
 
 def host_state_dict(state_dict, module):
@@ -22,7 +22,7 @@ def host_state_dict(state_dict, module):
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
         quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
         for key, value in result.items():
-            result[key] = quantize.host_weight(quantized[key]) if key in quantized else boundary._to_cpu(value)
+            result[key] = quantize.host_weight(quantized[key]) if key in quantized else user_tensors._to_cpu(value)
         return result
 
     gathered.__wrapped__ = state_dict
@@ -51,11 +51,11 @@ def run_on_host(method, runtime):
         runtime._encoding_on_host += 1
         try:
             with backend.torch_mode():
-                args, kwargs = pytree.tree_map(boundary._to_cpu, (bound.args, bound.kwargs))
+                args, kwargs = pytree.tree_map(user_tensors._to_cpu, (bound.args, bound.kwargs))
                 out = method(*args, **kwargs)
         finally:
             runtime._encoding_on_host -= 1
-        return boundary.to_device(out) if runtime._depth else out
+        return user_tensors.to_device(out) if runtime._depth else out
 
     on_host.__wrapped__ = method
     return on_host
@@ -68,9 +68,9 @@ def on_host(forward, runtime):
 
     def host_forward(*args, **kwargs):
         with backend.torch_mode():
-            args, kwargs = pytree.tree_map(boundary._to_cpu, (args, kwargs))
+            args, kwargs = pytree.tree_map(user_tensors._to_cpu, (args, kwargs))
             out = forward(*args, **kwargs)
-        return boundary.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
+        return user_tensors.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
 
     host_forward.__wrapped__ = forward
     return host_forward
