@@ -195,7 +195,7 @@ def _vae_key(config, devices, *shape) -> tuple:
     return (repr(dataclasses.replace(config, mesh=None)), tuple(d.id for d in devices), *shape)
 
 
-def _shared(shared: dict | None, key: tuple, analyse):
+def _analysed_once(shared: dict | None, key: tuple, analyse):
     if shared is None:
         return analyse()
     if key not in shared:
@@ -257,7 +257,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
 
     analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
     submit = (lambda lowered: compiler.submit(analyse, lowered)) if compiler is not None else (
-        lambda lowered: _now(lowered, analyse))
+        lambda lowered: _compiled_now(lowered, analyse))
 
     extra, tiling = {}, None
     with _attached(pipe, config, devices) as runtime:
@@ -281,7 +281,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
             out = pytree.tree_leaves(lowered[0][1])[0]
             latents = torch.zeros(1, *out.shape[1:], dtype=out.dtype)
             key = _vae_key(config, devices, tuple(latents.shape), latents.dtype, size["num_frames"])
-            extra["vae_decode"] = _shared(shared, (*key, "whole"),
+            extra["vae_decode"] = _analysed_once(shared, (*key, "whole"),
                                           lambda: _vae_method_started(pipe, config, runtime, latents, size, submit))
             if tile_above is not None and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:
                 tiling = (key, latents)  # decided once the step's argument bytes are known
@@ -290,7 +290,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
             # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
             block = getattr(module.config, "num_frame_per_block", None)
             shape, chunk = (1, *latents.shape[1:]), latents.shape[2] if block else config.vae_decode_chunk
-            extra["vae_decode"] = _shared(shared, _vae_key(config, devices, shape, chunk),
+            extra["vae_decode"] = _analysed_once(shared, _vae_key(config, devices, shape, chunk),
                                           lambda: _vae_decode_started(pipe, config, runtime, shape, chunk, submit))
         facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided,
                      attention=runtime.attention.implementation)
@@ -312,7 +312,7 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
                     finally:
                         pipe.vae.disable_tiling()
 
-            report["vae_decode_tiled"] = _shared(shared, (*key, "tiled"), lambda: functools.cache(tiled))()
+            report["vae_decode_tiled"] = _analysed_once(shared, (*key, "tiled"), lambda: functools.cache(tiled))()
         return dict(report, **facts)
 
     return finish
@@ -322,7 +322,7 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) ->
     """XLA's memory analysis (bytes per device) of the Wan VAE's decode programs as the runtime compiles them for
     ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program (``chunk`` latent
     frames) the rest run in (its carried cache from the first). None for a VAE without such programs."""
-    return _vae_decode_started(pipe, config, runtime, latent_shape, chunk, _now)()
+    return _vae_decode_started(pipe, config, runtime, latent_shape, chunk, _compiled_now)()
 
 
 def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
@@ -351,7 +351,7 @@ def _vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, 
     return functools.cache(finish)
 
 
-def _now(lowered, analyse=None) -> Future:
+def _compiled_now(lowered, analyse=None) -> Future:
     """Compile here and now (``plan`` without a background compiler)."""
     from ..interop import jit
 
@@ -366,7 +366,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
     the host around them, each program answering with zeros of its outputs (``compile.lowered_zero_outputs``);
     ``latents``: one video's, as the denoising loop leaves them."""
-    return _vae_method_started(pipe, config, runtime, latents, size, _now)()
+    return _vae_method_started(pipe, config, runtime, latents, size, _compiled_now)()
 
 
 def _vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
@@ -422,7 +422,7 @@ def _zero_answers(compiled, programs: dict, submit=None):
         key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
         if key not in programs:
             lowered, out = jit.lowered_zero_outputs(compiled, *args, **kwargs)
-            programs[key] = ((submit or _now)(lowered), out)
+            programs[key] = ((submit or _compiled_now)(lowered), out)
         return programs[key][1]
 
     return record

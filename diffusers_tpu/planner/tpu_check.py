@@ -125,8 +125,9 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         if vae is not None and family.vae_install is not None:
             for _, (recorded_args, _) in seen.values():
                 latents = recorded_args[0]
-                decode = plan._vae_decode_started(pipe, config, runtime, (1, *latents.shape[1:]),
-                                                  config.vae_decode_chunk, lambda low: plan._now(low, analyse))()
+                decode = plan._vae_decode_started(
+                    pipe, config, runtime, (1, *latents.shape[1:]), config.vae_decode_chunk,
+                    lambda low: plan._compiled_now(low, analyse))()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
             weights = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)

@@ -93,7 +93,7 @@ class PipelineRuntime:
             self._depth -= 1
 
     @contextlib.contextmanager
-    def outside(self):
+    def user_code_scope(self):
         """User code running inside a call (a step callback): plain torch, and entry points convert as from outside."""
         depth, self._depth = self._depth, 0
         try:
@@ -102,7 +102,7 @@ class PipelineRuntime:
         finally:
             self._depth = depth
 
-    def public(self, method):
+    def user_entry(self, method):
         """An entry point users call: outside a pipeline call its tensor inputs may be CPU tensors and its outputs
         are CPU tensors (``user_tensors``); inside one it passes JAX tensors through."""
 
@@ -157,7 +157,7 @@ class PipelineRuntime:
 
         if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
             bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
-        bound.arguments["callback_on_step_end"] = user_tensors.host_callback(callback, self.outside)
+        bound.arguments["callback_on_step_end"] = user_tensors.host_callback(callback, self.user_code_scope)
 
     def _unwrap_compiled_components(self) -> None:
         """``pipe.transformer = torch.compile(pipe.transformer)`` after the move: XLA compiles it already."""
@@ -238,7 +238,7 @@ class PipelineRuntime:
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
-                self.overrides.set(module, "forward", self.public(module.forward))
+                self.overrides.set(module, "forward", self.user_entry(module.forward))
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
@@ -253,7 +253,7 @@ class PipelineRuntime:
         if self.pairing is not None:
             self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
-            self.overrides.set(pipe, "encode_prompt", self.public(pipe.encode_prompt))
+            self.overrides.set(pipe, "encode_prompt", self.user_entry(pipe.encode_prompt))
         self.overrides.set(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
@@ -270,7 +270,8 @@ class PipelineRuntime:
             if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
                 self.overrides.set(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
-            self.overrides.set(module, "forward", self.public(module.forward))  # outermost: direct calls get host tensors
+            # outermost: direct calls get host tensors
+            self.overrides.set(module, "forward", self.user_entry(module.forward))
 
     def denoiser_entry(self, module, rules, state=None) -> Denoiser:
         """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
@@ -314,7 +315,7 @@ class PipelineRuntime:
                 if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``sharding.onto_mesh``)
                     method = functools.wraps(method)(
                         lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh))
-                self.overrides.set(vae, name, self.public(method))
+                self.overrides.set(vae, name, self.user_entry(method))
 
     def vae_program_options(self) -> dict:
         """How every VAE program compiles (``jit.compiled_function`` options): on the VAE mesh, video inputs spatially

@@ -29,7 +29,9 @@ _ROLES = {"cond": "cond", "uncond": "uncond", "pred_cond": "cond", "pred_uncond"
 
 
 @dataclasses.dataclass
-class _Pending:
+class _UncondComputedAhead:
+    """The uncond pass computed in the cond call's batch, returned by the loop's own uncond call if it matches."""
+
     module: torch.nn.Module
     others: dict
     negative: tuple
@@ -53,7 +55,7 @@ class CFGPairing:
         self.batched_args = spec.batched_args
         self.negative = None  # what encode_prompt returned for the negative prompt (a tuple)
         self.accepted = None  # the negative tensor objects the loop actually passes (learned at step 0)
-        self.pending: _Pending | None = None
+        self.pending: _UncondComputedAhead | None = None
         self.context: dict[int, str | None] = {}
         self.batched_steps = 0
         self._moved: dict[int, tuple] = {}  # id -> (weakref to the host tensor, its device copy)
@@ -179,7 +181,7 @@ class CFGPairing:
         out = forward(**batched)
         cond, uncond = _split(out, batch)
         others = {k: v for k, v in kwargs.items() if k not in self.condition_args}
-        self.pending = _Pending(module, others, negatives, uncond)
+        self.pending = _UncondComputedAhead(module, others, negatives, uncond)
         self.batched_steps += 1
         return cond
 

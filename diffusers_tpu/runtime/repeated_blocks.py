@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 MIN_SCANNED = 2  # blocks 1..N-1 in one loop only when that is at least this many
 
 
-class _Pending:
+class _DeferredOutput:
     """The array behind a deferred block's output: it has a shape and dtype, and any other use breaks the chain."""
 
     __slots__ = ("shape", "dtype", "session")
@@ -70,7 +70,7 @@ class _Pending:
 
 
 def _is_placeholder(value) -> bool:
-    return isinstance(value, torch.Tensor) and isinstance(getattr(value, "_elem", None), _Pending)
+    return isinstance(value, torch.Tensor) and isinstance(getattr(value, "_elem", None), _DeferredOutput)
 
 
 def _array(value):
@@ -189,7 +189,7 @@ class _Call:
         return [None if a is None else (tuple(a.shape), a.dtype) for a in self.arrays]
 
 
-class _Chain:
+class _BlockListCalls:
     """The calls of one block list during one trace."""
 
     def __init__(self, session: _Session, path: str, blocks: list, forwards: list):
@@ -226,8 +226,8 @@ class _Chain:
             return result
         if last:
             return self._give_up(forward, args, kwargs)
-        call.outputs = [wrap(_Pending(x.shape, _array(x).dtype, self.session)) if isinstance(x, torch.Tensor) else x
-                        for x in self.first.outputs]
+        call.outputs = [wrap(_DeferredOutput(x.shape, _array(x).dtype, self.session))
+                        if isinstance(x, torch.Tensor) else x for x in self.first.outputs]
         self.pending.append(call)
         return pytree.tree_unflatten(call.outputs, self.out_spec)
 
@@ -394,7 +394,7 @@ def scanning(module: torch.nn.Module, raw_state: dict, prepare):
     for path, blocks in block_lists(module):
         # a block's real call: its hooks (activation constraints) and forward, as ``Module.__call__`` runs them
         calls = [functools.partial(torch.nn.Module.__call__, block) for block in blocks]
-        chain = _Chain(session, path, blocks, calls)
+        chain = _BlockListCalls(session, path, blocks, calls)
         for index, block in enumerate(blocks):
             installed.append((block, type(block)))
             vars(block)["_diffusers_tpu_chain"] = (chain, index)
