@@ -22,84 +22,78 @@ DEFAULT_CACHE_DIR = os.path.join(
 
 @dataclasses.dataclass(frozen=True)
 class TPUConfig:
-    """How a pipeline runs on JAX. Every field has a working default.
+    """How a pipeline runs on JAX. Every field has a working default; what each one means is written beside it."""
 
-    Attributes:
-        mesh: device-mesh axis sizes, e.g. ``{"dp": 2, "sp": 1, "tp": 4}``. ``dp`` shards the batch (the
-            classifier-free-guidance pair included), ``sp`` the token sequence, ``tp`` attention heads and MLP
-            width. Missing axes have size 1; the key order is the device layout order (default dp, sp, tp).
-            The product must equal the number of devices. ``None`` picks a layout from the device count and
-            the model's head count.
-        attention: the denoiser's attention. ``"splash_exp2"``: the project's Pallas kernel (base-2 online
-            softmax; interpret mode off TPU); ``"splash"``: JAX's own Pallas splash kernel; ``"xla"``: plain
-            reference attention; ``"cudnn"``: cuDNN fused attention (NVIDIA GPUs). ``None``: splash_exp2 on TPU
-            and CPU, cudnn on GPU. VAE and text-encoder attention always runs the exact reference.
-        attention_kv_threshold: attention calls whose key/value length is at least this shard heads over
-            ``tp`` (self-attention); shorter ones (cross-attention to text) shard the query sequence instead
-            (the Wan 2.1 TPU guide used 10000).
-        attention_block_sizes: ``diffusers_tpu.kernels.BlockSizes`` for "splash_exp2" (default: the guide's
-            3328/2816/256/256, clamped for short sequences).
-        attention_k_smoothing: subtract the mean key before "splash_exp2" (exact; steadier in bfloat16).
-        dtype: cast the denoiser weights to this dtype on the move, keeping the model's
-            ``_keep_in_fp32_modules`` in float32 like ``from_pretrained(torch_dtype=...)`` does.
-        text_encoder: ``"host"`` runs text encoders with plain torch on the host CPU (as the TPU reference
-            projects do); ``"jax"`` moves them to the devices and compiles them too. ``"auto"`` (default): on the
-            devices when every component's weights take at most 40% of a device's memory, else on the host;
-            always on the host with CPU devices (``runtime.placement`` has the rule and its reasons).
-        batch_cfg: run the conditional and unconditional passes of classifier-free guidance as one batch.
-            ``"auto"``: when ``dp >= 2`` (each half on its own devices).
-        postprocess_on_device: denormalize, quantize and lay out frames on the device, so "pil" output moves
-            uint8 (a quarter of the float bytes) to the host.
-        compile_cache_dir: JAX persistent compilation cache directory; ``None`` means the default user cache
-            dir (or ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
-        vae_decode_chunk / vae_encode_chunk: latent frames per compiled VAE chunk (Wan): one program serves every
-            frame count; larger chunks mean fewer calls but up to ``chunk - 1`` frames of padding.
-        vae_dtype: the VAE's compute dtype (weights are cast inside the compiled program); None: its weights'.
-        vae_weights_dtype: the VAE weights' dtype on the devices (bfloat16 halves their memory); None: as loaded.
-        scheduler_dtype: the dtype the scheduler keeps latents in between steps; None: as the pipeline does.
-        component_dtypes: dtype of named components on the devices, e.g. ``{"text_encoder_2": torch.bfloat16}``;
-            None: the family's TPU defaults on TPU (HunyuanVideo-1.5: ByT5 in bfloat16), as loaded elsewhere.
-        text_padding: how padded text tokens stay out of attention (HunyuanVideo-1.5). ``"mask"``: exactly, as a
-            key mask in the kernel; ``"zero_kv"``: their keys and values are zeroed, an approximation (padded
-            keys still take softmax weight) that TPU ports used before kernels had a key mask.
-        matmul_precision: how float32 matrix products and convolutions run (JAX's ``default_matmul_precision``).
-            ``"highest"``: full float32, like stock torch on the CPU, so float32 parts match stock. ``"default"``:
-            the platform's fast path — one bfloat16 pass on TPU, TF32 on NVIDIA GPUs — faster for float32 parts
-            (the float32 VAE), but their results move ~1e-3 away from stock; ``"high"`` lies between. bfloat16
-            operands are exact either way.
-        quantize: ``"int8"`` stores the denoiser's linear weights as int8 with per-output-channel scales (half
-            the bytes of bfloat16), rebuilt in the compute dtype inside each compiled matmul; activations untouched.
-            ``"fp8"``: float8_e4m3fn storage the same way. ``None`` (default): weights as placed. Lossy: see
-            BENCHMARKS.md "int8 weights" for the measured error.
-        scan_blocks: trace a denoiser's stack of identical blocks as one loop over their weights, so XLA compiles
-            the block once instead of once per layer (``runtime.repeated_blocks``; the same results). False: the
-            stock loop unrolled, every layer its own copy in the program.
-        fully_sharded_weights: store those blocks' weights sharded over every mesh axis, not only the ones their
-            tensor-parallel rules use (``runtime.stacked_weights.fully_sharded``); the loop gathers each layer where
-            it reads it. Weights per device shrink by the size of the data and sequence axes; each step all-gathers
-            every layer's weights once (FSDP's trade). Needs ``scan_blocks``; the results are the same.
-    """
-
+    # device-mesh axis sizes, e.g. ``{"dp": 2, "sp": 1, "tp": 4}``. ``dp`` shards the batch (the
+    # classifier-free-guidance pair included), ``sp`` the token sequence, ``tp`` attention heads and MLP width. Missing
+    # axes have size 1; the key order is the device layout order (default dp, sp, tp). The product must equal the number
+    # of devices. ``None`` picks a layout from the device count and the model's head count.
     mesh: Mapping[str, int] | None = None
+    # the denoiser's attention. ``"splash_exp2"``: the project's Pallas kernel (base-2 online softmax; interpret mode
+    # off TPU); ``"splash"``: JAX's own Pallas splash kernel; ``"xla"``: plain reference attention; ``"cudnn"``: cuDNN
+    # fused attention (NVIDIA GPUs). ``None``: splash_exp2 on TPU and CPU, cudnn on GPU. VAE and text-encoder attention
+    # always runs the exact reference.
     attention: str | None = None
+    # attention calls whose key/value length is at least this shard heads over ``tp`` (self-attention); shorter ones
+    # (cross-attention to text) shard the query sequence instead (the Wan 2.1 TPU guide used 10000).
     attention_kv_threshold: int = 10000
+    # ``diffusers_tpu.kernels.BlockSizes`` for "splash_exp2" (default: the guide's 3328/2816/256/256, clamped for short
+    # sequences).
     attention_block_sizes: Any = None
+    # subtract the mean key before "splash_exp2" (exact; steadier in bfloat16).
     attention_k_smoothing: bool = False
+    # cast the denoiser weights to this dtype on the move, keeping the model's ``_keep_in_fp32_modules`` in float32 like
+    # ``from_pretrained(torch_dtype=...)`` does.
     dtype: torch.dtype | None = None
+    # ``"host"`` runs text encoders with plain torch on the host CPU (as the TPU reference projects do); ``"jax"`` moves
+    # them to the devices and compiles them too. ``"auto"`` (default): on the devices when every component's weights
+    # take at most 40% of a device's memory, else on the host; always on the host with CPU devices
+    # (``runtime.placement`` has the rule and its reasons).
     text_encoder: str = "auto"
+    # run the conditional and unconditional passes of classifier-free guidance as one batch. ``"auto"``: when ``dp >=
+    # 2`` (each half on its own devices).
     batch_cfg: bool | str = "auto"
+    # denormalize, quantize and lay out frames on the device, so "pil" output moves uint8 (a quarter of the float bytes)
+    # to the host.
     postprocess_on_device: bool = True
+    # JAX persistent compilation cache directory; ``None`` means the default user cache dir (or
+    # ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
     compile_cache_dir: str | bool | None = None
+    # latent frames per compiled VAE chunk (Wan): one program serves every frame count; larger chunks mean fewer calls
+    # but up to ``chunk - 1`` frames of padding.
     vae_decode_chunk: int = 1
     vae_encode_chunk: int = 1
+    # the VAE's compute dtype (weights are cast inside the compiled program); None: its weights'.
     vae_dtype: torch.dtype | None = None
+    # the VAE weights' dtype on the devices (bfloat16 halves their memory); None: as loaded.
     vae_weights_dtype: torch.dtype | None = None
+    # the dtype the scheduler keeps latents in between steps; None: as the pipeline does.
     scheduler_dtype: torch.dtype | None = None
+    # dtype of named components on the devices, e.g. ``{"text_encoder_2": torch.bfloat16}``; None: the family's TPU
+    # defaults on TPU (HunyuanVideo-1.5: ByT5 in bfloat16), as loaded elsewhere.
     component_dtypes: Mapping[str, torch.dtype] | None = None
+    # how padded text tokens stay out of attention (HunyuanVideo-1.5). ``"mask"``: exactly, as a key mask in the kernel;
+    # ``"zero_kv"``: their keys and values are zeroed, an approximation (padded keys still take softmax weight) that TPU
+    # ports used before kernels had a key mask.
     text_padding: str = "mask"
+    # how float32 matrix products and convolutions run (JAX's ``default_matmul_precision``). ``"highest"``: full
+    # float32, like stock torch on the CPU, so float32 parts match stock. ``"default"``: the platform's fast path — one
+    # bfloat16 pass on TPU, TF32 on NVIDIA GPUs — faster for float32 parts (the float32 VAE), but their results move
+    # ~1e-3 away from stock; ``"high"`` lies between. bfloat16 operands are exact either way.
     matmul_precision: str = "highest"
+    # ``"int8"`` stores the denoiser's linear weights as int8 with per-output-channel scales (half the bytes of
+    # bfloat16), rebuilt in the compute dtype inside each compiled matmul; activations untouched. ``"fp8"``:
+    # float8_e4m3fn storage the same way. ``None`` (default): weights as placed. Lossy: see BENCHMARKS.md "int8 weights"
+    # for the measured error.
     quantize: str | None = None
+    # trace a denoiser's stack of identical blocks as one loop over their weights, so XLA compiles the block once
+    # instead of once per layer (``runtime.repeated_blocks``; the same results). False: the stock loop unrolled, every
+    # layer its own copy in the program.
     scan_blocks: bool = True
+    # store those blocks' weights sharded over every mesh axis, not only the ones their tensor-parallel rules use
+    # (``runtime.stacked_weights.fully_sharded``); the loop gathers each layer where it reads it. Weights per device
+    # shrink by the size of the data and sequence axes; each step all-gathers every layer's weights once (FSDP's trade).
+    # Needs ``scan_blocks``; the results are the same.
     fully_sharded_weights: bool = False
 
     def __post_init__(self):

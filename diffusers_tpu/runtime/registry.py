@@ -44,64 +44,62 @@ class CFGBatching:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Everything the generic runtime needs to know about one model family.
+    """Everything the generic runtime needs to know about one model family; what each field means is written
+    beside it."""
 
-    Attributes:
-        name: short name, e.g. "wan".
-        pipelines: the diffusers pipeline classes of the family that run on JAX (subclasses included).
-        denoisers: component names of the denoising transformers (sharded by ``shard_rules`` and compiled).
-        shard_rules: ``(regex, spec)`` rules for denoiser weights; unmatched weights are replicated.
-        activation_rules: ``(regex, spec)`` sharding constraints on the first input of matching submodules.
-        num_heads: the denoiser's attention head count (tensor parallelism must divide it); by default the
-            transformer's ``config.num_attention_heads``.
-        vae_methods: VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method (default: the
-            decoder's and the encoder's; the code around them, tiling and frame loops, runs as stock).
-        cfg: how the classifier-free-guidance pair runs as one batch (``CFGBatching``); None when the family batches
-            it itself or cannot.
-        prepare: optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
-        check_call: ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
-        decode_latents: ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop
-            (latents as ``output_type="latent"`` returns them -> decoded video), for staged runs.
-        vae_install: ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE
-            (instead of compiling ``vae_methods``), e.g. Wan's temporal chunks.
-        denoiser_forward: a jit-safe replacement for the denoiser's ``forward`` (same keywords), bound to the
-            module and compiled in place of the stock one.
-        tpu_dtypes: component name -> dtype on the TPU platform (e.g. a text encoder known to be safe in bf16),
-            unless ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
-        rules_for: ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after
-            ``shard_rules`` (the generic path's whole table).
-        stage_encode: ``stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the
-            named text tensors a staged run saves (default: ``encode_prompt``'s positive/negative embeddings).
-        stage_inputs: ``stage_inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text
-            tensors (default: ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
-        forward_flops: ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of
-            one denoiser forward for one sample (benchmarks report MFU from it).
-        plan_call: ``plan_call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size``
-            (``height``, ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the
-            text encoders: ``plan`` runs the pipeline up to its first denoiser call with them.
-        plan_passes: ``plan_passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its
-            first call's (causal Wan's cache-writing pass); ``plan`` analyses each.
-    """
-
+    # short name, e.g. "wan".
     name: str
+    # the diffusers pipeline classes of the family that run on JAX (subclasses included).
     pipelines: tuple[type, ...]
+    # component names of the denoising transformers (sharded by ``shard_rules`` and compiled).
     denoisers: tuple[str, ...] = ("transformer",)
+    # ``(regex, spec)`` rules for denoiser weights; unmatched weights are replicated.
     shard_rules: tuple[Rule, ...] = ()
+    # ``(regex, spec)`` sharding constraints on the first input of matching submodules.
     activation_rules: tuple[Rule, ...] = ()
+    # the denoiser's attention head count (tensor parallelism must divide it); by default the transformer's
+    # ``config.num_attention_heads``.
     num_heads: Callable[[object], int | None] = attention_heads
+    # VAE methods compiled with jax.jit; "decoder.forward" compiles a submodule's method (default: the decoder's and the
+    # encoder's; the code around them, tiling and frame loops, runs as stock).
     vae_methods: tuple[str, ...] = ("decoder.forward", "encoder.forward")
+    # how the classifier-free-guidance pair runs as one batch (``CFGBatching``); None when the family batches it itself
+    # or cannot.
     cfg: CFGBatching | None = None
+    # optional family-specific fix-up called after placement, ``prepare(pipe, runtime)``.
     prepare: Callable[[object, object], None] | None = None
+    # ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
     check_call: Callable[[object, dict], None] | None = None
+    # ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop (latents as
+    # ``output_type="latent"`` returns them -> decoded video), for staged runs.
     decode_latents: Callable[[object, object, int], object] | None = None
+    # ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of one denoiser forward for
+    # one sample (benchmarks report MFU from it).
     forward_flops: Callable[..., int] | None = None
+    # ``plan_call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size`` (``height``,
+    # ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the text encoders:
+    # ``plan`` runs the pipeline up to its first denoiser call with them.
     plan_call: Callable[..., dict] | None = None
+    # ``plan_passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its first call's (causal
+    # Wan's cache-writing pass); ``plan`` analyses each.
     plan_passes: Callable[[dict], list[dict]] | None = None
+    # ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE (instead of compiling
+    # ``vae_methods``), e.g. Wan's temporal chunks.
     vae_install: Callable[..., None] | None = None
+    # a jit-safe replacement for the denoiser's ``forward`` (same keywords), bound to the module and compiled in place
+    # of the stock one.
     denoiser_forward: Callable | None = None
+    # component name -> dtype on the TPU platform (e.g. a text encoder known to be safe in bf16), unless
+    # ``TPUConfig.component_dtypes`` or ``pipe.to(dtype)`` says otherwise.
     tpu_dtypes: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    # ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after ``shard_rules`` (the
+    # generic path's whole table).
     rules_for: Callable[..., tuple] | None = None
+    # ``stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the named text tensors a
+    # staged run saves (default: ``encode_prompt``'s positive/negative embeddings).
     stage_encode: Callable[..., dict] | None = None
+    # ``stage_inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text tensors (default:
+    # ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
     stage_inputs: Callable[..., dict] | None = None
 
     def rules(self, module, mesh_shape) -> tuple:
