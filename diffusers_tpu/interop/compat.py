@@ -346,8 +346,8 @@ def _patch_host_transfers():
 
 
 # --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
-# Reason: every eager op on the devices is an XLA program of its own, compiled once per process, and the schedule
-# glue between a pipeline's models was a third of a first call's programs. Ops whose tensors are all scalars or
+# Reason: every eager op on the devices is an XLA program of its own, compiled once per process, and pipelines run
+# many such ops of schedule glue between their models. Ops whose tensors are all scalars or
 # vectors run in torch on the host and their results are placed on the devices (``host_scalars`` says what qualifies).
 # torchax views get their shape without running the slice, and a view of such a vector is read on the host.
 # Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.

@@ -1,8 +1,8 @@
 """Schedule glue on the host: scalars and vectors between programs are computed by torch on the CPU.
 
-Every eager op on the devices is an XLA program of its own, compiled once per process. The glue pipelines run
-between their models — building a schedule, iterating its timesteps, ``t.expand(batch)``, sigma differences, a
-VAE's per-channel statistics — was a third of a first call's programs. An op qualifies when all its tensors are
+Every eager op on the devices is an XLA program of its own, compiled once per process, and pipelines run many small
+ones between their models: building a schedule, iterating its timesteps, ``t.expand(batch)``, sigma differences, a
+VAE's per-channel statistics. An op qualifies when all its tensors are
 concrete torchax tensors (or views of them) holding a scalar or a vector: at most one dimension longer than 1 and at
 most ``GLUE_ELEMENTS`` values. Latents, embeddings and masks never do, at any model size, so tiny test models take
 the same path as real ones. torch computes the op on the host exactly as stock does on a CPU, and the result is

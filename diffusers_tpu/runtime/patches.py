@@ -127,8 +127,8 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 
 # --- 3. peft adapters next to a base layer that lives on JAX ------------------------------------------------
 # Reason: peft moves a new adapter to its base layer's device (``_move_adapter_to_device_of_base_layer``), and
-# ``tensor.to("jax")`` fails outside the torchax environment (``aten::empty_strided`` on the 'jax' backend): a
-# LoRA loaded into a moved pipeline crashed. The adapter now stays on the host (cast to the base dtype); the
+# ``tensor.to("jax")`` fails outside the torchax environment (``aten::empty_strided`` on the 'jax' backend), so a
+# LoRA loaded into a moved pipeline would fail. The adapter stays on the host (cast to the base dtype); the
 # runtime shards it like the layer it adapts before the next call. ``merge``/``unmerge`` (fuse_lora/unfuse_lora)
 # compute on the weights: for a layer on JAX they run stock peft code on host copies of that layer's tensors,
 # which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
