@@ -2,7 +2,7 @@
 
 Standard library only (and the package's light modules): ``--help`` answers at once, and a wrong ``--steps``,
 size, frame count, model name, missing folder or unwritable output is refused in a moment, naming the flag and the
-fix, before torch, JAX or diffusers are imported (``tests/test_cli_start.py`` counts the imports).
+fix, before torch, JAX or diffusers are imported (``tests/commands/test_cli_start.py`` counts the imports).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class SizeRule:
 # The built-in models' rules, from their VAEs' compression, their patch sizes and their pipelines' own checks (e.g.
 # WanPipeline refuses sizes that are not multiples of 16 and rounds other frame counts; the demo model's transformer
 # packs 5 latent frames of 2 video frames each; CogVideoX's VAE decodes latent frames in pairs after the first, so
-# only 1 + 8k frames come out as asked). ``tests/test_cli_start.py`` derives each from the built pipeline.
+# only 1 + 8k frames come out as asked). ``tests/commands/test_cli_start.py`` derives each from the built pipeline.
 BUILT_IN_RULES = {
     DEMO_MODEL: SizeRule(16, 10, 9), "tiny:wan": SizeRule(16, 4), "tiny:wan-4head": SizeRule(16, 4),
     "tiny:skyreels-v2": SizeRule(16, 4), "tiny:causal-wan": SizeRule(16), "tiny:cogvideox-2b": SizeRule(16, 8),

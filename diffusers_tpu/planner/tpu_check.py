@@ -12,7 +12,8 @@ For any pipeline the runtime supports (a family file or the generic path), ``com
    forward JAX cannot trace, which the runtime runs eagerly with its parts compiled one by one: ``{"eager": why}``).
 
 ``plan`` and ``cost`` analyse the planned families at real sizes; this covers every family at any size, for tests
-(``tests/test_tpu_families.py``) and for a user checking that their pipeline compiles for TPU before renting one.
+(``tests/planner/test_tpu_families.py``) and for a user checking that their pipeline compiles for TPU before renting
+one.
 """
 
 from __future__ import annotations

@@ -1,0 +1,90 @@
+"""A first call compiles few programs: every eager op on the devices is a program of its own (compiled once per
+process), so glue that stock runs around the models (prompt trimming and padding, RoPE tables, the schedule's scalars
+and vectors) runs on the host instead. Counts from a cold process (tests/workers/first_call_worker.py), the families
+one after another."""
+
+import json
+import os
+import subprocess
+import sys
+
+# Programs per first call, measured 2026-11-24 in one process, in the worker's order (later families reuse earlier
+# ones' eager programs of the same shapes). Before host-side glue: 52, 135, 41, 46, 25; cold, one process per family,
+# 52, 141, 53, 67, 38 -> now 20, 19, 16, 28, 18 (BENCHMARKS.md "First call"). A count above its figure is a
+# regression: find the new eager op (jax_log_compiles) and move it to the host or into a compiled program.
+BUDGET = {"wan": 20, "cogvideox": 17, "hunyuanvideo15": 15, "ltx": 26, "flux": 17}
+
+
+def test_first_call_program_counts():
+    worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "first_call_worker.py")
+    result = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(counts) == set(BUDGET)
+    over = {name: (counts[name]["programs"], BUDGET[name]) for name in BUDGET if counts[name]["programs"] > BUDGET[name]}
+    assert not over, f"first calls compile more programs than before (count, budget): {over}"
+    assert sum(c["programs"] for c in counts.values()) <= 0.5 * (52 + 135 + 41 + 46 + 25)  # at least halved
+
+
+def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path):
+    """JAX caches only programs slower than 1 s to compile by default; the runtime lowers that to 0 for its cache, so
+    a restarted service loads its small glue programs too instead of compiling them again (3 of Wan's 20 before)."""
+    worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "first_call_worker.py")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "DIFFUSERS_TPU_CACHE_DIR": str(tmp_path)}
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)  # the suite's own setting (conftest): JAX's default
+    runs = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, worker, "wan"], capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(json.loads(result.stdout.strip().splitlines()[-1])["wan"])
+    cold, warm = runs
+    assert cold["cache_hits"] == 0 and cold["programs"] > 0
+    assert warm["programs"] == cold["programs"] and warm["cache_hits"] == warm["programs"], runs
+
+
+def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
+    """``python -m diffusers_tpu.commands.first_step``: two fresh processes on one new cache; the second loads the
+    denoiser's program instead of compiling it, and both stop at the first step's dispatch."""
+    from diffusers_tpu.commands import first_step
+    from diffusers_tpu.testing import tiny
+
+    folder = tiny.save_wan_pipeline(tmp_path / "wan")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.first_step", folder, "--height", "32",
+                             "--width", "32", "--frames", "9", "--cache-dir", str(tmp_path / "cache"), "--json",
+                             str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cold, warm = json.loads((tmp_path / "runs.json").read_text())
+    assert cold["cache_hits"] == 0 and cold["programs"] > 0
+    assert warm["cache_hits"] == warm["programs"] == cold["programs"]
+    for run in (cold, warm):
+        assert list(run["phases"]) == list(first_step.PHASES) and all(s >= 0 for s in run["phases"].values())
+        assert run["to_first_step_s"] >= sum(run["phases"].values()) - 0.05
+
+
+def test_warm_up_compiles_ahead_for_the_served_sizes():
+    """``diffusers_tpu.warm_up``: after it, a request of a warmed size and step count compiles nothing (another
+    prompt and seed; a multistep scheduler: UniPC); another size still compiles (the count is real)."""
+    import pytest
+    import torch
+
+    import diffusers_tpu
+    from diffusers_tpu.interop import jit
+    from diffusers_tpu.testing import tiny
+
+    pipe = tiny.wan_pipeline("wan", scheduler="unipc")
+    served = dict(negative_prompt="blurry", output_type="np", num_inference_steps=4)
+    with pytest.raises(ValueError, match=r"pipe.to\('tpu'\)"):
+        diffusers_tpu.warm_up(pipe, [dict(height=32, width=32, num_frames=9)], prompt="a cat", **served)
+    pipe.to("jax")
+    warmed = diffusers_tpu.warm_up(pipe, [dict(height=32, width=32, num_frames=9)], prompt="a cat", **served)
+    assert warmed["programs"] > 0
+    with jit.compile_log() as log:
+        frames = pipe(**served, prompt="a red fox jumps over a sleeping dog", height=32, width=32, num_frames=9,
+                      generator=torch.Generator().manual_seed(1)).frames
+    assert log.compilations == 0 and frames.shape == (1, 9, 32, 32, 3)
+    with jit.compile_log() as log:
+        pipe(**served, prompt="a cat", height=32, width=48, num_frames=9)
+    assert log.compilations > 0

@@ -1,0 +1,82 @@
+"""diffusers' step caches on JAX: the same steps skipped and the same video as stock torch with the same config."""
+
+import numpy as np
+import pytest
+import torch
+from tests.conftest import assert_np_matches, generate
+
+from diffusers import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig,
+                       TaylorSeerCacheConfig)
+from diffusers_tpu.commands import bench
+from diffusers_tpu.interop import jit
+from diffusers_tpu.testing import tiny
+
+STEPS = 6
+
+
+def run(pipe, **overrides):
+    return generate(pipe, **dict(dict(output_type="np", num_inference_steps=STEPS), **overrides))
+
+
+def timestep_of(pipe):
+    return lambda: pipe._current_timestep
+
+
+CACHES = {
+    "first_block": lambda pipe: FirstBlockCacheConfig(threshold=0.4),
+    "mag": lambda pipe: MagCacheConfig(mag_ratios=[1.0] * STEPS, num_inference_steps=STEPS, threshold=0.5),
+    "taylorseer": lambda pipe: TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2,
+                                                     taylor_factors_dtype=torch.float32,
+                                                     cache_identifiers=[r"blocks\.\d+\.attn\d"]),
+    "pyramid_attention": lambda pipe: PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 950),
+        current_timestep_callback=timestep_of(pipe)),
+    "faster": lambda pipe: FasterCacheConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
+        unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 901),
+        current_timestep_callback=timestep_of(pipe), attention_weight_callback=lambda _: 0.5,
+        tensor_format="BFCHW", is_guidance_distilled=False),
+}
+
+
+@pytest.fixture(scope="module")
+def uncached():
+    return run(tiny.wan_pipeline("wan"))
+
+
+@pytest.mark.parametrize("name", list(CACHES))
+def test_cache_gives_stock_video(name, uncached):
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(CACHES[name](p))  # before the move, as GPU scripts do
+    expected = run(ref)
+    assert np.abs(expected - uncached).max() > 1e-2, "the cache had no effect: the test would prove nothing"
+    pipe.to("jax")
+    assert_np_matches(run(pipe), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    before = entry.unit_calls
+    with jit.compile_log() as log:
+        assert_np_matches(run(pipe), expected)  # the caches' state resets between calls, as stock
+    assert log.compilations == 0 and entry.unit_calls > before
+
+
+@pytest.mark.parametrize("name", ["first_block", "mag"])
+def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
+    """The bench probe counts the blocks each denoiser pass computed: the cached passes equal torch's."""
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    pipe.to("jax")
+    reports = []
+    for p in (ref, pipe):
+        p.transformer.enable_cache(CACHES[name](p))  # on the moved pipeline: after the move
+        report, _ = bench.measure(p, dict(prompt="a fox", negative_prompt="blurry", height=32, width=32,
+                                          num_frames=9, num_inference_steps=STEPS, output_type="pil"), runs=1)
+        reports.append(report["cache"])
+    torch_cache, jax_cache = reports
+    assert jax_cache == torch_cache and 0 < jax_cache["cached_passes"] < jax_cache["denoiser_passes"]
+    assert jax_cache["denoiser_passes"] == 2 * STEPS  # cond and uncond stay separate calls under a cache
+    for p in (ref, pipe):
+        p.transformer.disable_cache()
+    with jit.compile_log() as log:
+        out = run(pipe)
+    assert log.compilations > 0  # back to the one-program forward (compiled now: never used under the cache)
+    assert_np_matches(out, run(ref))
