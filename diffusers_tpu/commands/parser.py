@@ -22,7 +22,8 @@ DEFAULT_MODEL = DEMO_MODEL
 TINY_MODELS = ("animatediff", "causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "easyanimate", "flux",
                "hunyuan-video", "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "sd", "sdxl",
                "skyreels-v2", "svd", "wan", "wan-4head", "z-image")
-# The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them equal).
+# The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them
+# equal).
 ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "SDXL-1.0", "Wan2.1-1.3B",
                  "Wan2.1-14B")
 
@@ -57,8 +58,8 @@ BUILT_IN_RULES = {
     "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),
     "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4), "SDXL-1.0": SizeRule(8, images=True),
 }
-# A local folder's pipeline class (its model_index.json) -> the size multiple its stock check refuses others of, whatever
-# the checkpoint's VAE (frame rules depend on the VAE: the pipeline's own check applies after loading).
+# A local folder's pipeline class (its model_index.json) -> the size multiple its stock check refuses others of,
+# whatever the checkpoint's VAE (frame rules depend on the VAE: the pipeline's own check applies after loading).
 CLASS_MULTIPLES = {"WanPipeline": 16, "WanImageToVideoPipeline": 16, "WanVideoToVideoPipeline": 16,
                    "WanVACEPipeline": 16, "SkyReelsV2Pipeline": 16, "SkyReelsV2DiffusionForcingPipeline": 16,
                    "HunyuanVideoPipeline": 16, "LTXPipeline": 32, "LTXImageToVideoPipeline": 32, "LTX2Pipeline": 32,
@@ -135,7 +136,7 @@ def add_output_args(parser):
                         "e.g. to put a video on a page that cannot play it")
 
 
-# --- mistakes named before anything loads ------------------------------------------------------------------------------
+# --- mistakes named before anything loads -----------------------------------------------------------------------------
 def size_rule(model: str) -> SizeRule | None:
     """The rule a ``--model`` (or ``--arch``) is checked against before loading: a built-in's own, or the one a
     folder's pipeline class (named by its model_index.json) always applies; None when nothing is known."""

@@ -19,9 +19,9 @@ MODEL_DIR = os.path.join(os.path.dirname(__file__), "model")
 NAME = "demo"
 # The size it was trained at (64x64 pixels, 9 frames = 5 latent frames = one temporal patch), its sampler's steps
 # and guidance, and the text length it was trained with: 16 tokens (captions are 6), not Wan's default 512. The
-# empty negative prompt is the one it learned for classifier-free guidance. Call it with these: ``pipe(prompt, **CALL)``.
-# Guidance 2 over 30 steps: a stronger push (Wan's usual 5) overshoots this small model into speckle around the
-# shape (clean background 81% of pixels at 5, 95% at 2, over 216 videos), and 30 steps draw the shape a little more
+# empty negative prompt is the one it learned for classifier-free guidance. Call it with these: ``pipe(prompt,
+# **CALL)``. Guidance 2 over 30 steps: a stronger push (Wan's usual 5) overshoots this small model into speckle around
+# the shape (clean background 81% of pixels at 5, 95% at 2, over 216 videos), and 30 steps draw the shape a little more
 # often than 20; colour and direction as good (BENCHMARKS.md "Demo model").
 CALL = dict(height=64, width=64, num_frames=9, num_inference_steps=30, guidance_scale=2.0, negative_prompt="",
             max_sequence_length=16)

@@ -197,7 +197,8 @@ class _Program:
         # output; ``carried_post`` (from the trace) says, per attribute, "tensor" or the plain value it is left with
         self.carried, self.carried_post = tuple(carried), None
         self.carried_tensor = [key[0] == "tensor" for key in carried_key]
-        self.discovered = None  # [(owner, name, kind)] assigned during the trace and not carried: classified by the caller
+        # [(owner, name, kind)] assigned during the trace and not carried: classified by the caller
+        self.discovered = None
         self.report = None  # analysis: [(owner, name)] whose post-trace tensors the trace returns instead
         self.report_changed = set()  # analysis: (id(owner), name) the analysis trace assigned again
 

@@ -37,7 +37,8 @@ class _Slot:
     keep_original: torch.Tensor | None  # tensors JAX cannot hold exactly (float64), restored as they were
     scale: jax.Array | None = None  # quantized weights (``quantize``): per-output-channel scales; dtype = compute dtype
     host: Callable[[_Slot], torch.Tensor] | None = None  # the host tensor, when the device holds an encoding of it
-    stack: tuple | None = None  # (stack, layer index) when a layer above stores it stacked (``runtime.stacked_weights``)
+    # (stack, layer index) when a layer above stores it stacked (``runtime.stacked_weights``)
+    stack: tuple | None = None
     gather: NamedSharding | None = None  # stored sharded further (fully sharded weights): the sharding programs use
 
 

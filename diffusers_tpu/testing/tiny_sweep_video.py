@@ -91,7 +91,8 @@ def i2vgen_xl(seed: int = 0):
                             scheduler=DDIMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False,
                                                     rescale_betas_zero_snr=True, prediction_type="v_prediction"))
     return pipe, dict(ONE_PROMPT, image=test_image(), height=32, width=32, num_frames=4, num_inference_steps=2,
-                      decode_chunk_size=2, clip_skip=None)  # its default clip_skip=1 reads a module transformers 5 lacks
+                      # its default clip_skip=1 reads a module transformers 5 lacks
+                      decode_chunk_size=2, clip_skip=None)
 
 
 def text_to_video_zero(seed: int = 0):

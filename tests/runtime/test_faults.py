@@ -95,7 +95,8 @@ outputs.write_atomically(sys.argv[1], write)
 """
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])  # SIGINT: KeyboardInterrupt, then re-raised
+# SIGINT: KeyboardInterrupt, then re-raised
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])
 def test_a_signal_while_writing_leaves_no_partial_file(tmp_path, sig, code):
     path = tmp_path / "video.mp4"
     path.write_bytes(b"previous video")
