@@ -29,7 +29,8 @@ def test_import_without_torch_loads_nothing_heavy_and_switches_on_with_diffusers
         before = sorted(m for m in ("torch", "jax", "diffusers", "torchax") if m in sys.modules)
         from diffusers import WanPipeline  # diffusers' pipeline module loads: the integration switches on
         import torch
-        print(json.dumps(dict(before=before, to=getattr(WanPipeline.to, "_diffusers_tpu", False),
+        from diffusers_tpu.interop import patching
+        print(json.dumps(dict(before=before, to="DiffusionPipeline.to" in patching.labels(WanPipeline.to),
                               generator=type(torch.Generator("tpu")).__name__)))
     """)
     assert found == dict(before=[], to=True, generator="Generator")
@@ -45,7 +46,8 @@ def test_import_after_torch_and_diffusers_defers_the_model_classes_and_families(
                         "diffusers_tpu.families.wan")
         patched_generator = type(torch.Generator("tpu")).__name__
         from diffusers import DiffusionPipeline
-        to = getattr(DiffusionPipeline.to, "_diffusers_tpu", False)
+        from diffusers_tpu.interop import patching
+        to = "DiffusionPipeline.to" in patching.labels(DiffusionPipeline.to)
         status = diffusers_tpu.supported_pipelines()["WanPipeline"]
         print(json.dumps(dict(before=before, generator=patched_generator, to=to, status=status,
                               after=loaded("diffusers_tpu.families.wan"))))

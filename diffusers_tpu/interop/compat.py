@@ -1,6 +1,8 @@
 """Compatibility of torch, torchax and JAX: the low-level patches the backend needs, each with its reason and
-version guard. This module imports nothing of the package but ``host_scalars`` (both sit at the bottom of the import
-graph); ``patches`` holds the diffusers-level hooks at the top.
+version guard, each set through ``patching.wrap``. This module imports nothing of the package but ``host_scalars``
+and ``patching`` (all three sit at the bottom of the import graph); ``runtime/patches`` holds the diffusers-level
+hooks at the top. Over 400 lines on purpose: one numbered section per patch, so that every change the package makes
+to torch and torchax is read in one place.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-_applied: set[str] = set()
+from . import patching
+
 
 
 # --- 1. torchax import on torch >= 2.13 ------------------------------------------------------------------
@@ -72,7 +75,7 @@ def import_torchax():
     with _tolerate_removed_named_overloads():
         torchax = importlib.import_module("torchax")
         torchax.default_env()  # loads torchax.decompositions, the second place that needs the shim
-    _applied.add("torchax-named-overloads")
+    patching.record("torchax-named-overloads")
     return torchax
 
 
@@ -98,7 +101,7 @@ def route_sdpa(scaled_dot_product_attention) -> None:
     _torchax_sdpa_op = current
     for op in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention):
         environment.override_op_definition(op, scaled_dot_product_attention)
-    _applied.add("torchax SDPA override")
+    patching.record("torchax SDPA override")
 
 
 def torchax_sdpa(*args):
@@ -117,19 +120,15 @@ def _patch_type_as():
     from torchax.tensor import Tensor
 
     current = vars(Tensor).get("type_as")
-    if current is None or getattr(current, "_diffusers_tpu", False):
-        return
-    if "self._elem = " not in inspect.getsource(current):
-        return  # a fixed torchax: nothing to do
+    if current is None or not patching.labels(current) and "self._elem = " not in inspect.getsource(current):
+        return  # torchax has none, or a fixed one: nothing to do
 
     def type_as(self, other):
         if self.dtype == other.dtype:
             return self
         return Tensor(self._elem.astype(other.jax().dtype), self._env)
 
-    type_as._diffusers_tpu = True
-    Tensor.type_as = type_as
-    _applied.add("torchax Tensor.type_as")
+    patching.wrap(Tensor, "type_as", lambda stock: type_as, "torchax Tensor.type_as")
 
 
 # --- 4. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
@@ -142,10 +141,12 @@ def _patch_type_as():
 def _patch_setitem():
     from torchax.tensor import Tensor
 
-    stock = vars(Tensor).get("__setitem__")
-    if stock is None or getattr(stock, "_diffusers_tpu", False):
+    if "__setitem__" not in vars(Tensor):
         return
+    patching.wrap(Tensor, "__setitem__", _setitem_casting, "torchax Tensor.__setitem__")
 
+
+def _setitem_casting(stock):
     def __setitem__(self, key, value):
         if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
             value = value.to(self.dtype)
@@ -160,9 +161,7 @@ def _patch_setitem():
             value = value.reshape(shape)
         return stock(self, key, value)
 
-    __setitem__._diffusers_tpu = True
-    Tensor.__setitem__ = __setitem__
-    _applied.add("torchax Tensor.__setitem__")
+    return __setitem__
 
 
 # --- 5. copy.deepcopy of a torchax tensor -----------------------------------------------------------------
@@ -198,7 +197,7 @@ def _patch_deepcopy():
         return stock(self, memo)
 
     torch.Tensor.__deepcopy__ = host_deepcopy
-    _applied.add("torchax Tensor.__deepcopy__")
+    patching.record("torchax Tensor.__deepcopy__")
 
 
 # --- 6. A host tensor mixed into a JAX op is moved, as torch moves a CPU index or scalar ------------------------
@@ -211,23 +210,20 @@ def _patch_mixed_host_tensors():
     from torchax.tensor import Environment, Tensor
     from torchax.view import View
 
-    stock = Environment.t2j_iso
-    if getattr(stock, "_diffusers_tpu", False):
-        return
+    def make(stock):
+        def t2j_iso(self, torchtensors):
+            import torch.utils._pytree as pytree
 
-    def t2j_iso(self, torchtensors):
-        import torch.utils._pytree as pytree
+            def move(x):
+                if isinstance(x, (Tensor, View)) or x.squeeze().ndim == 0 or x.device.type == "meta":
+                    return x
+                return Tensor(self.t2j_copy(x), self)
 
-        def move(x):
-            if isinstance(x, (Tensor, View)) or x.squeeze().ndim == 0 or x.device.type == "meta":
-                return x
-            return Tensor(self.t2j_copy(x), self)
+            return stock(self, pytree.tree_map_only(torch.Tensor, move, torchtensors))
 
-        return stock(self, pytree.tree_map_only(torch.Tensor, move, torchtensors))
+        return t2j_iso
 
-    t2j_iso._diffusers_tpu = True
-    Environment.t2j_iso = t2j_iso
-    _applied.add("torchax host tensors in JAX ops")
+    patching.wrap(Environment, "t2j_iso", make, "torchax host tensors in JAX ops")
 
 
 # --- 7. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
@@ -240,17 +236,17 @@ tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_tr
 
 def _patch_is_compiling():
     compiler = getattr(torch, "compiler", None)
-    stock = getattr(compiler, "is_compiling", None)
-    if stock is None or getattr(stock, "_diffusers_tpu", False):
+    if getattr(compiler, "is_compiling", None) is None:
         return
 
-    @functools.wraps(stock)
-    def is_compiling() -> bool:
-        return tracing.get() or stock()
+    def make(stock):
+        @functools.wraps(stock)
+        def is_compiling() -> bool:
+            return tracing.get() or stock()
 
-    is_compiling._diffusers_tpu = True
-    compiler.is_compiling = is_compiling
-    _applied.add("torch.compiler.is_compiling during JAX traces")
+        return is_compiling
+
+    patching.wrap(compiler, "is_compiling", make, "torch.compiler.is_compiling during JAX traces")
 
 
 # --- 8. Indexing a view with a tensor -----------------------------------------------------------------------
@@ -262,22 +258,22 @@ def _patch_view_getitem():
     from torchax.view import View
 
     operator = import_torchax().default_env()._ops.get(torch.Tensor.__getitem__)
-    if operator is None or getattr(operator.func, "_diffusers_tpu", False):
+    if operator is None:
         return
-    stock = operator.func
 
-    def getitem(self, indexes):
-        from . import host_scalars
+    def make(stock):
+        def getitem(self, indexes):
+            from . import host_scalars
 
-        # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
-        env = getattr(self, "_env", None) or import_torchax().default_env()
-        if (found := host_scalars.getitem(env, self, indexes)) is not host_scalars.NOT_GLUE:
-            return found
-        return stock(self.torch() if isinstance(self, View) else self, indexes)
+            # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
+            env = getattr(self, "_env", None) or import_torchax().default_env()
+            if (found := host_scalars.getitem(env, self, indexes)) is not host_scalars.NOT_GLUE:
+                return found
+            return stock(self.torch() if isinstance(self, View) else self, indexes)
 
-    getitem._diffusers_tpu = True
-    operator.func = getitem
-    _applied.add("torchax view indexing")
+        return getitem
+
+    patching.wrap(operator, "func", make, "torchax view indexing")
 
 
 # --- 9. In-place ops on a view -----------------------------------------------------------------------------
@@ -295,13 +291,8 @@ def _mutates_first_argument(func) -> bool:
     return alias is not None and alias.is_write
 
 
-def _patch_inplace_on_views():
-    from torchax.tensor import Environment
+def _inplace_on_views(stock):
     from torchax.view import View
-
-    stock = Environment.dispatch
-    if getattr(stock, "_diffusers_tpu", False):
-        return
 
     def dispatch(self, func, types, args, kwargs):
         if args and isinstance(args[0], View) and _mutates_first_argument(func):
@@ -316,9 +307,7 @@ def _patch_inplace_on_views():
                 return view
         return stock(self, func, types, args, kwargs)
 
-    dispatch._diffusers_tpu = True
-    Environment.dispatch = dispatch
-    _applied.add("torchax in-place ops on views")
+    return dispatch
 
 
 # --- 10. Host tensors enter JAX without a program ------------------------------------------------------------
@@ -329,20 +318,17 @@ def _patch_inplace_on_views():
 def _patch_host_transfers():
     from torchax.ops import mappings
 
-    stock = mappings.t2j
-    if getattr(stock, "_diffusers_tpu", False):
-        return
+    def make(stock):
+        def t2j(tensor, use_dlpack=True):
+            if use_dlpack or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+                return stock(tensor, use_dlpack)
+            from . import host_scalars
 
-    def t2j(tensor, use_dlpack=True):
-        if use_dlpack or tensor.device.type != "cpu" or tensor.layout != torch.strided:
-            return stock(tensor, use_dlpack)
-        from . import host_scalars
+            return jax.device_put(host_scalars.host_numpy(tensor))
 
-        return jax.device_put(host_scalars.host_numpy(tensor))
+        return t2j
 
-    t2j._diffusers_tpu = True
-    mappings.t2j = t2j
-    _applied.add("torchax host transfers")
+    patching.wrap(mappings, "t2j", make, "torchax host transfers")
 
 
 # --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
@@ -351,34 +337,34 @@ def _patch_host_transfers():
 # vectors run in torch on the host and their results are placed on the devices (``host_scalars`` says what qualifies).
 # torchax views get their shape without running the slice, and a view of such a vector is read on the host.
 # Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.
-def _patch_glue_on_host():
-    from torchax.tensor import Environment
-    from torchax.view import NarrowInfo, View
-
+def _glue_on_host(stock):
     from . import host_scalars
-
-    stock = Environment.dispatch
-    if getattr(stock, "_diffusers_tpu_glue", False):
-        return
 
     def dispatch(self, func, types, args, kwargs):
         result = host_scalars.run(self, func, args, kwargs or {})
         return stock(self, func, types, args, kwargs) if result is host_scalars.NOT_GLUE else result
 
+    return dispatch
+
+
+def _patch_glue_views():
+    from torchax.view import NarrowInfo, View
+
+    from . import host_scalars
+
     def calculate_output_shape(self, source):
         return list(jax.eval_shape(self.transform_tensor, source).shape)
 
-    stock_jax = View.jax
+    def view_jax(stock):
+        def jax_array(self):
+            array = host_scalars.view_on_host(self)
+            return stock(self) if array is None else array
 
-    def view_jax(self):
-        array = host_scalars.view_on_host(self)
-        return stock_jax(self) if array is None else array
+        return jax_array
 
-    dispatch._diffusers_tpu = dispatch._diffusers_tpu_glue = True
-    Environment.dispatch = dispatch
-    NarrowInfo.calculate_output_shape = calculate_output_shape
-    View.jax = view_jax
-    _applied.add("schedule glue on the host")
+    patching.wrap(NarrowInfo, "calculate_output_shape", lambda stock: calculate_output_shape,
+                  "torchax view shapes without running the slice")
+    patching.wrap(View, "jax", view_jax, "views of host scalars and vectors read on the host")
 
 
 # --- 12. Strided slice assignment without a scatter -------------------------------------------------------------
@@ -445,27 +431,27 @@ def _patch_strided_set():
     from torchax.tensor import Tensor
     from torchax.view import NarrowInfo
 
-    stock_setitem, stock_update = Tensor.__setitem__, NarrowInfo.update_tensor
-    if getattr(stock_update, "_diffusers_tpu", False):
-        return
+    def setitem(stock):
+        def __setitem__(self, key, value):
+            jax_key, jax_value = self._env.t2j_iso((key, value))
+            if isinstance(jax_value, jax.Array):
+                updated = strided_set(self._elem, jax_key, jax_value)
+                if updated is not None:
+                    self._elem = updated
+                    return
+            stock(self, key, value)
 
-    def __setitem__(self, key, value):
-        jax_key, jax_value = self._env.t2j_iso((key, value))
-        if isinstance(jax_value, jax.Array):
-            updated = strided_set(self._elem, jax_key, jax_value)
-            if updated is not None:
-                self._elem = updated
-                return
-        stock_setitem(self, key, value)
+        return __setitem__
 
-    def update_tensor(self, new_value, jax_array):
-        updated = strided_set(jax_array, self.slices, new_value)
-        return stock_update(self, new_value, jax_array) if updated is None else updated
+    def update(stock):
+        def update_tensor(self, new_value, jax_array):
+            updated = strided_set(jax_array, self.slices, new_value)
+            return stock(self, new_value, jax_array) if updated is None else updated
 
-    __setitem__._diffusers_tpu = update_tensor._diffusers_tpu = True
-    Tensor.__setitem__ = __setitem__
-    NarrowInfo.update_tensor = update_tensor
-    _applied.add("strided slice assignment without scatter")
+        return update_tensor
+
+    patching.wrap(Tensor, "__setitem__", setitem, "strided slice assignment without scatter")
+    patching.wrap(NarrowInfo, "update_tensor", update, "strided slice assignment without scatter (views)")
 
 
 # --- 13. torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
@@ -484,7 +470,7 @@ _CUDA_NAMES = {"current_device_idx": "current_device", "current_device_index": "
 def _patch_accelerator():
     accelerator = getattr(torch, "accelerator", None)
     claimed = getattr(torch._C, "_accelerator_getAccelerator", lambda: None)()
-    if accelerator is None or claimed is None or claimed.type != "jax" or "torch.accelerator" in _applied:
+    if accelerator is None or claimed is None or claimed.type != "jax" or "torch.accelerator" in patching.applied():
         return
     cuda = torch.cuda.is_available()
 
@@ -506,7 +492,7 @@ def _patch_accelerator():
     detect = getattr(getattr(utils, "TorchDeviceBackend", None), "_detect_device_type", None)
     if hasattr(detect, "cache_clear"):
         detect.cache_clear()
-    _applied.add("torch.accelerator")
+    patching.record("torch.accelerator")
 
 
 # --- 14. torchax drops ``Tensor.fill_diagonal_`` --------------------------------------------------------------
@@ -540,14 +526,11 @@ def _patch_fill_diagonal():
         self.copy_(Tensor(filled, env))
         return self
 
-    fill_diagonal_._diffusers_tpu = True
     for cls in (Tensor, View):
         current = vars(cls).get("fill_diagonal_")
-        if current is None:
-            cls.fill_diagonal_ = fill_diagonal_
-        elif not getattr(current, "_diffusers_tpu", False):
+        if current is not None and not patching.labels(current):
             return  # torchax implements it now
-    _applied.add("torchax Tensor.fill_diagonal_")
+        patching.wrap(cls, "fill_diagonal_", lambda missing: fill_diagonal_, "torchax Tensor.fill_diagonal_")
 
 
 # --- 15. Random draws outside a program follow torch's generators ----------------------------------------------
@@ -558,14 +541,8 @@ def _patch_fill_diagonal():
 # made by torch on the host (``host_scalars.draw``) and placed on the devices. The draws are never glue ops (torch tags
 # them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a call.
 # Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
-def _patch_random_draws():
-    from torchax.tensor import Environment
-
+def _random_draws(stock):
     from . import host_scalars
-
-    stock = Environment.dispatch
-    if getattr(stock, "_diffusers_tpu_draws", False):
-        return
 
     def dispatch(self, func, types, args, kwargs):
         if func in host_scalars.RANDOM_DRAWS:
@@ -574,9 +551,7 @@ def _patch_random_draws():
                 return drawn
         return stock(self, func, types, args, kwargs)
 
-    dispatch._diffusers_tpu = dispatch._diffusers_tpu_draws = True
-    Environment.dispatch = dispatch
-    _applied.add("random draws from torch's generators")
+    return dispatch
 
 
 # --- 16. Convolutions never split a small spatial dimension over the mesh ---------------------------------------
@@ -620,18 +595,17 @@ def whole_small_spatial_dims(array, kernel):
 def _patch_convolution_inputs():
     from torchax.ops import jaten, ops_registry
 
-    stock = jaten._aten_convolution
-    if getattr(stock, "_diffusers_tpu", False):
-        return
+    def make(stock):
+        @functools.wraps(stock)
+        def convolution(input, weight, *args, **kwargs):
+            return stock(whole_small_spatial_dims(input, weight.shape[2:]), weight, *args, **kwargs)
 
-    @functools.wraps(stock)
-    def convolution(input, weight, *args, **kwargs):
-        return stock(whole_small_spatial_dims(input, weight.shape[2:]), weight, *args, **kwargs)
+        return convolution
 
-    convolution._diffusers_tpu = True
-    jaten._aten_convolution = convolution
-    ops_registry.all_aten_ops[torch.ops.aten.convolution].func = convolution
-    _applied.add("convolutions keep small spatial dims whole")
+    label = "convolutions keep small spatial dims whole"
+    if patching.wrap(jaten, "_aten_convolution", make, label):
+        patching.wrap(ops_registry.all_aten_ops[torch.ops.aten.convolution], "func",
+                      lambda registered: jaten._aten_convolution, label)
 
 
 # --- 17. An eager op on tensors of two meshes ----------------------------------------------------------------
@@ -654,13 +628,9 @@ def _onto_trace_mesh(tensors) -> bool:
     return moved
 
 
-def _patch_mixed_mesh_operands():
+def _mixed_mesh_operands(stock):
     from jax._src.sharding import IndivisibleError
-    from torchax.tensor import Environment, Tensor
-
-    stock = Environment.dispatch
-    if getattr(stock, "_diffusers_tpu_meshes", False):
-        return
+    from torchax.tensor import Tensor
 
     def dispatch(self, func, types, args, kwargs):
         try:
@@ -671,10 +641,7 @@ def _patch_mixed_mesh_operands():
                 raise
             return stock(self, func, types, args, kwargs)
 
-    dispatch.__dict__.update(stock.__dict__)  # the inner wrappers' markers: apply() stays idempotent
-    dispatch._diffusers_tpu = dispatch._diffusers_tpu_meshes = True
-    Environment.dispatch = dispatch
-    _applied.add("eager ops on two meshes")
+    return dispatch
 
 
 # --- 18. aten ops torchax does not lower: window factories, in-place cumulative sums ------------------------------
@@ -715,7 +682,7 @@ def _patch_missing_ops():
     for inplace, functional in ((torch.ops.aten.cumsum_, torch.ops.aten.cumsum),
                                 (torch.ops.aten.cumprod_, torch.ops.aten.cumprod)):
         register(inplace.default, op_base.InplaceOp(functional), is_jax_function=False, is_view_op=True)
-    _applied.add("window functions and in-place cumulative sums")
+    patching.record("window functions and in-place cumulative sums")
 
 
 # --- 19. Group norm run eagerly ----------------------------------------------------------------------------------
@@ -727,20 +694,20 @@ def _patch_missing_ops():
 def _patch_eager_group_norm():
     from torchax.ops import jaten, ops_registry
 
-    stock = jaten._aten_native_group_norm
-    if getattr(stock, "_diffusers_tpu", False):
-        return
-    jitted = jax.jit(stock, static_argnums=(3, 4, 5, 6, 7))
+    def make(stock):
+        jitted = jax.jit(stock, static_argnums=(3, 4, 5, 6, 7))
 
-    @functools.wraps(stock)
-    def group_norm(input, weight, bias, N, C, HxW, group, eps=1e-5):
-        traced = any(isinstance(x, jax.core.Tracer) for x in (input, weight, bias))
-        return (stock if traced else jitted)(input, weight, bias, N, C, HxW, group, eps)
+        @functools.wraps(stock)
+        def group_norm(input, weight, bias, N, C, HxW, group, eps=1e-5):
+            traced = any(isinstance(x, jax.core.Tracer) for x in (input, weight, bias))
+            return (stock if traced else jitted)(input, weight, bias, N, C, HxW, group, eps)
 
-    group_norm._diffusers_tpu = True
-    jaten._aten_native_group_norm = group_norm
-    ops_registry.all_aten_ops[torch.ops.aten.native_group_norm].func = group_norm
-    _applied.add("group norm compiled once per shape when run eagerly")
+        return group_norm
+
+    label = "group norm compiled once per shape when run eagerly"
+    if patching.wrap(jaten, "_aten_native_group_norm", make, label):
+        patching.wrap(ops_registry.all_aten_ops[torch.ops.aten.native_group_norm], "func",
+                      lambda registered: jaten._aten_native_group_norm, label)
 
 
 def apply() -> None:
@@ -753,17 +720,30 @@ def apply() -> None:
     _patch_mixed_host_tensors()
     _patch_is_compiling()
     _patch_view_getitem()
-    _patch_inplace_on_views()
     _patch_host_transfers()
-    _patch_glue_on_host()
+    _patch_glue_views()
     _patch_strided_set()
     _patch_fill_diagonal()
-    _patch_random_draws()
     _patch_convolution_inputs()
     _patch_eager_group_norm()
     _patch_missing_ops()
-    _patch_mixed_mesh_operands()  # outermost dispatch wrapper: it retries whatever the others do
+    _patch_dispatch()
 
 
-def applied() -> set[str]:
-    return set(_applied)
+# torchax's ``Environment.dispatch`` (every eager op and every traced one) wrapped by these layers, innermost first:
+# each sees what the layers after it pass down. The mesh retry is outermost (it reruns whatever the others do); the
+# host-scalar glue and the random draws never both answer a call (torch tags draws ``nondeterministic_seeded``).
+DISPATCH_LAYERS = (
+    ("torchax in-place ops on views", _inplace_on_views),  # 9
+    ("schedule glue on the host", _glue_on_host),  # 11
+    ("random draws from torch's generators", _random_draws),  # 15
+    ("eager ops on two meshes", _mixed_mesh_operands),  # 17
+)
+
+
+def _patch_dispatch():
+    from torchax.tensor import Environment
+
+    for label, layer in DISPATCH_LAYERS:
+        patching.wrap(Environment, "dispatch", layer, label)
+

@@ -90,7 +90,6 @@ def on_host_copies(method):
         finally:
             sharding.back_to_devices(self, placed)
 
-    run._diffusers_tpu = True
     return run
 
 

@@ -15,11 +15,10 @@ import re
 import torch
 
 from . import attention, lora, gpu_script_calls, registry, support, attach as runtime
-from ..interop import backend, compat, import_hooks, startup
+from ..interop import backend, compat, import_hooks, patching, startup
 
 logger = logging.getLogger(__name__)
 
-_applied: set[str] = set()
 
 
 # --- 1. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
@@ -71,10 +70,10 @@ def _patch_pipeline_to(pipeline_utils):
     DiffusionPipeline = pipeline_utils.DiffusionPipeline  # the module itself: diffusers' lazy names may be mid-import
     _check_diffusers_version()
 
-    stock_to = DiffusionPipeline.to
-    if getattr(stock_to, "_diffusers_tpu", False):
-        return
+    patching.wrap(DiffusionPipeline, "to", _pipeline_to, "DiffusionPipeline.to")
 
+
+def _pipeline_to(stock_to):
     @functools.wraps(stock_to)
     def to(self, *args, **kwargs):
         config = kwargs.pop("config", None)
@@ -94,9 +93,7 @@ def _patch_pipeline_to(pipeline_utils):
             runtime.detach(self)
         return stock_to(self, *args, **kwargs)
 
-    to._diffusers_tpu = True
-    DiffusionPipeline.to = to
-    _applied.add("DiffusionPipeline.to")
+    return to
 
 
 # --- 2. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
@@ -109,20 +106,18 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 
     if "__call__" not in vars(pipeline_cls) or not issubclass(pipeline_cls, DiffusionPipeline):
         return
-    stock_call = vars(pipeline_cls)["__call__"]
-    if getattr(stock_call, "_diffusers_tpu", False):
-        return
 
-    @functools.wraps(stock_call)
-    def __call__(self, *args, **kwargs):
-        attached = runtime.runtime_of(self)
-        if attached is None:
-            return stock_call(self, *args, **kwargs)
-        return attached.run_pipeline_call(stock_call, self, args, kwargs)
+    def make(stock_call):
+        @functools.wraps(stock_call)
+        def __call__(self, *args, **kwargs):
+            attached = runtime.runtime_of(self)
+            if attached is None:
+                return stock_call(self, *args, **kwargs)
+            return attached.run_pipeline_call(stock_call, self, args, kwargs)
 
-    __call__._diffusers_tpu = True
-    pipeline_cls.__call__ = __call__
-    _applied.add(f"{pipeline_cls.__name__}.__call__")
+        return __call__
+
+    patching.wrap(pipeline_cls, "__call__", make, f"{pipeline_cls.__name__}.__call__")
 
 
 # --- 3. peft adapters next to a base layer that lives on JAX ------------------------------------------------
@@ -136,25 +131,21 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 def _patch_peft(lora_layer):
     from peft.tuners.tuners_utils import BaseTunerLayer  # imported by lora_layer: already loaded
 
-    stock_move = BaseTunerLayer._move_adapter_to_device_of_base_layer
-    if getattr(stock_move, "_diffusers_tpu", False):
-        return
+    def make(stock_move):
+        @functools.wraps(stock_move)
+        def move_adapter(self, adapter_name, device=None):
+            if device is None and lora.base_on_jax(self):
+                device = torch.device("cpu")  # the dtype still follows the base layer
+            return stock_move(self, adapter_name, device)
 
-    @functools.wraps(stock_move)
-    def move_adapter(self, adapter_name, device=None):
-        if device is None and lora.base_on_jax(self):
-            device = torch.device("cpu")  # the dtype still follows the base layer
-        return stock_move(self, adapter_name, device)
+        return move_adapter
 
-    move_adapter._diffusers_tpu = True
-    BaseTunerLayer._move_adapter_to_device_of_base_layer = move_adapter
+    patching.wrap(BaseTunerLayer, "_move_adapter_to_device_of_base_layer", make, "peft adapters on JAX layers")
     for cls in vars(lora_layer).values():
         if isinstance(cls, type) and issubclass(cls, lora_layer.LoraLayer):
             for name in ("merge", "unmerge"):
-                stock = vars(cls).get(name)
-                if stock is not None and not getattr(stock, "_diffusers_tpu", False):
-                    setattr(cls, name, lora.on_host_copies(stock))
-    _applied.add("peft adapters on JAX layers")
+                if name in vars(cls):  # the class's own (a subclass inheriting it is wrapped through its parent)
+                    patching.wrap(cls, name, lora.on_host_copies, f"peft {cls.__name__}.{name} on host copies")
 
 
 # --- 4. torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------
@@ -165,15 +156,15 @@ def _patch_peft(lora_layer):
 # those two device strings and leaves every other one (and isinstance checks on any generator) as they were.
 # Guard: replaced once; a torch whose Generator already accepts "tpu" is left alone.
 def _patch_generator():
-    if getattr(torch.Generator, "_diffusers_tpu", False):
-        return
     try:
         torch.Generator("tpu")
-        return  # a native "tpu" generator exists (torch_xla or similar)
+        return  # a native "tpu" generator exists (torch_xla or similar), or ours is in
     except RuntimeError:
         pass
-    stock = torch.Generator
+    patching.wrap(torch, "Generator", _tpu_generator, "torch.Generator('tpu')")
 
+
+def _tpu_generator(stock):
     class _AnyGenerator(type(stock)):
         def __instancecheck__(cls, instance):
             return isinstance(instance, stock)
@@ -183,14 +174,12 @@ def _patch_generator():
 
     class Generator(stock, metaclass=_AnyGenerator):
         __doc__ = stock.__doc__
-        _diffusers_tpu = True
 
         def __new__(cls, device="cpu"):
             return stock(gpu_script_calls.generator_device(device))
 
     Generator.__module__, Generator.__qualname__ = stock.__module__, stock.__qualname__
-    torch.Generator = Generator
-    _applied.add("torch.Generator('tpu')")
+    return Generator
 
 
 # --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
@@ -205,18 +194,17 @@ _PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", 
 def _patch_ported_methods(pipeline_utils):
     DiffusionPipeline = pipeline_utils.DiffusionPipeline
     for name in _PORTED_METHODS:
-        stock = getattr(DiffusionPipeline, name, None)
-        if stock is None or getattr(stock, "_diffusers_tpu", False):
-            continue
+        if getattr(DiffusionPipeline, name, None) is not None:
+            patching.wrap(DiffusionPipeline, name, functools.partial(_ported, name), f"DiffusionPipeline.{name}")
 
-        @functools.wraps(stock)
-        def ported(self, *args, _name=name, _stock=stock, **kwargs):
-            handled, result = gpu_script_calls.pipeline_method(self, runtime.runtime_of(self), _name, args, kwargs)
-            return result if handled else _stock(self, *args, **kwargs)
 
-        ported._diffusers_tpu = True
-        setattr(DiffusionPipeline, name, ported)
-        _applied.add(f"DiffusionPipeline.{name}")
+def _ported(name, stock):
+    @functools.wraps(stock)
+    def ported(self, *args, **kwargs):
+        handled, result = gpu_script_calls.pipeline_method(self, runtime.runtime_of(self), name, args, kwargs)
+        return result if handled else stock(self, *args, **kwargs)
+
+    return ported
 
 
 # --- 6. Known noise, silenced at its source and nowhere else --------------------------------------------------------
@@ -243,7 +231,7 @@ def _quiet_known_noise() -> None:
     if _torchvision_fallback_filter not in import_utils_logger.filters:
         import_utils_logger.addFilter(_torchvision_fallback_filter)
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning, module="subprocess")
-    _applied.add("known noise silenced")
+    patching.record("known noise silenced")
 
 
 # --- 7. Modular pipelines refuse "tpu" / "jax" with the classic pipeline to use ------------------------------------
@@ -254,10 +242,11 @@ def _quiet_known_noise() -> None:
 # Guard: diffusers 0.42's ``ModularPipeline.to``; applied when ``modular_pipeline`` is imported.
 def _patch_modular_pipelines(modular_pipeline) -> None:
     cls = getattr(modular_pipeline, "ModularPipeline", None)
-    stock_to = getattr(cls, "to", None)
-    if stock_to is None or getattr(stock_to, "_diffusers_tpu", False):
-        return
+    if getattr(cls, "to", None) is not None:
+        patching.wrap(cls, "to", _modular_to, "ModularPipeline.to")
 
+
+def _modular_to(stock_to):
     @functools.wraps(stock_to)
     def to(self, *args, **kwargs):
         if _jax_target_of(args, dict(kwargs)) is not None:
@@ -271,9 +260,7 @@ def _patch_modular_pipelines(modular_pipeline) -> None:
                              + (f" ({classic} on JAX: {status})" if status else "") + ". Nothing was moved.")
         return stock_to(self, *args, **kwargs)
 
-    to._diffusers_tpu = True
-    cls.to = to
-    _applied.add("ModularPipeline.to")
+    return to
 
 
 # --- 8. FLUX.2 klein's reference-token KV cache crosses program boundaries as arrays ------------------------------
@@ -304,7 +291,7 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
                                 serialized_type_name="diffusers.Flux2KVLayerCache")
     pytree.register_pytree_node(cache, lambda c: ((c.double_block_caches, c.single_block_caches), c.num_ref_tokens),
                                 unflatten_cache, serialized_type_name="diffusers.Flux2KVCache")
-    _applied.add("Flux2KVCache as a pytree")
+    patching.record("Flux2KVCache as a pytree")
 
 
 def _patch_pipelines(pipeline_utils) -> None:
@@ -327,4 +314,4 @@ def apply() -> None:
 
 def applied() -> list[str]:
     """Names of the patches in effect, for bug reports."""
-    return sorted(_applied | compat.applied() | startup.applied())
+    return sorted(set(patching.applied()) | startup.applied())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from diffusers_tpu.interop import compat
+from diffusers_tpu.interop import compat, patching
 from diffusers_tpu.runtime import patches
 
 
@@ -35,7 +35,7 @@ def test_patches_are_idempotent_and_listed():
     before = patches.applied()
     patches.apply()
     assert patches.applied() == before
-    assert "DiffusionPipeline.to" in before and getattr(DiffusionPipeline.to, "_diffusers_tpu", False)
+    assert "DiffusionPipeline.to" in before and "DiffusionPipeline.to" in patching.labels(DiffusionPipeline.to)
 
 
 def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
@@ -371,7 +371,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat
+from diffusers_tpu.interop import compat, patching
 torchax = compat.import_torchax()
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
 env = torchax.default_env()
@@ -411,7 +411,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat
+from diffusers_tpu.interop import compat, patching
 torchax = compat.import_torchax()
 devices = np.array(jax.devices())
 vae_mesh = Mesh(devices.reshape(1, 8), ("batch", "spatial"))

@@ -1,0 +1,33 @@
+"""``interop.patching``: the one way the package patches a third-party attribute, and torchax's dispatch stack."""
+
+import types
+
+from diffusers_tpu.interop import compat, patching
+
+
+def test_wrap_once_stacks_with_labels_and_records():
+    owner = types.SimpleNamespace(greet=lambda: "stock")
+
+    def loud(stock):
+        return lambda: stock().upper()
+
+    def excited(stock):
+        return lambda: stock() + "!"
+
+    assert patching.wrap(owner, "greet", loud, "test: loud")
+    assert not patching.wrap(owner, "greet", loud, "test: loud")  # applied already: unchanged
+    assert owner.greet() == "STOCK"
+    assert patching.wrap(owner, "greet", excited, "test: excited")
+    assert not patching.wrap(owner, "greet", loud, "test: loud")  # still in, under another wrapper
+    assert owner.greet() == "STOCK!" and patching.labels(owner.greet) == ("test: excited", "test: loud")
+    assert {"test: loud", "test: excited"} <= set(patching.applied())
+
+
+def test_torchax_dispatch_holds_its_layers_in_the_declared_order():
+    """Outermost first on the attribute, innermost first in ``DISPATCH_LAYERS``: the order is the tuple's, not the
+    order of lines in ``apply``; applying again adds nothing."""
+    from torchax.tensor import Environment
+
+    compat.apply()
+    declared = tuple(label for label, _ in compat.DISPATCH_LAYERS)
+    assert patching.labels(Environment.dispatch) == declared[::-1]
