@@ -6,7 +6,7 @@ For any pipeline the runtime supports (a family file or the generic path), ``com
    (``Family.vae_methods``; ``vae.decode`` for VAEs with their own programs, ``Family.vae_install``): the shapes
    those programs take;
 2. attaches the runtime for the TPU ``devices`` without placing a weight (``plan``'s abstract weights, sharded as
-   ``pipe.to`` shards them) and probes the pipeline up to its first denoiser call (``plan.probe_denoiser_call``,
+   ``pipe.to`` shards them) and probes the pipeline up to its first denoiser call (``call_probe.probe_denoiser_call``,
    text encoders run on the host): the denoiser's step as the runtime compiles it, guidance pair batched;
 3. compiles the step and every recorded VAE program for ``devices`` and returns what ``analyse`` reads of each (a
    forward JAX cannot trace, which the runtime runs eagerly with its parts compiled one by one: ``{"eager": why}``).
@@ -24,7 +24,7 @@ import inspect
 import torch
 from torch.utils import _pytree as pytree
 
-from . import lowering, plan, tpu_compiler
+from . import call_probe, lowering, plan, program_memory, tpu_compiler
 
 
 def _keywords(pipe, call: dict) -> dict:
@@ -101,21 +101,21 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     with _recording(_vae_targets(pipe, family) if vae else [], seen), torch.no_grad():
         pipe(**keywords, generator=torch.Generator().manual_seed(0))
     results = {}
-    with plan._attached(pipe, config, devices) as runtime:
+    with plan.attached(pipe, config, devices) as runtime:
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(runtime.mesh.shape))
         state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks,
                                     config.fully_sharded_weights)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
-        args, kwargs, guided = plan.probe_denoiser_call(pipe, {**keywords, "guidance_scale": call.get(
-            "guidance_scale", 5.0)}, None, plan._reported_dtype(module, state), runtime, prompt=call.get("prompt"),
+        args, kwargs, guided = call_probe.probe_denoiser_call(pipe, {**keywords, "guidance_scale": call.get(
+            "guidance_scale", 5.0)}, None, plan.reported_dtype(module, state), runtime, prompt=call.get("prompt"),
             keywords=keywords)
         # true classifier-free guidance (Flux, Qwen-Image): a negative prompt and true_cfg_scale > 1
         guided = guided or (call.get("true_cfg_scale", 1.0) > 1 and call.get("negative_prompt") is not None)
         batch = 2 if runtime.pairing is not None and guided else 1
         paired = _paired_arguments(family)  # the arguments the runtime batches as the guidance pair
-        args = pytree.tree_map(lambda value: plan._concrete(value, batch), args)
-        kwargs = {name: pytree.tree_map(lambda value: plan._concrete(value, batch if name in paired else 1), value)
+        args = pytree.tree_map(lambda value: call_probe.concrete(value, batch), args)
+        kwargs = {name: pytree.tree_map(lambda value: call_probe.concrete(value, batch if name in paired else 1), value)
                   for name, value in kwargs.items()}
         try:
             lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
@@ -126,9 +126,9 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         if vae is not None and family.vae_install is not None:
             for _, (recorded_args, _) in seen.values():
                 latents = recorded_args[0]
-                decode = plan._vae_decode_started(
+                decode = program_memory.vae_decode_started(
                     pipe, config, runtime, (1, *latents.shape[1:]), config.vae_decode_chunk,
-                    lambda low: plan._compiled_now(low, analyse))()
+                    lambda low: program_memory.compiled_now(low, analyse))()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
             weights = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)

@@ -7,7 +7,7 @@ import jax
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit
-from diffusers_tpu.planner import chips, plan
+from diffusers_tpu.planner import call_probe, chips, plan
 from diffusers_tpu.testing import tiny, tiny_unet
 
 CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_frames=9,
@@ -232,7 +232,8 @@ def test_plan_reports_the_runtime_text_encoder_programs():
         vars(module)["forward"] = recorded
         actual.append((module, outer, compiled, calls))
     try:
-        pipe(**dict(HUNYUAN_CALL, prompt=plan.PLAN_PROMPT, negative_prompt=""), generator=torch.Generator().manual_seed(0))
+        pipe(**dict(HUNYUAN_CALL, prompt=call_probe.PLAN_PROMPT, negative_prompt=""),
+             generator=torch.Generator().manual_seed(0))
         analyses = [jit.memory_analysis(compiled, *calls[0][0], **calls[0][1]) for _, _, compiled, calls in actual]
     finally:
         for module, outer, _, _ in actual:

@@ -1,0 +1,150 @@
+"""What the programs around the denoiser need: the VAE decode programs (Wan's chunked ones, or every program a
+family's stock decode runs through its compiled VAE methods) and text encoders placed on the devices, each lowered
+as the runtime compiles it and analysed by ``plan``'s ``submit`` (a background compile) or here and now."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from concurrent.futures import Future
+
+import torch
+
+from . import call_probe
+
+
+def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
+    """XLA's memory analysis (bytes per device) of the Wan VAE's decode programs as the runtime compiles them for
+    ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program (``chunk`` latent
+    frames) the rest run in (its carried cache from the first). None for a VAE without such programs."""
+    return vae_decode_started(pipe, config, runtime, latent_shape, chunk, compiled_now)()
+
+
+def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
+    """``vae_decode_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
+    from ..interop import jit
+    from . import lowering
+
+    vae = getattr(pipe, "vae", None)
+    if vae is None or runtime.family.vae_install is None:
+        return lambda: None
+    state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+    runtime.family.vae_install(vae, runtime, lambda: state, runtime._width_input)
+    programs = vae._diffusers_tpu_programs
+    batch, channels, frames, height, width = latent_shape
+    head = torch.zeros(batch, channels, min(frames, 2), height, width)
+    first, (_, cache) = jit.lowered_output_shapes(programs["decode_first"], head)
+    pending = {"decode_first": submit(first)}
+    if frames > 2:
+        body = torch.zeros(batch, channels, chunk, height, width)
+        pending["decode_chunk"] = submit(jit.lower(programs["decode_chunk"], body, cache))
+
+    def finish() -> dict:
+        report = {name: future.result() for name, future in pending.items()}
+        return dict(report, peak_bytes=max(analysis["peak_bytes"] for analysis in report.values()))
+
+    return functools.cache(finish)
+
+
+def compiled_now(lowered, analyse=None) -> Future:
+    """Compile here and now (``plan`` without a background compiler)."""
+    from ..interop import jit
+
+    done = Future()
+    done.set_result((analyse or jit.compiled_memory)(lowered))
+    return done
+
+
+def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) -> dict | None:
+    """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
+    through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
+    CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
+    the host around them, each program answering with zeros of its outputs (``compile.lowered_zero_outputs``);
+    ``latents``: one video's, as the denoising loop leaves them."""
+    return vae_method_started(pipe, config, runtime, latents, size, compiled_now)()
+
+
+def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
+    """``vae_method_memory`` walked here, its programs compiled by ``submit``: returns the function giving it."""
+    from . import lowering
+
+    vae, family = pipe.vae, runtime.family
+    state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+    programs, stand_ins = {}, {}
+    for spec in family.vae_methods:
+        path, _, method = spec.rpartition(".")
+        owner = vae.get_submodule(path) if path else vae
+        prefix = f"{path}." if path else ""
+        owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
+        compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
+        stand_ins[(owner, method)] = _zero_answers(compiled, programs, submit)
+    with _standing_in(stand_ins), torch.no_grad():
+        family.decode_latents(pipe, latents, size["num_frames"])
+
+    def finish() -> dict | None:
+        analyses = [future.result() for future, _ in programs.values()]
+        return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
+
+    return functools.cache(finish)
+
+
+@contextlib.contextmanager
+def _standing_in(stand_ins: dict):
+    """``{(owner, method name): function}`` installed for a while (each compiled from the method it replaces,
+    which must not be an earlier stand-in)."""
+    previous = {key: vars(key[0]).get(key[1]) for key in stand_ins}
+    for (owner, method), function in stand_ins.items():
+        setattr(owner, method, function)
+    try:
+        yield
+    finally:
+        for (owner, method), function in previous.items():
+            if function is None:
+                vars(owner).pop(method, None)
+            else:
+                setattr(owner, method, function)
+
+
+def _zero_answers(compiled, programs: dict, submit=None):
+    """A stand-in for the compiled method ``compiled``: each new program it is called with is lowered, compiled by
+    ``submit`` (``programs``: key -> (future analysis, outputs)) and answered with host zeros of its outputs."""
+    from torch.utils import _pytree as pytree
+
+    from ..interop import jit
+
+    def record(*args, **kwargs):
+        leaves = pytree.tree_leaves((args, kwargs))
+        key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
+        if key not in programs:
+            lowered, out = jit.lowered_zero_outputs(compiled, *args, **kwargs)
+            programs[key] = ((submit or compiled_now)(lowered), out)
+        return programs[key][1]
+
+    return record
+
+
+def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dtype: torch.dtype) -> dict | None:
+    """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
+    prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
+    tokenizer (a folder planned without its text encoders)."""
+    from ..interop import jit
+    from . import lowering
+    from ..runtime import placement
+    from ..runtime.attach import component_dtype
+
+    names = placement.text_encoder_names(pipe)
+    if not names or getattr(pipe, "tokenizer", None) is None:
+        return None
+    programs, weights, stand_ins = {}, 0, {}
+    for name in names:
+        module = getattr(pipe, name)
+        keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+        state = lowering.abstract_state(module, runtime.mesh, (), component_dtype(
+            runtime.family, config, runtime.target, name, None), keep)
+        weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
+        compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
+        stand_ins[(module, "forward")] = _zero_answers(compiled, programs)
+    with _standing_in(stand_ins):
+        call_probe.probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=call_probe.PLAN_PROMPT)
+    analyses = [future.result() for future, _ in programs.values()]
+    return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
