@@ -164,7 +164,7 @@ def test_wan_with_per_layer_lora_scales_scans_and_equals_torch(monkeypatch):
     from diffusers_tpu.testing import tiny
 
     scans, scan = [], repeated_blocks._BlockListCalls._scan
-    monkeypatch.setattr(repeated_blocks._Chain, "_scan", lambda chain: scans.append(chain.path) or scan(chain))
+    monkeypatch.setattr(repeated_blocks._BlockListCalls, "_scan", lambda chain: scans.append(chain.path) or scan(chain))
     ref, pipe = tiny.wan_pipeline("wan-4head"), tiny.wan_pipeline("wan-4head")
     for p in (ref, pipe):
         p.load_lora_weights(diffusers_lora("wan-4head", 1), adapter_name="a")
