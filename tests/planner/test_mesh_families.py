@@ -1,10 +1,12 @@
 """The 8-device simulated mesh, second part (``mesh_worker.py families``): ``plan`` against the programs the runtime
-runs there. A file of its own so that pytest-xdist runs it beside test_mesh.py's part instead of after it. (Every
-pipeline class's mesh run — "np", "pil", a second call compiling nothing, LTX-2's soundtrack — is the parity sweep's:
-``pytest -m sweep``, CI's third command.)"""
+runs there, and the VAE programs sharded over it. A minute of an 8-device worker, so CI's second command
+(``-m mesh_slow``), not README's. (Every pipeline class's mesh run — "np", "pil", a second call compiling nothing,
+LTX-2's soundtrack — is the parity sweep's: ``pytest -m sweep``, CI's third command.)"""
 
 import pytest
 from tests.runtime.test_mesh import mesh_report
+
+pytestmark = pytest.mark.mesh_slow
 
 
 @pytest.fixture(scope="module")
