@@ -38,10 +38,9 @@ def activate() -> None:
     if _active:
         return
     _active = True
-    from .interop import compat, distributed
+    from .interop import distributed
 
     distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
-    compat.import_torchax()  # torchax must import (through its compat shim) before anything touches it
 
     from . import families
     from .runtime import patches, registry
@@ -51,6 +50,7 @@ def activate() -> None:
 
 
 startup.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
+startup.torchax_importable()  # torchax imports on torch 2.13, whoever imports it first
 if "torch" in sys.modules or startup.in_a_cluster():  # a cluster starts before user code can touch a JAX backend
     activate()
 else:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import BlockSizes, cudnn_attention, flash_attention, reference_attention, splash_attention
+import torch
 
 PALLAS = ("splash_exp2", "splash")
 REFERENCE_SCORE_BYTES = 8 * 2**30
@@ -55,8 +56,6 @@ def time_kernel(fn, args, repeats: int, warmup: int) -> dict:
 def time_torch_sdpa(q, k, v, repeats: int, warmup: int) -> tuple[dict, np.ndarray]:
     """torch's own ``scaled_dot_product_attention`` (its default backend choice) on the same inputs, CUDA when
     present: the kernel stock diffusers runs."""
-    import torch
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tq, tk, tv = (torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(device, getattr(torch, str(x.dtype)))
                   for x in (q, k, v))

@@ -136,10 +136,11 @@ def test_imports_run_down_the_layers():
 
 def test_compat_at_the_bottom_patches_at_the_top():
     """compat imports nothing of the package but host_scalars (its policy for eager glue) and patching (the one way
-    to patch), which import nothing; nothing but the package's __init__ imports patches, and bench / cli share their helpers instead of importing
-    each other."""
+    to patch), torch_compat nothing but patching, and those import nothing; nothing but the package's __init__
+    imports patches, and bench / cli share their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
     assert edges[p + "interop.compat"] == {p + "interop.host_scalars", p + "interop.patching"}
+    assert edges[p + "interop.torch_compat"] == {p + "interop.patching"}
     assert edges[p + "interop.host_scalars"] == set() and edges[p + "interop.patching"] == set()
     assert {m for m, targets in edges.items() if p + "runtime.patches" in targets} == {"diffusers_tpu"}
     assert p + "commands.cli" not in edges[p + "commands.bench"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 
 from .scenes import DEFAULT_PROMPT  # noqa: F401
+import diffusers
+import torch
 
 MODEL_DIR = os.path.join(os.path.dirname(__file__), "model")
 NAME = "demo"
@@ -29,12 +31,9 @@ CALL = dict(height=64, width=64, num_frames=9, num_inference_steps=30, guidance_
 
 def load_pipeline(folder: str = MODEL_DIR):
     """The shipped demo ``diffusers.WanPipeline`` on the CPU (float32)."""
-    import diffusers
-
     if not os.path.isfile(os.path.join(folder, "model_index.json")):
         raise FileNotFoundError(f"The demo model is missing from {folder}: reinstall diffusers_tpu, or rebuild it with "
                                 f"`python -m diffusers_tpu.demo.train --output {folder}`.")
-    import torch
 
     # the transformer is stored in float16 (``demo.train.save``); the pipeline runs in float32
     return diffusers.WanPipeline.from_pretrained(folder, use_safetensors=True, dtype=torch.float32)

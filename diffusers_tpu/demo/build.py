@@ -15,6 +15,18 @@ latents *are* (half-resolution) pixels, which is also what makes the demo's cont
 from __future__ import annotations
 
 import torch
+from tokenizers import Tokenizer
+from tokenizers import models
+from tokenizers import normalizers
+from tokenizers import pre_tokenizers
+from tokenizers import processors
+from transformers import PreTrainedTokenizerFast
+from transformers import UMT5Config
+from transformers import UMT5EncoderModel
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
+from diffusers import AutoencoderKLWan
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
 
 WORDS_PAD, WORDS_EOS, WORDS_UNK = "<pad>", "</s>", "<unk>"  # T5's special tokens
 OFFSET, CONSTANT = 20.0, 1.0e4
@@ -28,9 +40,6 @@ TEXT_ENCODER = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, nu
 
 def word_tokenizer(words: list[str], model_max_length: int = 512):
     """A T5-style (pad=0, eos=1, unk=2, eos appended) word-level tokenizer over ``words``."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {WORDS_PAD: 0, WORDS_EOS: 1, WORDS_UNK: 2}
     for word in words:
         vocab.setdefault(word, len(vocab))
@@ -46,8 +55,6 @@ def word_tokenizer(words: list[str], model_max_length: int = 512):
 
 def text_encoder(seed: int = 0):
     """A frozen random UMT5 encoder: distinct words give distinct embeddings, which is all the demo needs."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
     torch.manual_seed(seed)
     return UMT5EncoderModel(UMT5Config(**TEXT_ENCODER)).eval()
 
@@ -76,8 +83,6 @@ def _carrier(conv, rgb_in, offset: float) -> None:
 
 
 def _silence_branches(module: torch.nn.Module) -> None:
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanResidualBlock
-
     for block in module.modules():
         if isinstance(block, WanResidualBlock):
             with torch.no_grad():
@@ -104,9 +109,6 @@ def _linear_head(norm, conv, rgb_out, extra=()) -> None:
 
 def pixel_vae():
     """The hand-set ``AutoencoderKLWan`` described above (float32, eval mode)."""
-    from diffusers import AutoencoderKLWan
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
-
     vae = AutoencoderKLWan(**VAE_CONFIG).eval()
     encoder, decoder = vae.encoder, vae.decoder
     _silence_branches(vae)

@@ -17,6 +17,8 @@ import json
 import torch
 
 from . import CALL, load_pipeline, scenes
+from ..interop.backend import device_for
+from ..interop.mesh_axes import mesh_arg
 
 
 def readings(pipe, items, seeds, call=None) -> list[dict]:
@@ -45,9 +47,6 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    from ..interop.backend import device_for
-    from ..interop.mesh_axes import mesh_arg
-
     parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.demo.evaluate")
     parser.add_argument("--model", default=None, help="a demo pipeline folder (default: the shipped model)")
     parser.add_argument("--platform", default="torch", choices=("torch", "cpu", "gpu", "tpu", "jax"))

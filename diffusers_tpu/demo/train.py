@@ -24,6 +24,9 @@ import torch
 
 from . import CALL, build, scenes
 from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import WanPipeline
+from diffusers import WanTransformer3DModel
 
 # One temporal patch spans the whole clip (5 latent frames = the 9 frames of ``CALL``): each token draws its 4x4
 # latent pixels through all frames, so the direction word steers a pattern inside a token, as the colour word does.
@@ -37,8 +40,6 @@ SHIFT = 3.0
 
 def new_pipeline(seed: int = 0):
     """The untrained demo pipeline (stock ``WanPipeline``): random transformer, built VAE and text encoder."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(**TRANSFORMER).eval()
     return WanPipeline(transformer=transformer, vae=build.pixel_vae(), text_encoder=build.text_encoder(seed + 1),

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..interop import backend, compat
+from ..interop import backend, torch_compat
 from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
+from torch.func import functional_call
 
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 
@@ -23,13 +24,11 @@ BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 def jax_steps(transformer, steps: int):
     """``(step, averaged)`` as ``demo.train.train`` takes them: ``step`` updates JAX copies of the weights and their
     moving average, ``averaged`` returns host (torch) copies of the average."""
-    from torch.func import functional_call
-
     params = {name: backend.to_jax_array(p.detach()) for name, p in transformer.named_parameters()}
     moments = ({k: jnp.zeros_like(v) for k, v in params.items()}, {k: jnp.zeros_like(v) for k, v in params.items()})
 
     def loss_of(weights, noisy, sigma, context, target):
-        token = compat.tracing.set(True)  # library code takes its compile-friendly paths, as in every program
+        token = torch_compat.tracing.set(True)  # library code takes its compile-friendly paths, as in every program
         try:
             with backend.jax_mode(), torch.no_grad():
                 wrapped = {k: backend.wrap(v) for k, v in weights.items()}
@@ -37,7 +36,7 @@ def jax_steps(transformer, steps: int):
                                       dict(timestep=backend.wrap(sigma * 1000),
                                            encoder_hidden_states=backend.wrap(context), return_dict=False))[0]
         finally:
-            compat.tracing.reset(token)
+            torch_compat.tracing.reset(token)
         return jnp.mean((backend.to_jax_array(out) - target) ** 2)
 
     @jax.jit

@@ -29,6 +29,7 @@ import torch
 
 from ..runtime.registry import DENOISERS, Family, register_fallback, vae_methods
 from . import wan_vae
+from diffusers import ModelMixin
 
 
 _COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
@@ -38,8 +39,6 @@ _BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "te
 
 
 def denoiser_names(pipe) -> list[str]:
-    from diffusers import ModelMixin
-
     return [n for n in DENOISERS if isinstance(getattr(pipe, n, None), ModelMixin)]
 
 

@@ -37,6 +37,9 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 
 from ..runtime.config import TEXT_PADDING_MODES
 from ..runtime.registry import CFGBatching, Family, register
+from ..interop.backend import is_jax_tensor
+from ..interop.backend import jax_to_host
+from ..interop.backend import torch_mode
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k RMS norms are shared by all heads.
@@ -178,8 +181,6 @@ class _PromptMemo:
 def _token_order_on_host(*tensors):
     """``text_token_order`` in torch on the host (once per prompt): as eager device ops it was three one-off programs
     of a first call. The compiled forward takes the host permutation as an input."""
-    from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
-
     host = [jax_to_host(t.jax()) if is_jax_tensor(t) else t for t in tensors]
     with torch_mode():
         return text_token_order(*host)

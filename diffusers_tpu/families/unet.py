@@ -23,6 +23,7 @@ import torch
 
 from ..runtime.registry import Family, register_fallback, vae_methods
 from . import generic
+from diffusers import ModelMixin
 
 
 # Block inputs are NCHW (NCFHW for AnimateDiff and SVD's [B*F, C, H, W]): only the batch splits.
@@ -33,8 +34,6 @@ _TOKENS = (r"\.attentions\.\d+\.transformer_blocks\.\d+$", ("dp", "sp", None))
 
 
 def has_unet(pipe) -> bool:
-    from diffusers import ModelMixin
-
     return isinstance(getattr(pipe, "unet", None), ModelMixin)
 
 

@@ -22,6 +22,7 @@ import diffusers
 
 from . import wan_vae
 from ..runtime.registry import CFGBatching, Family, register, zero_text_call
+import torch
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -96,8 +97,6 @@ def check_frames(pipe, kwargs) -> None:
 
 def unnormalize_latents(vae, latents):
     """Latents as the VAE decodes them, computed as the stock pipeline does (diffusers 0.42, pipeline_wan.py)."""
-    import torch
-
     shape = (1, vae.config.z_dim, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
     inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)

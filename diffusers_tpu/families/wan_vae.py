@@ -27,6 +27,9 @@ import torch
 
 from ..interop import backend
 from ..interop.jit import compiled_function
+from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+from diffusers.models.autoencoders.vae import DecoderOutput
 
 
 def _scan(step, cache: list, frames, per_call: int):
@@ -115,8 +118,6 @@ def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
 
 def _finish(vae, out):
     """Stock ``_decode``'s tail: unpatchify (Wan 2.2's VAE), clamp to [-1, 1]."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
     if vae.config.patch_size is not None:
         out = unpatchify(out, patch_size=vae.config.patch_size)
     return torch.clamp(out, min=-1.0, max=1.0)
@@ -184,8 +185,6 @@ class _Tiles:
         self.assemble = compiled_function(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
 
     def decode(self, z, return_dict: bool = True):
-        from diffusers.models.autoencoders.vae import DecoderOutput
-
         vae, ratio, patch = self.vae, self.vae.spatial_compression_ratio, self.vae.config.patch_size or 1
         _, _, _, height, width = z.shape
         tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
@@ -232,9 +231,6 @@ def _assemble(vae, rows, blend_height: int, blend_width: int, stride_h: int, str
 
 def install(vae, runtime, state, place_input) -> None:
     """Replace ``vae._decode`` / ``vae._encode`` by the chunked, compiled versions (undone with the runtime)."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
-    from diffusers.models.autoencoders.vae import DecoderOutput
-
     config = runtime.config
     dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
     options = dict(runtime.vae_program_options(), place_input=place_input)

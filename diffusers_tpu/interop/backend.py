@@ -12,11 +12,17 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 import torch
+import torchax
 from jax.sharding import AxisType, Mesh
 
 from . import distributed
-from .compat import import_torchax
 from .mesh_axes import MESH_AXES
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _disable_current_modes
+from torchax.tensor import Tensor
+from torchax.view import View
+import torch.utils._pytree as pytree
+from torchax.ops import mappings
 
 logger = logging.getLogger(__name__)
 
@@ -114,13 +120,12 @@ def devices_for(target: Target) -> list:
 # --- torchax environment ---------------------------------------------------------------------------------
 def env():
     """The torchax environment all our work runs in (the default one: ``interop.call_torch`` uses it under jit)."""
-    return import_torchax().default_env()
+    return torchax.default_env()
 
 
 def _modes_active(environment) -> bool:
     # Not ``environment.enabled``: torchax's dispatch enters and exits the environment around every op, which
     # resets that flag while the outer modes are still on torch's stack.
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return any(mode is environment._dispatch_mode for mode in _get_current_dispatch_mode_stack())
 
@@ -145,8 +150,6 @@ def jax_mode():
 @contextlib.contextmanager
 def torch_mode():
     """Run plain torch code even inside the torchax environment (e.g. a text encoder kept on the host)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     if not _modes_active(env()):
         yield
         return
@@ -155,16 +158,11 @@ def torch_mode():
 
 
 def is_jax_tensor(value) -> bool:
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     return isinstance(value, (Tensor, View))
 
 
 def synchronize(value) -> None:
     """Wait until the JAX tensors in ``value`` (any pytree) are computed; for CUDA tensors, the CUDA stream."""
-    import torch.utils._pytree as pytree
-
     tensors = [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
     arrays = [x.jax() for x in tensors if is_jax_tensor(x)]
     if arrays:
@@ -216,15 +214,11 @@ def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Ten
 
 
 def jax_dtype(dtype: torch.dtype):
-    from torchax.ops import mappings
-
     return mappings.t2j_dtype(dtype)
 
 
 def wrap(array: jax.Array):
     """A torchax tensor view of a JAX array."""
-    from torchax.tensor import Tensor
-
     return Tensor(array, env())
 
 

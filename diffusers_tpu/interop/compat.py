@@ -1,8 +1,9 @@
-"""Compatibility of torch, torchax and JAX: the low-level patches the backend needs, each with its reason and
-version guard, each set through ``patching.wrap``. This module imports nothing of the package but ``host_scalars``
-and ``patching`` (all three sit at the bottom of the import graph); ``runtime/patches`` holds the diffusers-level
-hooks at the top. Over 400 lines on purpose: one numbered section per patch, so that every change the package makes
-to torch and torchax is read in one place.
+"""Compatibility of torchax with torch's semantics and JAX: the patches of torchax's behaviour the backend needs,
+each with its reason and version guard, each set through ``patching.wrap``. The patches of torch itself (sections 1,
+7 and 13 until they moved) are in ``torch_compat``; ``runtime/patches`` holds the diffusers-level hooks at the top.
+This module imports nothing of the package but ``host_scalars`` and ``patching`` (all sit at the bottom of the import
+graph). Over 400 lines on purpose: one numbered section per patch, so that every change the package makes to
+torchax is read in one place.
 """
 
 from __future__ import annotations
@@ -10,73 +11,30 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import importlib
 import inspect
-import sys
 
 import jax
 import jax.numpy as jnp
 import torch
+import torchax
 
 from . import patching
+import torch.nn.functional as F
+from torchax.tensor import Tensor
+from torchax.view import View
+from torchax.tensor import Environment
+from torchax.ops import mappings
+from . import host_scalars
+from torchax.view import NarrowInfo
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+from torchax.ops import jaten
+from torchax.ops import ops_registry
+from jax._src.sharding import IndivisibleError
+from torchax.ops import op_base
+from torch.utils._python_dispatch import _disable_current_modes
+import torch.utils._pytree as pytree
 
-
-
-# --- 1. torchax import on torch >= 2.13 ------------------------------------------------------------------
-# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
-# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
-# environment is first built). During those two steps only, such a missing overload resolves to an inert
-# placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
-# Guard: a no-op when the torch in use still has the overloads.
-_NAMED_TENSOR_MARKERS = ("dimname", "names")
-
-
-class _RemovedOverload:
-    """Stands in for an aten overload that torch no longer has; never called."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"<removed aten overload {self.name}>"
-
-
-def _torch_has_named_overloads() -> bool:
-    return hasattr(torch.ops.aten.prod, "dim_Dimname")
-
-
-@contextlib.contextmanager
-def _tolerate_removed_named_overloads():
-    packet_cls = torch._ops.OpOverloadPacket
-    original = packet_cls.__getattr__
-
-    def getattr_with_placeholders(self, key):
-        try:
-            return original(self, key)
-        except AttributeError:
-            if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
-                return _RemovedOverload(f"{self._qualified_op_name}.{key}")
-            raise
-
-    packet_cls.__getattr__ = getattr_with_placeholders
-    try:
-        yield
-    finally:
-        packet_cls.__getattr__ = original
-
-
-@functools.cache
-def import_torchax():
-    """Import torchax and build its default environment, on any supported torch."""
-    if _torch_has_named_overloads():
-        torchax = importlib.import_module("torchax")
-        torchax.default_env()
-        return torchax
-    with _tolerate_removed_named_overloads():
-        torchax = importlib.import_module("torchax")
-        torchax.default_env()  # loads torchax.decompositions, the second place that needs the shim
-    patching.record("torchax-named-overloads")
-    return torchax
 
 
 # --- 2. SDPA on the torchax default environment -----------------------------------------------------------
@@ -92,9 +50,8 @@ _torchax_sdpa_op = None
 def route_sdpa(scaled_dot_product_attention) -> None:
     """Route every SDPA call on the torchax default environment to ``scaled_dot_product_attention``."""
     global _torchax_sdpa_op
-    import torch.nn.functional as F
 
-    environment = import_torchax().default_env()
+    environment = torchax.default_env()
     current = environment._ops.get(F.scaled_dot_product_attention)
     if current is None or current.func is scaled_dot_product_attention:
         return
@@ -106,7 +63,7 @@ def route_sdpa(scaled_dot_product_attention) -> None:
 
 def torchax_sdpa(*args):
     """torchax's own SDPA (used outside JAX pipeline calls)."""
-    return _torchax_sdpa_op.func(*args, env=import_torchax().default_env())
+    return _torchax_sdpa_op.func(*args, env=torchax.default_env())
 
 
 # --- 3. torchax Tensor.type_as returns a new tensor -------------------------------------------------------
@@ -117,8 +74,6 @@ def torchax_sdpa(*args):
 # in-place; the patched one returns a new tensor of ``other``'s dtype, as torch does.
 # Guard: only replaces torchax's own in-place implementation (0.0.10 - 0.0.13).
 def _patch_type_as():
-    from torchax.tensor import Tensor
-
     current = vars(Tensor).get("type_as")
     if current is None or not patching.labels(current) and "self._elem = " not in inspect.getsource(current):
         return  # torchax has none, or a fixed one: nothing to do
@@ -139,8 +94,6 @@ def _patch_type_as():
 # ("fewer dimensions"); without them broadcasting is the same.
 # Guard: only wraps torchax's own ``__setitem__`` (0.0.10 - 0.0.13), once.
 def _patch_setitem():
-    from torchax.tensor import Tensor
-
     if "__setitem__" not in vars(Tensor):
         return
     patching.wrap(Tensor, "__setitem__", _setitem_casting, "torchax Tensor.__setitem__")
@@ -173,9 +126,6 @@ def _setitem_casting(stock):
 # (the same scheduler's host tables) is copied with the modes off: its storage copy would otherwise dispatch to
 # torchax. Guard: only when torchax does not define its own ``__deepcopy__`` (0.0.10 - 0.0.13).
 def _patch_deepcopy():
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     if "__deepcopy__" in vars(Tensor):
         return
 
@@ -189,8 +139,6 @@ def _patch_deepcopy():
     stock = torch.Tensor.__deepcopy__
 
     def host_deepcopy(self, memo):
-        from torch.utils._python_dispatch import _disable_current_modes
-
         if self.device.type == "cpu" and not isinstance(self, (Tensor, View)):
             with _disable_current_modes(), torch._C.DisableTorchFunction():
                 return stock(self, memo)
@@ -207,13 +155,8 @@ def _patch_deepcopy():
 # tensors into scalars; other host tensors are now copied to JAX (inside a trace: constants).
 # Guard: wraps torchax's ``Environment.t2j_iso`` (0.0.10 - 0.0.13) once; torchax tensors pass through untouched.
 def _patch_mixed_host_tensors():
-    from torchax.tensor import Environment, Tensor
-    from torchax.view import View
-
     def make(stock):
         def t2j_iso(self, torchtensors):
-            import torch.utils._pytree as pytree
-
             def move(x):
                 if isinstance(x, (Tensor, View)) or x.squeeze().ndim == 0 or x.device.type == "meta":
                     return x
@@ -226,47 +169,20 @@ def _patch_mixed_host_tensors():
     patching.wrap(Environment, "t2j_iso", make, "torchax host tensors in JAX ops")
 
 
-# --- 7. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
-# Reason: a JAX trace is a compilation, and library code already knows what to do then: diffusers bypasses its
-# Python-side caches of tensors (``lru_cache_unless_export``: Qwen-Image's rotary tables, which a trace would leak as
-# tracers into later programs) and transformers avoids data-dependent branches. Outside our traces the stock answer.
-# Guard: wraps ``torch.compiler.is_compiling`` (torch >= 2.3) once.
-tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_tracing", default=False)
-
-
-def _patch_is_compiling():
-    compiler = getattr(torch, "compiler", None)
-    if getattr(compiler, "is_compiling", None) is None:
-        return
-
-    def make(stock):
-        @functools.wraps(stock)
-        def is_compiling() -> bool:
-            return tracing.get() or stock()
-
-        return is_compiling
-
-    patching.wrap(compiler, "is_compiling", make, "torch.compiler.is_compiling during JAX traces")
-
-
 # --- 8. Indexing a view with a tensor -----------------------------------------------------------------------
 # Reason: torchax's ``__getitem__`` reads ``self._elem``, which its lazy ``View`` (what ``x[i]`` returns) does not
 # have: ``embeddings[i][mask[i]]`` (Z-Image's prompt encoding) raised AttributeError. A view is materialized first.
 # A scalar or vector indexed by tensors (a scheduler's table by a timestep) is read on the host (patch 11).
 # Guard: wraps the registered ``Tensor.__getitem__`` operator of the default environment (0.0.10 - 0.0.13) once.
 def _patch_view_getitem():
-    from torchax.view import View
-
-    operator = import_torchax().default_env()._ops.get(torch.Tensor.__getitem__)
+    operator = torchax.default_env()._ops.get(torch.Tensor.__getitem__)
     if operator is None:
         return
 
     def make(stock):
         def getitem(self, indexes):
-            from . import host_scalars
-
             # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
-            env = getattr(self, "_env", None) or import_torchax().default_env()
+            env = getattr(self, "_env", None) or torchax.default_env()
             if (found := host_scalars.getitem(env, self, indexes)) is not host_scalars.NOT_GLUE:
                 return found
             return stock(self.torch() if isinstance(self, View) else self, indexes)
@@ -292,8 +208,6 @@ def _mutates_first_argument(func) -> bool:
 
 
 def _inplace_on_views(stock):
-    from torchax.view import View
-
     def dispatch(self, func, types, args, kwargs):
         if args and isinstance(args[0], View) and _mutates_first_argument(func):
             try:
@@ -316,13 +230,10 @@ def _inplace_on_views(stock):
 # (JAX on the CPU adopts aligned buffers). Guard: replaces ``torchax.ops.mappings.t2j`` (0.0.10 - 0.0.13) for CPU
 # tensors without DLPack; bfloat16 goes through its bits (numpy has no bfloat16 of its own).
 def _patch_host_transfers():
-    from torchax.ops import mappings
-
     def make(stock):
         def t2j(tensor, use_dlpack=True):
             if use_dlpack or tensor.device.type != "cpu" or tensor.layout != torch.strided:
                 return stock(tensor, use_dlpack)
-            from . import host_scalars
 
             return jax.device_put(host_scalars.host_numpy(tensor))
 
@@ -338,8 +249,6 @@ def _patch_host_transfers():
 # torchax views get their shape without running the slice, and a view of such a vector is read on the host.
 # Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.
 def _glue_on_host(stock):
-    from . import host_scalars
-
     def dispatch(self, func, types, args, kwargs):
         result = host_scalars.run(self, func, args, kwargs or {})
         return stock(self, func, types, args, kwargs) if result is host_scalars.NOT_GLUE else result
@@ -348,9 +257,6 @@ def _glue_on_host(stock):
 
 
 def _patch_glue_views():
-    from torchax.view import NarrowInfo, View
-
-    from . import host_scalars
 
     def calculate_output_shape(self, source):
         return list(jax.eval_shape(self.transform_tensor, source).shape)
@@ -428,9 +334,6 @@ def _place(array, value, ranges):
 
 
 def _patch_strided_set():
-    from torchax.tensor import Tensor
-    from torchax.view import NarrowInfo
-
     def setitem(stock):
         def __setitem__(self, key, value):
             jax_key, jax_value = self._env.t2j_iso((key, value))
@@ -454,47 +357,6 @@ def _patch_strided_set():
     patching.wrap(NarrowInfo, "update_tensor", update, "strided slice assignment without scatter (views)")
 
 
-# --- 13. torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
-# Reason: torchax renames torch's private backend to "jax" and registers a device module for it, so torch reports
-# "jax" as the process's accelerator, while the C++ hooks behind ``torch.accelerator`` do not exist for it. Every
-# ``torch.compile`` then fails in dynamo's stream tracking ("PyTorch is not linked with support for jax devices",
-# measured on the CPU and on an H100), and diffusers' ``get_device()`` says "jax" where stock says "cuda" or "cpu".
-# The module's functions now serve CUDA when it is available (``torch.cuda``'s own functions), else report no
-# accelerator, as stock torch does. Pipelines on JAX never go through ``torch.accelerator``.
-# Guard: only while torch's accelerator is torchax's renamed backend (torch >= 2.6 has ``torch.accelerator``).
-_CUDA_NAMES = {"current_device_idx": "current_device", "current_device_index": "current_device",
-               "set_device_idx": "set_device", "set_device_index": "set_device", "device_index": "device",
-               "get_memory_info": "mem_get_info", "empty_host_cache": "empty_cache"}
-
-
-def _patch_accelerator():
-    accelerator = getattr(torch, "accelerator", None)
-    claimed = getattr(torch._C, "_accelerator_getAccelerator", lambda: None)()
-    if accelerator is None or claimed is None or claimed.type != "jax" or "torch.accelerator" in patching.applied():
-        return
-    cuda = torch.cuda.is_available()
-
-    def no_accelerator(name):
-        def refuse(*args, **kwargs):
-            raise RuntimeError(f"torch.accelerator.{name}: no accelerator in this process (torchax's 'jax' device is "
-                               "not a torch accelerator; JAX devices are reached through pipe.to('tpu')).")
-        return refuse
-
-    replacements = {"current_accelerator": lambda check_available=False: torch.device("cuda") if cuda else None,
-                    "is_available": lambda: cuda, "device_count": torch.cuda.device_count if cuda else (lambda: 0)}
-    for name in accelerator.__all__:
-        if name not in replacements:
-            target = getattr(torch.cuda, _CUDA_NAMES.get(name, name), None) if cuda else None
-            replacements[name] = target if target is not None else no_accelerator(name)
-    for name, function in replacements.items():
-        setattr(accelerator, name, function)
-    utils = sys.modules.get("diffusers.utils.torch_utils")  # diffusers caches its answer on first use
-    detect = getattr(getattr(utils, "TorchDeviceBackend", None), "_detect_device_type", None)
-    if hasattr(detect, "cache_clear"):
-        detect.cache_clear()
-    patching.record("torch.accelerator")
-
-
 # --- 14. torchax drops ``Tensor.fill_diagonal_`` --------------------------------------------------------------
 # Reason: torchax has no lowering of ``fill_diagonal_``; torch decomposes it into ``as_strided(...).fill_()``, and
 # torchax's ``as_strided`` is a copy, so the fill is lost without a word, on a tensor and on a view alike. Diffusers'
@@ -504,8 +366,6 @@ def _patch_accelerator():
 # ``wrap`` included) and writes it back with ``copy_``, which torchax carries through views.
 # Guard: set on torchax's ``Tensor`` and ``View`` (0.0.10 - 0.0.13) when they do not define the method themselves.
 def _fill_diagonal(array, value, wrap: bool):
-    import jax.numpy as jnp
-
     if array.ndim == 2:
         rows, cols = array.shape
         i, j = jnp.arange(rows)[:, None], jnp.arange(cols)[None, :]
@@ -517,9 +377,6 @@ def _fill_diagonal(array, value, wrap: bool):
 
 
 def _patch_fill_diagonal():
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     def fill_diagonal_(self, fill_value, wrap=False):
         filled = _fill_diagonal(self.jax() if isinstance(self, Tensor) else self.torch().jax(), fill_value, wrap)
         env = self._env if isinstance(self, Tensor) else self.torch()._env
@@ -542,8 +399,6 @@ def _patch_fill_diagonal():
 # them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a call.
 # Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
 def _random_draws(stock):
-    from . import host_scalars
-
     def dispatch(self, func, types, args, kwargs):
         if func in host_scalars.RANDOM_DRAWS:
             drawn = host_scalars.draw(self, func, args, kwargs or {})
@@ -580,8 +435,6 @@ def mesh_of_traces(mesh):
 def whole_small_spatial_dims(array, kernel):
     """``array`` ([N, C, *spatial]) constrained to keep every spatial dim shorter than 2 x kernel x devices unsplit
     on the current trace mesh; unchanged without a mesh or such a dimension."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     mesh = _trace_mesh.get()
     if mesh is None or mesh.size == 1 or array.ndim != 2 + len(kernel):
         return array
@@ -593,8 +446,6 @@ def whole_small_spatial_dims(array, kernel):
 
 
 def _patch_convolution_inputs():
-    from torchax.ops import jaten, ops_registry
-
     def make(stock):
         @functools.wraps(stock)
         def convolution(input, weight, *args, **kwargs):
@@ -617,8 +468,6 @@ def _patch_convolution_inputs():
 # Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; costs nothing unless that error is raised.
 def _onto_trace_mesh(tensors) -> bool:
     """Replicate each torchax tensor whose array lies on another mesh onto the trace mesh; whether any moved."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     mesh, moved = _trace_mesh.get(), False
     for tensor in tensors:
         sharding = getattr(getattr(tensor, "_elem", None), "sharding", None)
@@ -629,9 +478,6 @@ def _onto_trace_mesh(tensors) -> bool:
 
 
 def _mixed_mesh_operands(stock):
-    from jax._src.sharding import IndivisibleError
-    from torchax.tensor import Tensor
-
     def dispatch(self, func, types, args, kwargs):
         try:
             return stock(self, func, types, args, kwargs)
@@ -655,8 +501,6 @@ _WINDOWS = ("hann_window", "hamming_window", "blackman_window", "bartlett_window
 
 def _host_window(overload):
     def window(*args, dtype=None, layout=None, device=None, pin_memory=None, requires_grad=False):
-        from torchax.ops import mappings
-
         if dtype is not None and not isinstance(dtype, torch.dtype):
             dtype = mappings.j2t_dtype(dtype)
         return jnp.asarray(overload(*args, dtype=dtype).numpy())
@@ -665,9 +509,7 @@ def _host_window(overload):
 
 
 def _patch_missing_ops():
-    from torchax.ops import op_base, ops_registry
-
-    env = import_torchax().default_env()  # built already: its op table is a copy of the registry
+    env = torchax.default_env()  # built already: its op table is a copy of the registry
 
     def register(overload, implementation, **kind):
         if overload not in ops_registry.all_aten_ops:
@@ -692,8 +534,6 @@ def _patch_missing_ops():
 # per call). Outside a trace it now runs as one program per shape, group count and epsilon; inside, unchanged.
 # Guard: wraps the registered implementation once.
 def _patch_eager_group_norm():
-    from torchax.ops import jaten, ops_registry
-
     def make(stock):
         jitted = jax.jit(stock, static_argnums=(3, 4, 5, 6, 7))
 
@@ -712,13 +552,11 @@ def _patch_eager_group_norm():
 
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
-    import_torchax()
-    _patch_accelerator()  # first: library code may ask torch for the accelerator as soon as torchax is in
+    torchax.default_env()  # built once, before a patch reads its op table
     _patch_type_as()
     _patch_setitem()
     _patch_deepcopy()
     _patch_mixed_host_tensors()
-    _patch_is_compiling()
     _patch_view_getitem()
     _patch_host_transfers()
     _patch_glue_views()
@@ -742,8 +580,6 @@ DISPATCH_LAYERS = (
 
 
 def _patch_dispatch():
-    from torchax.tensor import Environment
-
     for label, layer in DISPATCH_LAYERS:
         patching.wrap(Environment, "dispatch", layer, label)
 

@@ -35,6 +35,9 @@ import time
 
 import jax
 import numpy as np
+import socket
+import glob
+from jax.experimental import multihost_utils
 
 COORDINATOR_ENV = "DIFFUSERS_TPU_COORDINATOR"
 NUM_PROCESSES_ENV = "DIFFUSERS_TPU_NUM_PROCESSES"
@@ -65,8 +68,6 @@ def _int_env(name: str, default: int | None = None) -> int:
 def _check_port_free(coordinator: str) -> None:
     """Process 0 hosts the coordinator: its port must be free, checked here because JAX's own bind failure can
     crash the process (a segfault in gRPC's add_port about one run in six) instead of raising."""
-    import socket
-
     port = int(coordinator.rsplit(":", 1)[1])
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
@@ -90,8 +91,6 @@ def _check_port_free(coordinator: str) -> None:
 def _multi_host_tpu_slice() -> bool:
     """A Cloud TPU slice of several hosts: the worker list in the environment (GKE) or, on a TPU VM (TPU device
     files present), in the VM's metadata, as JAX's own cluster detection reads it."""
-    import glob
-
     hosts = os.environ.get("TPU_PROCESS_ADDRESSES") or os.environ.get("TPU_WORKER_HOSTNAMES")
     if hosts:
         return len([h for h in hosts.split(",") if h.strip()]) > 1
@@ -262,7 +261,6 @@ def fetch(array: jax.Array) -> np.ndarray:
         return np.asarray(array)
     if array.sharding.is_fully_replicated:  # every process holds it all already
         return np.asarray(array.addressable_data(0))
-    from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
@@ -272,7 +270,6 @@ def smallest_across_processes(value: int | None) -> int | None:
     taken from it (where text encoders run) then compiles the same programs everywhere. Every process must call it."""
     if not is_multi_process():
         return value
-    from jax.experimental import multihost_utils
 
     values = np.asarray(multihost_utils.process_allgather(np.int64(-1 if value is None else value)))
     return None if (values < 0).any() else int(values.min())

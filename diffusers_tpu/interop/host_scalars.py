@@ -17,6 +17,13 @@ from __future__ import annotations
 
 import jax
 import torch
+import numpy as np
+from torchax.view import NarrowInfo
+from torchax.tensor import Tensor
+from torchax.view import View
+import torch.utils._pytree as pytree
+from jax._src import core
+from torch.utils._python_dispatch import _disable_current_modes
 
 GLUE_ELEMENTS = 4096
 _HOST_CONSTRUCTORS = ("zeros", "ones", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "eye")
@@ -32,15 +39,11 @@ def _is_glue(array) -> bool:
 
 def _host_of(array):
     """A concrete device array as numpy (this process's copy of a replicated one)."""
-    import numpy as np
-
     return np.asarray(array if array.is_fully_addressable else array.addressable_data(0))
 
 
 def _placed(host, like) -> jax.Array:
     """A numpy array on the devices as ``like`` is: committed to its sharding, or uncommitted as it was."""
-    import numpy as np
-
     host = np.array(host, copy=True)
     if like is None or not like.committed:
         return jax.device_put(host)
@@ -51,8 +54,6 @@ def _placed(host, like) -> jax.Array:
 
 def _glue_view_source(view):
     """The source array of a torchax view made only of slices of a scalar or vector, else None."""
-    from torchax.view import NarrowInfo
-
     source = view.source_jax()
     if not _is_glue(source) or not all(isinstance(i, NarrowInfo) for i in view.get_transformation_chain()):
         return None
@@ -61,10 +62,6 @@ def _glue_view_source(view):
 
 def _host_tensor(value) -> torch.Tensor | None:
     """A torchax tensor or view that is schedule glue, as a host torch tensor; else None."""
-    import numpy as np
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     if type(value) is torch.Tensor and value.device.type == "cpu":  # a host tensor mixed in (``compat`` patch 6)
         glue = value.numel() <= GLUE_ELEMENTS and sum(d > 1 for d in value.shape) <= 1
         return value if glue else None
@@ -87,9 +84,6 @@ def _host_tensor(value) -> torch.Tensor | None:
 
 def _device_array(tensors):
     """The array behind the first torchax tensor or view among ``tensors`` (where results go), or None."""
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     for value in tensors:
         if type(value) is Tensor:
             return value._elem
@@ -99,8 +93,6 @@ def _device_array(tensors):
 
 
 def _is_glue_op(func, tensors) -> bool:
-    from torchax.view import View
-
     if not isinstance(func, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in func.tags:
         return False
     if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
@@ -112,11 +104,6 @@ def _is_glue_op(func, tensors) -> bool:
 
 def _host_constructor(env, func, args, kwargs):
     """``torch.zeros(1, device=...)`` and friends made on the host (outside traces: in one they are constants)."""
-    import torch.utils._pytree as pytree
-    from jax._src import core
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-
     device = kwargs.get("device")
     if device is None or not env._should_use_torchax_tensor(device) or not core.trace_state_clean():
         return NOT_GLUE
@@ -137,11 +124,6 @@ def _from_scalars(env, func, args, kwargs):
     and builds the tensor on the host (from CUDA scalars too), which torchax cannot do (SVD's Euler scheduler:
     ``torch.Tensor([0.25 * sigma.log() for sigma in sigmas])``). The values are read on the host; the result is a
     host tensor, or placed on the devices when ``device`` names them."""
-    import torch.utils._pytree as pytree
-    from jax._src import core
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-
     leaves = [x for x in pytree.tree_leaves(args[0]) if isinstance(x, torch.Tensor)]
     if not leaves or not core.trace_state_clean():
         return NOT_GLUE
@@ -168,12 +150,6 @@ def _write_into_host(func, args, kwargs):
     """``host[i] = device_value`` / ``host.copy_(device_value)``: the device values read to the host and written
     there, as torch writes CUDA values into a CPU tensor (SEGA keeps its per-step estimates in CPU tensors:
     ``self.edit_estimates[i, c] = noise_pred``); torchax cannot write into a host tensor."""
-    import torch.utils._pytree as pytree
-    from jax._src import core
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-    from torchax.view import View
-
     target = args[0]
     if isinstance(target, (Tensor, View)) or target.device.type != "cpu" or not core.trace_state_clean():
         return NOT_GLUE
@@ -193,8 +169,6 @@ def _write_into_host(func, args, kwargs):
 
 def _torch_of(array) -> torch.Tensor:
     """A numpy array (``ml_dtypes.bfloat16`` included) as a CPU tensor of its own."""
-    import numpy as np
-
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(np.array(array).view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(np.array(array))
@@ -202,10 +176,6 @@ def _torch_of(array) -> torch.Tensor:
 
 def run(env, func, args, kwargs):
     """The op's result computed on the host, or ``NOT_GLUE``."""
-    import torch.utils._pytree as pytree
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-
     if func in _HOST_WRITES and args and isinstance(args[0], torch.Tensor):
         return _write_into_host(func, args, kwargs)
 
@@ -249,10 +219,6 @@ def run(env, func, args, kwargs):
 def getitem(env, tensor, indexes):
     """``table[index_tensor]`` of a scalar or vector by glue (or host) indexes, on the host; else ``NOT_GLUE``.
     Indexing by tensors copies in torch too, so no write can go astray (slices stay torchax views)."""
-    import torch.utils._pytree as pytree
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-
     leaves = pytree.tree_leaves(indexes)
     if not any(isinstance(x, torch.Tensor) for x in leaves) or (table := _host_tensor(tensor)) is None:
         return NOT_GLUE
@@ -283,10 +249,6 @@ def draw(env, func, args, kwargs):
     of the generator's initial seed (the same values at every draw). torch on the CPU draws from the generator given,
     or the default one, and advances it: the values a CPU run of stock draws (``vae.encode(x).latent_dist.sample()``
     without a generator: I2VGen-XL). Inside a trace torchax's keys remain (a program cannot call torch)."""
-    from jax._src import core
-    from torch.utils._python_dispatch import _disable_current_modes
-    from torchax.tensor import Tensor
-
     generator = kwargs.get("generator")
     if not core.trace_state_clean() or (generator is not None and generator.device.type != "cpu"):
         return NOT_GLUE
@@ -322,8 +284,6 @@ def view_on_host(view):
 
 def host_numpy(tensor: torch.Tensor):
     """A private numpy copy of a CPU tensor (bfloat16 as ``ml_dtypes.bfloat16``)."""
-    import numpy as np
-
     tensor = tensor.detach().contiguous()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes

@@ -20,8 +20,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import compat, module_state, static_keys
+from . import module_state, static_keys, torch_compat
 from .backend import is_jax_tensor, to_jax_array, wrap
+from torchax.ops import mappings
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class _Program:
             before = {key: list(value) for key, value in lists.items()}
             weights = {name: wrap(value) for name, value in state.items()}
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
-            token = compat.tracing.set(True)  # library code takes its compile-friendly paths
+            token = torch_compat.tracing.set(True)  # library code takes its compile-friendly paths
             attributes = module_state.snapshot(module)
             carried_in = iter(carried_in)
             for (owner, name), is_tensor in zip(self.carried, self.carried_tensor):
@@ -240,7 +241,7 @@ class _Program:
                 assigned = [(owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)), before)
                             for owner, name, before in module_state.changes(attributes, skip=carried)]
             finally:
-                compat.tracing.reset(token)
+                torch_compat.tracing.reset(token)
                 # traced values (and carried attributes) go back: the caller sets state; plain values a trace assigns
                 # stay (a one-time set-up, e.g. transformers' output-capturing hooks flag) unless this is an analysis
                 changed = module_state.changes(attributes)
@@ -484,8 +485,6 @@ def lowered_output_shapes(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered
 
 
 def _zeros(lowered, program, device="cpu"):
-    from torchax.ops import mappings
-
     zeros = iter([torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype), device=device)
                   for info in jax.tree_util.tree_leaves(lowered.out_info)])
     out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
@@ -498,7 +497,6 @@ def _abstract(value) -> jax.ShapeDtypeStruct:
     if isinstance(value, jax.Array) or is_jax_tensor(value):
         array = to_jax_array(value)
         return jax.ShapeDtypeStruct(array.shape, array.dtype)
-    from torchax.ops import mappings
 
     return jax.ShapeDtypeStruct(tuple(value.shape), jax.dtypes.canonicalize_dtype(mappings.t2j_dtype(value.dtype)))
 

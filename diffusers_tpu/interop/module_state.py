@@ -28,6 +28,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 from jax.extend import core as jax_core
+from torch.nn.modules import module as torch_module
 
 MISSING = object()
 
@@ -89,8 +90,6 @@ def hooks(modules: list) -> frozenset:
     call) and torch's global ones: Python that stock runs at every call (SAG's reads the map size off its UNet's
     middle block; a user's may collect activations), which a compiled program would replay only as its trace saw
     it. This package's own hooks (activation sharding constraints) act while tracing only and are left out."""
-    from torch.nn.modules import module as torch_module
-
     found = [hook for sub in modules for table in (sub._forward_hooks, sub._forward_pre_hooks) if table
              for hook in table.values()]
     found += [*torch_module._global_forward_hooks.values(), *torch_module._global_forward_pre_hooks.values()]

@@ -20,6 +20,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
+import torch.utils._pytree as pytree
 
 Rule = tuple[str, tuple]
 _SAVED = "_diffusers_tpu_placement"
@@ -375,8 +376,6 @@ def onto_mesh(value, mesh):
     an axis spanning every device maps to all of ``mesh``'s axes (the same layout, no copy), a one-device axis to
     none. Eager torch ops that mix arrays of two meshes fail in JAX's partitioner ("IndivisibleError"), so a VAE's
     outputs join the pipeline's mesh. Objects (a latent distribution) have their tensor attributes relabelled."""
-    import torch.utils._pytree as pytree
-
     if mesh.size == 1:
         return value
 

@@ -3,13 +3,17 @@ only): the command line reads its arguments before either loads, yet user code m
 
 - libtpu on a host without TPU chips stays quiet (``quiet_absent_libtpu``);
 - whether the environment names a multi-host run (``in_a_cluster``): then the cluster starts at import
-  (``distributed.initialize_from_env``), before any code can touch a JAX backend.
+  (``distributed.initialize_from_env``), before any code can touch a JAX backend;
+- torchax imports on this torch, whoever imports it (``torchax_importable``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+
+from . import import_hooks
 
 _applied: set[str] = set()
 
@@ -55,3 +59,20 @@ def in_a_cluster() -> bool:
 
 def applied() -> set[str]:
     return set(_applied)
+
+
+# torchax 0.0.10-0.0.13's modules that name aten overloads torch 2.13 removed (``torch_compat`` section 1).
+TORCHAX_MODULES_NAMING_REMOVED_OVERLOADS = ("torchax.amp", "torchax.decompositions")
+
+
+def torchax_importable() -> None:
+    """Have torchax's modules that name removed overloads run inside ``torch_compat``'s tolerance when imported."""
+    for name in TORCHAX_MODULES_NAMING_REMOVED_OVERLOADS:
+        if name not in sys.modules:
+            import_hooks.while_importing(name, _removed_overloads_tolerated)
+
+
+def _removed_overloads_tolerated():
+    from . import torch_compat  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
+
+    return torch_compat.removed_named_overloads_tolerated()

@@ -15,6 +15,23 @@ import torch
 
 from ..families import cogvideox, hunyuan_video15, wan
 from . import standins
+from ..interop.sharding import _keep_in_fp32
+from accelerate import init_empty_weights
+import transformers
+import diffusers
+from transformers import UMT5Config
+from transformers import UMT5EncoderModel
+from ..families.causal_wan import CAUSAL_DEFAULTS
+from ..families.causal_wan import CausalWanTransformer3DModel
+from ..families.causal_wan_pipeline import CausalWanPipeline
+from transformers import T5Config
+from transformers import T5EncoderModel
+from transformers import ByT5Tokenizer
+from transformers import Qwen2_5_VLTextConfig
+from transformers import Qwen2_5_VLTextModel
+from transformers import CLIPTextConfig
+from transformers import CLIPTextModel
+from transformers import CLIPTextModelWithProjection
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
 _T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
@@ -67,8 +84,6 @@ ARCHITECTURES = {
 
 def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
     """``generator=None``: parameters stay on ``meta``, only their dtypes are set (as ``from_pretrained`` would)."""
-    from ..interop.sharding import _keep_in_fp32
-
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     filled = {}  # tied parameters (a text encoder's input embedding and its shared table) stay one tensor
     for prefix, owner in module.named_modules(remove_duplicate=False):
@@ -89,8 +104,6 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
 
 
 def _empty(build):
-    from accelerate import init_empty_weights
-
     with init_empty_weights(include_buffers=False):
         return build()
 
@@ -100,7 +113,6 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
     parameters stay on the ``meta`` device (shapes only, for ``plan``)."""
     if name not in ARCHITECTURES:
         raise ValueError(f"Unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}.")
-    import transformers
 
     spec = ARCHITECTURES[name]
     pipe = _BUILDERS[spec["family"]](spec)
@@ -120,11 +132,6 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
 
 
 def _wan(spec, causal: bool = False):
-    import diffusers
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
-    from ..families.causal_wan_pipeline import CausalWanPipeline
 
     model = CausalWanTransformer3DModel if causal else diffusers.WanTransformer3DModel
     parts = dict(transformer=_empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
@@ -138,9 +145,6 @@ def _wan(spec, causal: bool = False):
 
 
 def _cogvideox(spec):
-    import diffusers
-    from transformers import T5Config, T5EncoderModel
-
     return diffusers.CogVideoXPipeline(
         transformer=_empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"])),
         vae=_empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"])),
@@ -149,9 +153,6 @@ def _cogvideox(spec):
 
 
 def _hunyuanvideo15(spec):
-    import diffusers
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
-
     return diffusers.HunyuanVideo15Pipeline(
         transformer=_empty(lambda: diffusers.HunyuanVideo15Transformer3DModel(**spec["transformer"])),
         vae=_empty(lambda: diffusers.AutoencoderKLHunyuanVideo15(**spec["vae"])),
@@ -162,9 +163,6 @@ def _hunyuanvideo15(spec):
 
 
 def _sdxl(spec):
-    import diffusers
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
     return diffusers.StableDiffusionXLPipeline(
         unet=_empty(lambda: diffusers.UNet2DConditionModel(**spec["unet"])),
         vae=_empty(lambda: diffusers.AutoencoderKL(**spec["vae"])),

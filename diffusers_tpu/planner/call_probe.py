@@ -8,6 +8,7 @@ import contextlib
 import inspect
 
 import torch
+from ..runtime.registry import family_of
 
 
 # pipelines whose family gives ``plan_call`` (image-to-video ones take images, not planned yet)
@@ -33,8 +34,6 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
     would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument). ``prompt``: the call takes
     this prompt (and an empty negative one) instead, its text encoders run. ``keywords``: the call's own keywords
     (prompt included) for any pipeline, instead of the family's ``plan_call`` (``tpu_check``)."""
-    from ..runtime.registry import family_of
-
     family = family_of(pipe)
     if keywords is None and (family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES):
         raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ..runtime import attention, postprocess, repeated_blocks
 from ..interop import backend, sharding
 from ..interop.jit import _TENSOR, _Program
+from torchax.ops import mappings
 
 
 def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:
@@ -25,8 +26,6 @@ def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:
 
 def abstract_state(module: torch.nn.Module, mesh, rules=(), dtype: torch.dtype | None = None, keep_fp32=()) -> dict:
     """The module's weights as ShapeDtypeStructs carrying their planned sharding (works on ``meta`` modules)."""
-    from torchax.ops import mappings
-
     slots = sharding.plan(module, dict(mesh.shape), rules, dtype, keep_fp32)
     specs = {}
     for slot in slots:  # shared tensors: the first slot carries the spec

@@ -27,16 +27,31 @@ import torch
 
 from . import call_probe, program_memory, tpu_compiler
 from .chips import GIB, Chip
+from torchax.ops import mappings
+from ..runtime import quantize
+from ..interop.jit import Gathered
+from ..interop.jit import LayerOf
+from ..interop.jit import expand_stacked
+from . import lowering
+from ..interop import sharding
+from ..runtime import stacked_weights
+from ..interop.backend import jax_dtype
+from ..interop import backend
+from ..runtime.registry import family_of
+from ..runtime.attach import PipelineRuntime
+from torch.utils import _pytree as pytree
+from ..interop import jit
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+import json
+import diffusers
+from ..runtime import loading
 
 
 def reported_dtype(module, state: dict) -> torch.dtype:
     """What ``module.dtype`` (diffusers' ``get_parameter_dtype``) reports once placed: the first floating weight on
     the devices outside ``_keep_in_fp32_modules`` (quantized weights are not floating)."""
-    from torchax.ops import mappings
 
-    from ..runtime import quantize
-
-    from ..interop.jit import Gathered, LayerOf, expand_stacked
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = expand_stacked(state)
@@ -55,11 +70,6 @@ def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: 
     """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings; ``stacked``
     (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``), ``fully_sharded``
     over every mesh axis (``TPUConfig.fully_sharded_weights``)."""
-    from . import lowering
-    from ..interop import sharding
-    from ..runtime import quantize, stacked_weights
-    from ..interop.backend import jax_dtype
-
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = lowering.abstract_state(module, mesh, rules, dtype, keep)
     for name in quantize.targets(module) if quantize_format else ():
@@ -98,9 +108,6 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
 
 def _mesh_shape(config, devices, pipe) -> dict:
     """The mesh ``pipe.to`` builds for ``config`` on ``devices``."""
-    from ..interop import backend
-    from ..runtime.registry import family_of
-
     heads = family_of(pipe).num_heads(pipe)
     return (backend.validate_mesh_shape(config.mesh, len(devices), heads) if config.mesh is not None
             else backend.default_mesh_shape(len(devices), heads, pair_batch=True))
@@ -109,10 +116,6 @@ def _mesh_shape(config, devices, pipe) -> dict:
 @contextlib.contextmanager
 def attached(pipe, config, devices):
     """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (mesh built, nothing placed), undone after."""
-    from ..interop import backend
-    from ..runtime.attach import PipelineRuntime
-    from ..runtime.registry import family_of
-
     runtime = PipelineRuntime(pipe, family_of(pipe), config, backend.Target("tpu", devices[0].platform),
                               backend.build_mesh(_mesh_shape(config, devices, pipe), devices), None)
     if tpu_compiler.is_tpu(devices) and not tpu_compiler.is_attached(devices):
@@ -132,9 +135,6 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
     traces the next candidate; None: here and now); the returned function waits for them and gives the report.
     ``analyse(lowered) -> dict``: what is reported of each program (default: its memory analysis; ``cost`` gives
     ``hlo_stats.summary``, which holds the same keys)."""
-    from torch.utils import _pytree as pytree
-
-    from ..interop import jit
 
     analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
     submit = (lambda lowered: compiler.submit(analyse, lowered)) if compiler is not None else (
@@ -222,9 +222,6 @@ def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gi
     thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
     started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row);
     ``vae=False``: the denoiser steps only."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
     shared, workers = {}, max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0))))
     ahead = ahead or workers
     with ThreadPoolExecutor(workers, thread_name_prefix="diffusers_tpu-plan-compile") as compiler:
@@ -244,8 +241,6 @@ COMPILE_THREADS = 2
 def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
                shared: dict | None = None, compiler=None, vae: bool = True):
     """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row."""
-    from ..runtime.registry import family_of
-
     hbm = (chip.usable_gib() if chip else hbm_gib)
     started = start_denoiser_memory(pipe, size, config, devices, text_tokens, vae=vae,
                                     tile_above=hbm * GIB if hbm else None, shared=shared, compiler=compiler)
@@ -300,11 +295,7 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
 def folder_pipeline(folder: str, dtype: torch.dtype | None):
     """A local pipeline folder with its denoiser on the ``meta`` device (checked against the checkpoint, nothing
     read) and no text encoder: what ``plan`` needs, without the weights in host memory."""
-    import json
 
-    import diffusers
-
-    from ..runtime import loading
 
     with open(os.path.join(folder, "model_index.json")) as handle:
         index = json.load(handle)

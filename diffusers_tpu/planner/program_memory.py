@@ -11,6 +11,11 @@ from concurrent.futures import Future
 import torch
 
 from . import call_probe
+from ..interop import jit
+from . import lowering
+from torch.utils import _pytree as pytree
+from ..runtime import placement
+from ..runtime.attach import component_dtype
 
 
 def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
@@ -22,9 +27,6 @@ def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) ->
 
 def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
     """``vae_decode_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
-    from ..interop import jit
-    from . import lowering
-
     vae = getattr(pipe, "vae", None)
     if vae is None or runtime.family.vae_install is None:
         return lambda: None
@@ -48,8 +50,6 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
 
 def compiled_now(lowered, analyse=None) -> Future:
     """Compile here and now (``plan`` without a background compiler)."""
-    from ..interop import jit
-
     done = Future()
     done.set_result((analyse or jit.compiled_memory)(lowered))
     return done
@@ -66,8 +66,6 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
 
 def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
     """``vae_method_memory`` walked here, its programs compiled by ``submit``: returns the function giving it."""
-    from . import lowering
-
     vae, family = pipe.vae, runtime.family
     state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
     programs, stand_ins = {}, {}
@@ -108,9 +106,6 @@ def _standing_in(stand_ins: dict):
 def _zero_answers(compiled, programs: dict, submit=None):
     """A stand-in for the compiled method ``compiled``: each new program it is called with is lowered, compiled by
     ``submit`` (``programs``: key -> (future analysis, outputs)) and answered with host zeros of its outputs."""
-    from torch.utils import _pytree as pytree
-
-    from ..interop import jit
 
     def record(*args, **kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
@@ -127,11 +122,6 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
     prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
     tokenizer (a folder planned without its text encoders)."""
-    from ..interop import jit
-    from . import lowering
-    from ..runtime import placement
-    from ..runtime.attach import component_dtype
-
     names = placement.text_encoder_names(pipe)
     if not names or getattr(pipe, "tokenizer", None) is None:
         return None

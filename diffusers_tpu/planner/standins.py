@@ -7,6 +7,12 @@
 from __future__ import annotations
 
 import string
+from tokenizers import Regex
+from tokenizers import Tokenizer
+from tokenizers import models
+from tokenizers import pre_tokenizers
+from tokenizers import processors
+from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # HunyuanVideo-1.5's system prompt length, which its stock pipeline crops from the text encoder's output
@@ -19,9 +25,6 @@ COGVIDEOX_SCHEDULER = dict(
 
 def char_tokenizer(model_max_length: int = 512):
     """A T5-style (pad=0, eos=1, unk=2, eos appended) character tokenizer over printable ASCII."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {PAD: 0, EOS: 1, UNK: 2}
     for char in string.printable:
         vocab.setdefault(char, len(vocab))

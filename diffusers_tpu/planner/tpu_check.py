@@ -25,6 +25,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import call_probe, lowering, plan, program_memory, tpu_compiler
+from ..interop import jit
+from ..runtime import denoiser
+from ..runtime.config import TPUConfig
+from ..runtime.registry import family_of
 
 
 def _keywords(pipe, call: dict) -> dict:
@@ -88,11 +92,6 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     compiled for ``devices`` (see the module docstring). ``config``: the ``TPUConfig`` they are compiled for
     (default: ``TPUConfig()``, text encoders on the host); ``analyse``: default the memory analysis; ``vae=False``:
     the denoiser step only."""
-    from ..interop import jit
-    from ..runtime import denoiser
-    from ..runtime.config import TPUConfig
-    from ..runtime.registry import family_of
-
     config = config or TPUConfig(text_encoder="host")
     analyse = analyse or jit.compiled_memory
     family = family_of(pipe)

@@ -18,6 +18,10 @@ import re
 
 from ..interop import startup
 from .chips import CHIPS, Chip
+import jax
+from jax.experimental import topologies
+import hashlib
+import json
 
 
 class Unavailable(RuntimeError):
@@ -30,8 +34,6 @@ def available() -> bool:
 
 
 def install_hint() -> str:
-    import jax
-
     return (f'install the TPU compiler (libtpu, ~700 MB; no TPU needed): pip install "jax[tpu]=={jax.__version__}" '
             '(or pip install -e ".[tpu]" in a checkout)')
 
@@ -66,8 +68,6 @@ def _topology_options(topology: str) -> dict:
 
 @functools.cache
 def _devices(topology: str) -> tuple:
-    from jax.experimental import topologies
-
     startup.quiet_absent_libtpu()  # (done at package import; again for a process that imported only this module)
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology,
                                               **_topology_options(topology)).devices)
@@ -91,8 +91,6 @@ def is_tpu(devices_) -> bool:
 
 def is_attached(devices_) -> bool:
     """Whether the devices are this process's real ones (a TPU VM), not a topology described for compiling."""
-    import jax
-
     try:
         local = {d.id for d in jax.local_devices(backend=devices_[0].platform)}
     except RuntimeError:  # no such backend in this process: described devices only
@@ -107,8 +105,6 @@ _REFUSAL = re.compile(r"(RESOURCE_EXHAUSTED|Ran out of memory|exceeds|vmem|VMEM|
 def refusal(error: BaseException) -> str | None:
     """The TPU compiler's reason, in one line, when ``error`` is a compile-time refusal (memory over HBM or VMEM,
     a kernel Mosaic rejects); None for anything else (a bug: let it raise)."""
-    import jax
-
     if not isinstance(error, (jax.errors.JaxRuntimeError, ValueError, RuntimeError)):
         return None
     text = str(error)
@@ -123,8 +119,6 @@ def refusal(error: BaseException) -> str | None:
 def _identity(devices) -> str:
     import importlib.metadata
 
-    import jax
-
     try:
         libtpu = importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:
@@ -138,9 +132,6 @@ def remembered(analyse, devices, directory: str | None):
     for programs compiled for TPU ``devices``: the same program (its lowered text), compiled by the same libtpu
     for the same chips, is analysed once per machine. The TPU compiler takes minutes for some programs (the Wan VAE's
     float32 3-D convolutions: each becomes several bf16 passes, each compiled) that a plan needs every time."""
-    import hashlib
-    import json
-
     if directory is None or not is_tpu(devices):
         return analyse
     identity = _identity(devices) + " " + getattr(analyse, "__qualname__", repr(analyse))

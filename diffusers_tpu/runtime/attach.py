@@ -29,6 +29,8 @@ from .overrides import Overrides
 from .denoiser import (TRACE_ERRORS, Denoiser, active_hooks, check_hooks, forget_unfinished, hook_reference,
                        innermost_forward)
 from .registry import Family, family_of, vae_methods
+from diffusers.callbacks import MultiPipelineCallbacks
+from diffusers.callbacks import PipelineCallback
 
 logger = logging.getLogger(__name__)
 _ATTR = "_diffusers_tpu_runtime"
@@ -153,7 +155,6 @@ class PipelineRuntime:
         callback = bound.arguments.get("callback_on_step_end")
         if callback is None:
             return
-        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
         if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
             bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs

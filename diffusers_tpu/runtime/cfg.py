@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import torch
 
 from ..interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
+import torch.utils._pytree as pytree
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +215,6 @@ class CFGPairing:
 
 
 def _split(out, batch):
-    import torch.utils._pytree as pytree
-
     leaves, spec = pytree.tree_flatten(out)
     first, second = [], []
     for leaf in leaves:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..interop.mesh_axes import MESH_AXES
+from . import quantize
 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("auto", "host", "jax")
@@ -174,7 +175,6 @@ class TPUConfig:
             raise ValueError(
                 f"TPUConfig(matmul_precision={self.matmul_precision!r}) must be one of {list(MATMUL_PRECISIONS)}."
             )
-        from . import quantize
 
         quantize.check_format(self.quantize)
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):

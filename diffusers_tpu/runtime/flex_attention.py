@@ -16,6 +16,8 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from ..interop import static_keys
+from diffusers.models.attention_dispatch import AttentionBackendName
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 
 _KEYS_OF_MASKS: "weakref.WeakKeyDictionary[BlockMask, tuple]" = weakref.WeakKeyDictionary()
@@ -88,8 +90,6 @@ def flex_as_sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None,
 @contextlib.contextmanager
 def flex_on_jax():
     """diffusers' registry serves ``flex`` with ``flex_as_sdpa`` for the duration."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
     backends = _AttentionBackendRegistry._backends
     stock = backends.get(AttentionBackendName.FLEX)
     backends[AttentionBackendName.FLEX] = flex_as_sdpa

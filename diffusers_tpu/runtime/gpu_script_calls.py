@@ -21,6 +21,8 @@ import torch
 
 from ..interop import backend
 from . import flex_attention
+from diffusers.models.attention_dispatch import AttentionBackendName
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 # processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
 # ``flex_attention.flex_on_jax`` serves it
@@ -163,8 +165,6 @@ def check_dtype(runtime, modules: dict) -> None:
 def native_attention_dispatch():
     """Inside JAX calls diffusers' attention dispatch uses its native (SDPA) backend, which the project routes to its
     kernel; a backend chosen with ``diffusers.attention_backend(...)`` (a CUDA library) is set aside meanwhile."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
     previous = _AttentionBackendRegistry._active_backend
     if previous != AttentionBackendName.NATIVE:
         warn_once(f"dispatch-{previous}", f"attention_backend({previous.value!r}) is active: on JAX attention runs "

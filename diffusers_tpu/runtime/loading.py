@@ -18,6 +18,10 @@ import torch
 
 from ..interop import backend
 from ..interop.sharding import CHECKPOINT_ATTR
+from safetensors import safe_open
+from accelerate import init_empty_weights
+import diffusers
+from .registry import DENOISERS
 
 
 class CheckpointError(ValueError):
@@ -31,8 +35,6 @@ class SliceSource:
         self.path, self.key = path, key
 
     def read(self, index, dtype: torch.dtype):
-        from safetensors import safe_open
-
         with safe_open(self.path, framework="pt") as handle:  # closed at once: no mapping of the file stays resident
             piece = handle.get_slice(self.key)[index] if index else handle.get_tensor(self.key)
         return backend.host_array(piece.to(dtype))
@@ -51,8 +53,6 @@ class SliceSource:
 
 
 def _read_whole(path: str, key: str) -> torch.Tensor:
-    from safetensors import safe_open
-
     with safe_open(path, framework="pt") as handle:
         return handle.get_tensor(key)
 
@@ -83,8 +83,6 @@ def _weight_files(folder: str) -> tuple[list[str], dict[str, str]]:
 
 def _checkpoint(folder: str) -> tuple[dict[str, tuple[str, tuple, str]], dict[str, str]]:
     """key -> (file, shape, dtype) from the files' headers (nothing else is read), and the index's key -> file."""
-    from safetensors import safe_open
-
     found = {}
     files, weight_map = _weight_files(folder)
     for path in files:
@@ -114,8 +112,6 @@ def _keep_fp32(name: str, modules) -> bool:
 
 def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
     """The model with meta parameters (buffers computed as usual), each tied to its place in the checkpoint."""
-    from accelerate import init_empty_weights
-
     found, weight_map = _checkpoint(folder)
     files = sorted({path for path, _, _ in found.values()} | set(weight_map.values())) or _weight_files(folder)[0]
     with init_empty_weights():
@@ -158,13 +154,9 @@ def from_pretrained(path: str, device: str = "tpu", config=None, dtype: torch.dt
     weights read straight into their device shards (see the module docstring); other components load as stock.
     ``path``: a local pipeline folder (``model_index.json``). ``pipeline_class``: default the folder's class.
     ``dtype``: as diffusers' ``from_pretrained(dtype=...)``; ``torch_dtype``, its older name, is taken too."""
-    import diffusers
-
     if dtype is not None and torch_dtype is not None:
         raise ValueError("from_pretrained: pass dtype= or torch_dtype= (its older name), not both.")
     torch_dtype = dtype if dtype is not None else torch_dtype
-
-    from .registry import DENOISERS
 
     if backend.parse_device(device) is None:
         raise ValueError(f"from_pretrained(device={device!r}): sharded loading places weights on JAX devices; use "

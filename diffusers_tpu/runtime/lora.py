@@ -26,6 +26,8 @@ import torch
 
 from ..interop import backend, sharding
 from . import quantize
+from diffusers.utils import scale_lora_layers
+from diffusers.utils import unscale_lora_layers
 
 _LORA_TENSOR = re.compile(r"^(?P<base>.+)\.(?P<kind>lora_A|lora_B|lora_magnitude_vector)\.[^.]+(?:\.(?P<leaf>weight|bias))?$")
 ATTENTION_KWARGS = ("attention_kwargs", "joint_attention_kwargs", "cross_attention_kwargs")
@@ -155,8 +157,6 @@ def scale_from_kwargs(root, kwargs: dict):
     """``attention_kwargs={"scale": s}`` applied as stock ``apply_lora_scale`` does (``scale_lora_layers`` before,
     ``unscale_lora_layers`` after), on the host, and removed from the keywords the program sees (a float there
     would be a compile-time constant: one program per scale)."""
-    from diffusers.utils import scale_lora_layers, unscale_lora_layers
-
     name = next((n for n in ATTENTION_KWARGS if isinstance(kwargs.get(n), dict) and "scale" in kwargs[n]), None)
     if name is None:
         yield kwargs

@@ -21,6 +21,9 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable
+from diffusers.utils import export_to_video
+import wave
+import PIL.Image
 
 
 class DestinationError(ValueError):
@@ -183,8 +186,6 @@ def write_json(path: str, value) -> None:
 def write_video(frames, path: str, fps: int) -> None:
     """Frames (PIL images or uint8 arrays) as a video with diffusers' ``export_to_video``, verified by counting the
     frames ffmpeg reads back."""
-    from diffusers.utils import export_to_video
-
     def write(temp):  # ffmpeg starts through subprocess: JAX's fork warning is silenced for that (``patches``)
         export_to_video(list(frames), temp, fps=fps)
 
@@ -201,8 +202,6 @@ def write_video(frames, path: str, fps: int) -> None:
 def write_image(image, path: str) -> None:
     """A PIL image, verified by decoding it back."""
     def verify(temp):
-        import PIL.Image
-
         with PIL.Image.open(temp) as written:
             written.load()
             if written.size != image.size:
@@ -213,8 +212,6 @@ def write_image(image, path: str) -> None:
 
 def write_wav(pcm, path: str, rate: int) -> None:
     """16-bit PCM ``[samples, channels]`` as a WAV file (stdlib ``wave``), verified by its frame count."""
-    import wave
-
     def write(temp):
         with wave.open(temp, "wb") as out:
             out.setnchannels(pcm.shape[1])

@@ -15,7 +15,10 @@ import re
 import torch
 
 from . import attention, lora, gpu_script_calls, registry, support, attach as runtime
-from ..interop import backend, compat, import_hooks, patching, startup
+from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
+import diffusers
+import warnings
+import torch.utils._pytree as pytree
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +36,6 @@ TESTED_DIFFUSERS = ((0, 42), (0, 43))  # [from, below)
 
 
 def _check_diffusers_version() -> bool:
-    import diffusers
-
     version = tuple(int(part) for part in re.findall(r"\d+", diffusers.__version__)[:2])
     tested = TESTED_DIFFUSERS[0] <= version < TESTED_DIFFUSERS[1]
     if not tested:
@@ -102,7 +103,7 @@ def _pipeline_to(stock_to):
 # run unchanged. Pipelines never moved to JAX take the original path untouched.
 # Guard: applied once per class that defines ``__call__``; the wrapper only acts on attached instances.
 def wrap_pipeline_call(pipeline_cls) -> None:
-    from diffusers import DiffusionPipeline
+    from diffusers import DiffusionPipeline  # noqa: PLC0415 - loads diffusers' pipelines: only once a user's do
 
     if "__call__" not in vars(pipeline_cls) or not issubclass(pipeline_cls, DiffusionPipeline):
         return
@@ -225,8 +226,6 @@ def _torchvision_fallback_filter(record) -> bool:
 
 
 def _quiet_known_noise() -> None:
-    import warnings
-
     import_utils_logger = logging.getLogger("transformers.utils.import_utils")
     if _torchvision_fallback_filter not in import_utils_logger.filters:
         import_utils_logger.addFilter(_torchvision_fallback_filter)
@@ -270,8 +269,6 @@ def _modular_to(stock_to):
 # its tensors become the program's outputs and the next program's inputs; ``num_ref_tokens`` is static.
 # Guard: diffusers >= 0.42 (``transformer_flux2.Flux2KVCache``); applied when that module is imported.
 def _register_flux2_kv_cache(transformer_flux2) -> None:
-    import torch.utils._pytree as pytree
-
     cache, layer = getattr(transformer_flux2, "Flux2KVCache", None), getattr(transformer_flux2, "Flux2KVLayerCache", None)
     if cache is None or layer is None or layer in pytree.SUPPORTED_NODES:
         return
@@ -302,6 +299,7 @@ def _patch_pipelines(pipeline_utils) -> None:
 def apply() -> None:
     """Apply every patch (idempotent): torch's and torchax's now, diffusers' and peft's when each is imported.
     Called by ``import diffusers_tpu``. Pipeline classes get their ``__call__`` wrapped by their first ``to("tpu")``."""
+    torch_compat.apply()  # first: library code may ask torch for the accelerator as soon as torchax is in
     compat.apply()
     compat.route_sdpa(attention.scaled_dot_product_attention)
     _patch_generator()

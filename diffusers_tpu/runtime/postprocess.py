@@ -18,6 +18,7 @@ import PIL.Image
 
 from ..interop import distributed
 from ..interop.backend import is_jax_tensor, to_jax_array, wrap
+from diffusers.image_processor import VaeImageProcessor
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
@@ -96,8 +97,6 @@ def install(processor) -> None:
 
 def install_image(processor) -> bool:
     """On-device postprocessing for a stock ``VaeImageProcessor`` (image pipelines); False if not one."""
-    from diffusers.image_processor import VaeImageProcessor
-
     if not isinstance(processor, VaeImageProcessor) or type(processor).postprocess is not VaeImageProcessor.postprocess:
         return False
     stock = processor.postprocess

@@ -23,6 +23,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..interop.backend import jax_dtype, jax_to_host
 from ..interop.jit import Rebuilt
+from ..interop.sharding import _keep_in_fp32
+from ..interop import sharding
+from ..interop.backend import wrap
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,6 @@ def check_format(fmt: str | None) -> None:
 def targets(module: torch.nn.Module) -> set[str]:
     """Qualified names of the weights to quantize: linear layers' weights, except LoRA adapters' and those of the
     modules the model keeps in float32 (``_keep_in_fp32_modules``: the time embedding, for precision)."""
-    from ..interop.sharding import _keep_in_fp32
-
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     names = set()
     for prefix, owner in module.named_modules():
@@ -108,9 +109,6 @@ def abstract(weight: jax.ShapeDtypeStruct, fmt: str, dtype) -> Quantized:
 def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: str) -> None:
     """Replace the placed target weights of ``module`` by their quantized values (``originals``: qualified name
     -> the host tensor before placement, kept for an exact restore)."""
-    from ..interop import sharding
-    from ..interop.backend import wrap
-
     done: dict[int, object] = {}
     for slot in slots:
         if slot.qualified not in originals:
@@ -130,8 +128,6 @@ def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: 
 def host_weight(slot) -> torch.Tensor:
     """A quantized slot's weight on the host as stock would hold it (``pipe.to("cpu")``, ``state_dict()``): the
     kept original, or — for a weight that was never on the host (sharded loading) — its dequantized values."""
-    from ..interop import sharding
-
     if slot.keep_original is not None:
         return slot.keep_original
     logger.warning("%s was loaded straight to the devices and quantized: it returns to the host dequantized",

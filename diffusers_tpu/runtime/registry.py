@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..interop.sharding import Rule
+import diffusers
 
 DENOISERS = ("transformer", "transformer_2", "transformer_3")  # component names a denoiser may have
 
@@ -143,8 +144,6 @@ def zero_text_call(width_of: Callable[[object], int]) -> Callable[..., dict]:
     ``[1, text_tokens, width_of(pipe)]``), ``num_frames`` and ``guidance_scale``."""
 
     def call(pipe, size: dict, tokens: int, dtype) -> dict:
-        import torch
-
         embeddings = torch.zeros(1, tokens, width_of(pipe), dtype=dtype)
         return dict(size, prompt_embeds=embeddings, negative_prompt_embeds=embeddings, num_inference_steps=2)
 
@@ -175,8 +174,6 @@ _CLASSIC = {"Wan22ModularPipeline": "WanPipeline", "WanImage2VideoModularPipelin
 
 def classic_pipeline(modular_name: str) -> str | None:
     """The classic diffusers pipeline class (its name) that runs what a modular pipeline class runs, if there is one."""
-    import diffusers
-
     name = _CLASSIC.get(modular_name, modular_name.replace("ModularPipeline", "Pipeline"))
     return name if name != modular_name and hasattr(diffusers, name) else None
 

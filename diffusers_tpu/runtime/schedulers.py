@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..interop.backend import host_to_jax, is_jax_tensor, wrap
+from ..interop.backend import jax_to_host
+import torch.utils._pytree as pytree
 
 # scheduler class name -> tensor attributes indexed or mixed with device timesteps
 DEVICE_TABLES = {
@@ -39,16 +41,12 @@ def place(scheduler) -> list:
 
 
 def _on_host(value):
-    from ..interop.backend import jax_to_host
-
     return jax_to_host(value.jax()) if is_jax_tensor(value) else value
 
 
 def keep_dtype(scheduler, dtype: torch.dtype) -> list:
     """Make ``scheduler.step`` take and return latents in ``dtype`` (TPUConfig.scheduler_dtype). Latent-like
     tensors (2+ dims) are cast; timesteps and tables are not. Returns undo callables."""
-    import torch.utils._pytree as pytree
-
     stock = scheduler.step
 
     def cast(value):
@@ -66,8 +64,6 @@ def keep_dtype(scheduler, dtype: torch.dtype) -> list:
 def to_host(scheduler) -> None:
     """After a call: tensors the scheduler kept (timesteps, sigmas, multistep history) become host tensors, so the
     scheduler is a plain torch object between calls (a user's own loop, ``pipe.to("cpu")``)."""
-    import torch.utils._pytree as pytree
-
     for name, value in list(vars(scheduler).items()):
         if is_jax_tensor(value):
             setattr(scheduler, name, _on_host(value))

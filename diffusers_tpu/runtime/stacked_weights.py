@@ -25,12 +25,14 @@ import math
 
 import jax
 import torch
+import torchax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..interop import compat, sharding
+from ..interop import sharding
 from ..interop.backend import is_jax_tensor, wrap
 from ..interop.jit import Gathered, Stacked
 from . import repeated_blocks
+from torchax.tensor import Tensor
 
 
 class Stack:
@@ -85,8 +87,6 @@ def fully_sharded(spec: PartitionSpec, shape: tuple, mesh) -> PartitionSpec:
 
 
 def _layer_view_class():
-    from torchax.tensor import Tensor
-
     class LayerView(Tensor):
         """Layer ``index`` of a ``Stack``, as a torchax tensor (see the module docstring)."""
 
@@ -123,7 +123,7 @@ def layer_view(stack: Stack, index: int) -> torch.Tensor:
     global LayerView
     if LayerView is None:
         LayerView = _layer_view_class()
-    return LayerView(stack, index, compat.import_torchax().default_env())
+    return LayerView(stack, index, torchax.default_env())
 
 
 def is_view(tensor) -> bool:

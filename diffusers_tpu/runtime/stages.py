@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from ..interop import backend
 from . import attach as runtime, outputs, postprocess
 from .registry import family_of
+from safetensors import safe_open
 
 CONFIG = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
@@ -37,8 +38,6 @@ class StageError(ValueError):
 
 def _verify_tensors(path: str, tensors: dict) -> None:
     """The written stage file holds every tensor with its shape (its header reads back)."""
-    from safetensors import safe_open
-
     with safe_open(path, framework="pt") as handle:
         shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
     if shapes != {key: tuple(value.shape) for key, value in tensors.items()}:

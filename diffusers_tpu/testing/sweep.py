@@ -28,6 +28,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+import numpy as np
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from ..interop import jit
+from .. import TPUConfig
+from .sweep_recipes import RECIPES
+import gc
+import jax
+from ..runtime import support
 
 TOLERANCE = 1e-4
 MESH = {"dp": 2, "sp": 2, "tp": 2}
@@ -46,9 +55,6 @@ def _frames(out):
 
 def _run(pipe, call, output_type="np", sound: list | None = None):
     """The call's frames (float32 for ``"np"``); a soundtrack it makes too (LTX-2) is appended to ``sound``."""
-    import numpy as np
-    import torch
-
     torch.manual_seed(0)  # draws without the generator (``latent_dist.sample()``) come from torch's default one
     out = pipe(**copy.deepcopy(call), output_type=output_type, generator=torch.Generator().manual_seed(0))
     if sound is not None and isinstance(getattr(out, "audio", None), torch.Tensor):
@@ -64,8 +70,6 @@ def _pictures(ref) -> bool:
 
 def _pil_levels(images):
     """A "pil" output (images, or videos as lists of frames) as one uint8 array."""
-    import numpy as np
-
     if isinstance(images, (list, tuple)):
         return np.stack([_pil_levels(image) for image in images])
     array = np.asarray(images)
@@ -78,9 +82,6 @@ def second_calls(pipe, call, ref) -> dict:
     """What the JAX pipeline gives on two more calls: ``"pil"`` (its frames made 8-bit on the device) beside stock's
     rounding of its own ``"np"`` output (diffusers' ``numpy_to_pil``, the function stock's ``"pil"`` ends in), and an
     ``"np"`` call that must compile nothing (``warm_compilations``)."""
-    import numpy as np
-    from diffusers.image_processor import VaeImageProcessor
-
     found = {}
     if _pictures(ref):
         try:
@@ -102,8 +103,6 @@ def second_calls(pipe, call, ref) -> dict:
 
 
 def _warm_compilations(pipe, call) -> dict:
-    from ..interop import jit
-
     with jit.compile_log() as log:
         _run(pipe, call)
     return dict(warm_compilations=log.compilations)
@@ -112,8 +111,6 @@ def _warm_compilations(pipe, call) -> dict:
 def _ignores_pil(images, ref) -> bool:
     """A "pil" call that gave the float frames "np" gives (same shape, not 8-bit): the pipeline ignores
     ``output_type`` there, or the port failed to make its frames 8-bit; ``stock_pil`` tells which."""
-    import numpy as np
-
     array = np.asarray(images) if not isinstance(images, (list, tuple)) or not images else None
     return array is not None and array.dtype.kind == "f" and array.shape == ref.shape
 
@@ -133,8 +130,6 @@ def stock_pil_fails(pipe, call, raised: Exception) -> dict:
 def stock_pil(pipe, call, ours) -> dict:
     """Stock's own "pil" call (the pipeline back on torch), held against a JAX "pil" call that gave float frames:
     where stock gives float frames too, they are compared as "np" is (``pil_max_abs``); else it is an error."""
-    import numpy as np
-
     pipe.to("cpu")
     stock = _run(pipe, call, "pil")
     if not _ignores_pil(stock, ours):
@@ -145,10 +140,6 @@ def stock_pil(pipe, call, ours) -> dict:
 
 def measure(name: str, devices: int) -> dict:
     """One class: its stock output, then the JAX one on ``devices`` devices; ``pipe.to("cpu")`` afterwards."""
-    import numpy as np
-
-    from .. import TPUConfig
-    from .sweep_recipes import RECIPES
 
     began = time.perf_counter()
     try:
@@ -196,8 +187,6 @@ def compare(ref, out) -> dict:
     """``max_abs`` of two same-shaped outputs (None when either is not finite). An output beyond [0, 1] (LTX-2 HDR's
     linear light, up to ~50 after an exponential) is compared relative to its largest magnitude (``scale``):
     float32's last bit there is 50 times an image's. [0, 1] outputs are compared as they are."""
-    import numpy as np
-
     if not (np.isfinite(ref).all() and np.isfinite(out).all()):
         return dict(max_abs=None, finite=False)
     scale = max(1.0, float(np.abs(ref).max()))
@@ -241,11 +230,7 @@ def _claim(folder: str | None, name: str) -> bool:
 
 
 def run_process(names: list[str], devices: int, out_file: str, claims: str | None = None):
-    import gc
 
-    import jax
-
-    from ..runtime import support
 
     support.measured = lambda: {}  # measure every class afresh: no refusal or verdict from the committed table
     results = {}
@@ -324,8 +309,6 @@ def commit_key() -> str:
 
 
 def _recorded() -> dict:
-    from ..runtime import support
-
     return support.measured()  # the committed table (this process never replaces support.measured)
 
 
@@ -356,8 +339,6 @@ def sample(names: list[str], seconds: float, key: str, paths: dict[str, str]) ->
 
 
 def table(measured: dict) -> dict:
-    from .sweep_recipes import RECIPES
-
     rows = {}
     for name, result in sorted(measured.items()):
         shape = (result["one"] or result["mesh"] or {}).get("shape", [])
@@ -386,8 +367,6 @@ def _write_atomically(path: Path, text: str):
 
 def write(rows: dict):
     """The table, then the page and README's table generated from it (each file replaced whole)."""
-    from ..runtime import support
-
     _write_atomically(TABLE, json.dumps(rows, indent=1, sort_keys=True) + "\n")
     support.measured.cache_clear()
     _write_atomically(PAGE, support.support_page())
@@ -406,7 +385,6 @@ def main(argv=None):
     parser.add_argument("--key", help="with --sample: what draws the part (default: the checkout's commit)")
     parser.add_argument("--claims", help="with --devices: a folder shared by processes that split the classes")
     args = parser.parse_args(argv)
-    from .sweep_recipes import RECIPES
 
     names = args.only or sorted(RECIPES)
     unknown = sorted(set(names) - set(RECIPES))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_more,
                tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants, tiny_sweep_video, tiny_sweep_video_more, tiny_unet)
 from .tiny_families import PROMPTS, test_frames
+import diffusers
 
 VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
 
@@ -26,8 +27,6 @@ DROP = object()  # a call argument the other class does not take
 def _as(cls_name, build, **extra):
     """The same components under another pipeline class of the family."""
     def recipe():
-        import diffusers
-
         pipe, call = build()
         call = {k: v for k, v in dict(call, **extra).items() if v is not DROP}
         return getattr(diffusers, cls_name)(**pipe.components), call
@@ -161,8 +160,6 @@ RECIPES.update({
 def _controlnet_variant(cls_name, **extra):
     """SD 1.5 ControlNet's components under its img2img / inpaint classes: the control image beside the image."""
     def recipe():
-        import diffusers
-
         pipe, call = tiny_unet.pipeline("sd-controlnet")
         control = call.pop("image")
         return getattr(diffusers, cls_name)(**pipe.components), dict(call, image=_image(), control_image=control,

@@ -9,6 +9,45 @@ from __future__ import annotations
 import torch
 
 from ..planner.standins import COGVIDEOX_SCHEDULER, HUNYUAN15_TEMPLATE_TOKENS, char_tokenizer, chat_tokenizer  # noqa: F401
+from transformers import UMT5Config
+from transformers import UMT5EncoderModel
+from transformers import T5Config
+from transformers import T5EncoderModel
+from transformers import CLIPTextConfig
+from transformers import CLIPTextModel
+from transformers import CLIPTextModelWithProjection
+from transformers import CLIPVisionConfig
+from transformers import CLIPVisionModelWithProjection
+from transformers import Gemma2Config
+from transformers import Gemma2Model
+import transformers
+from diffusers import PriorTransformer
+from diffusers import AutoencoderKLWan
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import UniPCMultistepScheduler
+from diffusers import WanTransformer3DModel
+from diffusers import WanPipeline
+from diffusers import WanImageToVideoPipeline
+from transformers import CLIPVisionModel
+from diffusers import FlowMatchLCMScheduler
+from ..families.causal_wan import CausalWanTransformer3DModel
+from ..families.causal_wan_pipeline import CausalWanPipeline
+import numpy as np
+import PIL.Image
+from diffusers import AutoencoderKL
+import inspect
+import diffusers
+from diffusers import AutoencoderKLCogVideoX
+from diffusers import CogVideoXDDIMScheduler
+from diffusers import CogVideoXDPMScheduler
+from diffusers import CogVideoXTransformer3DModel
+from diffusers import DDIMScheduler
+from diffusers import AutoencoderKLHunyuanVideo15
+from diffusers import ClassifierFreeGuidance
+from diffusers import HunyuanVideo15Transformer3DModel
+from transformers import ByT5Tokenizer
+from transformers import Qwen2_5_VLTextConfig
+from transformers import Qwen2_5_VLTextModel
 
 
 # Two transformer shapes: parity is tested on both. "wan-4head" has heads that tp=4 divides (8-device mesh).
@@ -63,15 +102,11 @@ COGVIDEOX_VAE = dict(
 
 
 def tiny_umt5(seed: int = 0):
-    from transformers import UMT5Config, UMT5EncoderModel
-
     torch.manual_seed(seed)
     return UMT5EncoderModel(UMT5Config(**UMT5)).eval()
 
 
 def tiny_t5(seed: int = 0):
-    from transformers import T5Config, T5EncoderModel
-
     torch.manual_seed(seed)
     config = {k: v for k, v in UMT5.items() if k != "is_encoder_decoder"}
     return T5EncoderModel(T5Config(**config)).eval()
@@ -80,8 +115,6 @@ def tiny_t5(seed: int = 0):
 def tiny_clip(seed: int, hidden: int = 32, projection: bool = False):
     """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token; with ``projection``
     the class with a text projection (SDXL's second encoder, unCLIP priors)."""
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
     torch.manual_seed(seed)
     config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
                             projection_dim=hidden, max_position_embeddings=77, vocab_size=128, bos_token_id=None,
@@ -91,8 +124,6 @@ def tiny_clip(seed: int, hidden: int = 32, projection: bool = False):
 
 def tiny_clip_vision(seed: int, hidden: int = 32):
     """A CLIP vision encoder with a projection for 32-px images (8-px patches), 2 layers, 4 heads."""
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
-
     torch.manual_seed(seed)
     return CLIPVisionModelWithProjection(CLIPVisionConfig(
         hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=hidden,
@@ -101,8 +132,6 @@ def tiny_clip_vision(seed: int, hidden: int = 32):
 
 def tiny_gemma2(seed: int):
     """A Gemma 2 text model, 32 wide, 2 layers (Sana, Sana Video, SANA-WM)."""
-    from transformers import Gemma2Config, Gemma2Model
-
     return seeded(seed, lambda: Gemma2Model(Gemma2Config(
         hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         head_dim=16, vocab_size=128, max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=2)))
@@ -110,24 +139,17 @@ def tiny_gemma2(seed: int):
 
 def clip_image_processor():
     """CLIP's image processor at 32 px (its PIL class where torchvision, which the default needs, is absent)."""
-    import transformers
-
     return getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)(crop_size=32, size=32)
 
 
 def tiny_prior(seed: int):
     """An unCLIP prior (``PriorTransformer``): CLIP text states to a 32-wide image embedding, 2 layers."""
-    from diffusers import PriorTransformer
-
     torch.manual_seed(seed)
     return PriorTransformer(num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2).eval()
 
 
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
     """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
-    from diffusers import WanTransformer3DModel
-
     if variant not in WAN_TRANSFORMERS:
         raise ValueError(f"Unknown tiny Wan variant {variant!r}; choose one of {sorted(WAN_TRANSFORMERS)}.")
     torch.manual_seed(seed)
@@ -155,8 +177,6 @@ def wan_pipeline(variant: str = "wan", seed: int = 0, scheduler: str = "flow_mat
 
 def wan22_a14b_pipeline(seed: int = 0, scheduler: str = "unipc"):
     """Wan 2.2 A14B in miniature: two transformers (high-noise, low-noise) switching at the boundary timestep."""
-    from diffusers import WanPipeline, WanTransformer3DModel
-
     components = wan_components("wan-4head", seed, scheduler)
     torch.manual_seed(seed + 10)
     components["transformer_2"] = WanTransformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
@@ -165,8 +185,6 @@ def wan22_a14b_pipeline(seed: int = 0, scheduler: str = "unipc"):
 
 def wan22_ti2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
     """Wan 2.2 TI2V-5B in miniature: the 48-channel VAE and per-token timesteps (``expand_timesteps``)."""
-    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
-
     components = wan_components("wan-4head", seed, scheduler)
     torch.manual_seed(seed)
     components["transformer"] = WanTransformer3DModel(**WAN22_TI2V_TRANSFORMER).eval()
@@ -177,10 +195,6 @@ def wan22_ti2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
 
 def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
     """Wan 2.1 image-to-video in miniature: a CLIP vision encoder and image tokens in cross-attention."""
-    import transformers
-    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
     # the PIL backend: the default one needs torchvision, which has no CPU wheel here
     processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
 
@@ -201,10 +215,6 @@ CAUSAL_WAN = dict(num_frame_per_block=2, sink_size=1, local_attn_size=2)
 def causal_wan_pipeline(seed: int = 0, **causal):
     """A tiny ``diffusers_tpu.CausalWanPipeline`` on CPU (the "wan-4head" weights; ``causal`` overrides
     ``CAUSAL_WAN``)."""
-    from diffusers import FlowMatchLCMScheduler
-
-    from ..families.causal_wan import CausalWanTransformer3DModel
-    from ..families.causal_wan_pipeline import CausalWanPipeline
 
     components = wan_components("wan-4head", seed)
     components["transformer"] = CausalWanTransformer3DModel.from_transformer(components["transformer"],
@@ -215,18 +225,12 @@ def causal_wan_pipeline(seed: int = 0, **causal):
 
 def test_image(height: int = 32, width: int = 32, seed: int = 0):
     """A deterministic RGB PIL image (for image-to-video)."""
-    import numpy as np
-    import PIL.Image
-
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     return PIL.Image.fromarray(pixels)
 
 
 def test_mask(height: int = 32, width: int = 32):
     """A PIL mask with its right half set (for inpainting)."""
-    import numpy as np
-    import PIL.Image
-
     return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
 
 
@@ -238,8 +242,6 @@ def seeded(seed: int, build):
 
 def kl_vae(seed: int, latent_channels: int = 4, blocks: int = 2, **extra):
     """A tiny ``AutoencoderKL`` (8 channels a block); SD3-style shift and scaling factors unless ``extra`` says."""
-    from diffusers import AutoencoderKL
-
     extra = dict(dict(shift_factor=0.0609, scaling_factor=1.5035), **extra)  # SD3-style pipelines read both
     return seeded(seed, lambda: AutoencoderKL(
         block_out_channels=(8,) * blocks, down_block_types=("DownEncoderBlock2D",) * blocks,
@@ -257,9 +259,6 @@ def fit(cls_name: str, parts: dict, call: dict):
     """The diffusers class ``cls_name`` built from the parts its constructor takes, and the call arguments its
     ``__call__`` takes (a family's classes differ in both: no negative prompt for LCM, no image encoder for
     InstructPix2Pix...)."""
-    import inspect
-
-    import diffusers
 
     cls = getattr(diffusers, cls_name)
     built = set(inspect.signature(cls.__init__).parameters)
@@ -276,9 +275,6 @@ def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str 
 def cogvideox_components(variant: str = "cogvideox-5b", seed: int = 0, scheduler: str = "dpm") -> dict:
     """Components for ``diffusers.CogVideoXPipeline``; ``scheduler``: "dpm", "ddim" or "cogvideox_ddim".
     Call the pipeline with ``max_sequence_length=32`` (the tiny transformer's text length)."""
-    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler
-    from diffusers import CogVideoXTransformer3DModel, DDIMScheduler
-
     if variant not in COGVIDEOX_TRANSFORMERS:
         raise ValueError(f"Unknown tiny CogVideoX variant {variant!r}; choose one of {sorted(COGVIDEOX_TRANSFORMERS)}.")
     schedulers = {"dpm": CogVideoXDPMScheduler, "ddim": DDIMScheduler, "cogvideox_ddim": CogVideoXDDIMScheduler}
@@ -320,10 +316,6 @@ HUNYUAN15_LENGTHS = dict(tokenizer_max_length=40, tokenizer_2_max_length=24, vis
 def hunyuan15_pipeline(seed: int = 0, cls=None):
     """A tiny stock ``diffusers.HunyuanVideo15Pipeline`` (or ``cls``) on CPU, text lengths shortened
     (``HUNYUAN15_LENGTHS``). Quoted text in a prompt (``'a sign saying "hi"'``) goes through ByT5."""
-    from diffusers import AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler
-    from diffusers import HunyuanVideo15Transformer3DModel
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
-
     if cls is None:
         from diffusers import HunyuanVideo15Pipeline as cls
     torch.manual_seed(seed)

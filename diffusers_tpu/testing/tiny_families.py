@@ -8,14 +8,52 @@ import PIL.Image
 import torch
 
 from .tiny import WAN_TRANSFORMERS, WAN_VAE, char_tokenizer, tiny_umt5
+from diffusers import AutoencoderKLWan
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import UniPCMultistepScheduler
+from diffusers import WanTransformer3DModel
+from diffusers import WanVideoToVideoPipeline
+from diffusers import WanVACEPipeline
+from diffusers import WanVACETransformer3DModel
+import transformers
+from diffusers import WanAnimatePipeline
+from diffusers import WanAnimateTransformer3DModel
+from transformers import CLIPVisionConfig
+from transformers import CLIPVisionModel
+from .tiny import CLIP_VISION
+from .tiny import WAN_I2V_TRANSFORMER
+from .tiny import test_image
+from diffusers import SkyReelsV2Pipeline
+from diffusers import SkyReelsV2Transformer3DModel
+from diffusers import SkyReelsV2DiffusionForcingPipeline
+from diffusers import AutoencoderKLLTXVideo
+from diffusers import LTXVideoTransformer3DModel
+from .tiny import tiny_t5
+from diffusers import LTXPipeline
+from diffusers import LTXImageToVideoPipeline
+from transformers import CLIPTextConfig
+from transformers import CLIPTextModel
+from transformers import LlamaConfig
+from transformers import LlamaModel
+from diffusers import HunyuanVideo15ImageToVideoPipeline
+from diffusers import HunyuanVideo15Transformer3DModel
+from transformers import SiglipVisionConfig
+from transformers import SiglipVisionModel
+from .tiny import HUNYUAN15_LENGTHS
+from .tiny import HUNYUAN15_TRANSFORMER
+from .tiny import hunyuan15_pipeline
+from diffusers.pipelines.ltx2 import LTX2TextConnectors
+from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+from transformers import Gemma3Config
+from transformers import Gemma3ForConditionalGeneration
+from diffusers import LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline
 
 PROMPTS = dict(prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, static, deformed"])
 
 
 def _wan_parts(seed: int) -> dict:
-    from diffusers import AutoencoderKLWan
-
     torch.manual_seed(seed + 1)
     return dict(vae=AutoencoderKLWan(**WAN_VAE).eval(), text_encoder=tiny_umt5(seed + 2), tokenizer=char_tokenizer())
 
@@ -26,20 +64,14 @@ def test_frames(count: int = 9, size: int = 32, seed: int = 0) -> list:
 
 
 def _flow(shift: float = 7.0):
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     return FlowMatchEulerDiscreteScheduler(shift=shift)
 
 
 def _unipc():
-    from diffusers import UniPCMultistepScheduler
-
     return UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
 
 
 def wan_v2v(seed: int = 0):
-    from diffusers import WanTransformer3DModel, WanVideoToVideoPipeline
-
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
     pipe = WanVideoToVideoPipeline(transformer=transformer, scheduler=_flow(), **_wan_parts(seed))
@@ -47,8 +79,6 @@ def wan_v2v(seed: int = 0):
 
 
 def wan_vace(seed: int = 0):
-    from diffusers import WanVACEPipeline, WanVACETransformer3DModel
-
     torch.manual_seed(seed)
     transformer = WanVACETransformer3DModel(**WAN_TRANSFORMERS["wan-4head"], vace_layers=[0, 2],
                                             vace_in_channels=96).eval()
@@ -63,11 +93,6 @@ def wan_animate(seed: int = 0):
     """Wan-Animate in miniature: the I2V transformer plus pose latents, a 16-pixel face motion encoder and a face
     adapter in every block; the character image, pose and face videos are random frames. The model splits its
     context at 512 text tokens (image tokens first), so the prompt is padded to 512 as in real use."""
-    import transformers
-    from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    from .tiny import CLIP_VISION, WAN_I2V_TRANSFORMER, test_image
 
     torch.manual_seed(seed)
     transformer = WanAnimateTransformer3DModel(
@@ -85,8 +110,6 @@ def wan_animate(seed: int = 0):
 
 
 def skyreels_v2(seed: int = 0):
-    from diffusers import SkyReelsV2Pipeline, SkyReelsV2Transformer3DModel
-
     torch.manual_seed(seed)
     transformer = SkyReelsV2Transformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
     pipe = SkyReelsV2Pipeline(transformer=transformer, scheduler=_unipc(), **_wan_parts(seed))
@@ -94,8 +117,6 @@ def skyreels_v2(seed: int = 0):
 
 
 def skyreels_v2_df(seed: int = 0):
-    from diffusers import SkyReelsV2DiffusionForcingPipeline, SkyReelsV2Transformer3DModel
-
     torch.manual_seed(seed)
     transformer = SkyReelsV2Transformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
     pipe = SkyReelsV2DiffusionForcingPipeline(transformer=transformer, scheduler=_unipc(), **_wan_parts(seed))
@@ -105,9 +126,6 @@ def skyreels_v2_df(seed: int = 0):
 
 
 def _ltx(cls, seed: int):
-    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
-
-    from .tiny import tiny_t5
 
     torch.manual_seed(seed)
     transformer = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
@@ -129,15 +147,10 @@ LTX_CALL = dict(PROMPTS, num_inference_steps=2, guidance_scale=3.0, height=32, w
 
 
 def ltx(seed: int = 0):
-    from diffusers import LTXPipeline
-
     return _ltx(LTXPipeline, seed), dict(LTX_CALL)
 
 
 def ltx_i2v(seed: int = 0):
-    from diffusers import LTXImageToVideoPipeline
-
-    from .tiny import test_image
 
     return _ltx(LTXImageToVideoPipeline, seed), dict(LTX_CALL, image=test_image(32, 32))
 
@@ -147,7 +160,6 @@ def hunyuan_video(seed: int = 0):
     transformer with double and single blocks; ``true_cfg_scale`` runs the real CFG pair."""
     from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
                            HunyuanVideoTransformer3DModel)
-    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
 
     torch.manual_seed(seed)
     transformer = HunyuanVideoTransformer3DModel(
@@ -180,11 +192,6 @@ def hunyuan_video(seed: int = 0):
 def hunyuan15_i2v(seed: int = 0):
     """HunyuanVideo-1.5 image-to-video: ``tiny.hunyuan15_pipeline``'s parts with an i2v transformer and a SigLIP image
     encoder of 4 semantic tokens (2x2 patches of a 12-pixel image)."""
-    import transformers
-    from diffusers import HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Transformer3DModel
-    from transformers import SiglipVisionConfig, SiglipVisionModel
-
-    from .tiny import HUNYUAN15_LENGTHS, HUNYUAN15_TRANSFORMER, hunyuan15_pipeline, test_image
 
     parts = hunyuan15_pipeline(seed).components
     torch.manual_seed(seed)
@@ -209,9 +216,6 @@ def _ltx2(cls, seed: int):
     text connectors, the video and audio VAEs and the vocoder (diffusers' own test shapes, 4 heads)."""
     from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
                            LTX2VideoTransformer3DModel)
-    from diffusers.pipelines.ltx2 import LTX2TextConnectors
-    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     torch.manual_seed(seed + 2)
     text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
@@ -263,15 +267,10 @@ LTX2_CALL = dict(PROMPTS, guidance_scale=3.0, stg_scale=0.0, modality_scale=1.0,
 
 
 def ltx2(seed: int = 0):
-    from diffusers import LTX2Pipeline
-
     return _ltx2(LTX2Pipeline, seed), dict(LTX2_CALL)
 
 
 def ltx2_i2v(seed: int = 0):
-    from diffusers import LTX2ImageToVideoPipeline
-
-    from .tiny import test_image
 
     # image_crf=0: no H.264 re-compression of the conditioning image (it needs PyAV, not a dependency here)
     return _ltx2(LTX2ImageToVideoPipeline, seed), dict(LTX2_CALL, image=test_image(32, 32), image_crf=0)

@@ -6,14 +6,22 @@ from __future__ import annotations
 import torch
 
 from .tiny import char_tokenizer, tiny_t5
+from diffusers import AutoencoderKL
+from diffusers import DDIMScheduler
+from diffusers import LattePipeline
+from diffusers import LatteTransformer3DModel
+from diffusers import AutoencoderKLMochi
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import MochiPipeline
+from diffusers import MochiTransformer3DModel
+from transformers import Qwen2Config
+from transformers import Qwen2Model
 
 PROMPTS = dict(prompt=["a squirrel eats", "a red fox jumps over the sleeping dog"],
                negative_prompt=["low", "low quality, static"])
 
 
 def latte_pipeline(seed: int = 0):
-    from diffusers import AutoencoderKL, DDIMScheduler, LattePipeline, LatteTransformer3DModel
-
     torch.manual_seed(seed)
     transformer = LatteTransformer3DModel(
         sample_size=8, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, caption_channels=32,
@@ -28,8 +36,6 @@ def latte_pipeline(seed: int = 0):
 
 
 def mochi_pipeline(seed: int = 0):
-    from diffusers import AutoencoderKLMochi, FlowMatchEulerDiscreteScheduler, MochiPipeline, MochiTransformer3DModel
-
     torch.manual_seed(seed)
     transformer = MochiTransformer3DModel(
         patch_size=2, num_attention_heads=4, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
@@ -48,7 +54,6 @@ def easyanimate_pipeline(seed: int = 0):
     its second-to-last hidden states), the character tokenizer with a chat template for its messages."""
     from diffusers import (AutoencoderKLMagvit, EasyAnimatePipeline, EasyAnimateTransformer3DModel,
                            FlowMatchEulerDiscreteScheduler)
-    from transformers import Qwen2Config, Qwen2Model
 
     torch.manual_seed(seed)
     transformer = EasyAnimateTransformer3DModel(

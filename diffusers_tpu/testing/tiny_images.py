@@ -6,14 +6,22 @@ from __future__ import annotations
 import torch
 
 from .tiny import char_tokenizer, tiny_clip, tiny_t5
+from diffusers import AutoencoderKL
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import FluxPipeline
+from diffusers import FluxTransformer2DModel
+from transformers import Qwen2_5_VLConfig
+from transformers import Qwen2_5_VLForConditionalGeneration
+from diffusers import ZImagePipeline
+from diffusers import ZImageTransformer2DModel
+from transformers import Qwen3Config
+from transformers import Qwen3Model
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
 
 
 def flux(seed: int = 0):
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=2, num_single_layers=2,
                                          attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
@@ -33,7 +41,6 @@ def flux(seed: int = 0):
 def qwen_image(seed: int = 0):
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
                            QwenImageTransformer2DModel)
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
     transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
@@ -59,9 +66,6 @@ def qwen_image(seed: int = 0):
 
 
 def z_image(seed: int = 0):
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
-
     torch.manual_seed(seed)
     transformer = ZImageTransformer2DModel(
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=48, n_layers=2, n_refiner_layers=1, n_heads=4,

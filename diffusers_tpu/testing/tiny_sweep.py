@@ -8,6 +8,72 @@ import numpy as np
 import torch
 
 from .tiny import char_tokenizer, kl_vae, seeded, test_image, tiny_gemma2, tiny_t5, tiny_umt5
+from transformers import CLIPTextConfig
+from transformers import CLIPTextModelWithProjection
+import diffusers
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import SD3Transformer2DModel
+from diffusers import DPMSolverMultistepScheduler
+from diffusers import PixArtTransformer2DModel
+from diffusers import AuraFlowPipeline
+from diffusers import AuraFlowTransformer2DModel
+from diffusers import AutoencoderDC
+from diffusers import SanaTransformer2DModel
+from diffusers import AllegroPipeline
+from diffusers import AllegroTransformer3DModel
+from diffusers import AutoencoderKLAllegro
+from diffusers import DDIMScheduler
+from diffusers import CogVideoXDDIMScheduler
+from diffusers import CogView3PlusPipeline
+from diffusers import CogView3PlusTransformer2DModel
+from diffusers import ChromaTransformer2DModel
+from diffusers import Lumina2Pipeline
+from diffusers import Lumina2Transformer2DModel
+from diffusers import AutoencoderKLWan
+from diffusers import HeliosPipeline
+from diffusers import HeliosScheduler
+from diffusers import HeliosTransformer3DModel
+from .tiny import WAN_VAE
+from diffusers import LucyEditPipeline
+from diffusers import WanTransformer3DModel
+from .tiny import WAN_TRANSFORMERS
+from .tiny_families import test_frames
+from diffusers import DDPMScheduler
+from diffusers import HunyuanDiT2DModel
+from transformers import BertConfig
+from transformers import BertModel
+from transformers import MT5Config
+from transformers import T5EncoderModel
+from diffusers import CogView4Pipeline
+from diffusers import CogView4Transformer2DModel
+from transformers import GlmConfig
+from transformers import GlmModel
+from diffusers import CogVideoXTransformer3DModel
+from .tiny import COGVIDEOX_TRANSFORMERS
+from .tiny import cogvideox_components
+import transformers
+from diffusers import SkyReelsV2Transformer3DModel
+from transformers import CLIPVisionConfig
+from transformers import CLIPVisionModelWithProjection
+from .tiny import CLIP_VISION
+from .tiny import WAN_I2V_TRANSFORMER
+from .tiny import wan_components
+from .tiny_families import _unipc
+from diffusers import UNet3DConditionModel
+from .tiny import tiny_clip
+from diffusers import AnimateDiffVideoToVideoPipeline
+from .tiny_unet import animatediff
+from diffusers import AnyFlowPipeline
+from diffusers import AnyFlowTransformer3DModel
+from diffusers import FlowMapEulerDiscreteScheduler
+from diffusers import AnyFlowFARPipeline
+from diffusers import AnyFlowFARTransformer3DModel
+from diffusers import ChronoEditPipeline
+from diffusers import ChronoEditTransformer3DModel
+from transformers import CLIPVisionModel
+from diffusers import HunyuanSkyreelsImageToVideoPipeline
+from diffusers import HunyuanVideoTransformer3DModel
+from .tiny_families import hunyuan_video
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
@@ -15,17 +81,12 @@ IMAGE_CALL = dict(PROMPTS, height=32, width=32, num_inference_steps=2)
 
 
 def clip_with_projection(seed: int, hidden: int = 32):
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
     return seeded(seed, lambda: CLIPTextModelWithProjection(CLIPTextConfig(
         hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=hidden,
         max_position_embeddings=77, vocab_size=128, bos_token_id=None, eos_token_id=1, pad_token_id=0)))
 
 
 def sd3(seed: int = 0, cls_name: str = "StableDiffusion3Pipeline"):
-    import diffusers
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-
     latent = 16 if "Inpaint" in cls_name else 4  # the inpaint pipeline insists on SD3's 16 latent channels
     transformer = seeded(seed, lambda: SD3Transformer2DModel(
         sample_size=32, patch_size=1, in_channels=latent, num_layers=2, attention_head_dim=8, num_attention_heads=4,
@@ -39,9 +100,6 @@ def sd3(seed: int = 0, cls_name: str = "StableDiffusion3Pipeline"):
 
 
 def pixart(seed: int = 0, cls_name: str = "PixArtSigmaPipeline"):
-    import diffusers
-    from diffusers import DPMSolverMultistepScheduler, PixArtTransformer2DModel
-
     transformer = seeded(seed, lambda: PixArtTransformer2DModel(
         sample_size=8, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, caption_channels=32,
         in_channels=4, cross_attention_dim=32, out_channels=8, attention_bias=True, activation_fn="gelu-approximate",
@@ -54,8 +112,6 @@ def pixart(seed: int = 0, cls_name: str = "PixArtSigmaPipeline"):
 
 
 def auraflow(seed: int = 0):
-    from diffusers import AuraFlowPipeline, AuraFlowTransformer2DModel, FlowMatchEulerDiscreteScheduler
-
     transformer = seeded(seed, lambda: AuraFlowTransformer2DModel(
         sample_size=32, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=2,
         attention_head_dim=8, num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=32,
@@ -66,9 +122,6 @@ def auraflow(seed: int = 0):
 
 
 def sana(seed: int = 0, cls_name: str = "SanaPipeline"):
-    import diffusers
-    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaTransformer2DModel
-
     transformer = seeded(seed, lambda: SanaTransformer2DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
         num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=32,
@@ -93,8 +146,6 @@ def sana(seed: int = 0, cls_name: str = "SanaPipeline"):
 
 
 def allegro(seed: int = 0):
-    from diffusers import AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLAllegro, DDIMScheduler
-
     transformer = seeded(seed, lambda: AllegroTransformer3DModel(  # RoPE: the head splits in 3 even parts
         num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=2,
         cross_attention_dim=24, sample_width=8, sample_height=8, sample_frames=8, caption_channels=32))
@@ -117,8 +168,6 @@ def allegro(seed: int = 0):
 
 
 def cogview3(seed: int = 0):
-    from diffusers import CogVideoXDDIMScheduler, CogView3PlusPipeline, CogView3PlusTransformer2DModel
-
     transformer = seeded(seed, lambda: CogView3PlusTransformer2DModel(
         patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4, out_channels=4,
         text_embed_dim=32, time_embed_dim=8, condition_dim=2, pos_embed_max_size=8, sample_size=8))
@@ -128,9 +177,6 @@ def cogview3(seed: int = 0):
 
 
 def chroma(seed: int = 0, cls_name: str = "ChromaPipeline"):
-    import diffusers
-    from diffusers import ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
-
     transformer = seeded(seed, lambda: ChromaTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=32, axes_dims_rope=[4, 4, 8], approximator_hidden_dim=32, approximator_layers=1,
@@ -143,8 +189,6 @@ def chroma(seed: int = 0, cls_name: str = "ChromaPipeline"):
 
 
 def lumina2(seed: int = 0):
-    from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2Transformer2DModel
-
     transformer = seeded(seed, lambda: Lumina2Transformer2DModel(
         sample_size=4, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, num_refiner_layers=1,
         num_attention_heads=4, num_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5,
@@ -156,9 +200,6 @@ def lumina2(seed: int = 0):
 
 
 def helios(seed: int = 0):
-    from diffusers import AutoencoderKLWan, HeliosPipeline, HeliosScheduler, HeliosTransformer3DModel
-
-    from .tiny import WAN_VAE
 
     transformer = seeded(seed, lambda: HeliosTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=16, out_channels=16,
@@ -171,10 +212,6 @@ def helios(seed: int = 0):
 
 
 def lucy_edit(seed: int = 0):
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, LucyEditPipeline, WanTransformer3DModel
-
-    from .tiny import WAN_TRANSFORMERS, WAN_VAE
-    from .tiny_families import test_frames
 
     transformer = seeded(seed, lambda: WanTransformer3DModel(**dict(WAN_TRANSFORMERS["wan-4head"], in_channels=32)))
     pipe = LucyEditPipeline(transformer=transformer, vae=seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
@@ -187,10 +224,6 @@ def lucy_edit(seed: int = 0):
 
 
 def hunyuan_dit(seed: int = 0, cls_name: str = "HunyuanDiTPipeline"):
-    import diffusers
-    from diffusers import DDPMScheduler, HunyuanDiT2DModel
-    from transformers import BertConfig, BertModel, MT5Config, T5EncoderModel
-
     transformer = seeded(seed, lambda: HunyuanDiT2DModel(
         sample_size=8, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, in_channels=4,
         cross_attention_dim=32, cross_attention_dim_t5=32, pooled_projection_dim=16, hidden_size=32, text_len=77,
@@ -211,9 +244,6 @@ def hunyuan_dit(seed: int = 0, cls_name: str = "HunyuanDiTPipeline"):
 
 
 def cogview4(seed: int = 0):
-    from diffusers import CogView4Pipeline, CogView4Transformer2DModel, FlowMatchEulerDiscreteScheduler
-    from transformers import GlmConfig, GlmModel
-
     transformer = seeded(seed, lambda: CogView4Transformer2DModel(
         patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
         text_embed_dim=32, time_embed_dim=8, condition_dim=4, pos_embed_max_size=16, sample_size=16,
@@ -230,11 +260,6 @@ def cogview4(seed: int = 0):
 
 def cogvideox_i2v(seed: int = 0, cls_name: str = "CogVideoXImageToVideoPipeline"):
     """CogVideoX image-to-video and Fun-Control: the transformer takes the conditioning latents beside the noise."""
-    import diffusers
-    from diffusers import CogVideoXTransformer3DModel
-
-    from .tiny import COGVIDEOX_TRANSFORMERS, cogvideox_components
-    from .tiny_families import test_frames
 
     # Fun-Control's loop steps like DDIM (CogVideoX's DPM scheduler needs its own step arguments)
     components = cogvideox_components("cogvideox-5b", seed, "dpm" if "Image" in cls_name else "ddim")
@@ -251,13 +276,6 @@ def cogvideox_i2v(seed: int = 0, cls_name: str = "CogVideoXImageToVideoPipeline"
 
 
 def skyreels_i2v(seed: int = 0, cls_name: str = "SkyReelsV2ImageToVideoPipeline"):
-    import diffusers
-    import transformers
-    from diffusers import SkyReelsV2Transformer3DModel
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    from .tiny import CLIP_VISION, WAN_I2V_TRANSFORMER, WAN_TRANSFORMERS, wan_components
-    from .tiny_families import _unipc
 
     components = wan_components("wan-4head", seed)
     components["scheduler"] = _unipc()
@@ -278,11 +296,6 @@ def skyreels_i2v(seed: int = 0, cls_name: str = "SkyReelsV2ImageToVideoPipeline"
 
 def text_to_video_sd(seed: int = 0, cls_name: str = "TextToVideoSDPipeline"):
     """ModelScope text-to-video (and its video-to-video): a UNet3D with temporal attention."""
-    import diffusers
-    from diffusers import DDIMScheduler, UNet3DConditionModel
-
-    from .tiny import tiny_clip
-    from .tiny_families import test_frames
 
     unet = seeded(seed, lambda: UNet3DConditionModel(
         block_out_channels=(8, 16), layers_per_block=1, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
@@ -300,10 +313,6 @@ def text_to_video_sd(seed: int = 0, cls_name: str = "TextToVideoSDPipeline"):
 
 
 def animatediff_v2v(seed: int = 0):
-    from diffusers import AnimateDiffVideoToVideoPipeline
-
-    from .tiny_families import test_frames
-    from .tiny_unet import animatediff
 
     pipe, call = animatediff(seed)
     call = dict(call, prompt=call["prompt"][0], negative_prompt=call["negative_prompt"][0], video=test_frames(4),
@@ -313,9 +322,6 @@ def animatediff_v2v(seed: int = 0):
 
 
 def _wan_like(seed, transformer_cls, config, pipeline_cls, scheduler, **components):
-    from diffusers import AutoencoderKLWan
-
-    from .tiny import WAN_VAE
 
     transformer = seeded(seed, lambda: transformer_cls(**config))
     return pipeline_cls(transformer=transformer, vae=seeded(seed + 1, lambda: AutoencoderKLWan(**WAN_VAE)),
@@ -324,8 +330,6 @@ def _wan_like(seed, transformer_cls, config, pipeline_cls, scheduler, **componen
 
 
 def anyflow(seed: int = 0):
-    from diffusers import AnyFlowPipeline, AnyFlowTransformer3DModel, FlowMapEulerDiscreteScheduler
-
     config = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=16, out_channels=16,
                   text_dim=32, freq_dim=64, ffn_dim=48, num_layers=2, rope_max_seq_len=32)
     pipe = _wan_like(seed, AnyFlowTransformer3DModel, config, AnyFlowPipeline, FlowMapEulerDiscreteScheduler(shift=5.0))
@@ -336,8 +340,6 @@ def anyflow(seed: int = 0):
 def anyflow_far(seed: int = 0):
     """AnyFlow FAR: frame-autoregressive chunks under a causal flex-attention block mask, older chunks compressed
     (4x4 patches), a KV cache across chunks; mean-velocity flow-map steps with CFG."""
-    from diffusers import AnyFlowFARPipeline, AnyFlowFARTransformer3DModel, FlowMapEulerDiscreteScheduler
-
     config = dict(patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=2, num_attention_heads=4,
                   attention_head_dim=8, in_channels=16, out_channels=16, text_dim=32, freq_dim=64, ffn_dim=48,
                   num_layers=2, rope_max_seq_len=32)
@@ -349,11 +351,6 @@ def anyflow_far(seed: int = 0):
 
 
 def chrono_edit(seed: int = 0):
-    import transformers
-    from diffusers import ChronoEditPipeline, ChronoEditTransformer3DModel, FlowMatchEulerDiscreteScheduler
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    from .tiny import CLIP_VISION, WAN_I2V_TRANSFORMER
 
     processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
     config = {k: v for k, v in WAN_I2V_TRANSFORMER.items() if k != "rope_max_seq_len"}
@@ -369,8 +366,6 @@ def chrono_edit(seed: int = 0):
 def sana_video(seed: int = 0):
     from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, SanaVideoPipeline,
                            SanaVideoTransformer3DModel)
-
-    from .tiny import WAN_VAE
 
     transformer = seeded(seed, lambda: SanaVideoTransformer3DModel(
         in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=8, num_layers=2,
@@ -388,9 +383,6 @@ def sana_video(seed: int = 0):
 
 
 def hunyuan_skyreels_i2v(seed: int = 0):
-    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoTransformer3DModel
-
-    from .tiny_families import hunyuan_video
 
     pipe, call = hunyuan_video(seed)
     components = dict(pipe.components)

@@ -11,6 +11,12 @@ import torch
 
 from . import tiny_families, tiny_images
 from .tiny import char_tokenizer, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
+import transformers
+import importlib
+import diffusers
+from .tiny import WAN_VAE
+from .tiny import PassThroughGuardrail
+from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
 
 VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 
@@ -18,8 +24,6 @@ VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 def _processor(tokenizer):
     """Qwen2-VL's processor over the character tokenizer, its vision tokens added as single tokens; images only,
     processed with PIL (its video processor needs torchvision, which the edit pipelines never use)."""
-    import transformers
-
     class ImageProcessorOnly(transformers.Qwen2VLProcessor):
         def check_argument_for_proper_class(self, name, argument):
             if not (name == "video_processor" and argument is None):
@@ -34,8 +38,6 @@ def _small_reference_images():
     """Stock sizes a reference image to a fixed area whatever the output's size (1024² for the VAE, 384² for the VL
     encoder): 4,096 image tokens, beyond a CPU sweep. The recipe caps that area at 64² in the edit modules (test
     harness only, for stock and JAX alike; the pipelines' code is otherwise stock's)."""
-    import importlib
-
     for name in ("pipeline_qwenimage_edit", "pipeline_qwenimage_edit_inpaint", "pipeline_qwenimage_edit_plus"):
         module = importlib.import_module(f"diffusers.pipelines.qwenimage.{name}")
         stock = module.calculate_dimensions
@@ -83,8 +85,6 @@ def kandinsky5(seed: int = 0, cls_name: str = "Kandinsky5T2VPipeline"):
     """Kandinsky 5: Qwen2.5-VL states (through its processor) and CLIP's pooled embedding condition the Kandinsky 5
     transformer (text blocks, then visual blocks); video with HunyuanVideo's VAE, images with Flux's; image-to-video
     and image-to-image add the image's latents as a visual condition; CFG with a negative prompt."""
-    import diffusers
-
     image = "T2I" in cls_name or "I2I" in cls_name  # Flux's VAE (16 channels), else HunyuanVideo's
     qwen, _ = tiny_images.qwen_image(seed)
     encoder, processor = _vl_encoder(qwen, seed)
@@ -119,9 +119,6 @@ def cosmos25(seed: int = 0, cls_name: str = "Cosmos2_5_PredictBasePipeline"):
     """Cosmos 2.5 predict: every Qwen2.5-VL layer's normalized states side by side (2 x 16 features) projected into
     the Cosmos transformer's cross-attention; Wan's VAE; UniPC; text-to-world and, given a first frame,
     image-to-world; the guardrail's pass-through stand-in."""
-    import diffusers
-
-    from .tiny import WAN_VAE, PassThroughGuardrail
 
     qwen, _ = tiny_images.qwen_image(seed)
     tokenizer = char_tokenizer()  # the chat template of Cosmos' conversations (content as a list of text parts)
@@ -147,8 +144,6 @@ def cosmos25_transfer(seed: int = 0):
     video's latents, the condition mask and the padding mask) feeding every transformer block; an edge-like control
     video of 5 frames. Stock's ControlNet resizes the padding mask with torchvision, which this environment lacks
     (its wheels here need a CUDA build of torch 2.14)."""
-    import diffusers
-
     pipe, call = cosmos25(seed)
     config = dict(num_attention_heads=2, attention_head_dim=16, mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4,
                   max_size=(4, 32, 32), patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0))
@@ -168,8 +163,6 @@ def _short_kandinsky6_template():
     """Stock wraps each prompt in a 7-line system template and crops its first 129 Qwen tokens (module constants):
     with the character tokenizer that is ~700 tokens a prompt. The recipe sets a short template and crop in the
     module (test harness only, for stock and JAX alike)."""
-    from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
-
     module._PROMPT_TEMPLATE, module._QWEN_CROP_START = "<s>{}<e>", 3
 
 
@@ -177,8 +170,6 @@ def kandinsky6(seed: int = 0):
     """Kandinsky 6 text/image-to-video: Qwen2.5-VL states (through its processor) and CLIP's pooled embedding into
     the fused video-audio transformer; the image's latents as the first frame's visual condition; HunyuanVideo's
     VAE; CFG with a negative prompt. Video only (``sample_audio=False``): the MMAudio VAE and vocoder are left out."""
-    import diffusers
-
     _short_kandinsky6_template()
     encoder, processor = _vl_encoder(tiny_images.qwen_image(seed)[0], seed)
     transformer = seeded(seed, lambda: diffusers.Kandinsky6Transformer3DModel(

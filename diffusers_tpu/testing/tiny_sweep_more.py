@@ -9,14 +9,20 @@ import diffusers
 from . import tiny_images
 from .tiny import char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, test_mask, tiny_clip, tiny_t5
 from .tiny_families import PROMPTS
+from transformers import CLIPTextConfig
+from transformers import CLIPTextModelWithProjection
+from transformers import Qwen3Config
+from transformers import Qwen3ForCausalLM
+from transformers import Qwen3Model
+from transformers import GemmaConfig
+from transformers import GemmaModel
+from diffusers.pipelines.deprecated.vq_diffusion import LearnedClassifierFreeSamplingEmbeddings
 
 
 def amused(seed: int = 0, cls_name: str = "AmusedPipeline"):
     """aMUSEd: the U-ViT predicts the masked VQ tokens of a 16x16 latent grid (32 px images), the scheduler unmasks
     the most confident ones each step (sampling from the logits with the generator); img2img and inpaint start
     from the image's tokens, inpaint re-masks the mask's."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
     transformer = seeded(seed, lambda: diffusers.UVit2DModel(
         hidden_size=16, use_bias=False, hidden_dropout=0.0, cond_embed_dim=16, micro_cond_encode_dim=2,
         micro_cond_embed_dim=10, encoder_hidden_size=16, vocab_size=32, codebook_size=16, in_channels=16,
@@ -79,8 +85,6 @@ def flux2_klein(seed: int = 0, cls_name: str = "Flux2KleinPipeline"):
 
 def _qwen3_chat(seed, causal=False):
     """A 2-layer Qwen3 (its causal-LM class with ``causal``) and the character tokenizer with a chat template."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
-
     config = Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=2, vocab_size=128, max_position_embeddings=512, pad_token_id=0,
                          eos_token_id=1)
@@ -121,8 +125,6 @@ def bria(seed: int = 0):
 
 def lumina(seed: int = 0):
     """Lumina-Next: a Gemma encoder, the next-DiT (grouped KV heads, its own RoPE scaling), CFG."""
-    from transformers import GemmaConfig, GemmaModel
-
     transformer = seeded(seed, lambda: diffusers.LuminaNextDiT2DModel(
         sample_size=16, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, num_attention_heads=4,
         num_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5, learn_sigma=True, qk_norm=True,
@@ -140,8 +142,6 @@ def lumina(seed: int = 0):
 def vq_diffusion(seed: int = 0):
     """VQ-Diffusion: a discrete transformer predicts the log-probabilities of a 4x4 grid of VQ codes (a mask class
     beside them), the scheduler samples the codes (Gumbel noise from the generator), learned-free CFG."""
-    from diffusers.pipelines.deprecated.vq_diffusion import LearnedClassifierFreeSamplingEmbeddings
-
     codes = 12
     vqvae = seeded(seed + 1, lambda: diffusers.VQModel(
         block_out_channels=[16, 32], in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,

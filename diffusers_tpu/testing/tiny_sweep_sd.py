@@ -13,6 +13,16 @@ from . import tiny_unet
 from .tiny import (char_tokenizer, clip_image_processor, fit, rebuilt, seeded, test_image, test_mask, tiny_clip,
                    tiny_clip_vision, tiny_prior)
 from .tiny_families import PROMPTS
+from diffusers.pipelines.deprecated.paint_by_example import PaintByExampleImageEncoder
+from transformers import CLIPVisionConfig
+from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
+import transformers
+from transformers import DPTConfig
+from transformers import DPTForDepthEstimation
+from diffusers.pipelines.latent_diffusion.pipeline_latent_diffusion import LDMBertConfig
+from diffusers.pipelines.latent_diffusion.pipeline_latent_diffusion import LDMBertModel
+from .tiny_sweep_unet import _movq
+from .tiny_sweep_unet import UNET_2D
 
 PROMPT_PAIR = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                    negative_prompt=["blurry", "low quality, deformed"])
@@ -25,9 +35,6 @@ def _sd(seed, **unet):
 
 def paint_by_example(seed: int = 0):
     """Inpainting guided by an example image: a CLIP vision encoder with a mapper replaces the text encoder."""
-    from diffusers.pipelines.deprecated.paint_by_example import PaintByExampleImageEncoder
-    from transformers import CLIPVisionConfig
-
     parts = _sd(seed, in_channels=9)
     parts.update(image_encoder=seeded(seed + 3, lambda: PaintByExampleImageEncoder(CLIPVisionConfig(
         **dict(CLIP_LAYERS, image_size=32, patch_size=8)), proj_size=32)), feature_extractor=clip_image_processor())
@@ -93,7 +100,6 @@ def stable_unclip(seed: int = 0, cls_name: str = "StableUnCLIPPipeline"):
     """Stable unCLIP: the UNet conditioned on a (noised, normalized) CLIP image embedding through its class
     embedding — from a prior on the text (text-to-image) or from the image itself (image variation)."""
     parts = _sd(seed, class_embed_type="projection", projection_class_embeddings_input_dim=64)
-    from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
 
     parts.update(image_normalizer=StableUnCLIPImageNormalizer(embedding_dim=32),
                  image_noising_scheduler=diffusers.DDPMScheduler(beta_schedule="squaredcos_cap_v2"))
@@ -115,9 +121,6 @@ def stable_unclip(seed: int = 0, cls_name: str = "StableUnCLIPPipeline"):
 def depth2img(seed: int = 0):
     """Depth-to-image: a DPT depth estimator reads the image; its depth map, at the latents' size, joins the
     latents as a fifth UNet input channel."""
-    import transformers
-    from transformers import DPTConfig, DPTForDepthEstimation
-
     parts = _sd(seed, in_channels=5)
     parts["depth_estimator"] = seeded(seed + 3, lambda: DPTForDepthEstimation(DPTConfig(
         image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=37,
@@ -148,9 +151,6 @@ def alt_diffusion(seed: int = 0, cls_name: str = "AltDiffusionPipeline"):
 
 def ldm_text_to_image(seed: int = 0):
     """LDM text-to-image: LDM's own BERT encoder, a VQ autoencoder."""
-    from diffusers.pipelines.latent_diffusion.pipeline_latent_diffusion import LDMBertConfig, LDMBertModel
-
-    from .tiny_sweep_unet import _movq
 
     parts = dict(vqvae=_movq(seed + 1), tokenizer=char_tokenizer(77), bert=seeded(seed + 2, lambda: LDMBertModel(
         LDMBertConfig(d_model=32, encoder_ffn_dim=37, encoder_layers=2, encoder_attention_heads=4, head_dim=8,
@@ -164,8 +164,6 @@ def ldm_text_to_image(seed: int = 0):
 
 def ldm_super_resolution(seed: int = 0):
     """LDM x4 super-resolution: a UNet2DModel reading the low-resolution image beside VQ latents."""
-    from .tiny_sweep_unet import UNET_2D
-
     unet = seeded(seed, lambda: diffusers.UNet2DModel(**dict(UNET_2D, in_channels=6, out_channels=3, sample_size=16)))
     vqvae = seeded(seed + 1, lambda: diffusers.VQModel(  # 3 latent channels, the image's size
         block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
@@ -178,8 +176,6 @@ def ldm_super_resolution(seed: int = 0):
 
 def repaint(seed: int = 0):
     """RePaint: unconditional pixel inpainting that jumps back in the schedule to resample (jump length 2)."""
-    from .tiny_sweep_unet import UNET_2D
-
     unet = seeded(seed, lambda: diffusers.UNet2DModel(**dict(UNET_2D, sample_size=32)))
     parts = dict(unet=unet, scheduler=diffusers.RePaintScheduler())
     call = dict(image=[test_image(), test_image(seed=seed + 1)], mask_image=test_mask(), num_inference_steps=4,

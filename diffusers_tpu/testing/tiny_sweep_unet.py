@@ -10,6 +10,8 @@ import torch
 
 from .tiny import (char_tokenizer, clip_image_processor, fit, seeded, test_image, test_mask, tiny_clip,
                    tiny_clip_vision, tiny_prior, tiny_t5)
+from diffusers.pipelines.kandinsky.text_encoder import MCLIPConfig
+from diffusers.pipelines.kandinsky.text_encoder import MultilingualCLIP
 
 UNET_2D = dict(sample_size=16, in_channels=3, out_channels=3, layers_per_block=2, block_out_channels=(8, 16),
                norm_num_groups=4, attention_head_dim=4, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
@@ -152,8 +154,6 @@ def kandinsky22_combined(seed: int = 0, cls_name: str = "KandinskyV22CombinedPip
 def kandinsky21(seed: int = 0, cls_name: str = "KandinskyPipeline"):
     """Kandinsky 2.1's decoders: the UNet attends to the multilingual CLIP text states beside the projected image
     embedding (given, as the prior would give them); text-to-image, img2img, inpaint and the combined classes."""
-    from diffusers.pipelines.kandinsky.text_encoder import MCLIPConfig, MultilingualCLIP
-
     if "Combined" in cls_name:
         return _combined(seed, cls_name, kandinsky21(seed, cls_name.replace("Combined", "")))
     inpaint = "Inpaint" in cls_name

@@ -9,6 +9,8 @@ import torch
 
 from . import tiny_images, tiny_unet
 from .tiny import fit, kl_vae, rebuilt, seeded, test_image, test_mask
+from diffusers import DiTPipeline
+from diffusers import DiTTransformer2DModel
 
 PROMPTS = tiny_unet.PROMPTS
 
@@ -253,8 +255,6 @@ def flux_kontext_inpaint(seed: int = 0):
 
 def dit(seed: int = 0):
     """DiT: class-conditional, two labels, CFG."""
-    from diffusers import DiTPipeline, DiTTransformer2DModel
-
     transformer = seeded(seed, lambda: DiTTransformer2DModel(
         sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=4, in_channels=4,
         out_channels=8, activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_zero",

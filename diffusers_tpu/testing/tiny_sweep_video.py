@@ -10,6 +10,40 @@ import torch
 from . import tiny_unet
 from .tiny import PassThroughGuardrail, char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, tiny_clip
 from .tiny_families import test_frames
+from diffusers import DDIMScheduler
+from diffusers import MotionAdapter
+from diffusers import PIAPipeline
+from diffusers import UNet2DConditionModel
+import transformers
+from diffusers import I2VGenXLPipeline
+from diffusers import I2VGenXLUNet
+from transformers import CLIPVisionConfig
+from transformers import CLIPVisionModelWithProjection
+from .tiny import CLIP_VISION
+from diffusers import TextToVideoZeroPipeline
+from diffusers import TextToVideoZeroSDXLPipeline
+from .tiny_generic import easyanimate_pipeline
+from diffusers import HeliosPyramidPipeline
+from diffusers import HeliosScheduler
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+from .tiny_families import pipeline
+from diffusers import LTXI2VLongMultiPromptPipeline
+from diffusers import SanaImageToVideoPipeline
+from diffusers import AutoencoderKLWan
+from diffusers import CosmosTransformer3DModel
+from .tiny import WAN_VAE
+from .tiny import tiny_t5
+from diffusers import AutoencoderKLCosmos
+from diffusers import EDMEulerScheduler
+from diffusers import HunyuanVideoFramepackPipeline
+from diffusers import HunyuanVideoFramepackTransformer3DModel
+from transformers import SiglipImageProcessor
+from transformers import SiglipVisionConfig
+from transformers import SiglipVisionModel
+from .tiny_families import hunyuan_video
+from transformers.models.t5gemma2 import T5Gemma2Encoder
+from transformers.models.t5gemma2 import T5Gemma2EncoderConfig
 
 ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
 
@@ -44,8 +78,6 @@ def animatediff_sparse(seed: int = 0):
 
 def animatediff_sdxl(seed: int = 0):
     """AnimateDiff on SDXL's UNet: motion modules in both blocks."""
-    from diffusers import DDIMScheduler, MotionAdapter
-
     pipe, call = tiny_unet.sdxl(seed)
     adapter = seeded(seed + 5, lambda: MotionAdapter(
         block_out_channels=(8, 16), motion_layers_per_block=2, motion_norm_num_groups=2, motion_num_attention_heads=4,
@@ -58,8 +90,6 @@ def animatediff_sdxl(seed: int = 0):
 
 def pia(seed: int = 0):
     """PIA: an image animated by SD 1.5's UNet with 9 input channels (noise, image latents, mask) and motion."""
-    from diffusers import MotionAdapter, PIAPipeline, UNet2DConditionModel
-
     parts = tiny_unet._sd_parts(seed)
     parts["unet"] = seeded(seed, lambda: UNet2DConditionModel(**dict(tiny_unet.SD_UNET, in_channels=9)))
     for key in ("safety_checker", "requires_safety_checker"):
@@ -73,11 +103,6 @@ def pia(seed: int = 0):
 
 def i2vgen_xl(seed: int = 0):
     """I2VGen-XL: a 3-D UNet conditioned on the text, the image's CLIP embedding and its latents."""
-    import transformers
-    from diffusers import DDIMScheduler, I2VGenXLPipeline, I2VGenXLUNet
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    from .tiny import CLIP_VISION
 
     unet = seeded(seed, lambda: I2VGenXLUNet(
         block_out_channels=(8, 16), layers_per_block=2, sample_size=16, in_channels=4, out_channels=4,
@@ -97,16 +122,12 @@ def i2vgen_xl(seed: int = 0):
 
 def text_to_video_zero(seed: int = 0):
     """Text2Video-Zero: SD 1.5 with cross-frame attention and a motion-field warp of the first frame's latents."""
-    from diffusers import TextToVideoZeroPipeline
-
     parts = tiny_unet._sd_parts(seed)
     return TextToVideoZeroPipeline(**parts), dict(ONE_PROMPT, video_length=3, height=32, width=32,
                                                   num_inference_steps=4, t0=1, t1=2)
 
 
 def text_to_video_zero_sdxl(seed: int = 0):
-    from diffusers import TextToVideoZeroSDXLPipeline
-
     pipe, call = tiny_unet.sdxl(seed)
     components = {k: v for k, v in pipe.components.items() if k != "force_zeros_for_empty_prompt"}
     pipe = TextToVideoZeroSDXLPipeline(**components, force_zeros_for_empty_prompt=False, add_watermarker=False)
@@ -114,8 +135,6 @@ def text_to_video_zero_sdxl(seed: int = 0):
 
 
 def _easyanimate(seed, in_channels):
-    from .tiny_generic import easyanimate_pipeline
-
     pipe = easyanimate_pipeline(seed)
     return dict(pipe.components, transformer=rebuilt(seed, pipe.transformer, in_channels=in_channels))
 
@@ -146,8 +165,6 @@ def easyanimate_control(seed: int = 0):
 def helios_pyramid(base):
     """Helios' pyramid sampler (``base``: Helios' tiny ``(pipe, call)``): two resolution stages over the same
     transformer."""
-    from diffusers import HeliosPyramidPipeline, HeliosScheduler
-
     pipe, call = base
     components = dict(pipe.components, scheduler=HeliosScheduler(stages=2, stage_range=[0, 0.5, 1], gamma=0.25))
     call = {k: v for k, v in call.items() if k != "num_inference_steps"}
@@ -156,10 +173,6 @@ def helios_pyramid(base):
 
 def ltx2_reference(seed: int = 0, cls_name: str = "LTX2InContextPipeline"):
     """LTX-2's in-context (IC-LoRA) and HDR classes: a reference video encoded into extra tokens beside the noise."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
-
-    from .tiny_families import pipeline
 
     pipe, call = pipeline("ltx2", seed)
     parts = dict(pipe.components, audio_scheduler=FlowMatchEulerDiscreteScheduler())
@@ -169,9 +182,6 @@ def ltx2_reference(seed: int = 0, cls_name: str = "LTX2InContextPipeline"):
 
 def ltx_long_multi_prompt(seed: int = 0):
     """LTX image-to-video over temporal tiles, one prompt per segment."""
-    from diffusers import LTXI2VLongMultiPromptPipeline
-
-    from .tiny_families import pipeline
 
     pipe, call = pipeline("ltx", seed)
     call = dict(call, prompt="a cat walks on the grass | the cat sits down", negative_prompt="blurry",
@@ -182,8 +192,6 @@ def ltx_long_multi_prompt(seed: int = 0):
 def sana_i2v(base):
     """Sana Video's image-to-video class (``base``: Sana Video's tiny ``(pipe, call)``): the first frame's latents
     fixed."""
-    from diffusers import SanaImageToVideoPipeline
-
     pipe, call = base
     return SanaImageToVideoPipeline(**pipe.components), dict(call, image=test_image())
 
@@ -191,9 +199,6 @@ def sana_i2v(base):
 def cosmos2(seed: int = 0, cls_name: str = "Cosmos2TextToImagePipeline"):
     """Cosmos 2 (text-to-image, video-to-world): its transformer, Wan's VAE, T5. Without the padding-mask channel
     (``concat_padding_mask``): resizing that mask needs torchvision, which this environment lacks."""
-    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, FlowMatchEulerDiscreteScheduler
-
-    from .tiny import WAN_VAE, tiny_t5
 
     transformer = seeded(seed, lambda: CosmosTransformer3DModel(
         in_channels=16 + ("Video" in cls_name), out_channels=16, num_attention_heads=2, attention_head_dim=16,
@@ -213,9 +218,6 @@ def cosmos2(seed: int = 0, cls_name: str = "Cosmos2TextToImagePipeline"):
 def cosmos1(seed: int = 0, cls_name: str = "CosmosTextToWorldPipeline"):
     """Cosmos 1.0 (text-to-world, video-to-world): its own causal VAE (Haar patches, 4x4x4 compression), EDM's
     Euler sampler, a learnable extra position embedding; without the padding-mask channel (see ``cosmos2``)."""
-    from diffusers import AutoencoderKLCosmos, CosmosTransformer3DModel, EDMEulerScheduler
-
-    from .tiny import tiny_t5
 
     video = "Video" in cls_name
     transformer = seeded(seed, lambda: CosmosTransformer3DModel(
@@ -243,10 +245,6 @@ def cosmos1(seed: int = 0, cls_name: str = "CosmosTextToWorldPipeline"):
 def hunyuan_framepack(seed: int = 0):
     """HunyuanVideo FramePack: HunyuanVideo 1.0's tiny text encoders and VAE, the FramePack transformer (history
     latents at 1x/2x/4x, a SigLIP image projection), sections of frames generated back to front."""
-    from diffusers import HunyuanVideoFramepackPipeline, HunyuanVideoFramepackTransformer3DModel
-    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
-
-    from .tiny_families import hunyuan_video
 
     pipe, call = hunyuan_video(seed)
     transformer = seeded(seed, lambda: HunyuanVideoFramepackTransformer3DModel(
@@ -269,10 +267,6 @@ def motif(seed: int = 0, cls_name: str = "MotifVideoPipeline"):
     through diffusers' guider."""
     from diffusers import (AutoencoderKLWan, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
                            MotifVideoTransformer3DModel)
-    from transformers import SiglipImageProcessor
-    from transformers.models.t5gemma2 import T5Gemma2Encoder, T5Gemma2EncoderConfig
-
-    from .tiny import WAN_VAE
 
     transformer = seeded(seed, lambda: MotifVideoTransformer3DModel(
         in_channels=33, out_channels=16, num_attention_heads=4, attention_head_dim=8, num_layers=2,

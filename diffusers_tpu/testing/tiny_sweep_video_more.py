@@ -7,6 +7,18 @@ import torch
 
 from .tiny import fit, seeded
 from .tiny_families import PROMPTS
+import diffusers
+from .tiny_families import pipeline
+from diffusers import LTX2DFRPipeline
+from diffusers import LTXEulerAncestralRFScheduler
+from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+import transformers
+from .tiny import char_tokenizer
+from .tiny import test_image
+from .tiny_families import hunyuan_video
+from .tiny import tiny_gemma2
+from .tiny_families import test_frames
+from .tiny import WAN22_VAE
 
 LTX2_DFR_CALL = dict(prompt=PROMPTS["prompt"], height=32, width=32, num_frames=9, frame_rate=25.0,
                      sigmas=[1.0, 0.9, 0.6], max_sequence_length=48)
@@ -15,9 +27,6 @@ LTX2_DFR_CALL = dict(prompt=PROMPTS["prompt"], height=32, width=32, num_frames=9
 def _ltx2_with_keyframes(seed: int):
     """LTX-2's tiny components with a transformer that marks keyframe tokens (``use_keyframes_abs_pos_embedding``,
     LTX-2.5): DFR refuses one without. The marker is zeros at initialisation; drawn here, as a trained one is."""
-    import diffusers
-
-    from .tiny_families import pipeline
 
     pipe, _ = pipeline("ltx2", seed)
     transformer = seeded(seed, lambda: diffusers.LTX2VideoTransformer3DModel.from_config(
@@ -31,17 +40,12 @@ def _ltx2_with_keyframes(seed: int):
 def ltx2_dfr(seed: int = 0):
     """LTX-2 DFR (distilled, no guidance): one pass over a canvas padded to whole keyframe segments, a generated
     keyframe slot per segment end beside the video tokens, joint audio; a short distilled schedule."""
-    import diffusers
-
     return diffusers.LTX2DFRPipeline(**_ltx2_with_keyframes(seed)), dict(LTX2_DFR_CALL)
 
 
 def ltx2_dfr_temporal_refine(seed: int = 0):
     """LTX-2 DFR's temporal refine round on the output of a DFR pass (run here on torch, as a user composes them):
     its canvas latents upsampled in time by the latent upsampler, re-denoised with the pass's keyframes and audio."""
-    from diffusers import LTX2DFRPipeline, LTXEulerAncestralRFScheduler
-    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
-
     parts = _ltx2_with_keyframes(seed)
     with torch.no_grad():
         first = LTX2DFRPipeline(**parts)(**LTX2_DFR_CALL, output_type="latent",
@@ -63,11 +67,6 @@ def hunyuan_video_i2v(seed: int = 0):
     Llama) reads the image beside the prompt through stock's chat template (its header tokens added to the
     character tokenizer, a one-letter system part); the image's latents concatenated to the noise
     (``latent_concat``); real CFG with a negative prompt. One prompt: stock pairs one image with every prompt."""
-    import diffusers
-    import transformers
-
-    from .tiny import char_tokenizer, test_image
-    from .tiny_families import hunyuan_video
 
     base, call = hunyuan_video(seed)
     tokenizer = char_tokenizer()
@@ -98,10 +97,6 @@ def sana_wm(seed: int = 0):
     """SANA-WM camera-controlled image-to-video: a Gemma 2 encoder behind a short chi-prompt (stock's is ~1,000
     characters), the gated-delta-net linear-attention transformer with a softmax block every second layer and
     chunked Plucker camera rays (6 x the VAE's temporal stride channels) from an action string; LTX-2's VAE; CFG."""
-    import diffusers
-
-    from .tiny import char_tokenizer, test_image, tiny_gemma2
-    from .tiny_families import pipeline
 
     vae = pipeline("ltx2", seed)[0].vae
     transformer = seeded(seed, lambda: diffusers.SanaWMTransformer3DModel(
@@ -119,9 +114,6 @@ def kandinsky6_sr(seed: int = 0):
     """Kandinsky 6 video super-resolution (x2): the K-VAE (4x spatial here) encodes the low-resolution video, the SR
     transformer refines tiles of the trained size (one 64-px tile here) under NABLA attention (a block mask chosen
     from the queries' and keys' block means beside a sliding-tile prior: flex attention), Hann-blended."""
-    import diffusers
-
-    from .tiny_families import test_frames
 
     vae = seeded(seed + 1, lambda: diffusers.Kandinsky6SRVAE(
         latent_channels=4, encoder_block_out_channels=(8, 8, 8), decoder_block_out_channels=(8, 8, 8),
@@ -139,9 +131,6 @@ def cosmos3_omni(seed: int = 0):
     latents in the same sequence (3-D mRoPE, separate text and generation weights per layer); the character
     tokenizer with a chat template and the ``<|vision_start|>`` token; CFG with a negative prompt (stock's
     resolution and duration templates on, its long system prompt off); no safety checker."""
-    import diffusers
-
-    from .tiny import WAN22_VAE, char_tokenizer
 
     tokenizer = char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>"]})

@@ -8,6 +8,24 @@ import numpy as np
 import torch
 
 from .tiny import char_tokenizer, tiny_clip
+from PIL import Image
+from diffusers import AutoencoderKL
+from diffusers import DDIMScheduler
+from diffusers import UNet2DConditionModel
+from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+from transformers import CLIPConfig
+from transformers import CLIPImageProcessor
+from diffusers import StableDiffusionPipeline
+from diffusers import StableDiffusionImg2ImgPipeline
+from diffusers import StableDiffusionInpaintPipeline
+from diffusers import ControlNetModel
+from diffusers import StableDiffusionControlNetPipeline
+from diffusers import EulerDiscreteScheduler
+from diffusers import StableDiffusionXLPipeline
+from transformers import CLIPVisionConfig
+from transformers import CLIPVisionModelWithProjection
+from diffusers import AnimateDiffPipeline
+from diffusers import MotionAdapter
 
 PROMPTS = dict(prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
                negative_prompt=["blurry", "low quality, deformed"])
@@ -21,16 +39,12 @@ SD_VAE = dict(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",
 
 def _image(height: int, width: int, seed: int = 0, frames: int | None = None):
     """A deterministic RGB PIL image (a list of them with ``frames``)."""
-    from PIL import Image
-
     pixels = np.random.default_rng(seed).integers(0, 256, size=(frames or 1, height, width, 3), dtype=np.uint8)
     images = [Image.fromarray(p) for p in pixels]
     return images if frames else images[0]
 
 
 def _sd_parts(seed: int, unet_overrides: dict | None = None) -> dict:
-    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
-
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(**dict(SD_UNET, **(unet_overrides or {}))).eval()
     torch.manual_seed(seed + 1)
@@ -44,9 +58,6 @@ def _sd_parts(seed: int, unet_overrides: dict | None = None) -> dict:
 def _safety_checker(seed: int):
     """SD 1.5's safety checker (a CLIP vision model scoring the images; it reads its scores with numpy, so on JAX
     it runs eagerly) and its feature extractor."""
-    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-    from transformers import CLIPConfig, CLIPImageProcessor
-
     torch.manual_seed(seed)
     layers = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, projection_dim=32)
     config = CLIPConfig(text_config=layers, vision_config=dict(layers, image_size=32, patch_size=8), projection_dim=32)
@@ -55,26 +66,19 @@ def _safety_checker(seed: int):
 
 def sd(seed: int = 0):
     """SD 1.5 as its checkpoints ship: with the safety checker."""
-    from diffusers import StableDiffusionPipeline
-
     checker, extractor = _safety_checker(seed + 4)
     parts = dict(_sd_parts(seed), safety_checker=checker, feature_extractor=extractor, requires_safety_checker=True)
     return StableDiffusionPipeline(**parts), dict(PROMPTS, height=32, width=32, num_inference_steps=2)
 
 
 def sd_img2img(seed: int = 0):
-    from diffusers import StableDiffusionImg2ImgPipeline
-
     return StableDiffusionImg2ImgPipeline(**_sd_parts(seed)), dict(
         PROMPTS, image=_image(32, 32, seed), strength=0.75, num_inference_steps=4)
 
 
 def sd_inpaint(seed: int = 0):
-    from diffusers import StableDiffusionInpaintPipeline
-
     mask = np.zeros((32, 32), np.uint8)
     mask[8:24, 4:20] = 255
-    from PIL import Image
 
     parts = _sd_parts(seed, dict(in_channels=9))  # noise 4 + masked image latents 4 + mask 1
     return StableDiffusionInpaintPipeline(**parts), dict(
@@ -84,8 +88,6 @@ def sd_inpaint(seed: int = 0):
 
 def controlnet(seed: int, cls=None, **extra):
     """SD 1.5's tiny ControlNet (``cls``: another ControlNet class of the same layout, e.g. SparseCtrl's)."""
-    from diffusers import ControlNetModel
-
     config = dict(dict(block_out_channels=(8, 16), layers_per_block=2, in_channels=4,
                        down_block_types=SD_UNET["down_block_types"], cross_attention_dim=32, norm_num_groups=4,
                        attention_head_dim=4, conditioning_embedding_out_channels=(8, 8)), **extra)
@@ -94,8 +96,6 @@ def controlnet(seed: int, cls=None, **extra):
 
 
 def sd_controlnet(seed: int = 0):
-    from diffusers import StableDiffusionControlNetPipeline
-
     parts = _sd_parts(seed)
     return StableDiffusionControlNetPipeline(**parts, controlnet=controlnet(seed + 3), image_encoder=None), dict(
         PROMPTS, image=_image(32, 32, seed), height=32, width=32, num_inference_steps=2)
@@ -104,8 +104,6 @@ def sd_controlnet(seed: int = 0):
 def sdxl(seed: int = 0):
     """SDXL's layout: two CLIP text encoders (the second with a projection, concatenated to 64 features), time ids
     as added conditions, a linear-projection transformer of 2 layers in the second block."""
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
         block_out_channels=(8, 16), layers_per_block=2, sample_size=16, in_channels=4, out_channels=4,
@@ -128,7 +126,6 @@ def svd(seed: int = 0):
     embeddings, the temporal VAE decoder; CFG between 1.0 and 3.0 over the frames."""
     from diffusers import (AutoencoderKLTemporalDecoder, EulerDiscreteScheduler, StableVideoDiffusionPipeline,
                            UNetSpatioTemporalConditionModel)
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
     torch.manual_seed(seed)
     unet = UNetSpatioTemporalConditionModel(
@@ -159,8 +156,6 @@ def svd(seed: int = 0):
 
 def animatediff(seed: int = 0):
     """AnimateDiff: SD 1.5's UNet with motion modules (temporal attention over the frames, 4 heads)."""
-    from diffusers import AnimateDiffPipeline, MotionAdapter
-
     parts = _sd_parts(seed)
     for key in ("safety_checker", "requires_safety_checker"):
         parts.pop(key)

@@ -1,32 +1,12 @@
-"""The torch/torchax compatibility layer (``compat``) and the diffusers-level patches (``patches``)."""
+"""The torchax compatibility layer (``compat``) and the diffusers-level patches (``patches``)."""
 
+import numpy as np
 import pytest
 import torch
+import torchax
 
-from diffusers_tpu.interop import compat, patching
+from diffusers_tpu.interop import patching
 from diffusers_tpu.runtime import patches
-
-
-def test_torchax_imports_and_default_env_builds():
-    torchax = compat.import_torchax()
-    assert torchax.default_env() is not None
-    if not compat._torch_has_named_overloads():
-        assert "torchax-named-overloads" in patches.applied()
-
-
-def test_placeholders_only_inside_the_shim():
-    packet = torch.ops.aten.prod
-    if compat._torch_has_named_overloads():
-        pytest.skip("this torch still has named-tensor overloads: the shim is a no-op")
-    with pytest.raises(AttributeError):
-        packet.dim_Dimname
-    with compat._tolerate_removed_named_overloads():
-        assert isinstance(packet.dim_Dimname, compat._RemovedOverload)
-        with pytest.raises(AttributeError):
-            packet.not_an_overload  # other missing names still fail
-        assert packet.dim_int is torch.ops.aten.prod.dim_int
-    with pytest.raises(AttributeError):
-        packet.dim_Dimname
 
 
 def test_patches_are_idempotent_and_listed():
@@ -133,7 +113,6 @@ INPLACE_ON_VIEWS = {
 @pytest.mark.parametrize("op", sorted(INPLACE_ON_VIEWS))
 def test_inplace_ops_on_a_view_write_through_like_torch(op):
     """LTX-2's rotary embedding updates ``out[..., :1, :]`` with ``addcmul_``: the write must reach ``out``."""
-    torchax = compat.import_torchax()
     expected = torch.arange(12.0).reshape(2, 2, 3) / 7
     INPLACE_ON_VIEWS[op](expected[..., 1:, :], torch.arange(6.0).reshape(2, 1, 3))
     with torchax.default_env():
@@ -147,7 +126,6 @@ def test_inplace_ops_on_a_view_write_through_like_torch(op):
                                                ((3, 5), True, False), ((4, 4, 4), False, False), ((5, 5), False, True)])
 def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
     """SD3's perturbed-attention guidance builds its mask with ``full_mask[:n, :n].fill_diagonal_(0)``."""
-    torchax = compat.import_torchax()
     expected = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
     with torchax.default_env():
         out = expected.clone().to("jax")
@@ -161,9 +139,6 @@ def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
                                           ("hamming_window", (8,)), ("kaiser_window", (7, True, 5.0))])
 def test_window_functions_on_the_device_are_torch_windows(window, args):
     """Kandinsky 6 SR blends its tiles with ``torch.hann_window(..., device=...)``: torchax has no lowering."""
-    import numpy as np
-
-    torchax = compat.import_torchax()
     with torchax.default_env():
         got = torch.from_numpy(np.asarray(getattr(torch, window)(*args, device="jax").jax()))
     assert torch.equal(got, getattr(torch, window)(*args))
@@ -172,9 +147,6 @@ def test_window_functions_on_the_device_are_torch_windows(window, args):
 @pytest.mark.parametrize("view", [False, True])
 def test_inplace_cumulative_sums_write_back_like_torch(view):
     """NABLA's block mask: ``vals.cumsum_(-1)`` on a sorted tensor."""
-    import numpy as np
-
-    torchax = compat.import_torchax()
     expected = torch.rand(3, 6, generator=torch.Generator().manual_seed(0))
     with torchax.default_env():
         out = expected.clone().to("jax")
@@ -188,7 +160,6 @@ def test_inplace_cumulative_sums_write_back_like_torch(view):
 
 def test_a_host_table_indexed_by_a_device_scalar_reads_like_torch():
     """DDPM's ``self.alphas_cumprod[t]``: a CPU tensor indexed by a timestep that lives on the device."""
-    torchax = compat.import_torchax()
     table = torch.linspace(0.0, 1.0, 11)
     with torchax.default_env():
         got = table[torch.tensor(7).to("jax")]
@@ -198,9 +169,6 @@ def test_a_host_table_indexed_by_a_device_scalar_reads_like_torch():
 def test_random_draws_on_the_device_follow_torch_generators_like_stock_on_the_cpu():
     """``latent_dist.sample()`` without a generator (I2VGen-XL) and ``torch.randn(..., generator=cpu)``: torch's values
     under ``torch.manual_seed``, and a generator advances between draws (torchax's own keys ignored both)."""
-    import numpy as np
-
-    torchax = compat.import_torchax()
 
     def host(t):
         return torch.from_numpy(np.asarray(t.jax(), np.float32))
@@ -223,9 +191,6 @@ def test_random_draws_on_the_device_follow_torch_generators_like_stock_on_the_cp
 
 def test_a_value_with_leading_unit_dimensions_is_assigned_like_torch():
     """Text2Video-Zero: ``warped[i] = warp(latents[i][None])``, a (1, C, H, W) value into a (C, H, W) slot."""
-    import numpy as np
-
-    torchax = compat.import_torchax()
     expected = torch.zeros(3, 2, 4)
     value = torch.arange(8.0).reshape(1, 1, 2, 4)
     expected[1] = value
@@ -237,7 +202,6 @@ def test_a_value_with_leading_unit_dimensions_is_assigned_like_torch():
 
 def test_device_values_written_into_a_host_tensor_land_there_like_torch():
     """SEGA's ``self.edit_estimates[i, c] = noise_pred`` (a CPU tensor holding device values), and ``copy_``."""
-    torchax = compat.import_torchax()
     value = torch.arange(6.0).reshape(2, 3)
     with torchax.default_env():
         estimates, copied = torch.zeros(3, 2, 3), torch.zeros(2, 3, dtype=torch.bfloat16)
@@ -251,8 +215,6 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
     compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped
     tensors — however small — still run on the devices."""
-    import numpy as np
-
     from diffusers_tpu.interop import backend
     from diffusers_tpu.interop import jit
 
@@ -372,7 +334,7 @@ import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
 from diffusers_tpu.interop import compat, patching
-torchax = compat.import_torchax()
+import torchax
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
 env = torchax.default_env()
 worst = 0.0
@@ -412,7 +374,7 @@ import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
 from diffusers_tpu.interop import compat, patching
-torchax = compat.import_torchax()
+import torchax
 devices = np.array(jax.devices())
 vae_mesh = Mesh(devices.reshape(1, 8), ("batch", "spatial"))
 mesh = Mesh(devices.reshape(2, 2, 2), ("dp", "sp", "tp"))

@@ -1,0 +1,135 @@
+"""Patches of torch itself, each with its reason and version guard, each set through ``patching.wrap``: what the
+torch version in use, and torchax's claim on torch's private backend, need changed in torch. The torchax-behaviour
+patches are in ``compat``. Imports nothing of the package but ``patching``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import sys
+
+import torch
+
+from . import patching
+
+
+# --- 1. torchax imports on torch >= 2.13 ------------------------------------------------------------------
+# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
+# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
+# environment is first built). While those two modules execute, and only then, such a missing overload resolves to
+# an inert placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
+# ``import diffusers_tpu`` has their bodies run inside ``removed_named_overloads_tolerated``
+# (``startup.torchax_importable``: no torch import until then), so ``import torchax`` works anywhere after it.
+# Guard: a no-op when the torch in use still has the overloads.
+_NAMED_TENSOR_MARKERS = ("dimname", "names")
+
+
+class _RemovedOverload:
+    """Stands in for an aten overload that torch no longer has; never called."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"<removed aten overload {self.name}>"
+
+
+def _torch_has_named_overloads() -> bool:
+    return hasattr(torch.ops.aten.prod, "dim_Dimname")
+
+
+@contextlib.contextmanager
+def removed_named_overloads_tolerated():
+    """Inside: a named-tensor overload torch removed resolves to a ``_RemovedOverload``."""
+    if _torch_has_named_overloads():
+        yield
+        return
+    packet_cls = torch._ops.OpOverloadPacket
+    original = packet_cls.__getattr__
+
+    def getattr_with_placeholders(self, key):
+        try:
+            return original(self, key)
+        except AttributeError:
+            if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
+                return _RemovedOverload(f"{self._qualified_op_name}.{key}")
+            raise
+
+    packet_cls.__getattr__ = getattr_with_placeholders
+    try:
+        yield
+    finally:
+        packet_cls.__getattr__ = original
+    patching.record("torchax-named-overloads")
+
+
+# --- 2. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
+# Reason: a JAX trace is a compilation, and library code already knows what to do then: diffusers bypasses its
+# Python-side caches of tensors (``lru_cache_unless_export``: Qwen-Image's rotary tables, which a trace would leak as
+# tracers into later programs) and transformers avoids data-dependent branches. Outside our traces the stock answer.
+# Guard: wraps ``torch.compiler.is_compiling`` (torch >= 2.3) once.
+tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_tracing", default=False)
+
+
+def _patch_is_compiling():
+    compiler = getattr(torch, "compiler", None)
+    if getattr(compiler, "is_compiling", None) is None:
+        return
+
+    def make(stock):
+        @functools.wraps(stock)
+        def is_compiling() -> bool:
+            return tracing.get() or stock()
+
+        return is_compiling
+
+    patching.wrap(compiler, "is_compiling", make, "torch.compiler.is_compiling during JAX traces")
+
+
+# --- 3. torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
+# Reason: torchax renames torch's private backend to "jax" and registers a device module for it, so torch reports
+# "jax" as the process's accelerator, while the C++ hooks behind ``torch.accelerator`` do not exist for it. Every
+# ``torch.compile`` then fails in dynamo's stream tracking ("PyTorch is not linked with support for jax devices",
+# measured on the CPU and on an H100), and diffusers' ``get_device()`` says "jax" where stock says "cuda" or "cpu".
+# The module's functions now serve CUDA when it is available (``torch.cuda``'s own functions), else report no
+# accelerator, as stock torch does. Pipelines on JAX never go through ``torch.accelerator``.
+# Guard: only while torch's accelerator is torchax's renamed backend (torch >= 2.6 has ``torch.accelerator``).
+_CUDA_NAMES = {"current_device_idx": "current_device", "current_device_index": "current_device",
+               "set_device_idx": "set_device", "set_device_index": "set_device", "device_index": "device",
+               "get_memory_info": "mem_get_info", "empty_host_cache": "empty_cache"}
+
+
+def _patch_accelerator():
+    accelerator = getattr(torch, "accelerator", None)
+    claimed = getattr(torch._C, "_accelerator_getAccelerator", lambda: None)()
+    if accelerator is None or claimed is None or claimed.type != "jax" or "torch.accelerator" in patching.applied():
+        return
+    cuda = torch.cuda.is_available()
+
+    def no_accelerator(name):
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"torch.accelerator.{name}: no accelerator in this process (torchax's 'jax' device is "
+                               "not a torch accelerator; JAX devices are reached through pipe.to('tpu')).")
+        return refuse
+
+    replacements = {"current_accelerator": lambda check_available=False: torch.device("cuda") if cuda else None,
+                    "is_available": lambda: cuda, "device_count": torch.cuda.device_count if cuda else (lambda: 0)}
+    for name in accelerator.__all__:
+        if name not in replacements:
+            target = getattr(torch.cuda, _CUDA_NAMES.get(name, name), None) if cuda else None
+            replacements[name] = target if target is not None else no_accelerator(name)
+    for name, function in replacements.items():
+        setattr(accelerator, name, function)
+    utils = sys.modules.get("diffusers.utils.torch_utils")  # diffusers caches its answer on first use
+    detect = getattr(getattr(utils, "TorchDeviceBackend", None), "_detect_device_type", None)
+    if hasattr(detect, "cache_clear"):
+        detect.cache_clear()
+    patching.record("torch.accelerator")
+
+
+def apply() -> None:
+    """Apply the patches of torch (idempotent); torchax must be imported."""
+    _patch_accelerator()  # first: library code may ask torch for the accelerator as soon as torchax is in
+    _patch_is_compiling()
