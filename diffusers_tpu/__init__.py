@@ -51,6 +51,7 @@ def activate() -> None:
 
 startup.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
 startup.torchax_importable()  # torchax imports on torch 2.13, whoever imports it first
+startup.quiet_known_noise()
 if "torch" in sys.modules or startup.in_a_cluster():  # a cluster starts before user code can touch a JAX backend
     activate()
 else:
@@ -59,11 +60,19 @@ else:
 # The public names, and module paths from before the layered layout that README and the notebooks use
 # (``from diffusers_tpu import tiny``, ``diffusers_tpu.lowering.export_method``): resolved on first use.
 _NAMES = {
-    "CausalWanTransformer3DModel": "families.causal_wan", "CausalWanPipeline": "families.causal_wan_pipeline",
-    "CogVideoXPipeline": "families.cogvideox", "HunyuanVideo15Pipeline": "families.hunyuan_video15",
-    "WanImageToVideoPipeline": "families.wan", "WanPipeline": "families.wan", "sharding_of": "interop.sharding",
-    "CallStats": "runtime.attach", "stats": "runtime.attach", "TPUConfig": "runtime.config",
-    "from_pretrained": "runtime.loading", "supported_pipelines": "runtime.support", "warm_up": "runtime.warmup",
+    "CausalWanTransformer3DModel": "families.causal_wan",
+    "CausalWanPipeline": "families.causal_wan_pipeline",
+    "CogVideoXPipeline": "families.cogvideox",
+    "HunyuanVideo15Pipeline": "families.hunyuan_video15",
+    "WanImageToVideoPipeline": "families.wan",
+    "WanPipeline": "families.wan",
+    "sharding_of": "interop.sharding",
+    "CallStats": "runtime.pipeline_runtime",
+    "stats": "runtime.pipeline_runtime",
+    "TPUConfig": "runtime.config",
+    "from_pretrained": "runtime.loading",
+    "supported_pipelines": "runtime.support",
+    "warm_up": "runtime.warmup",
 }
 _MOVED = {"tiny": "testing.tiny", "stages": "runtime.stages", "lowering": "planner.lowering", "wan": "families.wan"}
 

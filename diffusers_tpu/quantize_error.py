@@ -1,4 +1,5 @@
-"""``python -m diffusers_tpu.quantize_error``, the path README gives: the command lives in ``commands.quantize_error``."""
+"""``python -m diffusers_tpu.quantize_error``, the path README gives: the command lives in
+``commands.quantize_error``."""
 
 from .commands.quantize_error import main
 

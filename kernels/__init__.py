@@ -9,5 +9,14 @@ from .flash import BlockSizes, block_for, flash_attention, vmem_capacity
 from .reference import dense_mask_attention, reference_attention
 from .splash import SplashBlockSizes, splash_attention
 
-__all__ = ["BlockSizes", "block_for", "vmem_capacity", "SplashBlockSizes", "cudnn_attention", "dense_mask_attention", "flash_attention", "reference_attention",
-           "splash_attention"]
+__all__ = [
+    "BlockSizes",
+    "block_for",
+    "vmem_capacity",
+    "SplashBlockSizes",
+    "cudnn_attention",
+    "dense_mask_attention",
+    "flash_attention",
+    "reference_attention",
+    "splash_attention",
+]

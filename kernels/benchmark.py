@@ -18,9 +18,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from . import BlockSizes, cudnn_attention, flash_attention, reference_attention, splash_attention
-import torch
 
 PALLAS = ("splash_exp2", "splash")
 REFERENCE_SCORE_BYTES = 8 * 2**30
@@ -57,8 +57,9 @@ def time_torch_sdpa(q, k, v, repeats: int, warmup: int) -> tuple[dict, np.ndarra
     """torch's own ``scaled_dot_product_attention`` (its default backend choice) on the same inputs, CUDA when
     present: the kernel stock diffusers runs."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tq, tk, tv = (torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(device, getattr(torch, str(x.dtype)))
-                  for x in (q, k, v))
+    tq, tk, tv = (
+        torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(device, getattr(torch, str(x.dtype))) for x in (q, k, v)
+    )
     wait = (lambda _: torch.cuda.synchronize()) if device == "cuda" else (lambda _: None)
     call = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)  # noqa: E731
     with torch.inference_mode():
@@ -67,8 +68,19 @@ def time_torch_sdpa(q, k, v, repeats: int, warmup: int) -> tuple[dict, np.ndarra
     return entry, out.float().cpu().numpy()
 
 
-def run(batch=1, heads=4, q_len=1024, kv_len=1024, head_dim=64, dtype="float32", repeats=5, warmup=2,
-        kernels=None, block_sizes: BlockSizes | None = None, torch_sdpa: bool = False) -> dict:
+def run(
+    batch=1,
+    heads=4,
+    q_len=1024,
+    kv_len=1024,
+    head_dim=64,
+    dtype="float32",
+    repeats=5,
+    warmup=2,
+    kernels=None,
+    block_sizes: BlockSizes | None = None,
+    torch_sdpa: bool = False,
+) -> dict:
     platform = jax.default_backend()
     rng = np.random.default_rng(0)
     jdtype = jnp.dtype(dtype)
@@ -79,7 +91,9 @@ def run(batch=1, heads=4, q_len=1024, kv_len=1024, head_dim=64, dtype="float32",
     if kernels:
         unknown = set(kernels) - set(chosen)
         if unknown:
-            raise ValueError(f"kernels {sorted(unknown)} are not benchmarked on {platform}; choose from {sorted(chosen)}")
+            raise ValueError(
+                f"kernels {sorted(unknown)} are not benchmarked on {platform}; choose from {sorted(chosen)}"
+            )
         chosen = {name: chosen[name] for name in kernels}
     # the reference materialises float32 scores: past a few GB (long self-attention) it is not computed and
     # kernels are compared with each other instead (the first timed kernel is the yardstick)
@@ -124,15 +138,20 @@ def format_table(report: dict) -> str:
     for name, entry in report["kernels"].items():
         tflops = report["flop_per_call"] / entry["median_s"] / 1e12
         note = "  (interpret mode: not a speed claim)" if entry["interpret_mode"] else ""
-        lines.append(f"{name:<12} {entry['median_s'] * 1e3:>10.2f} {tflops:>9.3f} {entry['first_call_s']:>13.2f} "
-                     + (f"{entry['max_abs_diff_vs_xla']:>11.2e}" if entry["max_abs_diff_vs_xla"] is not None
-                        else f"{'n/a':>11}") + note)
+        lines.append(
+            f"{name:<12} {entry['median_s'] * 1e3:>10.2f} {tflops:>9.3f} {entry['first_call_s']:>13.2f} "
+            + (f"{entry['max_abs_diff_vs_xla']:>11.2e}" if entry["max_abs_diff_vs_xla"] is not None else f"{'n/a':>11}")
+            + note
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.kernels.benchmark", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m diffusers_tpu.kernels.benchmark",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--q-len", type=int, default=1024)
@@ -142,12 +161,25 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--kernels", nargs="+", help="subset of kernels to time")
-    parser.add_argument("--torch", action="store_true", help="also time torch's scaled_dot_product_attention "
-                        "(CUDA when present) on the same inputs")
+    parser.add_argument(
+        "--torch",
+        action="store_true",
+        help="also time torch's scaled_dot_product_attention (CUDA when present) on the same inputs",
+    )
     parser.add_argument("--json", help="also write the report to this file")
     args = parser.parse_args(argv)
-    report = run(args.batch, args.heads, args.q_len, args.kv_len, args.head_dim, args.dtype, args.repeats,
-                 args.warmup, args.kernels, torch_sdpa=args.torch)
+    report = run(
+        args.batch,
+        args.heads,
+        args.q_len,
+        args.kv_len,
+        args.head_dim,
+        args.dtype,
+        args.repeats,
+        args.warmup,
+        args.kernels,
+        torch_sdpa=args.torch,
+    )
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as handle:

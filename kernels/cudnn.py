@@ -14,8 +14,9 @@ def cudnn_attention(q, k, v, *, scale=None, kv_mask=None, implementation="cudnn"
         implementation = None
     layout = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  (JAX wants [B, S, H, D])
     mask = None if kv_mask is None else kv_mask.astype(bool)[:, None, None, :]
-    out = jax.nn.dot_product_attention(layout(q), layout(k), layout(v), mask=mask, scale=scale,
-                                       implementation=implementation)
+    out = jax.nn.dot_product_attention(
+        layout(q), layout(k), layout(v), mask=mask, scale=scale, implementation=implementation
+    )
     out = layout(out)
     if kv_mask is not None:
         out = jnp.where(jnp.any(kv_mask, axis=-1)[:, None, None, None], out, 0)

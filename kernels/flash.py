@@ -5,12 +5,11 @@ Math: online softmax in base 2. The wrapper folds ``log2(e)`` into the query sca
 uses the TPU's native ``exp2`` for the probabilities and for the running-max correction ``2^(m_old - m_new)``,
 accumulating in float32.
 
-Layout (per grid step: one (batch*head, q block, kv block)): scores are computed key-major,
-``s = k q'^T`` of shape ``[kv, q]``, so the softmax statistics ``m`` (running max) and ``l`` (running sum)
-are lane-dense ``[8, block_q]`` rows, reductions run over sublanes, and the output accumulates transposed as
-``[D, block_q]`` (the wrapper transposes it back). Each kv block is processed in ``block_kv_compute`` chunks (one
-matmul each), and each chunk's softmax update in ``block_kv_compute_in`` sub-blocks (the fine-grained inner loop,
-keeping the elementwise work in registers).
+Layout (per grid step: one (batch*head, q block, kv block)): scores are computed key-major, ``s = k q'^T`` of shape
+``[kv, q]``, so the softmax statistics ``m`` (running max) and ``row_sum`` are lane-dense ``[8, block_q]`` rows,
+reductions run over sublanes, and the output accumulates transposed as ``[D, block_q]`` (the wrapper transposes it
+back). Each kv block is processed in ``block_kv_compute`` chunks (one matmul each), and each chunk's softmax update in
+``block_kv_compute_in`` sub-blocks (the fine-grained inner loop, keeping the elementwise work in registers).
 
 Masking: padded keys (the wrapper pads sequences to block multiples) are recognised by position; ``kv_mask`` marks
 valid keys per batch row; ``causal`` compares positions (block-causal with ``causal_block_size``). Invisible keys
@@ -52,8 +51,13 @@ def check_lane_multiples(sizes) -> None:
 
 
 # VMEM per TensorCore as the TPU compiler reports it ("Used X of Y vmem"; libtpu 0.0.42), by JAX ``device_kind``.
-VMEM_BYTES = {"TPU v4": 16 << 20, "TPU v5": 64 << 20, "TPU v5p": 64 << 20, "TPU v5 lite": 128 << 20,
-              "TPU v6 lite": 128 << 20}
+VMEM_BYTES = {
+    "TPU v4": 16 << 20,
+    "TPU v5": 64 << 20,
+    "TPU v5p": 64 << 20,
+    "TPU v5 lite": 128 << 20,
+    "TPU v6 lite": 128 << 20,
+}
 DEFAULT_VMEM_BYTES = 64 << 20  # an unknown chip (or a CPU process lowering for TPU): the smaller recent VMEM
 
 
@@ -104,8 +108,9 @@ class BlockSizes:
                 f"{self.block_kv_compute}, {self.block_kv}."
             )
 
-    def fit(self, q_len: int, kv_len: int, head_dim: int = 128, itemsize: int = 2,
-            vmem_bytes: int | None = None) -> BlockSizes:
+    def fit(
+        self, q_len: int, kv_len: int, head_dim: int = 128, itemsize: int = 2, vmem_bytes: int | None = None
+    ) -> BlockSizes:
         """The sizes for these sequences: blocks that pad them least (``block_for``: never past the next block of
         the kernel's own granularity where a smaller block avoids it), short sequences in one block, the
         divisibility the kernel needs kept; with ``vmem_bytes``, halved until the blocks fit that VMEM."""
@@ -129,8 +134,16 @@ class BlockSizes:
         return blocks + scratch + scores
 
 
-def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_offset: int, has_mask: bool,
-            use_exp2: bool, precision):
+def _kernel(
+    *refs,
+    sizes: BlockSizes,
+    kv_len: int,
+    causal_block: int | None,
+    q_offset: int,
+    has_mask: bool,
+    use_exp2: bool,
+    precision,
+):
     if has_mask:
         q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
     else:
@@ -155,16 +168,19 @@ def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_o
         key_first = kv_block * bkv + start
         needed = key_first < kv_len
         if causal_block is not None:
-            needed = jnp.logical_and(needed, lax.div(key_first, causal_block) <= lax.div(q_first + bq - 1, causal_block))
+            needed = jnp.logical_and(
+                needed, lax.div(key_first, causal_block) <= lax.div(q_first + bq - 1, causal_block)
+            )
 
         @pl.when(needed)
         def _update():
-            scores = lax.dot_general(k_ref[pl.ds(start, compute), :], q, _NT, precision=precision,
-                                     preferred_element_type=jnp.float32)
-            m, l, acc = m_ref[...], l_ref[...], acc_ref[...]
+            scores = lax.dot_general(
+                k_ref[pl.ds(start, compute), :], q, _NT, precision=precision, preferred_element_type=jnp.float32
+            )
+            m, row_sum, acc = m_ref[...], l_ref[...], acc_ref[...]
             for sub in range(compute // compute_in):  # the fine-grained inner loop
                 offset = start + sub * compute_in
-                s = scores[sub * compute_in:(sub + 1) * compute_in]
+                s = scores[sub * compute_in : (sub + 1) * compute_in]
                 key_pos = key_first + sub * compute_in + lax.broadcasted_iota(jnp.int32, (compute_in, 1), 0)
                 visible = key_pos < kv_len
                 if mask_ref is not None:
@@ -175,13 +191,12 @@ def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_o
                 m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
                 p = jnp.where(visible, exp(s - m_next[0:1]), 0.0)
                 alpha = exp(m - m_next)
-                l = alpha * l + jnp.sum(p, axis=0, keepdims=True)
+                row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
                 v = v_ref[pl.ds(offset, compute_in), :]
-                pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision,
-                                     preferred_element_type=jnp.float32)
+                pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision, preferred_element_type=jnp.float32)
                 acc = alpha[0:1] * acc + pv
                 m = m_next
-            m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+            m_ref[...], l_ref[...], acc_ref[...] = m, row_sum, acc
 
         return carry
 
@@ -194,8 +209,21 @@ def _kernel(*refs, sizes: BlockSizes, kv_len: int, causal_block: int | None, q_o
         o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
 
 
-def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_block, q_offset: int,
-          use_exp2: bool, interpret: bool, vmem_bytes: int):
+def _call(
+    q,
+    k,
+    v,
+    mask,
+    *,
+    heads: int,
+    sizes: BlockSizes,
+    kv_len: int,
+    causal_block,
+    q_offset: int,
+    use_exp2: bool,
+    interpret: bool,
+    vmem_bytes: int,
+):
     """q [BH, Sq_pad, D], k/v [BH, Skv_pad, D], mask [B, Skv_pad, 1] or None -> out [BH, D, Sq_pad]."""
     batch_heads, q_pad, head_dim = q.shape
     bq, bkv = sizes.block_q, sizes.block_kv
@@ -210,8 +238,16 @@ def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_b
         in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j: (lax.div(h, heads), j, 0)))
         operands.append(mask)
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
-    kernel = functools.partial(_kernel, sizes=sizes, kv_len=kv_len, causal_block=causal_block, q_offset=q_offset,
-                               has_mask=mask is not None, use_exp2=use_exp2, precision=precision)
+    kernel = functools.partial(
+        _kernel,
+        sizes=sizes,
+        kv_len=kv_len,
+        causal_block=causal_block,
+        q_offset=q_offset,
+        has_mask=mask is not None,
+        use_exp2=use_exp2,
+        precision=precision,
+    )
     params = None
     if not interpret:  # TPU only: megacore-parallel heads, the low-latency LLO scheduler, room for big blocks
         params = pltpu.CompilerParams(
@@ -227,8 +263,11 @@ def _call(q, k, v, mask, *, heads: int, sizes: BlockSizes, kv_len: int, causal_b
             grid=grid,
             in_specs=in_specs,
             out_specs=pl.BlockSpec((None, head_dim, bq), lambda h, i, j: (h, 0, i)),
-            scratch_shapes=[pltpu.VMEM((_SUBLANES, bq), jnp.float32), pltpu.VMEM((_SUBLANES, bq), jnp.float32),
-                            pltpu.VMEM((head_dim, bq), jnp.float32)],
+            scratch_shapes=[
+                pltpu.VMEM((_SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((_SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((head_dim, bq), jnp.float32),
+            ],
         ),
         compiler_params=params,
         interpret=interpret,
@@ -248,8 +287,22 @@ def smooth_keys(k, kv_mask=None):
     return (keys - mean).astype(k.dtype)
 
 
-def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2=True, block_sizes=None,
-                    interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0, vmem_bytes=None):
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    kv_mask=None,
+    causal=False,
+    use_exp2=True,
+    block_sizes=None,
+    interpret=None,
+    k_smoothing=False,
+    causal_block_size=1,
+    q_offset=0,
+    vmem_bytes=None,
+):
     """Attention on q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` (f32 or bf16; f32 accumulation).
 
     Args:
@@ -268,8 +321,9 @@ def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2
     batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
     if q_offset < 0 or causal_block_size < 1:
-        raise ValueError(f"flash_attention needs q_offset >= 0 and causal_block_size >= 1, got {q_offset}, "
-                         f"{causal_block_size}.")
+        raise ValueError(
+            f"flash_attention needs q_offset >= 0 and causal_block_size >= 1, got {q_offset}, {causal_block_size}."
+        )
     scale = head_dim**-0.5 if scale is None else scale
     if k_smoothing:
         k = smooth_keys(k, kv_mask)
@@ -283,11 +337,25 @@ def flash_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2
     mask = None
     if kv_mask is not None:
         mask = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, kv_pad)))[:, :, None]
-    run = functools.partial(_call, heads=heads, sizes=sizes, kv_len=kv_len, q_offset=q_offset, use_exp2=use_exp2,
-                            causal_block=causal_block_size if causal else None, vmem_bytes=vmem_bytes)
+    run = functools.partial(
+        _call,
+        heads=heads,
+        sizes=sizes,
+        kv_len=kv_len,
+        q_offset=q_offset,
+        use_exp2=use_exp2,
+        causal_block=causal_block_size if causal else None,
+        vmem_bytes=vmem_bytes,
+    )
     if interpret is None:
-        out = lax.platform_dependent(q3, k3, v3, mask, tpu=functools.partial(run, interpret=False),
-                                     default=functools.partial(run, interpret=True))
+        out = lax.platform_dependent(
+            q3,
+            k3,
+            v3,
+            mask,
+            tpu=functools.partial(run, interpret=False),
+            default=functools.partial(run, interpret=True),
+        )
     else:
         out = run(q3, k3, v3, mask, interpret=bool(interpret))
     out = out.reshape(batch, heads, head_dim, -1)[..., :q_len]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .flash import smooth_keys
+
 
 def _attend(q, k, v, scale, visible=None, bias=None):
     """Softmax(q k^T * scale + bias) v over visible keys, in float32; rows with no visible key give 0."""
@@ -27,8 +29,21 @@ def _attend(q, k, v, scale, visible=None, bias=None):
     return out.astype(q.dtype)
 
 
-def reference_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_exp2=True, block_sizes=None,
-                        interpret=None, k_smoothing=False, causal_block_size=1, q_offset=0):
+def reference_attention(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    kv_mask=None,
+    causal=False,
+    use_exp2=True,
+    block_sizes=None,
+    interpret=None,
+    k_smoothing=False,
+    causal_block_size=1,
+    q_offset=0,
+):
     """Softmax attention on ``[B, H, Sq, D]`` queries and ``[B, H, Skv, D]`` keys/values, with
     ``flash_attention``'s signature and semantics, in plain jnp (float32 accumulation).
 
@@ -38,8 +53,6 @@ def reference_attention(q, k, v, *, scale=None, kv_mask=None, causal=False, use_
     concern the kernel; ``k_smoothing`` is exact, so applying it here checks that.
     """
     if k_smoothing:
-        from .flash import smooth_keys
-
         k = smooth_keys(k, kv_mask)
     visible = None
     if causal:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _masks
 
-from .flash import _LANES as _LANE, _round_up, block_for, check_lane_multiples
+from .flash import _round_up, block_for, check_lane_multiples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,10 @@ def splash_attention(q, k, v, *, scale=None, kv_mask=None, block_sizes: SplashBl
 
     if interpret is None:
         out = jax.lax.platform_dependent(
-            q, k, v, valid_padded,
+            q,
+            k,
+            v,
+            valid_padded,
             tpu=functools.partial(_run, blocks=blocks, interpret=False),
             default=functools.partial(_run, blocks=blocks, interpret=True),
         )

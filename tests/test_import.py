@@ -16,8 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(code: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd="/",
-                            env={**env, "PYTHONPATH": ROOT}, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**env, "PYTHONPATH": ROOT},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -52,8 +58,9 @@ def test_import_after_torch_and_diffusers_defers_the_model_classes_and_families(
         print(json.dumps(dict(before=before, generator=patched_generator, to=to, status=status,
                               after=loaded("diffusers_tpu.families.wan"))))
     """)
-    assert found == dict(before=[], generator="Generator", to=True, status="verified",
-                         after=["diffusers_tpu.families.wan"])
+    assert found == dict(
+        before=[], generator="Generator", to=True, status="verified", after=["diffusers_tpu.families.wan"]
+    )
 
 
 def test_when_imported_runs_after_the_body_or_at_once(tmp_path, monkeypatch):

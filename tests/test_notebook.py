@@ -9,14 +9,20 @@ from nbclient import NotebookClient
 NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
 
 
-@pytest.mark.parametrize("name, video, expected", [("wan_t2v", "wan_t2v.mp4", "the analyser reads: blue shape moving up"),
-                                                   ("cogvideox", "cogvideox.mp4", "staged == one-shot"),
-                                                   ("hunyuanvideo15", "hunyuanvideo15.mp4", "finite: True"),
-                                                   ("causal_wan_streaming", "causal_wan_streaming.mp4",
-                                                    "streamed == one call: True")])
+@pytest.mark.parametrize(
+    "name, video, expected",
+    [
+        ("wan_t2v", "wan_t2v.mp4", "the analyser reads: blue shape moving up"),
+        ("cogvideox", "cogvideox.mp4", "staged == one-shot"),
+        ("hunyuanvideo15", "hunyuanvideo15.mp4", "finite: True"),
+        ("causal_wan_streaming", "causal_wan_streaming.mp4", "streamed == one call: True"),
+    ],
+)
 def test_notebook_executes(name, video, expected, tmp_path):
     notebook = nbformat.read(os.path.join(NOTEBOOKS, f"{name}.ipynb"), as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = "".join(
         out.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
     )

@@ -33,10 +33,18 @@ def test_readme_is_short_says_what_it_is_not_and_every_link_resolves():
     assert "never run on a real TPU" in top
     links = re.findall(r"\]\(([^)#]+)\)", text)
     local = [link for link in links if not link.startswith("http")]
-    assert {"docs/porting.md", "docs/planner.md", "docs/kernels.md", "docs/pods.md", "docs/staged-runs.md",
-            "docs/faults.md", "docs/layout.md"} <= set(local)
+    assert {
+        "docs/porting.md",
+        "docs/planner.md",
+        "docs/kernels.md",
+        "docs/pods.md",
+        "docs/staged-runs.md",
+        "docs/faults.md",
+        "docs/layout.md",
+    } <= set(local)
     assert all(os.path.exists(os.path.join(ROOT, link)) for link in local), [
-        link for link in local if not os.path.exists(os.path.join(ROOT, link))]
+        link for link in local if not os.path.exists(os.path.join(ROOT, link))
+    ]
     notebooks = sorted(f"notebooks/{name}" for name in os.listdir(os.path.join(ROOT, "notebooks")))
     assert all(name in local for name in notebooks)
     for page in os.listdir(os.path.join(ROOT, "docs")):  # the pages' own links resolve too

@@ -21,8 +21,9 @@ def test_every_row_has_a_recipe_and_the_generated_pages_are_current():
     rows = support.measured()
     assert set(rows) <= set(sweep_recipes.RECIPES)
     assert set(sweep_recipes.RECIPES) <= set(rows), "run: python -m diffusers_tpu.testing.sweep --write"
-    assert (ROOT / "docs" / "verified-pipelines.md").read_text() == support.support_page(), \
+    assert (ROOT / "docs" / "verified-pipelines.md").read_text() == support.support_page(), (
         "run: python -m diffusers_tpu.testing.sweep --write"
+    )
     readme = (ROOT / "README.md").read_text()
     assert support.readme_table() in readme, "run: python -m diffusers_tpu.testing.sweep --write"
 
@@ -115,15 +116,30 @@ def test_outputs_are_compared_absolutely_in_0_1_and_relative_to_their_magnitude_
 
 def test_a_class_measured_differing_is_refused_before_anything_moves(monkeypatch):
     pipe = tiny.wan_pipeline("wan-4head")
-    rows = dict(support.measured(), WanPipeline=dict(status="unsupported", why="differs from stock on 1 device "
-                                                     "(max-abs 0.5)", max_abs_1=0.5, max_abs_mesh=None, video=True))
+    rows = dict(
+        support.measured(),
+        WanPipeline=dict(
+            status="unsupported",
+            why="differs from stock on 1 device (max-abs 0.5)",
+            max_abs_1=0.5,
+            max_abs_mesh=None,
+            video=True,
+        ),
+    )
     monkeypatch.setattr(support, "measured", lambda: rows)
     with pytest.raises(ValueError, match="differs from stock on 1 device .* Keep it on a torch device"):
         pipe.to("jax")
     assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in pipe.transformer.parameters())
     # what the error says: it keeps working on torch
-    out = pipe(prompt="a cat", height=16, width=16, num_frames=5, num_inference_steps=1, output_type="np",
-               generator=torch.Generator().manual_seed(0)).frames
+    out = pipe(
+        prompt="a cat",
+        height=16,
+        width=16,
+        num_frames=5,
+        num_inference_steps=1,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     assert np.isfinite(out).all()
 
 
@@ -169,17 +185,26 @@ def test_the_sweep_confirms_the_table():
     if os.environ.get("DIFFUSERS_TPU_SWEEP") != "all":
         names = sweep.sample(names, CI_SWEEP_SECONDS, sweep.commit_key(), support.registry.pipeline_paths())
     measured = sweep.table(sweep.sweep(names))
-    changed = {name: (committed.get(name, {}).get("status"), row["status"], row["why"])
-               for name, row in measured.items() if committed.get(name, {}).get("status") != row["status"]}
+    changed = {
+        name: (committed.get(name, {}).get("status"), row["status"], row["why"])
+        for name, row in measured.items()
+        if committed.get(name, {}).get("status") != row["status"]
+    }
     assert changed == {}, changed
     # what the status does not say: a second call compiles nothing; the CFG pair runs as one batch over dp as the
     # committed row recorded it (rows measured before the sweep recorded it carry none: the next --write adds it)
-    recompiled = {name: row["warm_compilations"] for name, row in measured.items()
-                  if row["status"].startswith("verified") and row["warm_compilations"]}
+    recompiled = {
+        name: row["warm_compilations"]
+        for name, row in measured.items()
+        if row["status"].startswith("verified") and row["warm_compilations"]
+    }
     assert recompiled == {}, recompiled
-    drifted = {name: (committed[name]["batched_steps_mesh"], row["batched_steps_mesh"])
-               for name, row in measured.items() if "batched_steps_mesh" in committed[name]
-               and committed[name]["batched_steps_mesh"] != row["batched_steps_mesh"]}
+    drifted = {
+        name: (committed[name]["batched_steps_mesh"], row["batched_steps_mesh"])
+        for name, row in measured.items()
+        if "batched_steps_mesh" in committed[name]
+        and committed[name]["batched_steps_mesh"] != row["batched_steps_mesh"]
+    }
     assert drifted == {}, drifted
 
 

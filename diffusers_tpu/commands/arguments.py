@@ -19,8 +19,9 @@ def device_for(platform: str) -> str:
 # Small sizes that suit the tiny random-weight models (the real models use their pipeline's defaults).
 PROMPT_DEFAULTS = dict(prompt="A cat walks on the grass, realistic", negative_prompt="blurry, low quality, static")
 # The tiny models' prompts fit the shortest tiny text length (CogVideoX's 32 character-level tokens): no truncation.
-TINY_DEFAULTS = dict(frames=9, height=64, width=64, steps=4, prompt="A cat walks on the grass",
-                     negative_prompt="blurry, low quality")
+TINY_DEFAULTS = dict(
+    frames=9, height=64, width=64, steps=4, prompt="A cat walks on the grass", negative_prompt="blurry, low quality"
+)
 TINY_SEQUENCE_LENGTH = {"cogvideox": 32}  # the tiny CogVideoX transformer's text length
 
 
@@ -30,9 +31,15 @@ def model_defaults(model: str) -> dict:
         from .. import demo
 
         call = demo.CALL
-        return dict(frames=call["num_frames"], height=call["height"], width=call["width"],
-                    steps=call["num_inference_steps"], guidance=call["guidance_scale"],
-                    negative_prompt=call["negative_prompt"], prompt=demo.DEFAULT_PROMPT)
+        return dict(
+            frames=call["num_frames"],
+            height=call["height"],
+            width=call["width"],
+            steps=call["num_inference_steps"],
+            guidance=call["guidance_scale"],
+            negative_prompt=call["negative_prompt"],
+            prompt=demo.DEFAULT_PROMPT,
+        )
     return {**PROMPT_DEFAULTS, **(TINY_DEFAULTS if model.startswith(TINY_PREFIX) else {})}
 
 
@@ -59,13 +66,23 @@ def sequence_length(pipe, model: str) -> int | None:
 def _tiny_more() -> dict:
     from ..testing import tiny_families, tiny_generic, tiny_images, tiny_unet
 
-    found = {name: (lambda name=name: tiny_families.pipeline(name)) for name in ("ltx", "ltx-i2v", "ltx2", "hunyuan-video",
-                                                                                  "skyreels-v2")}
+    found = {
+        name: (lambda name=name: tiny_families.pipeline(name))
+        for name in ("ltx", "ltx-i2v", "ltx2", "hunyuan-video", "skyreels-v2")
+    }
     found.update({name: (lambda name=name: tiny_images.pipeline(name)) for name in tiny_images.PIPELINES})
     found.update({name: (lambda name=name: tiny_unet.pipeline(name)) for name in CLI_UNETS})
-    found.update({name: (lambda name=name: (tiny_generic.generic_pipeline(name),
-                                            tiny_generic.generic_call(tiny_generic.generic_pipeline(name))))
-                  for name in tiny_generic.PIPELINES})
+    found.update(
+        {
+            name: (
+                lambda name=name: (
+                    tiny_generic.generic_pipeline(name),
+                    tiny_generic.generic_call(tiny_generic.generic_pipeline(name)),
+                )
+            )
+            for name in tiny_generic.PIPELINES
+        }
+    )
     return found
 
 
@@ -76,8 +93,12 @@ _CLI_OWNED = {"prompt", "negative_prompt", "height", "width", "num_frames", "num
 def tiny_models() -> list[str]:
     from ..testing import tiny
 
-    return (sorted(tiny.WAN_TRANSFORMERS) + sorted(tiny.COGVIDEOX_TRANSFORMERS) + ["hunyuanvideo15", "causal-wan"]
-            + sorted(_tiny_more()))
+    return (
+        sorted(tiny.WAN_TRANSFORMERS)
+        + sorted(tiny.COGVIDEOX_TRANSFORMERS)
+        + ["hunyuanvideo15", "causal-wan"]
+        + sorted(_tiny_more())
+    )
 
 
 def makes_images(pipe) -> bool:
@@ -97,7 +118,7 @@ def load_pipeline(model: str):
 
         return demo.load_pipeline()
     if model.startswith(TINY_PREFIX):
-        variant = model[len(TINY_PREFIX):]
+        variant = model[len(TINY_PREFIX) :]
         if variant in tiny.WAN_TRANSFORMERS:
             return tiny.wan_pipeline(variant)
         if variant in tiny.COGVIDEOX_TRANSFORMERS:
@@ -142,10 +163,14 @@ def call_sizes(pipe, args, model: str) -> dict:
         "steps": defaults.get("num_inference_steps"),
     }
     fallback.update({k: v for k, v in model_defaults(model).items() if k in fallback})
-    sizes = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()}
+    sizes = {
+        name: getattr(args, name) if getattr(args, name) is not None else value for name, value in fallback.items()
+    }
     accepted = inspect.signature(type(pipe).__call__).parameters
     takes = {"height": "height", "width": "width", "frames": "num_frames", "steps": "num_inference_steps"}
     missing = [f"--{name}" for name, value in sizes.items() if value is None and takes[name] in accepted]
     if missing:
-        raise ValueError(f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench.")
+        raise ValueError(
+            f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench."
+        )
     return sizes

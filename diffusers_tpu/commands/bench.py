@@ -6,6 +6,9 @@ Stages are timed through the stock pipeline's own seams — ``encode_prompt``, t
 Every stage waits for the device (``block_until_ready`` / ``cuda.synchronize``) before its clock stops: dispatch
 time is not compute time. Warm-up calls are reported apart (they include compilation); any compilation during
 the timed calls is a recompilation, which is a bug, and is reported as such.
+
+Over 400 lines on purpose: the command's stages, its torch reference and its report share one timer and one
+output format.
 """
 
 from __future__ import annotations
@@ -20,23 +23,28 @@ import numpy as np
 import torch
 
 from ..interop import backend
-from ..runtime import attach as runtime
 from ..interop.jit import compile_log
+from ..runtime import pipeline_runtime
 from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
+from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
+from .measures import peak_memory as _peak_memory
+from .measures import versions as _versions
 from .subcommand_arguments import BENCH_MODEL, CACHES
-from .measures import PEAK_TFLOPS, peak_memory as _peak_memory, peak_tflops, versions as _versions  # noqa: F401
-
-
-
 
 
 def summarize(values: list[float]) -> dict:
     if not values:
         return {"count": 0}
     array = np.asarray(values, dtype=np.float64)
-    return {"count": len(values), "mean_s": float(array.mean()), "median_s": float(np.median(array)),
-            "p95_s": float(np.percentile(array, 95)), "min_s": float(array.min()), "max_s": float(array.max())}
+    return {
+        "count": len(values),
+        "mean_s": float(array.mean()),
+        "median_s": float(np.median(array)),
+        "p95_s": float(np.percentile(array, 95)),
+        "min_s": float(array.min()),
+        "max_s": float(array.max()),
+    }
 
 
 def _nbytes(frames) -> int:
@@ -54,14 +62,14 @@ class StageTimer:
 
     def __init__(self, pipe):
         self.pipe, self.runs, self._overrides = pipe, [], Overrides(lambda: True)
-        self.cuda = not runtime.is_attached(pipe) and pipe._execution_device.type == "cuda"
+        self.cuda = not pipeline_runtime.is_attached(pipe) and pipe._execution_device.type == "cuda"
         self._last, self._run = None, None
         self._wrap(pipe, "encode_prompt", self._timed("text_encoding"))
         self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
         self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
         self._wrap(pipe, "progress_bar", self._stepping)
         self._counters = []  # per denoiser: how many hooked blocks computed so far (step caches skip some)
-        attached = runtime.runtime_of(pipe)
+        attached = pipeline_runtime.runtime_of(pipe)
         for name in family_of(pipe).denoisers:
             module = getattr(pipe, name, None)
             if module is None:
@@ -89,8 +97,9 @@ class StageTimer:
                 return _inner(*args, **kwargs)
 
             setattr(reference, attribute, counted)
-            self._overrides.add_undo(lambda r=reference, a=attribute, f=inner: setattr(r, a, f),
-                                     f"{type(reference).__name__}.{attribute}")
+            self._overrides.add_undo(
+                lambda r=reference, a=attribute, f=inner: setattr(r, a, f), f"{type(reference).__name__}.{attribute}"
+            )
         return lambda: count[0]
 
     def _wrap(self, owner, name, make):
@@ -170,8 +179,11 @@ def cache_report(runs: list[dict]) -> dict:
     if not passes or max(passes) == 0:
         return {}
     full = max(passes)
-    return {"denoiser_passes": len(passes), "cached_passes": sum(n < full for n in passes),
-            "hooked_blocks_per_full_pass": full}
+    return {
+        "denoiser_passes": len(passes),
+        "cached_passes": sum(n < full for n in passes),
+        "hooked_blocks_per_full_pass": full,
+    }
 
 
 def _stages(runs: list[dict]) -> dict:
@@ -196,10 +208,15 @@ def blocks_report(timed: list[list], warmup: list[list]) -> dict:
         return {}
     steady = [block.seconds for run in timed for block in run[1:]]
     frames = timed[0][-1].frames
-    report = {"forward": summarize([s for run in timed for block in run for s in block.forward_seconds]),
-              "forwards_per_block": len(timed[0][0].forward_seconds), "first_block": summarize([r[0].seconds for r in timed]),
-              "block": summarize(steady), "frames_per_block": frames, "blocks_per_call": len(timed[0]),
-              "compilations_after_first_block": sum(b.compilations for run in warmup + timed for b in run[1:])}
+    report = {
+        "forward": summarize([s for run in timed for block in run for s in block.forward_seconds]),
+        "forwards_per_block": len(timed[0][0].forward_seconds),
+        "first_block": summarize([r[0].seconds for r in timed]),
+        "block": summarize(steady),
+        "frames_per_block": frames,
+        "blocks_per_call": len(timed[0]),
+        "compilations_after_first_block": sum(b.compilations for run in warmup + timed for b in run[1:]),
+    }
     report["fps"] = frames / report["block"]["median_s"] if steady else None
     return report
 
@@ -208,8 +225,9 @@ def _frames(output) -> np.ndarray:
     return np.stack([np.stack([np.asarray(f) for f in video]) for video in output.frames]).astype(np.int16)
 
 
-def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None,
-            seed: int = 0) -> tuple[dict, np.ndarray]:
+def measure(
+    pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None, seed: int = 0
+) -> tuple[dict, np.ndarray]:
     """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
     from .arguments import call_arguments
 
@@ -226,7 +244,7 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
         warm_runs, timer.runs = timer.runs, []
         with compile_log() as timed_log:
             for index in range(runs):
-                tracing = trace_dir is not None and index == 0 and runtime.is_attached(pipe)
+                tracing = trace_dir is not None and index == 0 and pipeline_runtime.is_attached(pipe)
                 with _trace(trace_dir) if tracing else contextlib.nullcontext(), timer.run():
                     output = pipe(**call, generator=torch.Generator().manual_seed(seed))
                 blocks["timed"].append(list(getattr(pipe, "block_timings", [])))
@@ -240,14 +258,19 @@ def measure(pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | N
         report["blocks"] = blocks_report(blocks["timed"], blocks["warmup"])
     if warm_runs and warm_runs[0].get("steps"):
         report["warmup"]["first_step_s"] = warm_runs[0]["steps"][0]
-    if runtime.is_attached(pipe):
-        report["compile"] = {"seconds": warm_log.seconds, "compilations": warm_log.compilations,
-                             "persistent_cache_hits": warm_log.cache_hits,
-                             "recompilations_after_warmup": timed_log.compilations}
+    if pipeline_runtime.is_attached(pipe):
+        report["compile"] = {
+            "seconds": warm_log.seconds,
+            "compilations": warm_log.compilations,
+            "persistent_cache_hits": warm_log.cache_hits,
+            "recompilations_after_warmup": timed_log.compilations,
+        }
     report["peak_memory_bytes"] = _peak_memory(pipe, timer.cuda)
     if warm_runs and warm_runs[0].get("peak_after"):
-        report["peak_memory_after_stage"] = {"first_call": dict(warm_runs[0]["peak_after"]),
-                                             "last_call": dict(timer.runs[-1]["peak_after"]) if timer.runs else None}
+        report["peak_memory_after_stage"] = {
+            "first_call": dict(warm_runs[0]["peak_after"]),
+            "last_call": dict(timer.runs[-1]["peak_after"]) if timer.runs else None,
+        }
     return report, _frames(output)
 
 
@@ -272,37 +295,59 @@ def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: 
     per_step = per_forward * len(prompts) * cfg
     achieved = per_step / stages["steps"]["median_s"]
     peak = peak_tflops(device_kind)
-    return {"per_forward_per_sample": per_forward, "per_step": per_step, "achieved_tflops": achieved / 1e12,
-            "peak_tflops_per_chip": peak, "chips": num_devices,
-            "mfu": achieved / (peak * 1e12 * num_devices) if peak else None}
+    return {
+        "per_forward_per_sample": per_forward,
+        "per_step": per_step,
+        "achieved_tflops": achieved / 1e12,
+        "peak_tflops_per_chip": peak,
+        "chips": num_devices,
+        "mfu": achieved / (peak * 1e12 * num_devices) if peak else None,
+    }
 
 
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     from ..planner import architectures
-    from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
     from ..runtime.config import TPUConfig
+    from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)  # a bad platform fails before any weight is built
-    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
-                       text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
-                       quantize=args.quantize)
+    config = TPUConfig(
+        mesh=args.mesh,
+        attention=args.attention,
+        dtype=dtype if args.dtype == "bfloat16" else None,
+        text_encoder=args.text_encoder,
+        matmul_precision=args.matmul_precision,
+        quantize=args.quantize,
+    )
     model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     sizes = call_sizes(pipe, args, model)
     sequence = sequence_length(pipe, model)
-    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
-                width=sizes["width"], num_frames=sizes["frames"], num_inference_steps=sizes["steps"],
-                guidance_scale=args.guidance, output_type="pil",
-                max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"))
+    call = dict(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        height=sizes["height"],
+        width=sizes["width"],
+        num_frames=sizes["frames"],
+        num_inference_steps=sizes["steps"],
+        guidance_scale=args.guidance,
+        output_type="pil",
+        max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"),
+    )
     if args.blocks is not None:
         call["num_blocks"] = args.blocks
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": _versions(), "model": model, "pipeline": type(pipe).__name__,
-              "settings": {k: v for k, v in call_arguments(pipe, call).items()
-                           if k not in ("prompt", "negative_prompt", "output_type")}
-              | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup}}
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "model": model,
+        "pipeline": type(pipe).__name__,
+        "settings": {
+            k: v for k, v in call_arguments(pipe, call).items() if k not in ("prompt", "negative_prompt", "output_type")
+        }
+        | {"batch": 1, "dtype": args.dtype, "runs": args.runs, "warmup": args.warmup},
+    }
     torch_frames = None
     if args.cache:
         report["settings"]["cache"] = args.cache
@@ -313,14 +358,17 @@ def run(args) -> dict:
         measured, torch_frames = measure(pipe, dict(call), args.runs, args.warmup)
         disable_cache(pipe, args.cache)
         kind = torch.cuda.get_device_name() if torch_device == "cuda" else "cpu"
-        measured.update(device=torch_device, device_kind=kind,
-                        flops=flops_report(pipe, call, measured["stages"], 1, kind) if torch_device == "cuda" else {})
+        measured.update(
+            device=torch_device,
+            device_kind=kind,
+            flops=flops_report(pipe, call, measured["stages"], 1, kind) if torch_device == "cuda" else {},
+        )
         report["torch"] = measured
         pipe.to("cpu")
         if torch_device == "cuda":  # hand torch's cached blocks back before JAX allocates on the same GPU
             torch.cuda.empty_cache()
     pipe.to(device, config=config)
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     if args.cache:  # the same run without the cache first: the cache's speed-up on this platform
         uncached, _ = measure(pipe, dict(call), args.runs, args.warmup)
         report["jax_uncached"] = {"stages": uncached["stages"]}
@@ -330,9 +378,15 @@ def run(args) -> dict:
         before, after = _loop_seconds(uncached["stages"]), _loop_seconds(measured["stages"])
         measured["cache"]["denoise_speedup"] = before / after if before and after else None
     devices = list(attached.mesh.devices.flat)
-    measured.update(platform=attached.target.platform, device_kind=devices[0].device_kind, devices=len(devices),
-                    mesh=dict(attached.mesh.shape), attention=attached.attention.implementation,
-                    matmul_precision=attached.config.matmul_precision, quantize=attached.config.quantize)
+    measured.update(
+        platform=attached.target.platform,
+        device_kind=devices[0].device_kind,
+        devices=len(devices),
+        mesh=dict(attached.mesh.shape),
+        attention=attached.attention.implementation,
+        matmul_precision=attached.config.matmul_precision,
+        quantize=attached.config.quantize,
+    )
     measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
     if attached.target.platform == "cpu" and measured["flops"]:
         measured["flops"]["mfu"] = None  # CPU: no meaningful peak
@@ -343,7 +397,8 @@ def run(args) -> dict:
         report["output_difference_fraction"] = float((diff > 0).mean())
         report["speedup_torch_over_jax"] = {
             stage: report["torch"]["stages"][stage]["median_s"] / measured["stages"][stage]["median_s"]
-            for stage in measured["stages"] if stage in report["torch"]["stages"]
+            for stage in measured["stages"]
+            if stage in report["torch"]["stages"]
         }
     return report
 
@@ -351,8 +406,6 @@ def run(args) -> dict:
 def _loop_seconds(stages: dict) -> float | None:
     steps = stages.get("steps")
     return steps["mean_s"] * steps["count"] if steps and steps.get("count") else None
-
-
 
 
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
@@ -372,8 +425,9 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
         if name == "fbc":
             module.enable_cache(FirstBlockCacheConfig(threshold=threshold))
         else:
-            module.enable_cache(MagCacheConfig(threshold=threshold, num_inference_steps=steps,
-                                               mag_ratios=FLUX_MAG_RATIOS))
+            module.enable_cache(
+                MagCacheConfig(threshold=threshold, num_inference_steps=steps, mag_ratios=FLUX_MAG_RATIOS)
+            )
 
 
 def disable_cache(pipe, spec: str | None) -> None:
@@ -392,17 +446,25 @@ def _defaults_of(pipe) -> dict:
 
 def format_table(report: dict) -> str:
     jax_side, torch_side = report["jax"], report.get("torch")
-    lines = [f"{report['pipeline']} ({report['model']}) {report['settings']}",
-             f"JAX on {jax_side['platform']} ({jax_side['device_kind']} x{jax_side['devices']}, mesh {jax_side['mesh']}, "
-             f"attention {jax_side['attention']}, matmul precision {jax_side.get('matmul_precision')}"
-             + (f", {jax_side['quantize']} weights" if jax_side.get("quantize") else "") + ")"
-             + (f" vs torch on {torch_side['device']}" if torch_side else "")]
+    lines = [
+        f"{report['pipeline']} ({report['model']}) {report['settings']}",
+        f"JAX on {jax_side['platform']} ({jax_side['device_kind']} x{jax_side['devices']}, mesh {jax_side['mesh']}, "
+        f"attention {jax_side['attention']}, matmul precision {jax_side.get('matmul_precision')}"
+        + (f", {jax_side['quantize']} weights" if jax_side.get("quantize") else "")
+        + ")"
+        + (f" vs torch on {torch_side['device']}" if torch_side else ""),
+    ]
     header = f"{'stage':<15}{'mean s':>10}{'median s':>10}{'p95 s':>10}"
     if torch_side:
         header += f"{'torch median':>14}{'torch/jax':>10}"
     lines.append(header)
-    names = {"text_encoding": "text encoding", "steps": "denoise step", "vae_decode": "VAE decode",
-             "postprocess": "postprocess", "end_to_end": "end to end"}
+    names = {
+        "text_encoding": "text encoding",
+        "steps": "denoise step",
+        "vae_decode": "VAE decode",
+        "postprocess": "postprocess",
+        "end_to_end": "end to end",
+    }
     for stage, label in names.items():
         entry = jax_side["stages"].get(stage)
         if not entry or not entry.get("count"):
@@ -413,16 +475,22 @@ def format_table(report: dict) -> str:
         lines.append(row)
     lines.extend(_block_lines(jax_side.get("blocks"), (torch_side or {}).get("blocks")))
     warm, compiled = jax_side["warmup"], jax_side.get("compile", {})
-    lines.append(f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "
-                 f"{compiled.get('compilations', 0)} programs; recompilations after warm-up: "
-                 f"{compiled.get('recompilations_after_warmup', 0)}")
+    lines.append(
+        f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "
+        f"{compiled.get('compilations', 0)} programs; recompilations after warm-up: "
+        f"{compiled.get('recompilations_after_warmup', 0)}"
+    )
     post = jax_side["stages"].get("postprocess", {})
-    lines.append(f"device->host {post.get('bytes_to_host', 0) / 1e6:.2f} MB; peak device memory "
-                 + (f"{jax_side['peak_memory_bytes'] / 2**30:.2f} GiB" if jax_side.get("peak_memory_bytes") else "n/a"))
+    lines.append(
+        f"device->host {post.get('bytes_to_host', 0) / 1e6:.2f} MB; peak device memory "
+        + (f"{jax_side['peak_memory_bytes'] / 2**30:.2f} GiB" if jax_side.get("peak_memory_bytes") else "n/a")
+    )
     for call, peaks in (jax_side.get("peak_memory_after_stage") or {}).items():
         if peaks:
-            lines.append(f"peak device memory after each stage, {call.replace('_', ' ')}: "
-                         + ", ".join(f"{stage} {peak / 2**30:.2f} GiB" for stage, peak in peaks.items()))
+            lines.append(
+                f"peak device memory after each stage, {call.replace('_', ' ')}: "
+                + ", ".join(f"{stage} {peak / 2**30:.2f} GiB" for stage, peak in peaks.items())
+            )
     flops = jax_side.get("flops") or {}
     if flops:
         mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
@@ -431,13 +499,17 @@ def format_table(report: dict) -> str:
     if cache:
         speedup = cache.get("denoise_speedup")
         theirs = (torch_side or {}).get("cache") or {}
-        lines.append(f"step cache {report['settings'].get('cache')}: {cache['cached_passes']} of "
-                     f"{cache['denoiser_passes']} denoiser passes cached"
-                     + (f" (torch: {theirs['cached_passes']} of {theirs['denoiser_passes']})" if theirs else "")
-                     + (f"; denoising loop {speedup:.2f}x faster than without it" if speedup else ""))
+        lines.append(
+            f"step cache {report['settings'].get('cache')}: {cache['cached_passes']} of "
+            f"{cache['denoiser_passes']} denoiser passes cached"
+            + (f" (torch: {theirs['cached_passes']} of {theirs['denoiser_passes']})" if theirs else "")
+            + (f"; denoising loop {speedup:.2f}x faster than without it" if speedup else "")
+        )
     if "max_output_difference_levels" in report:
-        lines.append(f"max output difference vs torch: {report['max_output_difference_levels']} levels on "
-                     f"{report['output_difference_fraction']:.4%} of subpixels")
+        lines.append(
+            f"max output difference vs torch: {report['max_output_difference_levels']} levels on "
+            f"{report['output_difference_fraction']:.4%} of subpixels"
+        )
     if jax_side["platform"] == "cpu":
         lines.append("CPU numbers (Pallas kernels in interpret mode) are not speed claims.")
     return "\n".join(lines)
@@ -456,9 +528,11 @@ def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
                 row += f"{theirs:>14.4f}{theirs / entry['median_s']:>10.2f}"
             lines.append(row)
     fps = f"{blocks['fps']:.1f}" if blocks.get("fps") else "n/a"
-    lines.append(f"streaming: {blocks['frames_per_block']} frames per block, {fps} frames/s (steady blocks), "
-                 f"{blocks['forwards_per_block']} forwards per block; compilations after the first block: "
-                 f"{blocks['compilations_after_first_block']}")
+    lines.append(
+        f"streaming: {blocks['frames_per_block']} frames per block, {fps} frames/s (steady blocks), "
+        f"{blocks['forwards_per_block']} forwards per block; compilations after the first block: "
+        f"{blocks['compilations_after_first_block']}"
+    )
     return lines
 
 

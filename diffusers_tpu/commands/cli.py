@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from . import parser as arguments_parser, subcommand_arguments
+from . import parser as arguments_parser
+from . import subcommand_arguments
 from .arguments import call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
 from .parser import DEFAULT_MODEL, IMAGE_SUFFIXES
 
@@ -54,9 +55,14 @@ def _prepare(args, model: str):
     config = None
     if device != "torch":
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-        config = diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
-                                         text_encoder=args.text_encoder, matmul_precision=args.matmul_precision,
-                                         quantize=args.quantize)
+        config = diffusers_tpu.TPUConfig(
+            mesh=args.mesh,
+            attention=args.attention,
+            dtype=dtype,
+            text_encoder=args.text_encoder,
+            matmul_precision=args.matmul_precision,
+            quantize=args.quantize,
+        )
     start = time.perf_counter()
     pipe = load_pipeline(model)
     if args.command == "generate":
@@ -72,10 +78,10 @@ def _prepare(args, model: str):
 
 
 def _report(pipe) -> None:
-    from ..runtime import attach as runtime
+    from ..runtime import pipeline_runtime
 
-    if runtime.is_attached(pipe) and runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
-        say(runtime.stats(pipe).summary())
+    if pipeline_runtime.is_attached(pipe) and pipeline_runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
+        say(pipeline_runtime.stats(pipe).summary())
 
 
 def _write(frames, args) -> None:
@@ -107,13 +113,25 @@ def generate(args) -> int:
     pipe = _prepare(args, model)
     sequence = sequence_length(pipe, model)
     if args.stage_dir:
-        frames = stages.generate(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                                 guidance_scale=args.guidance, max_sequence_length=sequence, seed=args.seed,
-                                 model=model, stop_after=args.stop_after, force=args.force, **_size_call(args))
+        frames = stages.generate(
+            pipe,
+            args.stage_dir,
+            prompt=args.prompt,
+            negative_prompt=args.negative_prompt,
+            guidance_scale=args.guidance,
+            max_sequence_length=sequence,
+            seed=args.seed,
+            model=model,
+            stop_after=args.stop_after,
+            force=args.force,
+            **_size_call(args),
+        )
         _report(pipe)
         if frames is None:
-            say(f"stopped after {args.stop_after}; continue with: diffusers-tpu "
-                f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}")
+            say(
+                f"stopped after {args.stop_after}; continue with: diffusers-tpu "
+                f"{'denoise' if args.stop_after == 'encode' else 'decode'} --stage-dir {args.stage_dir}"
+            )
             return 0
         _write(frames[0], args)
         return 0
@@ -146,11 +164,14 @@ def _check_output(pipe, args) -> None:
         args.output = "image.png" if images else "video.mp4"
     is_image_path = args.output.lower().endswith(IMAGE_SUFFIXES)
     if images and getattr(args, "strip", None):
-        raise ValueError(f"{type(pipe).__name__} makes images: --strip (a video's frames side by side) does not apply; "
-                         f"drop it.")
+        raise ValueError(
+            f"{type(pipe).__name__} makes images: --strip (a video's frames side by side) does not apply; drop it."
+        )
     if images and not is_image_path:
-        raise ValueError(f"{type(pipe).__name__} makes images: pass --output with an image suffix "
-                         f"({', '.join(IMAGE_SUFFIXES)}), e.g. --output image.png.")
+        raise ValueError(
+            f"{type(pipe).__name__} makes images: pass --output with an image suffix "
+            f"({', '.join(IMAGE_SUFFIXES)}), e.g. --output image.png."
+        )
     if not images and is_image_path:
         raise ValueError(f"{type(pipe).__name__} makes videos: pass --output ending in .mp4.")
 
@@ -172,9 +193,16 @@ def stage(args) -> int:
     pipe = _prepare(args, model)
     start = time.perf_counter()
     if args.command == "encode":
-        stages.encode(pipe, args.stage_dir, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                      guidance_scale=args.guidance, max_sequence_length=sequence_length(pipe, model), model=model,
-                      force=args.force)
+        stages.encode(
+            pipe,
+            args.stage_dir,
+            prompt=args.prompt,
+            negative_prompt=args.negative_prompt,
+            guidance_scale=args.guidance,
+            max_sequence_length=sequence_length(pipe, model),
+            model=model,
+            force=args.force,
+        )
     elif args.command == "denoise":
         stages.denoise(pipe, args.stage_dir, seed=args.seed, force=args.force, **_size_call(args))
     else:
@@ -208,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return cost_module.main(args)
         status = generate(args) if args.command == "generate" else stage(args)
-        say(f"done in {time.perf_counter() - STARTED:.1f} s, start to finish (imports, loading, compiling, running, "
-            "writing)")
+        say(
+            f"done in {time.perf_counter() - STARTED:.1f} s, start to finish (imports, loading, compiling, running, "
+            "writing)"
+        )
         return status
     except (ValueError, RuntimeError) as error:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)

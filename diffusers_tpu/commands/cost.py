@@ -67,19 +67,32 @@ def main(args) -> int:
     config = TPUConfig(mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host")
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     start = time.perf_counter()
-    print(f"compiling for {args.chips} ({chip.topology}, {devices[0].device_kind}) with the TPU compiler ...",
-          flush=True)
-    report = plan.start_denoiser_memory(pipe, size, config, devices, args.max_sequence_length, vae=not args.no_vae,
-                                        analyse=analyse)()
+    print(
+        f"compiling for {args.chips} ({chip.topology}, {devices[0].device_kind}) with the TPU compiler ...", flush=True
+    )
+    report = plan.start_denoiser_memory(
+        pipe, size, config, devices, args.max_sequence_length, vae=not args.no_vae, analyse=analyse
+    )()
     family = family_of(pipe)
-    analytic = (family.forward_flops(pipe, args.height, args.width, args.frames, args.max_sequence_length)
-                if family.forward_flops is not None else None)
-    result = {"model": args.arch or args.model, "chips": args.chips, "topology": chip.topology,
-              "device_kind": devices[0].device_kind, "size": dict(size, text_tokens=args.max_sequence_length),
-              "mesh": report["mesh"], "cfg_batch": report["cfg_batch"], "guided": report["guided"],
-              "denoiser_step": report["passes"], "vae_decode": report.get("vae_decode"),
-              "analytic_flops_per_device": (analytic * report["cfg_batch"] / len(devices)) if analytic else None,
-              "seconds": round(time.perf_counter() - start, 1)}
+    analytic = (
+        family.forward_flops(pipe, args.height, args.width, args.frames, args.max_sequence_length)
+        if family.forward_flops is not None
+        else None
+    )
+    result = {
+        "model": args.arch or args.model,
+        "chips": args.chips,
+        "topology": chip.topology,
+        "device_kind": devices[0].device_kind,
+        "size": dict(size, text_tokens=args.max_sequence_length),
+        "mesh": report["mesh"],
+        "cfg_batch": report["cfg_batch"],
+        "guided": report["guided"],
+        "denoiser_step": report["passes"],
+        "vae_decode": report.get("vae_decode"),
+        "analytic_flops_per_device": (analytic * report["cfg_batch"] / len(devices)) if analytic else None,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     if args.estimate:
         result["estimate"] = roofline(report["passes"][0], chip, args.attention_efficiency)
     print(render(result))
@@ -95,12 +108,20 @@ def roofline(step: dict, chip, attention_efficiency: float) -> dict:
     ``attention_efficiency`` of it, every byte at the HBM bandwidth, the larger of compute and memory time."""
     total = step["hlo"]["total"]
     compute = total["flops"] / (chip.peak_tflops * 1e12) + total["attention_flops"] / (
-        chip.peak_tflops * 1e12 * attention_efficiency)
+        chip.peak_tflops * 1e12 * attention_efficiency
+    )
     memory = total["bytes"] / (chip.hbm_gbps * 1e9)
-    return {"seconds": max(compute, memory), "compute_seconds": compute, "memory_seconds": memory,
-            "assumptions": {"peak_tflops": chip.peak_tflops, "hbm_gbps": chip.hbm_gbps,
-                            "attention_efficiency": attention_efficiency,
-                            "not modelled": "collectives, overlap, kernel launch, the VAE and text encoders"}}
+    return {
+        "seconds": max(compute, memory),
+        "compute_seconds": compute,
+        "memory_seconds": memory,
+        "assumptions": {
+            "peak_tflops": chip.peak_tflops,
+            "hbm_gbps": chip.hbm_gbps,
+            "attention_efficiency": attention_efficiency,
+            "not modelled": "collectives, overlap, kernel launch, the VAE and text encoders",
+        },
+    }
 
 
 def _gib(n) -> str:
@@ -117,35 +138,45 @@ def _collectives(counts: dict) -> str:
 def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
     hlo = summary["hlo"]
     total = hlo["total"]
-    lines = [f"{indent}{name}: compile {summary.get('compile_seconds', '?')} s, generated code "
-             f"{summary['generated_code_bytes'] / 1e6:.1f} MB; per device: arguments {_gib(summary['argument_bytes'])},"
-             f" temporaries {_gib(summary['temp_bytes'])}, outputs {_gib(summary['output_bytes'])}",
-             f"{indent}  whole program: {total['flops']:.4g} FLOPs (matmuls and convolutions)"
-             + (f" + {total['attention_flops']:.4g} in {total['attention_calls']} attention kernel calls (as padded)"
-                if total["attention_calls"] else "")
-             + f", {total['bytes'] / 1e9:.2f} GB read+written, {total['copies']} copies, {total['fusions']} fusions, "
-             f"custom calls {total['custom_calls'] or 'none'}; collectives: {_collectives(total)}"]
+    lines = [
+        f"{indent}{name}: compile {summary.get('compile_seconds', '?')} s, generated code "
+        f"{summary['generated_code_bytes'] / 1e6:.1f} MB; per device: arguments {_gib(summary['argument_bytes'])},"
+        f" temporaries {_gib(summary['temp_bytes'])}, outputs {_gib(summary['output_bytes'])}",
+        f"{indent}  whole program: {total['flops']:.4g} FLOPs (matmuls and convolutions)"
+        + (
+            f" + {total['attention_flops']:.4g} in {total['attention_calls']} attention kernel calls (as padded)"
+            if total["attention_calls"]
+            else ""
+        )
+        + f", {total['bytes'] / 1e9:.2f} GB read+written, {total['copies']} copies, {total['fusions']} fusions, "
+        f"custom calls {total['custom_calls'] or 'none'}; collectives: {_collectives(total)}",
+    ]
     loops = sorted(hlo["loops"], key=lambda loop: loop["instructions"], reverse=True)
     for loop in loops[:1]:
-        lines.append(f"{indent}  per iteration of its largest loop (x{loop['trip_count']}, e.g. one layer): "
-                     f"{loop['flops']:.4g} FLOPs + {loop['attention_flops']:.4g} attention, "
-                     f"{loop['bytes'] / 1e9:.2f} GB, {loop['copies']} copies, {loop['fusions']} fusions, "
-                     f"custom calls {loop['custom_calls'] or 'none'}; collectives: {_collectives(loop)}")
+        lines.append(
+            f"{indent}  per iteration of its largest loop (x{loop['trip_count']}, e.g. one layer): "
+            f"{loop['flops']:.4g} FLOPs + {loop['attention_flops']:.4g} attention, "
+            f"{loop['bytes'] / 1e9:.2f} GB, {loop['copies']} copies, {loop['fusions']} fusions, "
+            f"custom calls {loop['custom_calls'] or 'none'}; collectives: {_collectives(loop)}"
+        )
     return lines
 
 
 def render(result: dict) -> str:
-    lines = [f"{result['model']} {result['size']['height']}x{result['size']['width']}x{result['size']['num_frames']} "
-             f"on {result['chips']} ({result['device_kind']}), mesh {result['mesh']}, guidance pair as batch "
-             f"{result['cfg_batch']}: compiled by the TPU compiler in {result['seconds']} s"]
+    lines = [
+        f"{result['model']} {result['size']['height']}x{result['size']['width']}x{result['size']['num_frames']} "
+        f"on {result['chips']} ({result['device_kind']}), mesh {result['mesh']}, guidance pair as batch "
+        f"{result['cfg_batch']}: compiled by the TPU compiler in {result['seconds']} s"
+    ]
     for number, step in enumerate(result["denoiser_step"]):
-        lines += _program("denoiser step" + (f" (pass {number + 1})" if len(result["denoiser_step"]) > 1 else ""),
-                          step)
+        lines += _program("denoiser step" + (f" (pass {number + 1})" if len(result["denoiser_step"]) > 1 else ""), step)
     if result["analytic_flops_per_device"]:
         step = result["denoiser_step"][0]["hlo"]["total"]
-        lines.append(f"  analytic FLOPs per device (family formula, attention included): "
-                     f"{result['analytic_flops_per_device']:.4g}; compiled: "
-                     f"{step['flops'] + step['attention_flops']:.4g}")
+        lines.append(
+            f"  analytic FLOPs per device (family formula, attention included): "
+            f"{result['analytic_flops_per_device']:.4g}; compiled: "
+            f"{step['flops'] + step['attention_flops']:.4g}"
+        )
     decode = result.get("vae_decode") or {}
     programs = decode.get("programs") or [v for k, v in decode.items() if isinstance(v, dict)]
     for number, program in enumerate(programs):
@@ -155,8 +186,10 @@ def render(result: dict) -> str:
     estimate = result.get("estimate")
     if estimate:
         a = estimate["assumptions"]
-        lines.append(f"  ESTIMATE (roofline, not a measurement): {estimate['seconds']:.3f} s per step per chip "
-                     f"(compute {estimate['compute_seconds']:.3f} s, memory {estimate['memory_seconds']:.3f} s), "
-                     f"assuming {a['peak_tflops']:g} TFLOP/s bf16 peak, {a['hbm_gbps']:g} GB/s HBM, attention at "
-                     f"{a['attention_efficiency']:.0%} of peak; not modelled: {a['not modelled']}")
+        lines.append(
+            f"  ESTIMATE (roofline, not a measurement): {estimate['seconds']:.3f} s per step per chip "
+            f"(compute {estimate['compute_seconds']:.3f} s, memory {estimate['memory_seconds']:.3f} s), "
+            f"assuming {a['peak_tflops']:g} TFLOP/s bf16 peak, {a['hbm_gbps']:g} GB/s HBM, attention at "
+            f"{a['attention_efficiency']:.0%} of peak; not modelled: {a['not modelled']}"
+        )
     return "\n".join(lines)

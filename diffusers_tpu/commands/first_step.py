@@ -33,16 +33,18 @@ def child(folder: str, height: int, width: int, frames: int, device: str, scan_b
     from diffusers_tpu.interop import jit
 
     marks = {"started": time.time()}
-    pipe = diffusers_tpu.from_pretrained(folder, device=device, dtype=torch.bfloat16,
-                                         config=diffusers_tpu.TPUConfig(scan_blocks=scan_blocks))
+    pipe = diffusers_tpu.from_pretrained(
+        folder, device=device, dtype=torch.bfloat16, config=diffusers_tpu.TPUConfig(scan_blocks=scan_blocks)
+    )
     marks["placed"] = time.time()
     stock = pipe.transformer.forward
 
     def first_call(*args, **kwargs):
         out = stock(*args, **kwargs)
         marks["dispatched"] = time.time()
-        report = dict(marks, programs=log.compilations, cache_hits=log.cache_hits,
-                      compile_seconds=round(log.seconds, 2))
+        report = dict(
+            marks, programs=log.compilations, cache_hits=log.cache_hits, compile_seconds=round(log.seconds, 2)
+        )
         print("RESULT " + json.dumps(report), flush=True)
         os._exit(0)  # the step's execution is not what is measured
         return out
@@ -51,29 +53,66 @@ def child(folder: str, height: int, width: int, frames: int, device: str, scan_b
     # the tiny text encoder's width is not the real denoiser's: text embeddings of the real shape instead
     text = torch.zeros(1, 512, pipe.transformer.config.text_dim, dtype=torch.bfloat16)
     with jit.compile_log() as log:
-        pipe(prompt_embeds=text, negative_prompt_embeds=text, height=height, width=width,
-             num_frames=frames, num_inference_steps=2, output_type="latent", generator=torch.Generator().manual_seed(0))
+        pipe(
+            prompt_embeds=text,
+            negative_prompt_embeds=text,
+            height=height,
+            width=width,
+            num_frames=frames,
+            num_inference_steps=2,
+            output_type="latent",
+            generator=torch.Generator().manual_seed(0),
+        )
     raise RuntimeError("the pipeline finished without calling its transformer")
 
 
-def measure(folder: str, height: int, width: int, frames: int, device: str, cache_dir: str,
-            scan_blocks: bool = True) -> list[dict]:
+def measure(
+    folder: str, height: int, width: int, frames: int, device: str, cache_dir: str, scan_blocks: bool = True
+) -> list[dict]:
     runs = []
     for label in ("cold cache", "warm cache"):
         env = dict(os.environ, DIFFUSERS_TPU_CACHE_DIR=cache_dir)
         spawned = time.time()
-        result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.first_step", folder, "--child",
-                                 "--height", str(height), "--width", str(width), "--frames", str(frames),
-                                 "--device", device] + ([] if scan_blocks else ["--unrolled"]),
-                                env=env, capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "diffusers_tpu.commands.first_step",
+                folder,
+                "--child",
+                "--height",
+                str(height),
+                "--width",
+                str(width),
+                "--frames",
+                str(frames),
+                "--device",
+                device,
+            ]
+            + ([] if scan_blocks else ["--unrolled"]),
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
             raise RuntimeError(f"the {label} child failed:\n{result.stderr[-3000:]}")
-        marks = json.loads(lines[-1][len("RESULT "):])
-        seconds = [marks["started"] - spawned, marks["placed"] - marks["started"], marks["dispatched"] - marks["placed"]]
-        runs.append(dict(run=label, phases=dict(zip(PHASES, (round(s, 2) for s in seconds))),
-                         to_first_step_s=round(marks["dispatched"] - spawned, 2), programs=marks["programs"],
-                         cache_hits=marks["cache_hits"], compile_seconds=marks["compile_seconds"]))
+        marks = json.loads(lines[-1][len("RESULT ") :])
+        seconds = [
+            marks["started"] - spawned,
+            marks["placed"] - marks["started"],
+            marks["dispatched"] - marks["placed"],
+        ]
+        runs.append(
+            dict(
+                run=label,
+                phases=dict(zip(PHASES, (round(s, 2) for s in seconds))),
+                to_first_step_s=round(marks["dispatched"] - spawned, 2),
+                programs=marks["programs"],
+                cache_hits=marks["cache_hits"],
+                compile_seconds=marks["compile_seconds"],
+            )
+        )
     return runs
 
 
@@ -85,8 +124,11 @@ def main(argv=None) -> int:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--device", default="jax", help="'jax' (JAX's default platform) or 'tpu'")
     parser.add_argument("--cache-dir", help="the compilation cache to use (default: a new empty folder)")
-    parser.add_argument("--unrolled", action="store_true",
-                        help="TPUConfig(scan_blocks=False): every block its own copy in the program (the old way)")
+    parser.add_argument(
+        "--unrolled",
+        action="store_true",
+        help="TPUConfig(scan_blocks=False): every block its own copy in the program (the old way)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the two runs to this file")
     args = parser.parse_args(argv)
@@ -98,14 +140,18 @@ def main(argv=None) -> int:
 
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
     with tempfile.TemporaryDirectory() as fresh:
-        runs = measure(args.folder, args.height, args.width, args.frames, args.device, args.cache_dir or fresh,
-                       not args.unrolled)
+        runs = measure(
+            args.folder, args.height, args.width, args.frames, args.device, args.cache_dir or fresh, not args.unrolled
+        )
     import jax
 
     for run in runs:
-        print(f"{run['run']}: first step after {run['to_first_step_s']:.1f} s ({run['phases']}); "
-              f"{run['programs']} programs, {run['cache_hits']} from the cache, {run['compile_seconds']:.1f} s "
-              f"tracing + compiling; {jax.default_backend()}", flush=True)
+        print(
+            f"{run['run']}: first step after {run['to_first_step_s']:.1f} s ({run['phases']}); "
+            f"{run['programs']} programs, {run['cache_hits']} from the cache, {run['compile_seconds']:.1f} s "
+            f"tracing + compiling; {jax.default_backend()}",
+            flush=True,
+        )
     if args.json:
         outputs.write_text(args.json, json.dumps(runs, indent=1))
     return 0

@@ -21,14 +21,71 @@ CATEGORIES = ("attention", "matmul", "copy/transpose", "cast", "norm/reduce", "e
 # kernels contain "gemm"-like words), copies before casts (a bf16 copy kernel is a cast in torch).
 _RULES = (
     ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn_generated", "softmax")),
-    ("matmul", ("gemm", "nvjet", "cublas", "cutlass", "xmma", "wgmma", "matmul", "aten::mm", "aten::addmm",
-                "aten::linear", "aten::bmm", "dot", "convolution", "conv2d", "conv3d")),
+    (
+        "matmul",
+        (
+            "gemm",
+            "nvjet",
+            "cublas",
+            "cutlass",
+            "xmma",
+            "wgmma",
+            "matmul",
+            "aten::mm",
+            "aten::addmm",
+            "aten::linear",
+            "aten::bmm",
+            "dot",
+            "convolution",
+            "conv2d",
+            "conv3d",
+        ),
+    ),
     ("cast", ("convert", "_to_copy", "aten::to", "float_copy", "bfloat16_copy", "half_copy")),
-    ("copy/transpose", ("transpose", "copy", "memcpy", "memset", "concatenate", "slice", "scatter", "gather",
-                        "pad", "cat_", "aten::cat", "contiguous", "clone", "permute", "index", "dynamic_update")),
+    (
+        "copy/transpose",
+        (
+            "transpose",
+            "copy",
+            "memcpy",
+            "memset",
+            "concatenate",
+            "slice",
+            "scatter",
+            "gather",
+            "pad",
+            "cat_",
+            "aten::cat",
+            "contiguous",
+            "clone",
+            "permute",
+            "index",
+            "dynamic_update",
+        ),
+    ),
     ("norm/reduce", ("reduce", "norm", "mean", "rsqrt", "welford", "aten::sum", "var")),
-    ("elementwise", ("elementwise", "loop_", "fusion", "multiply", "add", "mul", "gelu", "silu", "tanh", "exp",
-                     "sin", "cos", "pow", "where", "select", "broadcast", "aten::")),
+    (
+        "elementwise",
+        (
+            "elementwise",
+            "loop_",
+            "fusion",
+            "multiply",
+            "add",
+            "mul",
+            "gelu",
+            "silu",
+            "tanh",
+            "exp",
+            "sin",
+            "cos",
+            "pow",
+            "where",
+            "select",
+            "broadcast",
+            "aten::",
+        ),
+    ),
 )
 
 
@@ -50,11 +107,14 @@ def summarize(kernels: dict[str, tuple[float, int]], per: int = 1, top: int = 80
     ranked = sorted(kernels.items(), key=lambda item: -item[1][0])[:top]
     return {
         "device_seconds": device_seconds,
-        "categories": {label: {"seconds": totals[label],
-                               "share": totals[label] / device_seconds if device_seconds else 0.0}
-                       for label in CATEGORIES},
-        "top_kernels": [{"name": name[:160], "category": category(name), "seconds": seconds / per,
-                         "calls": calls // per} for name, (seconds, calls) in ranked],
+        "categories": {
+            label: {"seconds": totals[label], "share": totals[label] / device_seconds if device_seconds else 0.0}
+            for label in CATEGORIES
+        },
+        "top_kernels": [
+            {"name": name[:160], "category": category(name), "seconds": seconds / per, "calls": calls // per}
+            for name, (seconds, calls) in ranked
+        ],
     }
 
 
@@ -62,21 +122,25 @@ def jax_kernels(trace_dir: str) -> dict[str, tuple[float, int]]:
     """{kernel: (seconds, calls)} from the newest perfetto trace that ``jax.profiler.trace(trace_dir,
     create_perfetto_trace=True)`` wrote: device-side events where the platform has them (GPU streams), else the
     host's XLA-op events (the CPU runs ops on host threads)."""
-    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
+    paths = sorted(
+        glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True), key=os.path.getmtime
+    )
     if not paths:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
     with gzip.open(paths[-1]) as handle:
         data = json.load(handle)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    processes = {e["pid"]: e["args"]["name"] for e in events
-                 if e.get("ph") == "M" and e.get("name") == "process_name"}
-    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {
+        (e["pid"], e.get("tid")): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     timed = [e for e in events if e.get("ph") == "X" and "dur" in e]
     device = [e for e in timed if processes.get(e["pid"], "").startswith("/device:")]
-    chosen = _kernel_lines(device, threads) or [e for e in timed if "hlo_op" in e.get("args", {})
-                                                  and not e["name"].startswith("end:")]
+    chosen = _kernel_lines(device, threads) or [
+        e for e in timed if "hlo_op" in e.get("args", {}) and not e["name"].startswith("end:")
+    ]
     table: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in chosen:
         name = event["name"]
@@ -117,8 +181,10 @@ def torch_kernels(profile) -> dict[str, tuple[float, int]]:
 
 
 def format_breakdown(label: str, summary: dict, step_seconds: float | None = None) -> str:
-    lines = [f"{label}: device time {summary['device_seconds'] * 1e3:.1f} ms per step"
-             + (f" (step wall {step_seconds * 1e3:.1f} ms)" if step_seconds else "")]
+    lines = [
+        f"{label}: device time {summary['device_seconds'] * 1e3:.1f} ms per step"
+        + (f" (step wall {step_seconds * 1e3:.1f} ms)" if step_seconds else "")
+    ]
     for name in CATEGORIES:
         entry = summary["categories"][name]
         if entry["seconds"]:

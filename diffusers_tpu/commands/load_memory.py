@@ -22,12 +22,11 @@ import time
 
 def write(folder: str, arch: str, shard_size: str) -> None:
     """The real-size denoiser of ``arch`` with random bfloat16 weights, with the tiny Wan text encoder and VAE."""
+    import diffusers
     import torch
 
     from ..planner import architectures
     from ..testing import tiny
-
-    import diffusers
 
     spec = architectures.ARCHITECTURES[arch]
     transformer = architectures._empty(lambda: diffusers.WanTransformer3DModel(**spec["transformer"]))
@@ -42,10 +41,10 @@ def _rss() -> int:
 
 
 def measure(folder: str, route: str, mesh: dict) -> dict:
+    import diffusers
     import jax
     import torch
 
-    import diffusers
     import diffusers_tpu
 
     config = diffusers_tpu.TPUConfig(mesh=mesh)
@@ -70,10 +69,17 @@ def measure(folder: str, route: str, mesh: dict) -> dict:
     largest = max(p.nbytes for p in pipe.transformer.parameters())
     model = sum(p.nbytes for p in pipe.transformer.parameters())
     gib = 2**30
-    return dict(route=route, devices=len(jax.devices()), mesh=mesh, seconds=round(seconds, 1),
-                host_overhead_gib=round((peak[0] - baseline - device) / gib, 3), peak_rss_gib=round(peak[0] / gib, 3),
-                device_gib=round(device / gib, 3), model_gib=round(model / gib, 3),
-                largest_tensor_gib=round(largest / gib, 3))
+    return dict(
+        route=route,
+        devices=len(jax.devices()),
+        mesh=mesh,
+        seconds=round(seconds, 1),
+        host_overhead_gib=round((peak[0] - baseline - device) / gib, 3),
+        peak_rss_gib=round(peak[0] / gib, 3),
+        device_gib=round(device / gib, 3),
+        model_gib=round(model / gib, 3),
+        largest_tensor_gib=round(largest / gib, 3),
+    )
 
 
 def main(argv=None) -> int:
@@ -93,10 +99,24 @@ def main(argv=None) -> int:
     else:
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}")
         for route in ("stock", "sharded"):
-            out = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.load_memory", "measure", args.folder,
-                                  "--route", route, "--devices", str(args.devices)], env=env, capture_output=True,
-                                 text=True, check=True).stdout
-            print(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):], flush=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "diffusers_tpu.commands.load_memory",
+                    "measure",
+                    args.folder,
+                    "--route",
+                    route,
+                    "--devices",
+                    str(args.devices),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            print(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :], flush=True)
     return 0
 
 

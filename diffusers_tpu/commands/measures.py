@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import attach as runtime
-
+from ..runtime import pipeline_runtime
 
 # Dense bf16 peak TFLOP/s per chip (vendor figures). device_kind substrings, most specific first.
 PEAK_TFLOPS = (
-    (("v5 lite", "v5e"), 197.0), (("v5p",), 459.0), (("v6 lite", "v6e"), 918.0), (("7x", "v7"), 2307.0),
-    (("v4",), 275.0), (("v5",), 459.0), (("h200",), 989.0), (("h100",), 989.0),
+    (("v5 lite", "v5e"), 197.0),
+    (("v5p",), 459.0),
+    (("v6 lite", "v6e"), 918.0),
+    (("7x", "v7"), 2307.0),
+    (("v4",), 275.0),
+    (("v5",), 459.0),
+    (("h200",), 989.0),
+    (("h100",), 989.0),
 )
 
 
@@ -41,7 +46,7 @@ def versions() -> dict:
 def peak_memory(pipe, cuda: bool):
     if cuda:
         return int(torch.cuda.max_memory_allocated())
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     if attached is None:
         return None
     stats = [d.memory_stats() or {} for d in attached.mesh.devices.flat]

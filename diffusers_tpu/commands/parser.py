@@ -19,13 +19,40 @@ TINY_PREFIX = "tiny:"
 DEMO_MODEL = "demo"
 DEFAULT_MODEL = DEMO_MODEL
 # The built-in tiny random-weight models (``arguments.tiny_models()`` builds them; a test keeps the two equal).
-TINY_MODELS = ("animatediff", "causal-wan", "cogvideox-2b", "cogvideox-5b", "cogvideox1.5", "easyanimate", "flux",
-               "hunyuan-video", "hunyuanvideo15", "latte", "ltx", "ltx-i2v", "ltx2", "mochi", "qwen-image", "sd", "sdxl",
-               "skyreels-v2", "svd", "wan", "wan-4head", "z-image")
+TINY_MODELS = (
+    "animatediff",
+    "causal-wan",
+    "cogvideox-2b",
+    "cogvideox-5b",
+    "cogvideox1.5",
+    "easyanimate",
+    "flux",
+    "hunyuan-video",
+    "hunyuanvideo15",
+    "latte",
+    "ltx",
+    "ltx-i2v",
+    "ltx2",
+    "mochi",
+    "qwen-image",
+    "sd",
+    "sdxl",
+    "skyreels-v2",
+    "svd",
+    "wan",
+    "wan-4head",
+    "z-image",
+)
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them
 # equal).
-ARCHITECTURES = ("CausalWan2.1-1.3B", "CogVideoX1.5-5B", "HunyuanVideo-1.5-8.3B", "SDXL-1.0", "Wan2.1-1.3B",
-                 "Wan2.1-14B")
+ARCHITECTURES = (
+    "CausalWan2.1-1.3B",
+    "CogVideoX1.5-5B",
+    "HunyuanVideo-1.5-8.3B",
+    "SDXL-1.0",
+    "Wan2.1-1.3B",
+    "Wan2.1-14B",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,23 +74,53 @@ class SizeRule:
 # packs 5 latent frames of 2 video frames each; CogVideoX's VAE decodes latent frames in pairs after the first, so
 # only 1 + 8k frames come out as asked). ``tests/commands/test_cli_start.py`` derives each from the built pipeline.
 BUILT_IN_RULES = {
-    DEMO_MODEL: SizeRule(16, 10, 9), "tiny:wan": SizeRule(16, 4), "tiny:wan-4head": SizeRule(16, 4),
-    "tiny:skyreels-v2": SizeRule(16, 4), "tiny:causal-wan": SizeRule(16), "tiny:cogvideox-2b": SizeRule(16, 8),
-    "tiny:cogvideox-5b": SizeRule(16, 8), "tiny:cogvideox1.5": SizeRule(16, 8), "tiny:hunyuanvideo15": SizeRule(8, 4),
-    "tiny:hunyuan-video": SizeRule(16, 4), "tiny:ltx": SizeRule(32, 4), "tiny:ltx-i2v": SizeRule(32, 4),
-    "tiny:ltx2": SizeRule(32, 2), "tiny:latte": SizeRule(8), "tiny:mochi": SizeRule(16, 6), "tiny:easyanimate": SizeRule(16, 4),
-    "tiny:flux": SizeRule(2, images=True), "tiny:qwen-image": SizeRule(8, images=True),
-    "tiny:z-image": SizeRule(4, images=True), "tiny:sd": SizeRule(8, images=True), "tiny:sdxl": SizeRule(8, images=True),
-    "tiny:svd": SizeRule(8), "tiny:animatediff": SizeRule(8),
-    "Wan2.1-1.3B": SizeRule(16, 4), "Wan2.1-14B": SizeRule(16, 4), "CausalWan2.1-1.3B": SizeRule(16),
-    "CogVideoX1.5-5B": SizeRule(16, 8), "HunyuanVideo-1.5-8.3B": SizeRule(16, 4), "SDXL-1.0": SizeRule(8, images=True),
+    DEMO_MODEL: SizeRule(16, 10, 9),
+    "tiny:wan": SizeRule(16, 4),
+    "tiny:wan-4head": SizeRule(16, 4),
+    "tiny:skyreels-v2": SizeRule(16, 4),
+    "tiny:causal-wan": SizeRule(16),
+    "tiny:cogvideox-2b": SizeRule(16, 8),
+    "tiny:cogvideox-5b": SizeRule(16, 8),
+    "tiny:cogvideox1.5": SizeRule(16, 8),
+    "tiny:hunyuanvideo15": SizeRule(8, 4),
+    "tiny:hunyuan-video": SizeRule(16, 4),
+    "tiny:ltx": SizeRule(32, 4),
+    "tiny:ltx-i2v": SizeRule(32, 4),
+    "tiny:ltx2": SizeRule(32, 2),
+    "tiny:latte": SizeRule(8),
+    "tiny:mochi": SizeRule(16, 6),
+    "tiny:easyanimate": SizeRule(16, 4),
+    "tiny:flux": SizeRule(2, images=True),
+    "tiny:qwen-image": SizeRule(8, images=True),
+    "tiny:z-image": SizeRule(4, images=True),
+    "tiny:sd": SizeRule(8, images=True),
+    "tiny:sdxl": SizeRule(8, images=True),
+    "tiny:svd": SizeRule(8),
+    "tiny:animatediff": SizeRule(8),
+    "Wan2.1-1.3B": SizeRule(16, 4),
+    "Wan2.1-14B": SizeRule(16, 4),
+    "CausalWan2.1-1.3B": SizeRule(16),
+    "CogVideoX1.5-5B": SizeRule(16, 8),
+    "HunyuanVideo-1.5-8.3B": SizeRule(16, 4),
+    "SDXL-1.0": SizeRule(8, images=True),
 }
 # A local folder's pipeline class (its model_index.json) -> the size multiple its stock check refuses others of,
 # whatever the checkpoint's VAE (frame rules depend on the VAE: the pipeline's own check applies after loading).
-CLASS_MULTIPLES = {"WanPipeline": 16, "WanImageToVideoPipeline": 16, "WanVideoToVideoPipeline": 16,
-                   "WanVACEPipeline": 16, "SkyReelsV2Pipeline": 16, "SkyReelsV2DiffusionForcingPipeline": 16,
-                   "HunyuanVideoPipeline": 16, "LTXPipeline": 32, "LTXImageToVideoPipeline": 32, "LTX2Pipeline": 32,
-                   "CogVideoXPipeline": 8, "LattePipeline": 8, "MochiPipeline": 8}
+CLASS_MULTIPLES = {
+    "WanPipeline": 16,
+    "WanImageToVideoPipeline": 16,
+    "WanVideoToVideoPipeline": 16,
+    "WanVACEPipeline": 16,
+    "SkyReelsV2Pipeline": 16,
+    "SkyReelsV2DiffusionForcingPipeline": 16,
+    "HunyuanVideoPipeline": 16,
+    "LTXPipeline": 32,
+    "LTXImageToVideoPipeline": 32,
+    "LTX2Pipeline": 32,
+    "CogVideoXPipeline": 8,
+    "LattePipeline": 8,
+    "MochiPipeline": 8,
+}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 EXAMPLE_CHECKPOINT = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 
@@ -87,34 +144,64 @@ def positive(flag: str):
 def add_runtime_args(parser, model=True, default_model: str = DEFAULT_MODEL):
     if model:
         tiny = ", ".join(TINY_PREFIX + name for name in TINY_MODELS)
-        parser.add_argument("--model", help="a local diffusers folder, the built-in trained demo model (demo: 'a <colour> "
-                            f"<square|circle> moves <left|right|up|down>'), or a built-in tiny random-weight model: {tiny} "
-                            "(tiny:ltx2 writes a .wav beside the video; tiny:flux, tiny:qwen-image, tiny:z-image, tiny:sd, tiny:sdxl make "
-                            f"images) (default: {default_model}; staged stages after encode default to the stage "
-                            "directory's model)")
-    parser.add_argument("--platform", default="auto", choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
-                        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
-                        "torch: stock diffusers on the CPU, no JAX")
-    parser.add_argument("--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic")
-    parser.add_argument("--attention", choices=("splash_exp2", "splash", "xla", "cudnn"),
-                        help="attention kernel (default: per platform)")
+        parser.add_argument(
+            "--model",
+            help="a local diffusers folder, the built-in trained demo model (demo: 'a <colour> "
+            f"<square|circle> moves <left|right|up|down>'), or a built-in tiny random-weight model: {tiny} "
+            "(tiny:ltx2 writes a .wav beside the video; tiny:flux, tiny:qwen-image, tiny:z-image, tiny:sd, "
+            "tiny:sdxl make "
+            f"images) (default: {default_model}; staged stages after encode default to the stage "
+            "directory's model)",
+        )
+    parser.add_argument(
+        "--platform",
+        default="auto",
+        choices=("auto", "tpu", "jax", "cpu", "gpu", "torch"),
+        help="auto: tpu when JAX sees one, else JAX's default platform; cpu/gpu rehearse the TPU path; "
+        "torch: stock diffusers on the CPU, no JAX",
+    )
+    parser.add_argument(
+        "--mesh", type=mesh_arg, help="device mesh dp,sp,tp (product = device count); default: automatic"
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("splash_exp2", "splash", "xla", "cudnn"),
+        help="attention kernel (default: per platform)",
+    )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="denoiser weight dtype")
-    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
-                        help="text encoders on the host CPU or compiled on the devices; auto (default): on the "
-                             "devices when all weights take <= 40%% of a device's memory, on the host on CPU")
-    parser.add_argument("--matmul-precision", choices=("highest", "high", "default"), default="highest",
-                        help="float32 products: highest = full float32 as stock (default); default = the platform's "
-                        "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock")
-    parser.add_argument("--quantize", choices=("int8", "fp8"),
-                        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
-                        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')")
+    parser.add_argument(
+        "--text-encoder",
+        choices=("auto", "host", "jax"),
+        default="auto",
+        help="text encoders on the host CPU or compiled on the devices; auto (default): on the "
+        "devices when all weights take <= 40%% of a device's memory, on the host on CPU",
+    )
+    parser.add_argument(
+        "--matmul-precision",
+        choices=("highest", "high", "default"),
+        default="highest",
+        help="float32 products: highest = full float32 as stock (default); default = the platform's "
+        "fast path (bfloat16 passes on TPU, TF32 on GPU), faster float32 parts, ~1e-3 from stock",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "fp8"),
+        help="store the denoiser's linear weights as int8 (or fp8) with per-channel scales: half the "
+        "weight memory of bfloat16, lossy (BENCHMARKS.md 'int8 weights')",
+    )
 
 
 def add_prompt_args(parser):
-    parser.add_argument("--prompt", help="default: the demo model's own example ('a blue circle "
-                        "moves up'), tiny models 'A cat walks on the grass', else 'A cat walks on the grass, realistic'")
-    parser.add_argument("--negative-prompt", help="default: empty for the demo model, 'blurry, low "
-                        "quality' for tiny models, else 'blurry, low quality, static'")
+    parser.add_argument(
+        "--prompt",
+        help="default: the demo model's own example ('a blue circle "
+        "moves up'), tiny models 'A cat walks on the grass', else 'A cat walks on the grass, realistic'",
+    )
+    parser.add_argument(
+        "--negative-prompt",
+        help="default: empty for the demo model, 'blurry, low "
+        "quality' for tiny models, else 'blurry, low quality, static'",
+    )
     parser.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the pipeline's)")
 
 
@@ -123,17 +210,24 @@ def add_size_args(parser):
     parser.add_argument("--height", type=positive("--height"), help="default: the pipeline's (tiny models: 64)")
     parser.add_argument("--width", type=positive("--width"), help="default: the pipeline's (tiny models: 64)")
     parser.add_argument("--steps", type=positive("--steps"), help="denoising steps; default: the pipeline's (tiny: 4)")
-    parser.add_argument("--blocks", type=positive("--blocks"), help="causal (streaming) pipelines: blocks to generate "
-                        "(default: 3)")
+    parser.add_argument(
+        "--blocks", type=positive("--blocks"), help="causal (streaming) pipelines: blocks to generate (default: 3)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
 def add_output_args(parser):
     parser.add_argument("--fps", type=positive("--fps"), default=16)
-    parser.add_argument("--output", help="output path, written atomically: an .mp4 for video pipelines (default "
-                        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines")
-    parser.add_argument("--strip", help="video pipelines: also write every frame side by side as one image (.png), "
-                        "e.g. to put a video on a page that cannot play it")
+    parser.add_argument(
+        "--output",
+        help="output path, written atomically: an .mp4 for video pipelines (default "
+        "video.mp4), an image file (.png, .jpg, .webp; default image.png) for image pipelines",
+    )
+    parser.add_argument(
+        "--strip",
+        help="video pipelines: also write every frame side by side as one image (.png), "
+        "e.g. to put a video on a page that cannot play it",
+    )
 
 
 # --- mistakes named before anything loads -----------------------------------------------------------------------------
@@ -155,21 +249,27 @@ def check_model(model: str) -> None:
     if model == DEMO_MODEL:
         return
     if model.startswith(TINY_PREFIX):
-        if model[len(TINY_PREFIX):] not in TINY_MODELS:
-            raise ValueError(f"--model {model}: there is no such tiny model; choose one of "
-                             f"{', '.join(TINY_PREFIX + name for name in TINY_MODELS)}.")
+        if model[len(TINY_PREFIX) :] not in TINY_MODELS:
+            raise ValueError(
+                f"--model {model}: there is no such tiny model; choose one of "
+                f"{', '.join(TINY_PREFIX + name for name in TINY_MODELS)}."
+            )
         return
     if not os.path.exists(model):
         hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
         repository = model if hub_id else EXAMPLE_CHECKPOINT
         folder = "./" + repository.split("/")[-1] if hub_id else model
-        raise ValueError(f"--model {model}: no such folder{' here (it looks like a Hub id)' if hub_id else ''}. "
-                         "diffusers-tpu loads local diffusers folders and downloads nothing; download one first, e.g. "
-                         f"`hf download {repository} --local-dir {folder}` (pip install huggingface_hub; README \"Real "
-                         f"weights\"), then pass --model {folder}. Or try the built-in demo model: --model {DEMO_MODEL}.")
+        raise ValueError(
+            f"--model {model}: no such folder{' here (it looks like a Hub id)' if hub_id else ''}. "
+            "diffusers-tpu loads local diffusers folders and downloads nothing; download one first, e.g. "
+            f'`hf download {repository} --local-dir {folder}` (pip install huggingface_hub; README "Real '
+            f'weights"), then pass --model {folder}. Or try the built-in demo model: --model {DEMO_MODEL}.'
+        )
     if not os.path.isfile(os.path.join(model, "model_index.json")):
-        raise ValueError(f"--model {model}: not a diffusers pipeline folder (it has no model_index.json); pass the folder "
-                         "that holds model_index.json, as save_pretrained or `hf download` write it.")
+        raise ValueError(
+            f"--model {model}: not a diffusers pipeline folder (it has no model_index.json); pass the folder "
+            "that holds model_index.json, as save_pretrained or `hf download` write it."
+        )
 
 
 def check_sizes(args, model: str) -> None:
@@ -181,13 +281,17 @@ def check_sizes(args, model: str) -> None:
         value = getattr(args, flag, None)
         if value is not None and value % rule.multiple:
             below = max(rule.multiple, value // rule.multiple * rule.multiple)
-            raise ValueError(f"--{flag} {value}: {model} needs a multiple of {rule.multiple}; use {below} or "
-                             f"{below + rule.multiple}.")
+            raise ValueError(
+                f"--{flag} {value}: {model} needs a multiple of {rule.multiple}; use {below} or "
+                f"{below + rule.multiple}."
+            )
     frames = getattr(args, "frames", None)
     if frames is not None and not rule.frames_ok(frames):
         below = max(rule.first, rule.first + (frames - rule.first) // rule.every * rule.every)
-        raise ValueError(f"--frames {frames}: {model} makes {rule.first} + {rule.every}k frames (its VAE and "
-                         f"transformer take frames in groups); use {below} or {below + rule.every}.")
+        raise ValueError(
+            f"--frames {frames}: {model} makes {rule.first} + {rule.every}k frames (its VAE and "
+            f"transformer take frames in groups); use {below} or {below + rule.every}."
+        )
 
 
 def demo_prompt_warning(prompt: str | None) -> str | None:
@@ -197,10 +301,12 @@ def demo_prompt_warning(prompt: str | None) -> str | None:
     unknown = [word for word in (prompt or "").lower().replace(",", " ").split() if word not in scenes.vocabulary()]
     if not unknown:
         return None
-    return (f"diffusers-tpu: warning: the demo model knows only 'a <colour> <shape> moves <direction>' (colours "
-            f"{', '.join(scenes.COLOURS)}; shapes {', '.join(scenes.SHAPES)}; directions {', '.join(scenes.DIRECTIONS)}); "
-            f"{', '.join(repr(w) for w in unknown)} {'is' if len(unknown) == 1 else 'are'} outside it: expect a garbled "
-            "video. Real models take any prompt: README \"Real weights\".")
+    return (
+        f"diffusers-tpu: warning: the demo model knows only 'a <colour> <shape> moves <direction>' (colours "
+        f"{', '.join(scenes.COLOURS)}; shapes {', '.join(scenes.SHAPES)}; directions {', '.join(scenes.DIRECTIONS)}); "
+        f"{', '.join(repr(w) for w in unknown)} {'is' if len(unknown) == 1 else 'are'} outside it: expect a garbled "
+        'video. Real models take any prompt: README "Real weights".'
+    )
 
 
 def _model_of(args) -> str | None:
@@ -229,16 +335,20 @@ def _check_destinations(args, model: str | None) -> None:
     if rule is not None and args.output is not None:  # a built-in model: whether it makes images or videos is known
         is_image = args.output.lower().endswith(IMAGE_SUFFIXES)
         if rule.images and not is_image:
-            raise ValueError(f"--output {args.output}: {model} makes images; end it in "
-                             f"{', '.join(IMAGE_SUFFIXES)}, e.g. --output image.png.")
+            raise ValueError(
+                f"--output {args.output}: {model} makes images; end it in "
+                f"{', '.join(IMAGE_SUFFIXES)}, e.g. --output image.png."
+            )
         if not rule.images and is_image:
             raise ValueError(f"--output {args.output}: {model} makes videos; end it in .mp4.")
     pixels = (args.frames or 1) * (args.height or 64) * (args.width or 64) if args.command == "generate" else 0
     outputs.check_destination(args.output or "video.mp4", needed_bytes=max(1 << 16, pixels * 3 // 100))
     if getattr(args, "strip", None):
         if not args.strip.lower().endswith(IMAGE_SUFFIXES):
-            raise ValueError(f"--strip {args.strip}: the frame strip is an image; end it in .png "
-                             f"(or {', '.join(IMAGE_SUFFIXES[1:])}).")
+            raise ValueError(
+                f"--strip {args.strip}: the frame strip is an image; end it in .png "
+                f"(or {', '.join(IMAGE_SUFFIXES[1:])})."
+            )
         outputs.check_destination(args.strip, needed_bytes=max(1 << 16, pixels * 3 // 10), what="--strip")
 
 
@@ -253,13 +363,16 @@ def _check_targets(args) -> None:
     if bool(args.arch) == bool(args.model):
         raise ValueError(f"{args.command} needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
     if args.command == "plan" and not args.chips and not (args.mesh and args.hbm_gb):
-        raise ValueError("plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
-                         % ", ".join(sorted(CHIPS)))
+        raise ValueError(
+            "plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
+            % ", ".join(sorted(CHIPS))
+        )
     if args.command == "cost":
         slices = [name for name, chip in CHIPS.items() if chip.topology]
         if args.chips not in slices:
-            raise ValueError(f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of "
-                             f"{', '.join(slices)}.")
+            raise ValueError(
+                f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of {', '.join(slices)}."
+            )
         if not 0 < args.attention_efficiency <= 1:
             raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
 
@@ -271,7 +384,8 @@ def check(args) -> None:
 
     _check_targets(args)
     if args.command in ("denoise", "decode") and not os.path.isfile(
-            os.path.join(args.stage_dir, "generation_config.json")):
+        os.path.join(args.stage_dir, "generation_config.json")
+    ):
         raise ValueError(no_encode_stage(args.stage_dir))
     model = _model_of(args)
     if getattr(args, "arch", None) and args.arch not in ARCHITECTURES:

@@ -40,8 +40,9 @@ def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
 
     flags = [os.environ.get("XLA_FLAGS", ""), cpu_device_flag(count), *(CPU_MEMORY_FLAGS if memory_flags else ())]
     env = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags if f), JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.cli", *argv], env=env, stderr=subprocess.PIPE,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "diffusers_tpu.commands.cli", *argv], env=env, stderr=subprocess.PIPE, text=True
+    )
     if result.returncode and memory_flags and "Unknown flag" in result.stderr:
         print("plan: this jaxlib does not know the CPU scheduling flags; temporaries will be overestimated")
         return _rerun(argv, count, memory_flags=False)
@@ -53,8 +54,8 @@ def main(args, argv: list[str] | None = None) -> int:
     import json
 
     from ..planner import architectures
-    from .arguments import load_pipeline
     from ..runtime.config import TPUConfig
+    from .arguments import load_pipeline
 
     if args.json:
         from ..runtime import outputs
@@ -65,8 +66,11 @@ def main(args, argv: list[str] | None = None) -> int:
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
     compilers = _compilers(args.compiler, chip)
     if chip is not None and chip.gpu:
-        print(f"{args.chips}: JAX's memory pool is {chip.usable_gib():g} GiB of the {chip.hbm_gib:g} GiB per GPU "
-              "(XLA_PYTHON_CLIENT_MEM_FRACTION; JAX's default 0.75)", flush=True)
+        print(
+            f"{args.chips}: JAX's memory pool is {chip.usable_gib():g} GiB of the {chip.hbm_gib:g} GiB per GPU "
+            "(XLA_PYTHON_CLIENT_MEM_FRACTION; JAX's default 0.75)",
+            flush=True,
+        )
     if args.check:
         return check(args, argv, count)
     simulated = cpu_devices(count) if "cpu" in compilers else None
@@ -75,7 +79,9 @@ def main(args, argv: list[str] | None = None) -> int:
         # importing the package started JAX: run again in a process whose XLA starts with the flags
         return _rerun(argv, count, memory_flags=True)
     if "cpu" in compilers and simulated is None:
-        raise RuntimeError(f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before Python starts.")
+        raise RuntimeError(
+            f"plan needs {count} CPU devices; set XLA_FLAGS={cpu_device_flag(count)} before Python starts."
+        )
     devices = tpu_compiler.devices(chip) if compilers[0] == "tpu" else simulated
     compared = simulated if compilers == ("tpu", "cpu") else None  # --compiler both: the CPU estimate beside
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
@@ -98,29 +104,55 @@ def main(args, argv: list[str] | None = None) -> int:
     layouts = [(fmt, full) for fmt in formats for full in shardings]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
-    if compilers[0] == "tpu" and not args.no_vae and decoder is not None and any(
-            isinstance(m, torch.nn.Conv3d) for m in decoder.modules()):
-        print("the VAE decode programs are compiled for TPU too: a video VAE's float32 3-D convolutions take the TPU "
-              "compiler minutes the first time (Wan2.1 720p on v6e-8: ~15 min on 2 cores); the analysis is remembered "
-              "on disk, so later plans of this size skip it; --no-vae plans the denoiser steps alone", flush=True)
+    if (
+        compilers[0] == "tpu"
+        and not args.no_vae
+        and decoder is not None
+        and any(isinstance(m, torch.nn.Conv3d) for m in decoder.modules())
+    ):
+        print(
+            "the VAE decode programs are compiled for TPU too: a video VAE's float32 3-D convolutions take the TPU "
+            "compiler minutes the first time (Wan2.1 720p on v6e-8: ~15 min on 2 cores); the analysis is remembered "
+            "on disk, so later plans of this size skip it; --no-vae plans the denoiser steps alone",
+            flush=True,
+        )
     rows, recommended, start = [], None, time.perf_counter()
     for fmt, full in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1
-        configs = [TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder,
-                             fully_sharded_weights=full) for mesh in meshes
-                   if not full or mesh.get("dp", 1) * mesh.get("sp", 1) > 1]
+        configs = [
+            TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder, fully_sharded_weights=full)
+            for mesh in meshes
+            if not full or mesh.get("dp", 1) * mesh.get("sp", 1) > 1
+        ]
         if not configs:
             continue
         if args.text_encoder == "auto":
             configs = [_encoders_as_placed(pipe, c, count, heads, chip, args.hbm_gb) for c in configs]
-        print(f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''}"
-              f"{', weights fully sharded' if full else ''} ...", flush=True)
-        estimates = (plan_all(pipe, call, configs, compared, chip, args.hbm_gb, args.max_sequence_length,
-                              vae=not args.no_vae) if compared is not None else None)
+        print(
+            f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''}"
+            f"{', weights fully sharded' if full else ''} ...",
+            flush=True,
+        )
+        estimates = (
+            plan_all(pipe, call, configs, compared, chip, args.hbm_gb, args.max_sequence_length, vae=not args.no_vae)
+            if compared is not None
+            else None
+        )
         narrow = compilers[0] == "tpu" and not args.all  # stop at the first candidate that fits
-        for number, row in enumerate(plan_all(pipe, call, configs, devices, chip, args.hbm_gb,
-                                              args.max_sequence_length, ahead=1 if narrow else None,
-                                              vae=not args.no_vae), 1):
+        for number, row in enumerate(
+            plan_all(
+                pipe,
+                call,
+                configs,
+                devices,
+                chip,
+                args.hbm_gb,
+                args.max_sequence_length,
+                ahead=1 if narrow else None,
+                vae=not args.no_vae,
+            ),
+            1,
+        ):
             row["compiler"] = _compiler_name(devices)
             if estimates is not None:
                 row["cpu_estimate"] = _estimate_beside(next(estimates), row)
@@ -134,28 +166,46 @@ def main(args, argv: list[str] | None = None) -> int:
                     break
         if recommended is not None:
             break  # a format that fits: quantizing further would only cost quality
-    report = {"model": args.arch or args.model, "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS), "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
-              "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length), "candidates": rows,
-              "recommended": recommended, "compiler": _compiler_name(devices),
-              "note": (f"compiled by the TPU compiler for {args.chips} (libtpu), no TPU used" if compilers[0] == "tpu"
-                       else "CPU-compiled estimate of the denoiser step (+ VAE weights); see docs/planner.md")}
+    report = {
+        "model": args.arch or args.model,
+        "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS),
+        "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
+        "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length),
+        "candidates": rows,
+        "recommended": recommended,
+        "compiler": _compiler_name(devices),
+        "note": (
+            f"compiled by the TPU compiler for {args.chips} (libtpu), no TPU used"
+            if compilers[0] == "tpu"
+            else "CPU-compiled estimate of the denoiser step (+ VAE weights); see docs/planner.md"
+        ),
+    }
     if recommended is not None:
         floor = recommended.get("floor_step_seconds")
-        print(f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
-              + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
-              + (", TPUConfig(fully_sharded_weights=True)" if recommended.get("fully_sharded_weights") else "")
-              + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
-              + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else ""))
+        print(
+            f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
+            + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
+            + (", TPUConfig(fully_sharded_weights=True)" if recommended.get("fully_sharded_weights") else "")
+            + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
+            + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else "")
+        )
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
     print(f"planned {len(rows)} candidates in {time.perf_counter() - start:.0f} s")
     if compilers[0] == "tpu":
-        print(f"memory from the TPU compiler's own analysis of every program, compiled for {args.chips} "
-              f"({chip.topology}) without a TPU")
+        print(
+            f"memory from the TPU compiler's own analysis of every program, compiled for {args.chips} "
+            f"({chip.topology}) without a TPU"
+        )
     else:
-        print("CPU-compiled estimate (docs/planner.md): arguments are exact, temporaries approximate the TPU's"
-              + ("; install libtpu for the TPU compiler's own figures: " + tpu_compiler.install_hint()
-                 if chip is not None and chip.topology and not tpu_compiler.available() else "."))
+        print(
+            "CPU-compiled estimate (docs/planner.md): arguments are exact, temporaries approximate the TPU's"
+            + (
+                "; install libtpu for the TPU compiler's own figures: " + tpu_compiler.install_hint()
+                if chip is not None and chip.topology and not tpu_compiler.available()
+                else "."
+            )
+        )
     if args.json:
         from ..runtime import outputs
 
@@ -168,8 +218,10 @@ def _compilers(choice: str, chip) -> tuple[str, ...]:
     tpu_slice = chip is not None and chip.topology is not None
     if choice in ("tpu", "both"):
         if not tpu_slice:
-            raise ValueError(f"plan --compiler {choice} needs --chips naming a TPU slice libtpu knows: "
-                             f"{', '.join(tpu_compiler.tpu_slices())}.")
+            raise ValueError(
+                f"plan --compiler {choice} needs --chips naming a TPU slice libtpu knows: "
+                f"{', '.join(tpu_compiler.tpu_slices())}."
+            )
         tpu_compiler.require(f"plan --compiler {choice}")
         return ("tpu", "cpu") if choice == "both" else ("tpu",)
     if choice == "auto" and tpu_slice and tpu_compiler.available():
@@ -190,10 +242,12 @@ def _estimate_beside(estimate: dict, row: dict) -> dict:
     found = {key: cpu_memory[key] for key in keys}
     found["total_bytes_per_device"] = estimate["total_bytes_per_device"]
     found["decode_peak_bytes"] = (cpu_memory.get("vae_decode") or {}).get("peak_bytes")
-    found["error"] = {key: (cpu_memory[key] - tpu_memory[key]) / tpu_memory[key] if tpu_memory[key] else None
-                      for key in keys}
-    found["error"]["total_bytes_per_device"] = ((estimate["total_bytes_per_device"] - row["total_bytes_per_device"])
-                                                / row["total_bytes_per_device"])
+    found["error"] = {
+        key: (cpu_memory[key] - tpu_memory[key]) / tpu_memory[key] if tpu_memory[key] else None for key in keys
+    }
+    found["error"]["total_bytes_per_device"] = (
+        estimate["total_bytes_per_device"] - row["total_bytes_per_device"]
+    ) / row["total_bytes_per_device"]
     found["fits"] = estimate["fits"]
     return found
 
@@ -204,20 +258,21 @@ def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
     import dataclasses
 
     from ..interop import backend
-    from ..runtime import attach, placement
+    from ..runtime import pipeline_runtime, placement
 
     mesh_shape = config.mesh or backend.default_mesh_shape(count, heads, pair_batch=True)
     platform = "gpu" if chip is not None and chip.gpu else "tpu"
     limit = (chip.usable_gib() if chip else hbm_gib) * GIB
     choice = "host"
     if placement.text_encoder_names(pipe):
-        choice = placement.choose(attach.weights_per_device(pipe, config, platform, mesh_shape), limit)
+        choice = placement.choose(pipeline_runtime.weights_per_device(pipe, config, platform, mesh_shape), limit)
     return dataclasses.replace(config, text_encoder=choice)
 
 
 def _layout(row: dict) -> str:
-    return ((" " + row["quantize"] if row["quantize"] else "")
-            + (" fully sharded" if row.get("fully_sharded_weights") else ""))
+    return (" " + row["quantize"] if row["quantize"] else "") + (
+        " fully sharded" if row.get("fully_sharded_weights") else ""
+    )
 
 
 def _line(row: dict) -> str:
@@ -226,28 +281,36 @@ def _line(row: dict) -> str:
     verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
     label = "[TPU compiler] " if row.get("compiler", "").startswith("TPU") else "[CPU estimate] "
     if row.get("refused"):
-        return (f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: "
-                f"refused by the compiler: {row['refused']}")
+        return f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: refused by the compiler: {row['refused']}"
     decode, text = memory.get("vae_decode"), memory.get("text_encoders")
-    return (f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: step "
-            f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
-            f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
-            + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
-            + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
-            + (f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}" if text
-               else "; text encoders on the host" if row.get("text_encoder") == "host" else "")
-            + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
-            + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else "")
-            + (_estimate_line(row["cpu_estimate"]) if row.get("cpu_estimate") else ""))
+    return (
+        f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: step "
+        f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
+        f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
+        + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
+        + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
+        + (
+            f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}"
+            if text
+            else "; text encoders on the host"
+            if row.get("text_encoder") == "host"
+            else ""
+        )
+        + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
+        + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else "")
+        + (_estimate_line(row["cpu_estimate"]) if row.get("cpu_estimate") else "")
+    )
 
 
 def _estimate_line(estimate: dict) -> str:
     error = estimate["error"]
     percent = lambda x: "n/a" if x is None else f"{x:+.0%}"  # noqa: E731
-    return (f"\n    [CPU estimate] total {estimate['total_bytes_per_device'] / GIB:.2f} GiB "
-            f"({percent(error['total_bytes_per_device'])}); step arguments {percent(error['argument_bytes'])}, "
-            f"temporaries {estimate['temp_bytes'] / GIB:.2f} GiB ({percent(error['temp_bytes'])}), peak "
-            f"{percent(error['peak_bytes'])} vs the TPU compiler")
+    return (
+        f"\n    [CPU estimate] total {estimate['total_bytes_per_device'] / GIB:.2f} GiB "
+        f"({percent(error['total_bytes_per_device'])}); step arguments {percent(error['argument_bytes'])}, "
+        f"temporaries {estimate['temp_bytes'] / GIB:.2f} GiB ({percent(error['temp_bytes'])}), peak "
+        f"{percent(error['peak_bytes'])} vs the TPU compiler"
+    )
 
 
 def check(args, argv: list[str] | None, count: int) -> int:
@@ -258,16 +321,19 @@ def check(args, argv: list[str] | None, count: int) -> int:
 
     import jax
 
-    from ..planner import architectures, plan as plan_module
-    from ..runtime import attach as runtime
-    from .arguments import load_pipeline
+    from ..planner import architectures
+    from ..planner import plan as plan_module
+    from ..runtime import pipeline_runtime
     from ..runtime.config import TPUConfig
     from ..runtime.registry import family_of
+    from .arguments import load_pipeline
 
     platform = jax.default_backend()
     if platform == "cpu" or argv is None:
-        raise ValueError("plan --check runs the plan's configuration on a TPU or GPU, but JAX sees only CPU devices "
-                         "here; run plan without --check for the estimate.")
+        raise ValueError(
+            "plan --check runs the plan's configuration on a TPU or GPU, but JAX sees only CPU devices "
+            "here; run plan without --check for the estimate."
+        )
     if len(jax.devices()) != count:
         raise ValueError(f"plan --check: the target has {count} devices, this machine {len(jax.devices())}.")
     with tempfile.TemporaryDirectory() as folder:
@@ -275,7 +341,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
         rest = [a for a in argv if a != "--check"]
         if "--json" in rest:
             at = rest.index("--json")
-            del rest[at:at + 2]
+            del rest[at : at + 2]
         if _rerun([*rest, "--json", planned], count, memory_flags=True):
             return 1
         with open(planned) as handle:
@@ -285,9 +351,13 @@ def check(args, argv: list[str] | None, count: int) -> int:
         raise ValueError("plan --check: the plan found no configuration that fits; nothing to run.")
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     pipe = architectures.build(args.arch, dtype or torch.float32) if args.arch else load_pipeline(args.model)
-    config = TPUConfig(mesh=chosen["memory_per_device"]["mesh"], dtype=dtype, quantize=chosen["quantize"],
-                       text_encoder=chosen["text_encoder"],
-                       fully_sharded_weights=chosen.get("fully_sharded_weights", False))
+    config = TPUConfig(
+        mesh=chosen["memory_per_device"]["mesh"],
+        dtype=dtype,
+        quantize=chosen["quantize"],
+        text_encoder=chosen["text_encoder"],
+        fully_sharded_weights=chosen.get("fully_sharded_weights", False),
+    )
     pipe.to("jax", config=config)
     # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
@@ -296,13 +366,20 @@ def check(args, argv: list[str] | None, count: int) -> int:
         keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
         prompt = plan_module.PLAN_PROMPT if chosen["text_encoder"] == "jax" else None  # as planned: encoders too
         pipe(**plan_module._call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
-    stats = [d.memory_stats() or {} for d in runtime.runtime_of(pipe).mesh.devices.flat]
+    stats = [d.memory_stats() or {} for d in pipeline_runtime.runtime_of(pipe).mesh.devices.flat]
     measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
-    report["check"] = {"platform": platform, "device_kind": jax.devices()[0].device_kind,
-                       "measured_peak_bytes_per_device": measured,
-                       "planned_bytes_per_device": chosen["total_bytes_per_device"]}
-    print(f"check on {platform}: measured peak {measured / GIB:.2f} GiB per device, planned "
-          f"{chosen['total_bytes_per_device'] / GIB:.2f} GiB" if measured else "check: the platform reports no peak")
+    report["check"] = {
+        "platform": platform,
+        "device_kind": jax.devices()[0].device_kind,
+        "measured_peak_bytes_per_device": measured,
+        "planned_bytes_per_device": chosen["total_bytes_per_device"],
+    }
+    print(
+        f"check on {platform}: measured peak {measured / GIB:.2f} GiB per device, planned "
+        f"{chosen['total_bytes_per_device'] / GIB:.2f} GiB"
+        if measured
+        else "check: the platform reports no peak"
+    )
     if args.json:
         from ..runtime import outputs
 

@@ -18,8 +18,8 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import kernel_breakdown
 from ..runtime.registry import family_of
+from . import kernel_breakdown
 
 
 def _host_copy(value):
@@ -96,10 +96,10 @@ def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) 
 
     from ..interop import backend, user_tensors
     from ..interop.jit import compile_log
-    from ..runtime import attach
+    from ..runtime import pipeline_runtime
     from .measures import peak_memory
 
-    runtime = attach.runtime_of(pipe)
+    runtime = pipeline_runtime.runtime_of(pipe)
     module = getattr(pipe, name)
     with runtime.call_scope():
         moved = [user_tensors.to_device(c) for c in calls]
@@ -121,9 +121,13 @@ def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) 
             with jax.profiler.trace(directory, create_perfetto_trace=True):
                 backend.synchronize(step())
             kernels = kernel_breakdown.jax_kernels(directory)
-    timing.update(compile_seconds=warm.seconds, compilations=warm.compilations,
-                  recompilations_after_warmup=timed.compilations, peak_memory_bytes=peak_memory(pipe, False),
-                  breakdown=kernel_breakdown.summarize(kernels))
+    timing.update(
+        compile_seconds=warm.seconds,
+        compilations=warm.compilations,
+        recompilations_after_warmup=timed.compilations,
+        peak_memory_bytes=peak_memory(pipe, False),
+        breakdown=kernel_breakdown.summarize(kernels),
+    )
     return timing
 
 
@@ -131,8 +135,9 @@ def _step_flops(pipe, call: dict, calls: list) -> int | None:
     family = family_of(pipe)
     if family.forward_flops is None:
         return None
-    per_sample = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"],
-                                      call.get("max_sequence_length") or 0)
+    per_sample = family.forward_flops(
+        pipe, call["height"], call["width"], call["num_frames"], call.get("max_sequence_length") or 0
+    )
     batch = 0
     for args, kwargs in calls:
         latents = kwargs.get("hidden_states", args[0] if args else None)
@@ -142,7 +147,7 @@ def _step_flops(pipe, call: dict, calls: list) -> int | None:
 
 def run(args) -> dict:
     from ..planner import architectures
-    from ..runtime import attach
+    from ..runtime import pipeline_runtime
     from ..runtime.config import TPUConfig
     from ..runtime.stages import _defaults
     from .arguments import call_sizes, device_for, load_pipeline, sequence_length
@@ -150,25 +155,48 @@ def run(args) -> dict:
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)
-    config = TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype if args.dtype == "bfloat16" else None,
-                       text_encoder=args.text_encoder, matmul_precision=args.matmul_precision)
+    config = TPUConfig(
+        mesh=args.mesh,
+        attention=args.attention,
+        dtype=dtype if args.dtype == "bfloat16" else None,
+        text_encoder=args.text_encoder,
+        matmul_precision=args.matmul_precision,
+    )
     model = args.arch or args.model or "tiny:wan"
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     sizes = call_sizes(pipe, args, model)
-    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt, height=sizes["height"],
-                width=sizes["width"], num_frames=sizes["frames"], guidance_scale=args.guidance,
-                max_sequence_length=sequence_length(pipe, model) or _defaults(pipe).get("max_sequence_length"))
+    call = dict(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        height=sizes["height"],
+        width=sizes["width"],
+        num_frames=sizes["frames"],
+        guidance_scale=args.guidance,
+        max_sequence_length=sequence_length(pipe, model) or _defaults(pipe).get("max_sequence_length"),
+    )
     torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     name, calls = capture_step(pipe, call, torch_device)
-    report = {"versions": versions(), "model": model, "pipeline": type(pipe).__name__, "denoiser": name,
-              "settings": dict(sizes, dtype=args.dtype, runs=args.runs, calls_per_step=len(calls)),
-              "flop_per_step": _step_flops(pipe, call, calls)}
+    report = {
+        "versions": versions(),
+        "model": model,
+        "pipeline": type(pipe).__name__,
+        "denoiser": name,
+        "settings": dict(sizes, dtype=args.dtype, runs=args.runs, calls_per_step=len(calls)),
+        "flop_per_step": _step_flops(pipe, call, calls),
+    }
     module = getattr(pipe, name)
     if args.vs == "torch":
-        report["torch"] = dict(torch_step(module, calls, torch_device, args.runs), device=torch_device,
-                               device_kind=torch.cuda.get_device_name() if torch_device == "cuda" else "cpu")
-        print(kernel_breakdown.format_breakdown("stock torch eager", report["torch"]["breakdown"],
-                                                report["torch"]["median_s"]), flush=True)
+        report["torch"] = dict(
+            torch_step(module, calls, torch_device, args.runs),
+            device=torch_device,
+            device_kind=torch.cuda.get_device_name() if torch_device == "cuda" else "cpu",
+        )
+        print(
+            kernel_breakdown.format_breakdown(
+                "stock torch eager", report["torch"]["breakdown"], report["torch"]["median_s"]
+            ),
+            flush=True,
+        )
     if args.torch_compile:
         torch._dynamo.reset()
         try:
@@ -183,12 +211,16 @@ def run(args) -> dict:
     if torch_device == "cuda":
         torch.cuda.empty_cache()  # hand torch's blocks back before JAX allocates on the same GPU
     pipe.to(device, config=config)
-    attached = attach.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     report["jax"] = jax_step(pipe, name, calls, args.runs, args.trace)
     devices = list(attached.mesh.devices.flat)
-    report["jax"].update(platform=attached.target.platform, device_kind=devices[0].device_kind,
-                         devices=len(devices), attention=attached.attention.implementation,
-                         matmul_precision=attached.config.matmul_precision)
+    report["jax"].update(
+        platform=attached.target.platform,
+        device_kind=devices[0].device_kind,
+        devices=len(devices),
+        attention=attached.attention.implementation,
+        matmul_precision=attached.config.matmul_precision,
+    )
     accelerator = report["jax"]["platform"] != "cpu"
     return _rates(report, peak_tflops(report["jax"]["device_kind"]) if accelerator else None)
 
@@ -205,8 +237,10 @@ def _rates(report: dict, peak: float | None) -> dict:
 
 def format_report(report: dict) -> str:
     labels = {"torch": "stock torch eager", "torch_compile": "torch.compile", "jax": "JAX (diffusers_tpu)"}
-    lines = [f"{report['pipeline']} one step ({report['settings']['calls_per_step']} {report['denoiser']} calls), "
-             f"{report['settings']}"]
+    lines = [
+        f"{report['pipeline']} one step ({report['settings']['calls_per_step']} {report['denoiser']} calls), "
+        f"{report['settings']}"
+    ]
     jax_side = report.get("jax")
     for side, label in labels.items():
         entry = report.get(side)
@@ -215,14 +249,18 @@ def format_report(report: dict) -> str:
         extra = f", {entry['tflops']:.0f} TFLOP/s" if entry.get("tflops") else ""
         extra += f", MFU {entry['mfu']:.1%}" if entry.get("mfu") else ""
         extra += f", peak {entry['peak_memory_bytes'] / 2**30:.2f} GiB" if entry.get("peak_memory_bytes") else ""
-        speed = f", {entry['median_s'] / jax_side['median_s']:.2f}x of JAX's speed" if jax_side and side != "jax" else ""
+        speed = (
+            f", {entry['median_s'] / jax_side['median_s']:.2f}x of JAX's speed" if jax_side and side != "jax" else ""
+        )
         lines.append(f"{label}: step {entry['median_s'] * 1e3:.1f} ms (median of {entry['runs']}){extra}{speed}")
         lines.append(kernel_breakdown.format_breakdown("  kernels", entry["breakdown"], entry["median_s"]))
     if not jax_side:
         return "\n".join(lines)
-    lines.append(f"JAX matmul precision {jax_side['matmul_precision']}; compile {jax_side['compile_seconds']:.1f} s, "
-                 f"{jax_side['compilations']} programs, recompilations after warm-up: "
-                 f"{jax_side['recompilations_after_warmup']}")
+    lines.append(
+        f"JAX matmul precision {jax_side['matmul_precision']}; compile {jax_side['compile_seconds']:.1f} s, "
+        f"{jax_side['compilations']} programs, recompilations after warm-up: "
+        f"{jax_side['recompilations_after_warmup']}"
+    )
     if jax_side["platform"] == "cpu":
         lines.append("CPU numbers are not speed claims.")
     return "\n".join(lines)
@@ -231,8 +269,10 @@ def format_report(report: dict) -> str:
 def check_arguments(args) -> None:
     """Refuse combinations that would profile nothing, before any weight is built."""
     if args.torch_only and args.vs != "torch" and not args.torch_compile:
-        raise ValueError("profile --torch-only skips the JAX side, so it needs a torch side: add --vs torch "
-                         "(and/or --torch-compile).")
+        raise ValueError(
+            "profile --torch-only skips the JAX side, so it needs a torch side: add --vs torch "
+            "(and/or --torch-compile)."
+        )
 
 
 def main(args) -> int:

@@ -52,45 +52,62 @@ def layer_errors(block: torch.nn.Module, fmt: str, tokens: int = 256, seed: int 
         quantized = np.asarray(quantize.dequantize(values, scale, jnp.float32))
         rounded = module.weight.detach().to(torch.bfloat16).float().numpy()
         x = rng.standard_normal((tokens, w.shape[1])).astype(np.float32)
-        errors[name] = {"weight": _relative(quantized, w), "output": _relative(x @ quantized.T, x @ w.T),
-                        "bf16_weight": _relative(rounded, w), "bf16_output": _relative(x @ rounded.T, x @ w.T)}
+        errors[name] = {
+            "weight": _relative(quantized, w),
+            "output": _relative(x @ quantized.T, x @ w.T),
+            "bf16_weight": _relative(rounded, w),
+            "bf16_output": _relative(x @ rounded.T, x @ w.T),
+        }
     return errors
 
 
-def stack_errors(layers: int = 4, fmt: str = "int8", frames: int = 3, size: int = 16, text: int = 64,
-                 seed: int = 0) -> dict:
+def stack_errors(
+    layers: int = 4, fmt: str = "int8", frames: int = 3, size: int = 16, text: int = 64, seed: int = 0
+) -> dict:
     """Relative L2 error of a real-width Wan2.1-1.3B stack of ``layers`` blocks on JAX vs stock torch float32."""
     import diffusers
 
-    from ..planner import architectures
-    from ..testing import tiny
     from ..families import wan
+    from ..planner import architectures
     from ..runtime.config import TPUConfig
+    from ..testing import tiny
 
     config = dict(wan.WAN21_1_3B, num_layers=layers)
     generator = torch.Generator().manual_seed(seed)
-    inputs = dict(hidden_states=torch.randn(1, config["in_channels"], frames, size, size, generator=generator),
-                  timestep=torch.tensor([500.0]),
-                  encoder_hidden_states=torch.randn(1, text, config["text_dim"], generator=generator),
-                  return_dict=False)
+    inputs = dict(
+        hidden_states=torch.randn(1, config["in_channels"], frames, size, size, generator=generator),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(1, text, config["text_dim"], generator=generator),
+        return_dict=False,
+    )
 
     def fresh():
         transformer = architectures._empty(lambda: diffusers.WanTransformer3DModel(**config))
         architectures._fill(transformer, torch.float32, torch.Generator().manual_seed(seed))
         pipe = tiny.wan_pipeline("wan")
-        return diffusers.WanPipeline(transformer=transformer.eval(), vae=pipe.vae, text_encoder=pipe.text_encoder,
-                                     tokenizer=pipe.tokenizer, scheduler=pipe.scheduler)
+        return diffusers.WanPipeline(
+            transformer=transformer.eval(),
+            vae=pipe.vae,
+            text_encoder=pipe.text_encoder,
+            tokenizer=pipe.tokenizer,
+            scheduler=pipe.scheduler,
+        )
 
     pipe = fresh()
     with torch.no_grad():
         reference = pipe.transformer(**inputs)[0].numpy()
     results = {}
-    for label, settings in {"bf16": dict(dtype=torch.bfloat16), f"{fmt}+bf16": dict(dtype=torch.bfloat16, quantize=fmt),
-                            f"{fmt}+fp32": dict(quantize=fmt)}.items():
+    for label, settings in {
+        "bf16": dict(dtype=torch.bfloat16),
+        f"{fmt}+bf16": dict(dtype=torch.bfloat16, quantize=fmt),
+        f"{fmt}+fp32": dict(quantize=fmt),
+    }.items():
         pipe = fresh().to("jax", config=TPUConfig(**settings))
         dtype = settings.get("dtype", torch.float32)  # as the pipeline casts latents and embeddings
-        cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "timestep" else v
-                for k, v in inputs.items()}
+        cast = {
+            k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "timestep" else v
+            for k, v in inputs.items()
+        }
         out = pipe.transformer(**cast)[0].float().numpy()
         results[label] = _relative(out, reference)
         pipe.to("cpu")
@@ -116,7 +133,10 @@ def main(argv=None) -> int:
 
         cls = diffusers.WanTransformer3DModel if spec["family"] == "wan" else diffusers.CogVideoXTransformer3DModel
         model = architectures._empty(lambda: cls(**spec["transformer"]))
-        report["weight_bytes"][name] = {"bf16": weight_bytes(model, None), args.format: weight_bytes(model, args.format)}
+        report["weight_bytes"][name] = {
+            "bf16": weight_bytes(model, None),
+            args.format: weight_bytes(model, args.format),
+        }
     import diffusers
 
     from ..families import wan

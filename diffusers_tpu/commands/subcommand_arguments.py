@@ -1,5 +1,6 @@
-"""The ``diffusers-tpu`` parser (``build``): each subcommand's arguments, from ``parser``'s groups. Standard library only, like
-``parser``: the commands' own modules, which import torch and JAX, load only once the arguments are read and checked."""
+"""The ``diffusers-tpu`` parser (``build``): each subcommand's arguments, from ``parser``'s groups. Standard library
+only, like ``parser``: the commands' own modules, which import torch and JAX, load only once the arguments are read and
+checked."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def cache_arg(text: str) -> str:
 def _bench(parser) -> None:
     add_runtime_args(parser, default_model=BENCH_MODEL)
     add_size_args(parser)
-    parser.add_argument("--arch", help="a real-size architecture with random weights, no download: "
-                        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B (--blocks)")
+    parser.add_argument(
+        "--arch",
+        help="a real-size architecture with random weights, no download: "
+        "Wan2.1-1.3B, Wan2.1-14B, CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B (--blocks)",
+    )
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic")
     parser.add_argument("--negative-prompt", default="blurry, low quality, static")
     parser.add_argument("--guidance", type=float, default=5.0)
@@ -44,9 +48,13 @@ def _bench(parser) -> None:
     parser.add_argument("--vs", choices=("torch",), help="also run stock diffusers on torch (CUDA if present)")
     parser.add_argument("--json", help="write the report to this file")
     parser.add_argument("--trace", help="write a jax.profiler trace of the first timed call to this directory")
-    parser.add_argument("--cache", type=cache_arg, help="a diffusers step cache on the denoiser: fbc[:threshold] "
-                        "(FirstBlockCache) or mag[:threshold] (MagCache, FLUX_MAG_RATIOS as a stand-in); reports the "
-                        "cached denoiser passes and the speed-up over the same JAX run without it")
+    parser.add_argument(
+        "--cache",
+        type=cache_arg,
+        help="a diffusers step cache on the denoiser: fbc[:threshold] "
+        "(FirstBlockCache) or mag[:threshold] (MagCache, FLUX_MAG_RATIOS as a stand-in); reports the "
+        "cached denoiser passes and the speed-up over the same JAX run without it",
+    )
 
 
 def _profile(parser) -> None:
@@ -59,62 +67,109 @@ def _profile(parser) -> None:
     parser.add_argument("--runs", type=positive("--runs"), default=5, help="timed steps per side (after warm-up)")
     parser.add_argument("--vs", choices=("torch",), help="also time and profile stock torch eager on the same inputs")
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile(transformer)")
-    parser.add_argument("--torch-only", action="store_true", help="skip the JAX side (on a GPU, torch's and JAX's "
-                        "profilers both need CUPTI: profile each side in its own process)")
+    parser.add_argument(
+        "--torch-only",
+        action="store_true",
+        help="skip the JAX side (on a GPU, torch's and JAX's "
+        "profilers both need CUPTI: profile each side in its own process)",
+    )
     parser.add_argument("--json", help="write the report (with the top kernels of each side) to this file")
     parser.add_argument("--trace", help="keep the JAX side's jax.profiler trace of one step in this folder")
 
 
 def _plan(parser) -> None:
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
-                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
-    parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model "
-                        "(tiny:wan, ...)")
+    parser.add_argument(
+        "--arch",
+        help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
+        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B",
+    )
+    parser.add_argument(
+        "--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model (tiny:wan, ...)"
+    )
     parser.add_argument("--height", type=positive("--height"), default=480)
     parser.add_argument("--width", type=positive("--width"), default=832)
     parser.add_argument("--frames", type=positive("--frames"), default=81)
-    parser.add_argument("--steps", type=positive("--steps"), default=50, help="denoising steps (for the floor of the whole run)")
+    parser.add_argument(
+        "--steps", type=positive("--steps"), default=50, help="denoising steps (for the floor of the whole run)"
+    )
     parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--chips", choices=sorted(CHIPS), metavar="NAME", help="the target: a TPU slice or NVIDIA "
-                        "GPUs (one, or an 8-GPU node), its device count, memory and bf16 peak: " + ", ".join(
-                            f"{name} ({chip.devices} x {chip.hbm_gib:g} GiB, {chip.peak_tflops:g} TFLOP/s)"
-                            for name, chip in CHIPS.items())
-                        + ". On a GPU, JAX allocates from a pool of XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of "
-                        "the memory: the plan uses that, read from the environment")
+    parser.add_argument(
+        "--chips",
+        choices=sorted(CHIPS),
+        metavar="NAME",
+        help="the target: a TPU slice or NVIDIA "
+        "GPUs (one, or an 8-GPU node), its device count, memory and bf16 peak: "
+        + ", ".join(
+            f"{name} ({chip.devices} x {chip.hbm_gib:g} GiB, {chip.peak_tflops:g} TFLOP/s)"
+            for name, chip in CHIPS.items()
+        )
+        + ". On a GPU, JAX allocates from a pool of XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of "
+        "the memory: the plan uses that, read from the environment",
+    )
     parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
     parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"), help="plan only this weight format")
-    parser.add_argument("--text-encoder", choices=("auto", "host", "jax"), default="auto",
-                        help="where the text encoders are planned: auto (default) as pipe.to's rule places them on "
-                             "the target (TPUConfig(text_encoder='auto')), host, or jax (on the devices)")
+    parser.add_argument(
+        "--text-encoder",
+        choices=("auto", "host", "jax"),
+        default="auto",
+        help="where the text encoders are planned: auto (default) as pipe.to's rule places them on "
+        "the target (TPUConfig(text_encoder='auto')), host, or jax (on the devices)",
+    )
     parser.add_argument("--json", help="write the report to this file")
-    parser.add_argument("--compiler", choices=("auto", "tpu", "cpu", "both"), default="auto",
-                        help="what compiles the planned programs: tpu = the real TPU compiler for the --chips slice "
-                        "(libtpu installed, no TPU needed); cpu = XLA:CPU on simulated devices, an estimate; auto "
-                        "(default) = tpu for a TPU slice when libtpu is installed, else cpu; both = each candidate "
-                        "by both, the CPU estimate's error shown")
-    parser.add_argument("--weights-sharding", choices=("auto", "rules", "full"), default="auto",
-                        help="rules: each weight sharded as the model's tensor-parallel rules say (replicated over dp "
-                        "and sp); full: the repeated blocks' weights over every mesh axis, gathered per layer "
-                        "(TPUConfig(fully_sharded_weights=True)); auto (default): rules, then full where rules do "
-                        "not fit, before int8")
-    parser.add_argument("--no-vae", action="store_true", help="the denoiser steps only (the VAE decode not planned; "
-                        "its weights still counted)")
-    parser.add_argument("--all", action="store_true", help="with the TPU compiler: compile every candidate (default: "
-                        "candidates in order of preference until one fits; each TPU compile of a real-size step takes "
-                        "about half a minute here)")
-    parser.add_argument("--check", action="store_true", help="on a TPU or GPU: run the recommended configuration "
-                        "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan")
+    parser.add_argument(
+        "--compiler",
+        choices=("auto", "tpu", "cpu", "both"),
+        default="auto",
+        help="what compiles the planned programs: tpu = the real TPU compiler for the --chips slice "
+        "(libtpu installed, no TPU needed); cpu = XLA:CPU on simulated devices, an estimate; auto "
+        "(default) = tpu for a TPU slice when libtpu is installed, else cpu; both = each candidate "
+        "by both, the CPU estimate's error shown",
+    )
+    parser.add_argument(
+        "--weights-sharding",
+        choices=("auto", "rules", "full"),
+        default="auto",
+        help="rules: each weight sharded as the model's tensor-parallel rules say (replicated over dp "
+        "and sp); full: the repeated blocks' weights over every mesh axis, gathered per layer "
+        "(TPUConfig(fully_sharded_weights=True)); auto (default): rules, then full where rules do "
+        "not fit, before int8",
+    )
+    parser.add_argument(
+        "--no-vae",
+        action="store_true",
+        help="the denoiser steps only (the VAE decode not planned; its weights still counted)",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="with the TPU compiler: compile every candidate (default: "
+        "candidates in order of preference until one fits; each TPU compile of a real-size step takes "
+        "about half a minute here)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="on a TPU or GPU: run the recommended configuration "
+        "(random weights for --arch) for 2 steps and report the measured peak memory beside the plan",
+    )
 
 
 def _cost(parser) -> None:
-    parser.add_argument("--arch", help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
-                        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B")
+    parser.add_argument(
+        "--arch",
+        help="a real-size architecture (no weights): Wan2.1-1.3B, Wan2.1-14B, "
+        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B, CausalWan2.1-1.3B",
+    )
     parser.add_argument("--model", help="a local Wan, CogVideoX or HunyuanVideo-1.5 pipeline folder, or a tiny model")
-    parser.add_argument("--chips", required=True, metavar="NAME",
-                        help="the TPU slice to compile for: " + ", ".join(n for n, c in CHIPS.items() if c.topology))
+    parser.add_argument(
+        "--chips",
+        required=True,
+        metavar="NAME",
+        help="the TPU slice to compile for: " + ", ".join(n for n, c in CHIPS.items() if c.topology),
+    )
     parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp (default: the mesh pipe.to would build)")
     parser.add_argument("--height", type=positive("--height"), default=480)
     parser.add_argument("--width", type=positive("--width"), default=832)
@@ -124,11 +179,16 @@ def _cost(parser) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"))
     parser.add_argument("--no-vae", action="store_true", help="the denoiser step only")
-    parser.add_argument("--estimate", action="store_true", help="also a roofline estimate of the step (labelled, "
-                        "with its assumptions)")
-    parser.add_argument("--attention-efficiency", type=float, default=0.5,
-                        help="with --estimate: the fraction of the chip's peak the attention kernel is assumed to "
-                        "reach (default 0.5; an assumption, not a measurement)")
+    parser.add_argument(
+        "--estimate", action="store_true", help="also a roofline estimate of the step (labelled, with its assumptions)"
+    )
+    parser.add_argument(
+        "--attention-efficiency",
+        type=float,
+        default=0.5,
+        help="with --estimate: the fraction of the chip's peak the attention kernel is assumed to "
+        "reach (default 0.5; an assumption, not a measurement)",
+    )
     parser.add_argument("--json", help="write the report to this file")
 
 
@@ -160,14 +220,19 @@ def add_all(commands) -> None:
     _bench(commands.add_parser("bench", help="per-stage timings, compile accounting, MFU; --vs torch"))
     _profile(commands.add_parser("profile", help="one denoising step's kernels by category, JAX beside torch"))
     _plan(commands.add_parser("plan", help="will it fit? XLA's memory analysis of the denoiser step per device"))
-    _cost(commands.add_parser("cost", help="what the TPU compiler makes of the step and VAE programs, per layer, for "
-                              "a TPU slice (no TPU needed)"))
+    _cost(
+        commands.add_parser(
+            "cost",
+            help="what the TPU compiler makes of the step and VAE programs, per layer, for a TPU slice (no TPU needed)",
+        )
+    )
     for name, help_text in STAGES.items():
         _stage(commands.add_parser(name, help=f"stage: {help_text} (in --stage-dir)"), name)
 
 
 def build() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffusers-tpu", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="diffusers-tpu", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_all(parser.add_subparsers(dest="command", required=True))
     return parser

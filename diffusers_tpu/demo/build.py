@@ -15,27 +15,41 @@ latents *are* (half-resolution) pixels, which is also what makes the demo's cont
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer
-from tokenizers import models
-from tokenizers import normalizers
-from tokenizers import pre_tokenizers
-from tokenizers import processors
-from transformers import PreTrainedTokenizerFast
-from transformers import UMT5Config
-from transformers import UMT5EncoderModel
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
 from diffusers import AutoencoderKLWan
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanResample, WanResidualBlock
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
 WORDS_PAD, WORDS_EOS, WORDS_UNK = "<pad>", "</s>", "<unk>"  # T5's special tokens
 OFFSET, CONSTANT = 20.0, 1.0e4
-VAE_CONFIG = dict(base_dim=8, z_dim=3, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[True],
-                  latents_mean=[0.0] * 3, latents_std=[1.0] * 3, scale_factor_temporal=2, scale_factor_spatial=2)
+VAE_CONFIG = dict(
+    base_dim=8,
+    z_dim=3,
+    dim_mult=[1, 1],
+    num_res_blocks=1,
+    temperal_downsample=[True],
+    latents_mean=[0.0] * 3,
+    latents_std=[1.0] * 3,
+    scale_factor_temporal=2,
+    scale_factor_spatial=2,
+)
 # A frozen random UMT5 encoder (2 layers, width 32): the words only need distinct, stable embeddings.
-TEXT_ENCODER = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                    relative_attention_max_distance=32, dropout_rate=0.0, feed_forward_proj="gated-gelu",
-                    is_encoder_decoder=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+TEXT_ENCODER = dict(
+    vocab_size=64,
+    d_model=32,
+    d_kv=8,
+    d_ff=64,
+    num_layers=2,
+    num_heads=4,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=32,
+    dropout_rate=0.0,
+    feed_forward_proj="gated-gelu",
+    is_encoder_decoder=False,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
+)
 
 
 def word_tokenizer(words: list[str], model_max_length: int = 512):
@@ -45,12 +59,17 @@ def word_tokenizer(words: list[str], model_max_length: int = 512):
         vocab.setdefault(word, len(vocab))
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=WORDS_UNK))
     tokenizer.normalizer = normalizers.Lowercase()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                       pre_tokenizers.Punctuation("removed")])
-    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {WORDS_EOS}",
-                                                             special_tokens=[(WORDS_EOS, 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=WORDS_PAD, eos_token=WORDS_EOS,
-                                   unk_token=WORDS_UNK, model_max_length=model_max_length)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("removed")]
+    )
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {WORDS_EOS}", special_tokens=[(WORDS_EOS, 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=WORDS_PAD,
+        eos_token=WORDS_EOS,
+        unk_token=WORDS_UNK,
+        model_max_length=model_max_length,
+    )
 
 
 def text_encoder(seed: int = 0):
@@ -68,8 +87,11 @@ def _identity(conv: torch.nn.Module, pairs, scale: float = 1.0, tap=None) -> Non
         if conv.bias is not None:
             conv.bias.zero_()
         if tap is None:
-            tap = (weight.shape[2] - 1,) + tuple(k // 2 for k in weight.shape[3:]) if weight.ndim == 5 else \
-                tuple(k // 2 for k in weight.shape[2:])
+            tap = (
+                (weight.shape[2] - 1,) + tuple(k // 2 for k in weight.shape[3:])
+                if weight.ndim == 5
+                else tuple(k // 2 for k in weight.shape[2:])
+            )
         for out_channel, in_channel in pairs:
             weight[(out_channel, in_channel) + tuple(tap)] = scale
 
@@ -119,8 +141,7 @@ def pixel_vae():
         if isinstance(layer, WanResample):
             _identity(layer.resample[1], [(c, c) for c in range(4)], tap=(0, 0))
             _identity(layer.time_conv, [(c, c) for c in range(4)], tap=(2, 0, 0))
-    _linear_head(encoder.norm_out, encoder.conv_out, range(3),
-                 extra=[(c, -30.0) for c in range(3, 6)])
+    _linear_head(encoder.norm_out, encoder.conv_out, range(3), extra=[(c, -30.0) for c in range(3, 6)])
     _identity(vae.quant_conv, [(c, c) for c in range(6)])
     _identity(vae.post_quant_conv, [(c, c) for c in range(3)])
     # Decoder: carrier in, one upsample3d (each frame twice after the first; nearest 2x2 then a centre tap).

@@ -16,9 +16,12 @@ import json
 
 import torch
 
-from . import CALL, load_pipeline, scenes
+import diffusers_tpu
+
 from ..interop.backend import device_for
 from ..interop.mesh_axes import mesh_arg
+from ..runtime import outputs
+from . import CALL, load_pipeline, scenes
 
 
 def readings(pipe, items, seeds, call=None) -> list[dict]:
@@ -30,20 +33,34 @@ def readings(pipe, items, seeds, call=None) -> list[dict]:
         for seed in seeds:
             frames = pipe(prompt, output_type="np", generator=torch.Generator().manual_seed(seed), **call).frames[0]
             read = scenes.analyse((frames * 255).round().clip(0, 255).astype("uint8"))
-            rows.append(dict(prompt=prompt, seed=seed, colour=read.colour, shape=read.shape, direction=read.direction,
-                             colour_ok=read.colour == colour, shape_ok=read.shape == shape,
-                             direction_ok=read.direction == direction, travel=read.travel, fit=read.fit,
-                             clean=read.clean))
+            rows.append(
+                dict(
+                    prompt=prompt,
+                    seed=seed,
+                    colour=read.colour,
+                    shape=read.shape,
+                    direction=read.direction,
+                    colour_ok=read.colour == colour,
+                    shape_ok=read.shape == shape,
+                    direction_ok=read.direction == direction,
+                    travel=read.travel,
+                    fit=read.fit,
+                    clean=read.clean,
+                )
+            )
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
     count = len(rows)
-    return dict(videos=count, colour=sum(r["colour_ok"] for r in rows) / count,
-                shape=sum(r["shape_ok"] for r in rows) / count,
-                direction=sum(r["direction_ok"] for r in rows) / count,
-                all=sum(r["colour_ok"] and r["shape_ok"] and r["direction_ok"] for r in rows) / count,
-                background=sum(r["clean"] for r in rows) / count)
+    return dict(
+        videos=count,
+        colour=sum(r["colour_ok"] for r in rows) / count,
+        shape=sum(r["shape_ok"] for r in rows) / count,
+        direction=sum(r["direction_ok"] for r in rows) / count,
+        all=sum(r["colour_ok"] and r["shape_ok"] and r["direction_ok"] for r in rows) / count,
+        background=sum(r["clean"] for r in rows) / count,
+    )
 
 
 def main(argv=None) -> int:
@@ -62,22 +79,25 @@ def main(argv=None) -> int:
     pipe = load_pipeline(args.model) if args.model else load_pipeline()
     device = device_for(args.platform)
     if device != "torch":
-        import diffusers_tpu
-
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-        pipe.to(device, config=diffusers_tpu.TPUConfig(mesh=args.mesh, attention=args.attention, dtype=dtype,
-                                                       quantize=args.quantize))
+        pipe.to(
+            device,
+            config=diffusers_tpu.TPUConfig(
+                mesh=args.mesh, attention=args.attention, dtype=dtype, quantize=args.quantize
+            ),
+        )
     elif args.dtype == "bfloat16":
         pipe.transformer.to(torch.bfloat16)
     report = {}
     for name, held_out in (("training captions", False), ("held-out pairs", True)):
         rows = readings(pipe, scenes.captions(held_out), range(args.seeds))
         report[name] = dict(summary(rows), rows=rows)
-        print(f"{name}: " + ", ".join(f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}"
-                                      for k, v in summary(rows).items()), flush=True)
+        print(
+            f"{name}: "
+            + ", ".join(f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}" for k, v in summary(rows).items()),
+            flush=True,
+        )
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(report, indent=1))
     return 0
 

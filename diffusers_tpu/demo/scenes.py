@@ -13,14 +13,26 @@ import dataclasses
 
 import numpy as np
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 90, 240), "yellow": (235, 215, 40),
-           "purple": (160, 60, 210), "white": (240, 240, 240)}
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (50, 90, 240),
+    "yellow": (235, 215, 40),
+    "purple": (160, 60, 210),
+    "white": (240, 240, 240),
+}
 SHAPES = ("square", "circle")
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows downwards
 BACKGROUND = (24, 24, 32)
 # Colour/direction pairs never shown in training (either shape): the held-out half of the accuracy report.
-HELD_OUT = (("red", "down"), ("green", "left"), ("blue", "up"), ("yellow", "right"), ("purple", "down"),
-            ("white", "left"))
+HELD_OUT = (
+    ("red", "down"),
+    ("green", "left"),
+    ("blue", "up"),
+    ("yellow", "right"),
+    ("purple", "down"),
+    ("white", "left"),
+)
 DEFAULT_PROMPT = "a blue circle moves up"
 # Latent pixels a shape moves per latent frame: 12 of 32 over a clip, i.e. 38% of the frame.
 STEP = 3.0
@@ -45,8 +57,9 @@ def captions(held_out: bool) -> list[tuple[str, str, str]]:
     return [(c, s, d) for c in COLOURS for s in SHAPES for d in DIRECTIONS if ((c, d) in HELD_OUT) == held_out]
 
 
-def render(colour: str, shape: str, direction: str, frames: int, size: int, rng: np.random.Generator,
-           step: float = STEP) -> np.ndarray:
+def render(
+    colour: str, shape: str, direction: str, frames: int, size: int, rng: np.random.Generator, step: float = STEP
+) -> np.ndarray:
     """A clip as float32 ``[3, frames, size, size]`` in [-1, 1]: the shape (half-width ~``RADIUS`` of the frame)
     moves ``step`` pixels per frame, starting wherever it stays inside the frame."""
     radius = size * RADIUS * rng.uniform(0.85, 1.15)

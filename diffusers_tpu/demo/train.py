@@ -21,20 +21,30 @@ import time
 
 import numpy as np
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 
 from . import CALL, build, scenes
 from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
-from diffusers import FlowMatchEulerDiscreteScheduler
-from diffusers import WanPipeline
-from diffusers import WanTransformer3DModel
+from .train_jax import jax_steps
 
 # One temporal patch spans the whole clip (5 latent frames = the 9 frames of ``CALL``): each token draws its 4x4
 # latent pixels through all frames, so the direction word steers a pattern inside a token, as the colour word does.
 # With one-frame patches (six runs, up to 3,000 steps) the direction had to steer a shift between tokens through
 # RoPE attention, and a model this size never learned it. Width 256 holds a token's 240 values (5x4x4x3).
-TRANSFORMER = dict(patch_size=(5, 4, 4), num_attention_heads=4, attention_head_dim=64, in_channels=3, out_channels=3,
-                   text_dim=build.TEXT_ENCODER["d_model"], freq_dim=64, ffn_dim=512, num_layers=4,
-                   cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
+TRANSFORMER = dict(
+    patch_size=(5, 4, 4),
+    num_attention_heads=4,
+    attention_head_dim=64,
+    in_channels=3,
+    out_channels=3,
+    text_dim=build.TEXT_ENCODER["d_model"],
+    freq_dim=64,
+    ffn_dim=512,
+    num_layers=4,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=64,
+)
 SHIFT = 3.0
 
 
@@ -42,15 +52,23 @@ def new_pipeline(seed: int = 0):
     """The untrained demo pipeline (stock ``WanPipeline``): random transformer, built VAE and text encoder."""
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(**TRANSFORMER).eval()
-    return WanPipeline(transformer=transformer, vae=build.pixel_vae(), text_encoder=build.text_encoder(seed + 1),
-                       tokenizer=build.word_tokenizer(scenes.vocabulary()),
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=SHIFT))
+    return WanPipeline(
+        transformer=transformer,
+        vae=build.pixel_vae(),
+        text_encoder=build.text_encoder(seed + 1),
+        tokenizer=build.word_tokenizer(scenes.vocabulary()),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=SHIFT),
+    )
 
 
 def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        return {p: pipe.encode_prompt(p, do_classifier_free_guidance=False, device="cpu",
-                                      max_sequence_length=CALL["max_sequence_length"])[0][0] for p in prompts}
+        return {
+            p: pipe.encode_prompt(
+                p, do_classifier_free_guidance=False, device="cpu", max_sequence_length=CALL["max_sequence_length"]
+            )[0][0]
+            for p in prompts
+        }
 
 
 def batches(pipe, steps: int, batch: int, seed: int):
@@ -74,8 +92,16 @@ def batches(pipe, steps: int, batch: int, seed: int):
         yield (1 - s) * clips + s * noise, sigma, context, noise - clips
 
 
-def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_every: int = 0,
-          output: str | None = None, step_function=None) -> list[float]:
+def train(
+    pipe,
+    steps: int,
+    batch: int,
+    seed: int,
+    log_every: int = 50,
+    save_every: int = 0,
+    output: str | None = None,
+    step_function=None,
+) -> list[float]:
     """Train ``pipe.transformer``; returns the losses and leaves the averaged weights in it. ``step_function(
     transformer, steps)`` gives ``step(index, noisy, sigma, context, target) -> loss`` and ``averaged() -> {name:
     tensor}``, the moving average so far (default: torch's AdamW; ``demo.train_jax`` runs on JAX)."""
@@ -87,8 +113,11 @@ def train(pipe, steps: int, batch: int, seed: int, log_every: int = 50, save_eve
     for index, data in enumerate(batches(pipe, steps, batch, seed)):
         losses.append(step(index, *data))
         if (index + 1) % log_every == 0:
-            print(f"step {index + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+            print(
+                f"step {index + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f} "
+                f"({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
         if save_every and (index + 1) % save_every == 0 and index + 1 < steps:
             save(pipe, f"{output}-step{index + 1}", averaged())
     _load(transformer, averaged())
@@ -148,10 +177,18 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")
     parser.add_argument("--save-every", type=int, default=0, help="also save OUTPUT-stepN every N steps")
-    parser.add_argument("--platform", choices=("torch", "jax"), default="torch",
-                        help="torch (the shipped weights) or jax: the same training traced through torchax")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the shipped weights are what one thread computes)")
+    parser.add_argument(
+        "--platform",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch (the shipped weights) or jax: the same training traced through torchax",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the shipped weights are what one thread computes)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.threads < 1:
         parser.error("--steps, --batch and --threads must be at least 1")
@@ -159,17 +196,21 @@ def main(argv=None) -> int:
     torch.use_deterministic_algorithms(True)
     pipe = new_pipeline(args.seed)
     if args.init:
-        from diffusers import WanTransformer3DModel
-
-        pipe.transformer = WanTransformer3DModel.from_pretrained(args.init, subfolder="transformer",
-                                                                 dtype=torch.float32).eval()  # stored float16
+        pipe.transformer = WanTransformer3DModel.from_pretrained(
+            args.init, subfolder="transformer", dtype=torch.float32
+        ).eval()  # stored float16
     count = sum(p.numel() for p in pipe.transformer.parameters())
     print(f"training a {count / 1e6:.2f}M-parameter WanTransformer3DModel for {args.steps} steps", flush=True)
-    step_function = None
-    if args.platform == "jax":
-        from .train_jax import jax_steps as step_function
-    train(pipe, args.steps, args.batch, args.seed, save_every=args.save_every, output=args.output,
-          step_function=step_function)
+    step_function = jax_steps if args.platform == "jax" else None
+    train(
+        pipe,
+        args.steps,
+        args.batch,
+        args.seed,
+        save_every=args.save_every,
+        output=args.output,
+        step_function=step_function,
+    )
     save(pipe, args.output)
     print(f"saved to {args.output}", flush=True)
     return 0

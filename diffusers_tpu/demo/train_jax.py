@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.func import functional_call
 
 from ..interop import backend, torch_compat
 from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
-from torch.func import functional_call
 
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 
@@ -32,9 +32,16 @@ def jax_steps(transformer, steps: int):
         try:
             with backend.jax_mode(), torch.no_grad():
                 wrapped = {k: backend.wrap(v) for k, v in weights.items()}
-                out = functional_call(transformer, wrapped, (backend.wrap(noisy),),
-                                      dict(timestep=backend.wrap(sigma * 1000),
-                                           encoder_hidden_states=backend.wrap(context), return_dict=False))[0]
+                out = functional_call(
+                    transformer,
+                    wrapped,
+                    (backend.wrap(noisy),),
+                    dict(
+                        timestep=backend.wrap(sigma * 1000),
+                        encoder_hidden_states=backend.wrap(context),
+                        return_dict=False,
+                    ),
+                )[0]
         finally:
             torch_compat.tracing.reset(token)
         return jnp.mean((backend.to_jax_array(out) - target) ** 2)
@@ -47,8 +54,11 @@ def jax_steps(transformer, steps: int):
         first = {k: BETAS[0] * moments[0][k] + (1 - BETAS[0]) * g for k, g in grads.items()}
         second = {k: BETAS[1] * moments[1][k] + (1 - BETAS[1]) * g * g for k, g in grads.items()}
         correction1, correction2 = 1 - BETAS[0] ** count, 1 - BETAS[1] ** count
-        new = {k: w * (1 - lr * WEIGHT_DECAY) - lr / correction1 * first[k]
-               / (jnp.sqrt(second[k]) / jnp.sqrt(correction2) + EPSILON) for k, w in weights.items()}
+        new = {
+            k: w * (1 - lr * WEIGHT_DECAY)
+            - lr / correction1 * first[k] / (jnp.sqrt(second[k]) / jnp.sqrt(correction2) + EPSILON)
+            for k, w in weights.items()
+        }
         average = {k: decay * average[k] + (1 - decay) * w for k, w in new.items()}
         return new, (first, second), average, loss
 
@@ -59,7 +69,8 @@ def jax_steps(transformer, steps: int):
         arrays = [backend.to_jax_array(t) for t in (noisy, sigma, context, target)]
         count = jnp.asarray(index + 1, jnp.float32)  # an argument, not a constant: one program for every step
         state["params"], state["moments"], state["average"], loss = update(
-            state["params"], state["moments"], state["average"], count, lr, ema_decay(index), *arrays)
+            state["params"], state["moments"], state["average"], count, lr, ema_decay(index), *arrays
+        )
         return float(loss)
 
     def averaged():

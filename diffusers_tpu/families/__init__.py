@@ -14,8 +14,20 @@ helpers, LTX-2 on LTX). Never the planner, ``testing``, ``demo`` or ``commands``
 
 import importlib
 
-MODULES = ("causal_wan_pipeline", "cogvideox", "flux", "generic", "hunyuan_video", "hunyuan_video15", "ltx", "ltx2",
-           "qwenimage", "unet", "wan", "zimage")  # each registers its family when imported; generic the fallback
+MODULES = (
+    "causal_wan_pipeline",
+    "cogvideox",
+    "flux",
+    "generic",
+    "hunyuan_video",
+    "hunyuan_video15",
+    "ltx",
+    "ltx2",
+    "qwenimage",
+    "unet",
+    "wan",
+    "zimage",
+)  # each registers its family when imported; generic the fallback
 
 
 def load_all() -> None:

@@ -89,8 +89,12 @@ class CausalSelfAttnProcessor:
             if call.write:
                 call.written["k"][self.layer] = cached_k.index_copy(1, call.token_slots, key.to(cached_k.dtype))
                 call.written["v"][self.layer] = cached_v.index_copy(1, call.token_slots, value.to(cached_v.dtype))
-        out = F.scaled_dot_product_attention(query.transpose(1, 2), keys.transpose(1, 2).to(query.dtype),
-                                             values.transpose(1, 2).to(query.dtype), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            query.transpose(1, 2),
+            keys.transpose(1, 2).to(query.dtype),
+            values.transpose(1, 2).to(query.dtype),
+            attn_mask=mask,
+        )
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -108,7 +112,11 @@ def visible_frames(num_frames: int, num_frame_per_block: int, sink_size: int, lo
     block = frame // num_frame_per_block
     start = block * num_frame_per_block
     q_block, k_block = block[:, None], block[None, :]
-    window = torch.ones_like(q_block == k_block) if local_attn_size < 0 else frame[None, :] >= start[:, None] - local_attn_size
+    window = (
+        torch.ones_like(q_block == k_block)
+        if local_attn_size < 0
+        else frame[None, :] >= start[:, None] - local_attn_size
+    )
     earlier = (k_block < q_block) & ((frame[None, :] < sink_size) | window)
     return (k_block == q_block) | earlier
 
@@ -120,15 +128,46 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
 
     # Wan's arguments spelled out: diffusers builds a model from a saved config by this signature.
     @register_to_config
-    def __init__(self, patch_size: tuple[int, ...] = (1, 2, 2), num_attention_heads: int = 40,
-                 attention_head_dim: int = 128, in_channels: int = 16, out_channels: int = 16, text_dim: int = 4096,
-                 freq_dim: int = 256, ffn_dim: int = 13824, num_layers: int = 40, cross_attn_norm: bool = True,
-                 qk_norm: str | None = "rms_norm_across_heads", eps: float = 1e-06, image_dim: int | None = None,
-                 added_kv_proj_dim: int | None = None, rope_max_seq_len: int = 1024, pos_embed_seq_len: int | None = None,
-                 num_frame_per_block: int = 3, sink_size: int = 0, local_attn_size: int = -1):
-        super().__init__(patch_size, num_attention_heads, attention_head_dim, in_channels, out_channels, text_dim,
-                         freq_dim, ffn_dim, num_layers, cross_attn_norm, qk_norm, eps, image_dim, added_kv_proj_dim,
-                         rope_max_seq_len, pos_embed_seq_len)
+    def __init__(
+        self,
+        patch_size: tuple[int, ...] = (1, 2, 2),
+        num_attention_heads: int = 40,
+        attention_head_dim: int = 128,
+        in_channels: int = 16,
+        out_channels: int = 16,
+        text_dim: int = 4096,
+        freq_dim: int = 256,
+        ffn_dim: int = 13824,
+        num_layers: int = 40,
+        cross_attn_norm: bool = True,
+        qk_norm: str | None = "rms_norm_across_heads",
+        eps: float = 1e-06,
+        image_dim: int | None = None,
+        added_kv_proj_dim: int | None = None,
+        rope_max_seq_len: int = 1024,
+        pos_embed_seq_len: int | None = None,
+        num_frame_per_block: int = 3,
+        sink_size: int = 0,
+        local_attn_size: int = -1,
+    ):
+        super().__init__(
+            patch_size,
+            num_attention_heads,
+            attention_head_dim,
+            in_channels,
+            out_channels,
+            text_dim,
+            freq_dim,
+            ffn_dim,
+            num_layers,
+            cross_attn_norm,
+            qk_norm,
+            eps,
+            image_dim,
+            added_kv_proj_dim,
+            rope_max_seq_len,
+            pos_embed_seq_len,
+        )
         if num_frame_per_block < 1 or sink_size < 0:
             raise ValueError(f"num_frame_per_block={num_frame_per_block} must be >= 1 and sink_size={sink_size} >= 0.")
         if local_attn_size != -1 and local_attn_size < num_frame_per_block:
@@ -169,12 +208,24 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
         shape = (batch, frames * tokens_per_frame, heads, dim)
         dtype = dtype or self.dtype
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * len(self.blocks))]
-        return {"k": zeros[::2], "v": zeros[1::2],
-                "slot_frame": torch.full((frames,), -1, dtype=torch.int32, device=device)}
+        return {
+            "k": zeros[::2],
+            "v": zeros[1::2],
+            "slot_frame": torch.full((frames,), -1, dtype=torch.int32, device=device),
+        }
 
-    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
-                return_dict: bool = True, attention_kwargs=None, kv_cache: dict | None = None, frame_offset=0,
-                write_cache: bool = False):
+    def forward(
+        self,
+        hidden_states,
+        timestep,
+        encoder_hidden_states,
+        encoder_hidden_states_image=None,
+        return_dict: bool = True,
+        attention_kwargs=None,
+        kv_cache: dict | None = None,
+        frame_offset=0,
+        write_cache: bool = False,
+    ):
         """The stock forward, block-causal. ``kv_cache=None``: the whole sequence at once (frame 0 first).
         Otherwise ``hidden_states`` is one block starting at latent frame ``frame_offset`` (int or 0-d tensor);
         returns ``(sample, kv_cache)`` with the cache updated by this block's keys/values when ``write_cache``,
@@ -185,8 +236,13 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
         frames, per_frame = frames // p_t, (height // p_h) * (width // p_w)
         call = _Call(write=write_cache)
         if kv_cache is None:
-            visible = visible_frames(frames, config.num_frame_per_block, config.sink_size, config.local_attn_size,
-                                     device=hidden_states.device)
+            visible = visible_frames(
+                frames,
+                config.num_frame_per_block,
+                config.sink_size,
+                config.local_attn_size,
+                device=hidden_states.device,
+            )
             call.mask = visible.repeat_interleave(per_frame, 0).repeat_interleave(per_frame, 1)
         else:
             block_frames = torch.arange(frames, device=hidden_states.device) + frame_offset
@@ -199,14 +255,22 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
             call.cache = kv_cache
         self._causal_call, self.rope.frame_offset = call, frame_offset
         try:
-            sample = super().forward(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image,
-                                     return_dict=False, attention_kwargs=attention_kwargs)[0]
+            sample = super().forward(
+                hidden_states,
+                timestep,
+                encoder_hidden_states,
+                encoder_hidden_states_image,
+                return_dict=False,
+                attention_kwargs=attention_kwargs,
+            )[0]
         finally:
             self._causal_call, self.rope.frame_offset = None, 0
         if kv_cache is None:
             return Transformer2DModelOutput(sample=sample) if return_dict else (sample,)
         if not write_cache:
             return sample, None
-        return sample, {"k": [call.written["k"][i] for i in range(len(self.blocks))],
-                        "v": [call.written["v"][i] for i in range(len(self.blocks))],
-                        "slot_frame": kv_cache["slot_frame"].index_copy(0, slots, block_frames.to(torch.int32))}
+        return sample, {
+            "k": [call.written["k"][i] for i in range(len(self.blocks))],
+            "v": [call.written["v"][i] for i in range(len(self.blocks))],
+            "slot_frame": kv_cache["slot_frame"].index_copy(0, slots, block_frames.to(torch.int32)),
+        }

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import diffusers
+import numpy as np
 import torch
 from diffusers import AutoencoderKLWan, DiffusionPipeline, FlowMatchLCMScheduler
 from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
@@ -29,11 +30,11 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from ..interop import backend
-from ..runtime import attach as runtime
+from ..interop.jit import compile_log
+from ..runtime import pipeline_runtime
+from ..runtime.registry import Family, register
 from . import wan, wan_vae
 from .causal_wan import CausalWanTransformer3DModel
-from ..interop.jit import compile_log
-from ..runtime.registry import Family, register
 
 OUTPUT_TYPES = ("np", "pil", "pt", "latent")
 
@@ -66,11 +67,18 @@ class CausalWanPipeline(DiffusionPipeline):
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
 
-    def __init__(self, tokenizer, text_encoder, transformer: CausalWanTransformer3DModel, vae: AutoencoderKLWan,
-                 scheduler: FlowMatchLCMScheduler):
+    def __init__(
+        self,
+        tokenizer,
+        text_encoder,
+        transformer: CausalWanTransformer3DModel,
+        vae: AutoencoderKLWan,
+        scheduler: FlowMatchLCMScheduler,
+    ):
         super().__init__()
-        self.register_modules(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
-                              scheduler=scheduler)
+        self.register_modules(
+            tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler
+        )
         self.vae_scale_factor_temporal = vae.config.scale_factor_temporal if vae is not None else 4
         self.vae_scale_factor_spatial = vae.config.scale_factor_spatial if vae is not None else 8
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
@@ -80,20 +88,36 @@ class CausalWanPipeline(DiffusionPipeline):
     _get_t5_prompt_embeds = diffusers.WanPipeline._get_t5_prompt_embeds
     encode_prompt = diffusers.WanPipeline.encode_prompt
 
-    def check_inputs(self, prompt=None, num_blocks=3, height=480, width=832, denoising_steps=(1000, 666, 333),
-                     context_noise=0.0, prompt_embeds=None, output_type="np", block_inputs=None, **_):
+    def check_inputs(
+        self,
+        prompt=None,
+        num_blocks=3,
+        height=480,
+        width=832,
+        denoising_steps=(1000, 666, 333),
+        context_noise=0.0,
+        prompt_embeds=None,
+        output_type="np",
+        block_inputs=None,
+        **_,
+    ):
         """Every argument checked before anything runs; each error names the fix."""
         if not isinstance(self.transformer, CausalWanTransformer3DModel):
-            raise ValueError(f"transformer is a {type(self.transformer).__name__}; CausalWanPipeline needs a "
-                             "CausalWanTransformer3DModel (CausalWanTransformer3DModel.from_transformer(wan) or "
-                             ".from_pretrained(wan_checkpoint, subfolder='transformer')).")
+            raise ValueError(
+                f"transformer is a {type(self.transformer).__name__}; CausalWanPipeline needs a "
+                "CausalWanTransformer3DModel (CausalWanTransformer3DModel.from_transformer(wan) or "
+                ".from_pretrained(wan_checkpoint, subfolder='transformer'))."
+            )
         if not isinstance(self.scheduler, FlowMatchLCMScheduler):
-            raise ValueError(f"scheduler is a {type(self.scheduler).__name__}; the few-step block schedule needs "
-                             "FlowMatchLCMScheduler: pass scheduler=diffusers.FlowMatchLCMScheduler(shift=5.0).")
+            raise ValueError(
+                f"scheduler is a {type(self.scheduler).__name__}; the few-step block schedule needs "
+                "FlowMatchLCMScheduler: pass scheduler=diffusers.FlowMatchLCMScheduler(shift=5.0)."
+            )
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("Pass exactly one of prompt (a string or a list of strings) and prompt_embeds.")
-        if prompt is not None and not (isinstance(prompt, str) or isinstance(prompt, list)
-                                       and all(isinstance(p, str) for p in prompt)):
+        if prompt is not None and not (
+            isinstance(prompt, str) or isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)
+        ):
             raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}.")
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks!r} must be a positive integer.")
@@ -103,14 +127,17 @@ class CausalWanPipeline(DiffusionPipeline):
                 raise ValueError(f"{name}={value!r} must be a positive multiple of {multiple} (VAE x patch size).")
         steps = list(denoising_steps)
         if not steps or any(not 0 < t <= 1000 for t in steps) or any(a <= b for a, b in zip(steps, steps[1:])):
-            raise ValueError(f"denoising_steps={denoising_steps!r} must be decreasing timesteps in (0, 1000], "
-                             "e.g. (1000, 666, 333).")
+            raise ValueError(
+                f"denoising_steps={denoising_steps!r} must be decreasing timesteps in (0, 1000], e.g. (1000, 666, 333)."
+            )
         if not 0 <= context_noise < 1000:
             raise ValueError(f"context_noise={context_noise!r} must be a timestep in [0, 1000).")
         frames = num_blocks * self.transformer.config.num_frame_per_block
         if frames > self.transformer.config.rope_max_seq_len:
-            raise ValueError(f"num_blocks={num_blocks} makes {frames} latent frames, more than the transformer's "
-                             f"rope_max_seq_len={self.transformer.config.rope_max_seq_len} positions: use fewer blocks.")
+            raise ValueError(
+                f"num_blocks={num_blocks} makes {frames} latent frames, more than the transformer's "
+                f"rope_max_seq_len={self.transformer.config.rope_max_seq_len} positions: use fewer blocks."
+            )
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type={output_type!r} must be one of {OUTPUT_TYPES}.")
         if block_inputs is not None and not callable(block_inputs):
@@ -123,8 +150,14 @@ class CausalWanPipeline(DiffusionPipeline):
     def _forward(self, timing: BlockTiming | None, latents, timestep, inputs: dict, cache, offset, write: bool):
         start = time.perf_counter()
         batch = latents.shape[0]
-        out = self.transformer(latents.to(self.transformer.dtype), timestep.expand(batch), **inputs, kv_cache=cache,
-                               frame_offset=offset, write_cache=write)
+        out = self.transformer(
+            latents.to(self.transformer.dtype),
+            timestep.expand(batch),
+            **inputs,
+            kv_cache=cache,
+            frame_offset=offset,
+            write_cache=write,
+        )
         if timing is not None:
             backend.synchronize(out)
             timing.forward_seconds.append(time.perf_counter() - start)
@@ -151,26 +184,43 @@ class CausalWanPipeline(DiffusionPipeline):
         return decoder.decode(wan.unnormalize_latents(self.vae, latents.to(self.vae.dtype)))
 
     @torch.no_grad()
-    def stream(self, prompt: str | list[str] | None = None, num_blocks: int = 3, height: int = 480, width: int = 832,
-               denoising_steps=(1000, 666, 333), context_noise: float = 0.0, refresh_cache: bool = True,
-               num_videos_per_prompt: int = 1, generator: torch.Generator | None = None,
-               prompt_embeds: torch.Tensor | None = None, output_type: str = "np", max_sequence_length: int = 512,
-               block_inputs: Callable[[int], dict] | None = None, timing: bool = False) -> Iterator:
+    def stream(
+        self,
+        prompt: str | list[str] | None = None,
+        num_blocks: int = 3,
+        height: int = 480,
+        width: int = 832,
+        denoising_steps=(1000, 666, 333),
+        context_noise: float = 0.0,
+        refresh_cache: bool = True,
+        num_videos_per_prompt: int = 1,
+        generator: torch.Generator | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        output_type: str = "np",
+        max_sequence_length: int = 512,
+        block_inputs: Callable[[int], dict] | None = None,
+        timing: bool = False,
+    ) -> Iterator:
         """Yields each block's frames as soon as they are decoded: "np" ``[B, frames, H, W, C]``, "pil" a list
         of frame lists per video, "pt" ``[B, frames, C, H, W]``, "latent" the block's latents. The first block
         has ``1 + 4 * (num_frame_per_block - 1)`` frames, later ones ``4 * num_frame_per_block``.
         ``self.block_timings`` fills in as blocks complete."""
-        self.check_inputs(prompt, num_blocks, height, width, denoising_steps, context_noise, prompt_embeds,
-                          output_type, block_inputs)
-        attached = runtime.runtime_of(self)
+        self.check_inputs(
+            prompt, num_blocks, height, width, denoising_steps, context_noise, prompt_embeds, output_type, block_inputs
+        )
+        attached = pipeline_runtime.runtime_of(self)
         enter = attached.call_scope if attached is not None else contextlib.nullcontext
         config, device = self.transformer.config, self._execution_device
         self.block_timings = []
         with enter():
-            prompt_embeds, _ = self.encode_prompt(prompt, do_classifier_free_guidance=False,
-                                                  num_videos_per_prompt=num_videos_per_prompt,
-                                                  prompt_embeds=prompt_embeds, max_sequence_length=max_sequence_length,
-                                                  device=device)
+            prompt_embeds, _ = self.encode_prompt(
+                prompt,
+                do_classifier_free_guidance=False,
+                num_videos_per_prompt=num_videos_per_prompt,
+                prompt_embeds=prompt_embeds,
+                max_sequence_length=max_sequence_length,
+                device=device,
+            )
             prompt_embeds = prompt_embeds.to(self.transformer.dtype)
             batch, per_block = prompt_embeds.shape[0], config.num_frame_per_block
             latent_h, latent_w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
@@ -187,8 +237,17 @@ class CausalWanPipeline(DiffusionPipeline):
                 with enter(), compile_log() as log:
                     inputs = self.prepare_block_inputs(index, prompt_embeds)
                     inputs.update(block_inputs(index) if block_inputs is not None else {})
-                    latents, cache = self._denoise_block(index, inputs, cache, shape, generator, sigmas,
-                                                         context_noise, refresh_cache, record if timing else None)
+                    latents, cache = self._denoise_block(
+                        index,
+                        inputs,
+                        cache,
+                        shape,
+                        generator,
+                        sigmas,
+                        context_noise,
+                        refresh_cache,
+                        record if timing else None,
+                    )
                     if decoder is None:
                         frames = latents
                     else:
@@ -196,7 +255,7 @@ class CausalWanPipeline(DiffusionPipeline):
                         if decoder.rehearsal is not None:  # later blocks' frame count: postprocess compiles now
                             self.video_processor.postprocess_video(decoder.rehearsal, output_type)
                             decoder.rehearsal = None
-                    frames = runtime.to_host(frames)
+                    frames = pipeline_runtime.to_host(frames)
                 record.seconds, record.compilations = time.perf_counter() - start, log.compilations
                 self.block_timings.append(record)
                 bar.update()
@@ -205,12 +264,24 @@ class CausalWanPipeline(DiffusionPipeline):
             attached._last_output = None  # the progress bar's sync handle; it would pin the last cache
 
     @torch.no_grad()
-    def __call__(self, prompt: str | list[str] | None = None, num_blocks: int = 3, height: int = 480,
-                 width: int = 832, denoising_steps=(1000, 666, 333), context_noise: float = 0.0,
-                 refresh_cache: bool = True, num_videos_per_prompt: int = 1,
-                 generator: torch.Generator | None = None, prompt_embeds: torch.Tensor | None = None,
-                 output_type: str = "np", max_sequence_length: int = 512,
-                 block_inputs: Callable[[int], dict] | None = None, timing: bool = False, return_dict: bool = True):
+    def __call__(
+        self,
+        prompt: str | list[str] | None = None,
+        num_blocks: int = 3,
+        height: int = 480,
+        width: int = 832,
+        denoising_steps=(1000, 666, 333),
+        context_noise: float = 0.0,
+        refresh_cache: bool = True,
+        num_videos_per_prompt: int = 1,
+        generator: torch.Generator | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        output_type: str = "np",
+        max_sequence_length: int = 512,
+        block_inputs: Callable[[int], dict] | None = None,
+        timing: bool = False,
+        return_dict: bool = True,
+    ):
         """The whole video (all ``num_blocks`` blocks of ``stream``, concatenated), as ``WanPipeline`` returns it."""
         arguments = dict(locals())
         arguments.pop("self"), arguments.pop("return_dict")
@@ -218,8 +289,6 @@ class CausalWanPipeline(DiffusionPipeline):
         if output_type == "pil":
             video = [sum((block[i] for block in blocks), []) for i in range(len(blocks[0]))]
         elif output_type == "np":
-            import numpy as np
-
             video = np.concatenate(blocks, axis=1)
         else:
             video = torch.cat(blocks, dim=2 if output_type == "latent" else 1)
@@ -241,8 +310,13 @@ def _latent_frames(pipe, num_frames: int) -> int:
 def _plan_call(pipe, size: dict, text_tokens: int, dtype) -> dict:
     """``plan``: blocks enough for ``num_frames`` (no guidance: the few-step model runs unguided)."""
     embeddings = torch.zeros(1, text_tokens, pipe.transformer.config.text_dim, dtype=dtype)
-    return dict(prompt_embeds=embeddings, height=size["height"], width=size["width"], max_sequence_length=text_tokens,
-                num_blocks=_latent_frames(pipe, size["num_frames"]) // pipe.transformer.config.num_frame_per_block)
+    return dict(
+        prompt_embeds=embeddings,
+        height=size["height"],
+        width=size["width"],
+        max_sequence_length=text_tokens,
+        num_blocks=_latent_frames(pipe, size["num_frames"]) // pipe.transformer.config.num_frame_per_block,
+    )
 
 
 def forward_flops(pipe, height: int, width: int, num_frames: int, text_tokens: int) -> int:
@@ -254,8 +328,10 @@ def forward_flops(pipe, height: int, width: int, num_frames: int, text_tokens: i
     per_frame = (latent_h // config.patch_size[1]) * (latent_w // config.patch_size[2])
     cached = min(frames, pipe.transformer.cache_frames(frames)) - per_block
     dim = config.num_attention_heads * config.attention_head_dim
-    return (wan.forward_flops(config, per_block, latent_h, latent_w, text_tokens)
-            + config.num_layers * 4 * (per_block * per_frame) * (cached * per_frame) * dim)
+    return (
+        wan.forward_flops(config, per_block, latent_h, latent_w, text_tokens)
+        + config.num_layers * 4 * (per_block * per_frame) * (cached * per_frame) * dim
+    )
 
 
 FAMILY = register(

@@ -27,13 +27,23 @@ SHARD_RULES = (
 ACTIVATION_RULES = ((r"^transformer_blocks\.\d+$", ("dp", "sp", None)),)
 
 # Real-size transformer architectures, buildable on the meta device.
-_COGVIDEOX = dict(attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512, text_embed_dim=4096,
-                  patch_size=2, temporal_compression_ratio=4, max_text_seq_length=226)
-COGVIDEOX_2B = dict(_COGVIDEOX, num_attention_heads=30, num_layers=30, sample_width=90, sample_height=60,
-                    sample_frames=49)
+_COGVIDEOX = dict(
+    attention_head_dim=64,
+    in_channels=16,
+    out_channels=16,
+    time_embed_dim=512,
+    text_embed_dim=4096,
+    patch_size=2,
+    temporal_compression_ratio=4,
+    max_text_seq_length=226,
+)
+COGVIDEOX_2B = dict(
+    _COGVIDEOX, num_attention_heads=30, num_layers=30, sample_width=90, sample_height=60, sample_frames=49
+)
 COGVIDEOX_5B = dict(COGVIDEOX_2B, num_attention_heads=48, num_layers=42, use_rotary_positional_embeddings=True)
-COGVIDEOX15_5B = dict(COGVIDEOX_5B, sample_width=170, sample_height=96, sample_frames=81, patch_size_t=2,
-                      patch_bias=False)
+COGVIDEOX15_5B = dict(
+    COGVIDEOX_5B, sample_width=170, sample_height=96, sample_frames=81, patch_size_t=2, patch_bias=False
+)
 
 
 def latent_frames(pipe, num_frames: int) -> int:
@@ -52,7 +62,8 @@ def check_frames(pipe, num_frames: int | None, output_type: str = "np") -> None:
     period = 2 * stride  # valid counts: 1 + 2 * stride * k
     below = (num_frames - 1) // period * period + 1
     raise ValueError(
-        f"num_frames={num_frames} gives {latent_frames(pipe, num_frames)} latent frames; CogVideoX's VAE decodes an even "
+        f"num_frames={num_frames} gives {latent_frames(pipe, num_frames)} latent frames; CogVideoX's VAE decodes "
+        "an even "
         f"latent count into {stride * latent_frames(pipe, num_frames)} frames, not {num_frames}. Use "
         f"{below} or {below + period} frames (an odd number of latent frames)."
     )
@@ -68,7 +79,8 @@ def _check_call(pipe, kwargs) -> None:
             f"CogVideoXPipeline makes its latents in the text embeddings' dtype ({latents}) and passes them to the "
             f"denoiser uncast, whose weights are {pipe.transformer.dtype}: the first step would fail. Cast the whole "
             f"pipeline instead (from_pretrained(..., torch_dtype={pipe.transformer.dtype}) or "
-            f"pipe.to({pipe.transformer.dtype}) before the move) and leave TPUConfig(dtype=...) unset.")
+            f"pipe.to({pipe.transformer.dtype}) before the move) and leave TPUConfig(dtype=...) unset."
+        )
 
 
 def forward_flops(config, latent_frames_: int, latent_height: int, latent_width: int, text_tokens: int) -> int:
@@ -115,8 +127,12 @@ FAMILY = register(
         check_call=_check_call,
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, latent_frames(pipe, f), h // pipe.vae_scale_factor_spatial,
-            w // pipe.vae_scale_factor_spatial, text),
+            pipe.transformer.config,
+            latent_frames(pipe, f),
+            h // pipe.vae_scale_factor_spatial,
+            w // pipe.vae_scale_factor_spatial,
+            text,
+        ),
         plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_embed_dim),
     )
 )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import diffusers
 
-from . import hunyuan_video
 from ..runtime.registry import CFGBatching, Family, register
+from . import hunyuan_video
 
 
 def forward_flops(config, latent_height: int, latent_width: int, text_tokens: int) -> int:
@@ -42,7 +42,10 @@ FAMILY = register(
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, 2 * (h // (pipe.vae_scale_factor * 2)), 2 * (w // (pipe.vae_scale_factor * 2)),
-            text),
+            pipe.transformer.config,
+            2 * (h // (pipe.vae_scale_factor * 2)),
+            2 * (w // (pipe.vae_scale_factor * 2)),
+            text,
+        ),
     )
 )

@@ -26,16 +26,23 @@ import math
 import re
 
 import torch
+from diffusers import ModelMixin
 
 from ..runtime.registry import DENOISERS, Family, register_fallback, vae_methods
 from . import wan_vae
-from diffusers import ModelMixin
-
 
 _COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
 _ROW = ("to_out.0", "to_add_out")
-_BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "temporal_transformer_blocks",
-                "layers", "joint_transformer_blocks", "video_transformer_blocks", "audio_transformer_blocks")
+_BLOCK_LISTS = (
+    "blocks",
+    "transformer_blocks",
+    "single_transformer_blocks",
+    "temporal_transformer_blocks",
+    "layers",
+    "joint_transformer_blocks",
+    "video_transformer_blocks",
+    "audio_transformer_blocks",
+)
 
 
 def denoiser_names(pipe) -> list[str]:
@@ -44,13 +51,19 @@ def denoiser_names(pipe) -> list[str]:
 
 def is_attention(module) -> bool:
     return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("to_q", "to_k", "to_v")) and (
-        isinstance(getattr(module, "heads", None), int))
+        isinstance(getattr(module, "heads", None), int)
+    )
 
 
 def is_feed_forward(module) -> bool:
     net = getattr(module, "net", None)
-    return (type(module).__name__ == "FeedForward" and isinstance(net, torch.nn.ModuleList) and len(net) >= 3
-            and isinstance(getattr(net[0], "proj", None), torch.nn.Linear) and isinstance(net[2], torch.nn.Linear))
+    return (
+        type(module).__name__ == "FeedForward"
+        and isinstance(net, torch.nn.ModuleList)
+        and len(net) >= 3
+        and isinstance(getattr(net[0], "proj", None), torch.nn.Linear)
+        and isinstance(net[2], torch.nn.Linear)
+    )
 
 
 def _linear_rules(prefix: str, child: str, spec: tuple, module) -> list:
@@ -121,9 +134,13 @@ def family_for(pipe) -> Family | None:
     vae = getattr(pipe, "vae", None)
     wan_like = type(vae).__name__ == "AutoencoderKLWan"
     return dataclasses.replace(
-        GENERIC, pipelines=(type(pipe),), denoisers=tuple(denoisers), num_heads=num_heads,
+        GENERIC,
+        pipelines=(type(pipe),),
+        denoisers=tuple(denoisers),
+        num_heads=num_heads,
         activation_rules=tuple(r for d in denoisers for r in activation_rules(getattr(pipe, d))),
-        vae_methods=() if wan_like else vae_methods(vae), vae_install=wan_vae.install if wan_like else None,
+        vae_methods=() if wan_like else vae_methods(vae),
+        vae_install=wan_vae.install if wan_like else None,
     )
 
 

@@ -36,8 +36,11 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     """Matmul FLOPs of one forward for one sample over T = video + text tokens: double blocks q/k/v/out for both
     streams 8*T*d^2, attention 4*T^2*d, both MLPs 4*T*d*m; single blocks q/k/v 6*T*d^2, attention 4*T^2*d, the MLP in
     2*T*d*m and the joint output 2*T*(d+m)*d; plus the patch embedding and the output head."""
-    video = (latent_frames // config.patch_size_t) * (latent_height // config.patch_size) * (
-        latent_width // config.patch_size)
+    video = (
+        (latent_frames // config.patch_size_t)
+        * (latent_height // config.patch_size)
+        * (latent_width // config.patch_size)
+    )
     total = video + text_tokens
     dim = config.num_attention_heads * config.attention_head_dim
     mlp = int(dim * config.mlp_ratio)
@@ -49,8 +52,11 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
 
 
 def _latent_size(pipe, height: int, width: int, frames: int):
-    return ((frames - 1) // pipe.vae_scale_factor_temporal + 1, height // pipe.vae_scale_factor_spatial,
-            width // pipe.vae_scale_factor_spatial)
+    return (
+        (frames - 1) // pipe.vae_scale_factor_temporal + 1,
+        height // pipe.vae_scale_factor_spatial,
+        width // pipe.vae_scale_factor_spatial,
+    )
 
 
 FAMILY = register(
@@ -67,7 +73,8 @@ FAMILY = register(
             negative_call=1,
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
-                                                                text),
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+        ),
     )
 )

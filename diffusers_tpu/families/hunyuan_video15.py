@@ -32,14 +32,12 @@ import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
-from diffusers.utils import apply_lora_scale
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.utils import apply_lora_scale
 
+from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
 from ..runtime.config import TEXT_PADDING_MODES
 from ..runtime.registry import CFGBatching, Family, register
-from ..interop.backend import is_jax_tensor
-from ..interop.backend import jax_to_host
-from ..interop.backend import torch_mode
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k RMS norms are shared by all heads.
@@ -54,9 +52,19 @@ SHARD_RULES = (
 ACTIVATION_RULES = ((r"^transformer_blocks\.\d+$", ("dp", "sp", None)),)
 
 # Real-size transformer (the published 480p/720p T2V checkpoints), buildable on the meta device.
-HUNYUANVIDEO15_8B = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
-                         num_refiner_layers=2, text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152,
-                         rope_axes_dim=(16, 56, 56), task_type="t2v")
+HUNYUANVIDEO15_8B = dict(
+    in_channels=65,
+    out_channels=32,
+    num_attention_heads=16,
+    attention_head_dim=128,
+    num_layers=54,
+    num_refiner_layers=2,
+    text_embed_dim=3584,
+    text_embed_2_dim=1472,
+    image_embed_dim=1152,
+    rope_axes_dim=(16, 56, 56),
+    task_type="t2v",
+)
 
 
 class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):
@@ -78,8 +86,11 @@ class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         if encoder_hidden_states is not None:
-            extra = [attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-                     attn.add_v_proj(encoder_hidden_states)]
+            extra = [
+                attn.add_q_proj(encoder_hidden_states),
+                attn.add_k_proj(encoder_hidden_states),
+                attn.add_v_proj(encoder_hidden_states),
+            ]
             extra = [x.unflatten(2, (attn.heads, -1)) for x in extra]
             if attn.norm_added_q is not None:
                 extra[0] = attn.norm_added_q(extra[0])
@@ -124,9 +135,20 @@ def _gather_tokens(tokens, order):
 
 
 @apply_lora_scale("attention_kwargs")
-def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask, timestep_r=None,
-            encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None, attention_kwargs=None,
-            return_dict=True, token_order=None):
+def forward(
+    self,
+    hidden_states,
+    timestep,
+    encoder_hidden_states,
+    encoder_attention_mask,
+    timestep_r=None,
+    encoder_hidden_states_2=None,
+    encoder_attention_mask_2=None,
+    image_embeds=None,
+    attention_kwargs=None,
+    return_dict=True,
+    token_order=None,
+):
     """``HunyuanVideo15Transformer3DModel.forward`` (diffusers 0.42) with static shapes: no data-dependent branch,
     no boolean indexing. ``token_order``: ``text_token_order``'s permutation, computed here when not given."""
     batch, _, frames, height, width = hidden_states.shape
@@ -146,15 +168,22 @@ def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_attent
     image = image + self.cond_type_embed(2 * torch.ones_like(image[:, :, 0], dtype=torch.long))
 
     mask, mask_2 = encoder_attention_mask.bool(), encoder_attention_mask_2.bool()
-    tokens = torch.cat([image, torch.where(mask_2.unsqueeze(-1), text_2, 0.0),  # padded text is zeroed, as stock
-                        torch.where(mask.unsqueeze(-1), text, 0.0)], dim=1)
+    tokens = torch.cat(
+        [
+            image,
+            torch.where(mask_2.unsqueeze(-1), text_2, 0.0),  # padded text is zeroed, as stock
+            torch.where(mask.unsqueeze(-1), text, 0.0),
+        ],
+        dim=1,
+    )
     valid = torch.cat([image_mask, mask_2, mask], dim=1)
     encoder_hidden_states = _gather_tokens(tokens, order)
     encoder_attention_mask = torch.gather(valid, 1, order)
 
     for block in self.transformer_blocks:
         hidden_states, encoder_hidden_states = block(
-            hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb)
+            hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb
+        )
 
     hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
     hidden_states = hidden_states.reshape(batch, frames // p_t, height // p, width // p, -1, p_t, p, p)
@@ -191,7 +220,11 @@ def with_token_order(compiled_forward):
     memo = _PromptMemo()
 
     def call(*args, **kwargs):
-        masks = (kwargs.get("encoder_attention_mask"), kwargs.get("encoder_attention_mask_2"), kwargs.get("image_embeds"))
+        masks = (
+            kwargs.get("encoder_attention_mask"),
+            kwargs.get("encoder_attention_mask_2"),
+            kwargs.get("image_embeds"),
+        )
         if args or any(m is None for m in masks) or "token_order" in kwargs:
             return compiled_forward(*args, **kwargs)
         order, _ = memo.get(masks, _token_order_on_host)
@@ -244,7 +277,11 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     """Matmul FLOPs of one transformer forward for one sample: joint attention over video + text tokens
     (q/k/v/out 8*T*d^2, scores/values 4*T^2*d) and both MLP streams (4*T*d*ffn), plus the patch embedding and the
     output head. The token refiner (2 small layers over the text) is left out."""
-    video = (latent_frames // config.patch_size_t) * (latent_height // config.patch_size) * (latent_width // config.patch_size)
+    video = (
+        (latent_frames // config.patch_size_t)
+        * (latent_height // config.patch_size)
+        * (latent_width // config.patch_size)
+    )
     total = video + text_tokens
     dim = config.num_attention_heads * config.attention_head_dim
     ffn = int(dim * config.mlp_ratio)
@@ -286,8 +323,10 @@ def plan_call(pipe, size: dict, text_tokens: int, dtype) -> dict:
     goes to the guider (``plan`` sets it)."""
     config = pipe.transformer.config
     texts = {}
-    for suffix, tokens, width in (("", pipe.tokenizer_max_length, config.text_embed_dim),
-                                  ("_2", pipe.tokenizer_2_max_length, config.text_embed_2_dim)):
+    for suffix, tokens, width in (
+        ("", pipe.tokenizer_max_length, config.text_embed_dim),
+        ("_2", pipe.tokenizer_2_max_length, config.text_embed_2_dim),
+    ):
         for prefix in ("", "negative_"):
             texts[f"{prefix}prompt_embeds{suffix}"] = torch.zeros(1, tokens, width, dtype=dtype)
             texts[f"{prefix}prompt_embeds_mask{suffix}"] = torch.ones(1, tokens, dtype=dtype)
@@ -325,8 +364,12 @@ FAMILY = register(
         # encode_prompt call: (embeddings, mask, ByT5 embeddings, ByT5 mask)
         cfg=CFGBatching(
             negative=lambda encoded: tuple(encoded),
-            condition_args=("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
-                            "encoder_attention_mask_2"),
+            condition_args=(
+                "encoder_hidden_states",
+                "encoder_attention_mask",
+                "encoder_hidden_states_2",
+                "encoder_attention_mask_2",
+            ),
             negative_call=1,
             batched_args=("hidden_states", "timestep", "image_embeds"),
         ),
@@ -335,7 +378,11 @@ FAMILY = register(
         decode_latents=decode_latents,
         plan_call=plan_call,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, (f - 1) // pipe.vae_scale_factor_temporal + 1,
-            h // pipe.vae_scale_factor_spatial, w // pipe.vae_scale_factor_spatial, _text_tokens(pipe)),
+            pipe.transformer.config,
+            (f - 1) // pipe.vae_scale_factor_temporal + 1,
+            h // pipe.vae_scale_factor_spatial,
+            w // pipe.vae_scale_factor_spatial,
+            _text_tokens(pipe),
+        ),
     )
 )

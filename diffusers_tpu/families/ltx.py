@@ -29,19 +29,31 @@ ACTIVATION_RULES = ((r"^transformer_blocks\.\d+$", ("dp", "sp", None)),)
 def forward_flops(config, latent_frames: int, latent_height: int, latent_width: int, text_tokens: int) -> int:
     """Matmul FLOPs of one forward for one sample: per block self-attention 8*S*d^2 + 4*S^2*d, cross-attention
     4*S*d^2 + 4*L*c*d + 4*S*L*d, the MLP 4*S*d*4d; plus the input/output projections and the caption projection."""
-    tokens = (latent_frames // config.patch_size_t) * (latent_height // config.patch_size) * (
-        latent_width // config.patch_size)
+    tokens = (
+        (latent_frames // config.patch_size_t)
+        * (latent_height // config.patch_size)
+        * (latent_width // config.patch_size)
+    )
     dim = config.num_attention_heads * config.attention_head_dim
     text, cross = text_tokens, config.cross_attention_dim
-    block = (8 * tokens * dim**2 + 4 * tokens**2 * dim + 4 * tokens * dim**2 + 4 * text * cross * dim
-             + 4 * tokens * text * dim + 16 * tokens * dim**2)
+    block = (
+        8 * tokens * dim**2
+        + 4 * tokens**2 * dim
+        + 4 * tokens * dim**2
+        + 4 * text * cross * dim
+        + 4 * tokens * text * dim
+        + 16 * tokens * dim**2
+    )
     edges = 2 * tokens * (config.in_channels + config.out_channels) * dim + 2 * text * config.caption_channels * dim
     return config.num_layers * block + edges
 
 
 def _latent_size(pipe, height: int, width: int, frames: int):
-    return ((frames - 1) // pipe.vae_temporal_compression_ratio + 1, height // pipe.vae_spatial_compression_ratio,
-            width // pipe.vae_spatial_compression_ratio)
+    return (
+        (frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+        height // pipe.vae_spatial_compression_ratio,
+        width // pipe.vae_spatial_compression_ratio,
+    )
 
 
 FAMILY = register(
@@ -51,7 +63,8 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
-                                                                text),
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+        ),
     )
 )

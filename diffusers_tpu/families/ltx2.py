@@ -19,7 +19,9 @@ import diffusers
 from ..runtime.registry import Family, register
 from .ltx import _latent_size  # same VAE compression attributes as LTX-Video
 
-_ATTENTION = r"^transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)\."
+_ATTENTION = (
+    r"^transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)\."
+)
 _FEED_FORWARD = r"^transformer_blocks\.\d+\.(ff|audio_ff)\.net\."
 # Megatron-style tp over whole heads (see wan.py); q/k RMS norms span all heads and follow their columns.
 SHARD_RULES = (
@@ -44,11 +46,20 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     """Matmul FLOPs of one forward for one sample, video stream only (the audio stream is a few percent of it): per
     block self-attention 8*S*d^2 + 4*S^2*d, text cross-attention 4*S*d^2 + 4*L*d^2 + 4*S*L*d (the connectors already
     project the text to the model width), the MLP 16*S*d^2."""
-    tokens = (latent_frames // config.patch_size_t) * (latent_height // config.patch_size) * (
-        latent_width // config.patch_size)
+    tokens = (
+        (latent_frames // config.patch_size_t)
+        * (latent_height // config.patch_size)
+        * (latent_width // config.patch_size)
+    )
     dim = config.num_attention_heads * config.attention_head_dim
-    block = (8 * tokens * dim**2 + 4 * tokens**2 * dim + 4 * tokens * dim**2 + 4 * text_tokens * dim**2
-             + 4 * tokens * text_tokens * dim + 16 * tokens * dim**2)
+    block = (
+        8 * tokens * dim**2
+        + 4 * tokens**2 * dim
+        + 4 * tokens * dim**2
+        + 4 * text_tokens * dim**2
+        + 4 * tokens * text_tokens * dim
+        + 16 * tokens * dim**2
+    )
     return config.num_layers * block + 2 * tokens * (config.in_channels + config.out_channels) * dim
 
 
@@ -60,7 +71,8 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=num_heads,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *_latent_size(pipe, h, w, f),
-                                                                text),
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+        ),
     )
 )

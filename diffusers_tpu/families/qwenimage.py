@@ -55,7 +55,10 @@ FAMILY = register(
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, 2 * (h // (pipe.vae_scale_factor * 2)), 2 * (w // (pipe.vae_scale_factor * 2)),
-            text),
+            pipe.transformer.config,
+            2 * (h // (pipe.vae_scale_factor * 2)),
+            2 * (w // (pipe.vae_scale_factor * 2)),
+            text,
+        ),
     )
 )

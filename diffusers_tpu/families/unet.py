@@ -20,11 +20,10 @@ import inspect
 import math
 
 import torch
+from diffusers import ModelMixin
 
 from ..runtime.registry import Family, register_fallback, vae_methods
 from . import generic
-from diffusers import ModelMixin
-
 
 # Block inputs are NCHW (NCFHW for AnimateDiff and SVD's [B*F, C, H, W]): only the batch splits.
 _BLOCKS = (r"^(down_blocks\.\d+|mid_block|up_blocks\.\d+)$", ("dp",))
@@ -43,8 +42,13 @@ def family_for(pipe) -> Family | None:
         return None
     vae = getattr(pipe, "vae", None)
     image_vae = type(vae).__name__ == "AutoencoderKL" and not hasattr(pipe, "motion_adapter")
-    return dataclasses.replace(UNET, pipelines=(type(pipe),), vae_methods=vae_methods(vae),
-                               decode_latents=decode_latents if image_vae else None, plan_call=plan_call)
+    return dataclasses.replace(
+        UNET,
+        pipelines=(type(pipe),),
+        vae_methods=vae_methods(vae),
+        decode_latents=decode_latents if image_vae else None,
+        plan_call=plan_call,
+    )
 
 
 def decode_latents(pipe, latents, num_frames: int):
@@ -66,8 +70,14 @@ def plan_call(pipe, size: dict, tokens: int | None, dtype) -> dict:
     its CLIP tokenizer pads every prompt (77; ``tokens`` does not apply), SDXL's pooled embeddings too."""
     tokens = getattr(getattr(pipe, "tokenizer", None), "model_max_length", None) or 77
     text = torch.zeros(1, tokens, pipe.unet.config.cross_attention_dim, dtype=dtype)
-    call = dict(height=size["height"], width=size["width"], guidance_scale=size["guidance_scale"],
-                prompt_embeds=text, negative_prompt_embeds=text, num_inference_steps=2)
+    call = dict(
+        height=size["height"],
+        width=size["width"],
+        guidance_scale=size["guidance_scale"],
+        prompt_embeds=text,
+        negative_prompt_embeds=text,
+        num_inference_steps=2,
+    )
     encoder = getattr(pipe, "text_encoder_2", None)
     if "pooled_prompt_embeds" in inspect.signature(type(pipe).__call__).parameters:
         pooled = torch.zeros(1, encoder.config.projection_dim, dtype=dtype)
@@ -81,6 +91,12 @@ def num_heads(pipe) -> int | None:
     return math.gcd(*heads) if heads else None
 
 
-UNET = Family(name="unet", pipelines=(), denoisers=("unet",), num_heads=num_heads, rules_for=generic.infer_rules,
-              activation_rules=(_BLOCKS, _TOKENS))
+UNET = Family(
+    name="unet",
+    pipelines=(),
+    denoisers=("unet",),
+    num_heads=num_heads,
+    rules_for=generic.infer_rules,
+    activation_rules=(_BLOCKS, _TOKENS),
+)
 register_fallback(family_for)

@@ -19,10 +19,10 @@ Block inputs are constrained to (dp, sp): batch over dp, tokens over sp.
 from __future__ import annotations
 
 import diffusers
-
-from . import wan_vae
-from ..runtime.registry import CFGBatching, Family, register, zero_text_call
 import torch
+
+from ..runtime.registry import CFGBatching, Family, register, zero_text_call
+from . import wan_vae
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -37,8 +37,18 @@ SHARD_RULES = (
 ACTIVATION_RULES = ((r"^(blocks|vace_blocks)\.\d+$", ("dp", "sp", None)),)
 
 # Real-size transformer architectures (configs of the published checkpoints), buildable on the meta device.
-_WAN21 = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
-              freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+_WAN21 = dict(
+    patch_size=(1, 2, 2),
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
 WAN21_1_3B = dict(_WAN21, num_attention_heads=12, ffn_dim=8960, num_layers=30)
 WAN21_14B = dict(_WAN21, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 
@@ -62,8 +72,14 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     tokens = (latent_frames // p_t) * (latent_height // p_h) * (latent_width // p_w)
     dim = config.num_attention_heads * config.attention_head_dim
     text = text_tokens
-    block = (8 * tokens * dim**2 + 4 * tokens**2 * dim + 4 * tokens * dim**2 + 4 * text * dim**2
-             + 4 * tokens * text * dim + 4 * tokens * dim * config.ffn_dim)
+    block = (
+        8 * tokens * dim**2
+        + 4 * tokens**2 * dim
+        + 4 * tokens * dim**2
+        + 4 * text * dim**2
+        + 4 * tokens * text * dim
+        + 4 * tokens * dim * config.ffn_dim
+    )
     patch = p_t * p_h * p_w * config.in_channels
     edges = 2 * tokens * patch * dim + 2 * tokens * dim * config.out_channels * p_t * p_h * p_w
     text_embedding = 2 * text * (config.text_dim * dim + dim * dim)
@@ -71,8 +87,11 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
 
 
 def latent_size(pipe, height: int, width: int, num_frames: int) -> tuple[int, int, int]:
-    return ((num_frames - 1) // pipe.vae_scale_factor_temporal + 1, height // pipe.vae_scale_factor_spatial,
-            width // pipe.vae_scale_factor_spatial)
+    return (
+        (num_frames - 1) // pipe.vae_scale_factor_temporal + 1,
+        height // pipe.vae_scale_factor_spatial,
+        width // pipe.vae_scale_factor_spatial,
+    )
 
 
 def check_frames(pipe, kwargs) -> None:
@@ -92,7 +111,8 @@ def check_frames(pipe, kwargs) -> None:
         raise ValueError(
             f"num_frames={kwargs['num_frames']} gives {latent_frames} latent frames, not a multiple of the "
             f"transformer's temporal patch ({p_t}). Use num_frames={(below - 1) * stride + 1} or "
-            f"{(below + p_t - 1) * stride + 1}.")
+            f"{(below + p_t - 1) * stride + 1}."
+        )
 
 
 def unnormalize_latents(vae, latents):
@@ -117,14 +137,21 @@ class WanPipeline(diffusers.WanPipeline):
 
 
 class WanImageToVideoPipeline(diffusers.WanImageToVideoPipeline):
-    """The stock ``diffusers.WanImageToVideoPipeline`` (Wan 2.1/2.2 image-to-video), importable from ``diffusers_tpu``."""
+    """The stock ``diffusers.WanImageToVideoPipeline`` (Wan 2.1/2.2 image-to-video), importable from
+    ``diffusers_tpu``."""
 
 
 FAMILY = register(
     Family(
         name="wan",
-        pipelines=(diffusers.WanPipeline, diffusers.WanImageToVideoPipeline, diffusers.WanVideoToVideoPipeline,
-                   diffusers.WanVACEPipeline, diffusers.SkyReelsV2Pipeline, diffusers.SkyReelsV2DiffusionForcingPipeline),
+        pipelines=(
+            diffusers.WanPipeline,
+            diffusers.WanImageToVideoPipeline,
+            diffusers.WanVideoToVideoPipeline,
+            diffusers.WanVACEPipeline,
+            diffusers.SkyReelsV2Pipeline,
+            diffusers.SkyReelsV2DiffusionForcingPipeline,
+        ),
         denoisers=("transformer", "transformer_2"),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
@@ -133,12 +160,20 @@ FAMILY = register(
         vae_install=wan_vae.install,
         cfg=CFGBatching(
             negative=lambda encoded: encoded[1],
-            batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
-                          "control_hidden_states", "fps"),
+            batched_args=(
+                "hidden_states",
+                "timestep",
+                "encoder_hidden_states",
+                "encoder_hidden_states_image",
+                "control_hidden_states",
+                "fps",
+            ),
         ),
         check_call=check_frames,
         decode_latents=decode_latents,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(pipe.transformer.config, *latent_size(pipe, h, w, f), text),
+        forward_flops=lambda pipe, h, w, f, text: forward_flops(
+            pipe.transformer.config, *latent_size(pipe, h, w, f), text
+        ),
         plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_dim),
     )
 )

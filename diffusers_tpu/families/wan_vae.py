@@ -24,12 +24,11 @@ import math
 import jax
 import jax.numpy as jnp
 import torch
+from diffusers.models.autoencoders.autoencoder_kl_wan import patchify, unpatchify
+from diffusers.models.autoencoders.vae import DecoderOutput
 
 from ..interop import backend
 from ..interop.jit import compiled_function
-from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
-from diffusers.models.autoencoders.vae import DecoderOutput
 
 
 def _scan(step, cache: list, frames, per_call: int):
@@ -65,8 +64,10 @@ def _decode_first(vae, z, cache=None, start: int = 0):
     frame ``start - 1``; a fresh one for ``start=0``)."""
     x = vae.post_quant_conv(z)
     cache = [None] * vae._cached_conv_counts["decoder"] if cache is None else list(cache)
-    outs = [vae.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
-            for i in range(z.shape[2])]
+    outs = [
+        vae.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=start + i == 0)
+        for i in range(z.shape[2])
+    ]
     return torch.cat(outs, 2), cache
 
 
@@ -107,7 +108,7 @@ def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
         array = jnp.pad(array, ((0, 0), (0, 0), (0, padded - array.shape[2]), (0, 0), (0, 0)))
         produced = 0
         for start in range(0, padded, per_chunk_frames):
-            out, cache = chunk_program(backend.wrap(array[:, :, start:start + per_chunk_frames]), cache)
+            out, cache = chunk_program(backend.wrap(array[:, :, start : start + per_chunk_frames]), cache)
             pieces.append(out)
             produced += out.shape[2]
         extra = produced - keep
@@ -190,12 +191,19 @@ class _Tiles:
         tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
         stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
         with self.runtime.active():
-            rows = [[self.decode_frames(z[:, :, :, i:i + tile_h, j:j + tile_w]) for j in range(0, width, stride_w)]
-                    for i in range(0, height, stride_h)]
-            out = self.assemble(rows, vae.tile_sample_min_height // patch - vae.tile_sample_stride_height // patch,
-                                vae.tile_sample_min_width // patch - vae.tile_sample_stride_width // patch,
-                                vae.tile_sample_stride_height // patch, vae.tile_sample_stride_width // patch,
-                                height * ratio // patch, width * ratio // patch)
+            rows = [
+                [self.decode_frames(z[:, :, :, i : i + tile_h, j : j + tile_w]) for j in range(0, width, stride_w)]
+                for i in range(0, height, stride_h)
+            ]
+            out = self.assemble(
+                rows,
+                vae.tile_sample_min_height // patch - vae.tile_sample_stride_height // patch,
+                vae.tile_sample_min_width // patch - vae.tile_sample_stride_width // patch,
+                vae.tile_sample_stride_height // patch,
+                vae.tile_sample_stride_width // patch,
+                height * ratio // patch,
+                width * ratio // patch,
+            )
             out = _finish(vae, out)
         return (out,) if not return_dict else DecoderOutput(sample=out)
 
@@ -206,11 +214,22 @@ class _Tiles:
         latent_min_h, latent_min_w = min_h // ratio, min_w // ratio
         stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
         with self.runtime.active():
-            rows = [[self.encode_frames(x[:, :, :, i:i + min_h, j:j + min_w])
-                     for j in range(0, width, vae.tile_sample_stride_width)]
-                    for i in range(0, height, vae.tile_sample_stride_height)]
-            return self.assemble(rows, latent_min_h - stride_h, latent_min_w - stride_w, stride_h, stride_w,
-                                 height // ratio, width // ratio)
+            rows = [
+                [
+                    self.encode_frames(x[:, :, :, i : i + min_h, j : j + min_w])
+                    for j in range(0, width, vae.tile_sample_stride_width)
+                ]
+                for i in range(0, height, vae.tile_sample_stride_height)
+            ]
+            return self.assemble(
+                rows,
+                latent_min_h - stride_h,
+                latent_min_w - stride_w,
+                stride_h,
+                stride_w,
+                height // ratio,
+                width // ratio,
+            )
 
 
 def _assemble(vae, rows, blend_height: int, blend_width: int, stride_h: int, stride_w: int, height: int, width: int):
@@ -246,13 +265,19 @@ def install(vae, runtime, state, place_input) -> None:
     def decode_frames(z):  # stock's per-frame decoder loop (one cache), before unpatchify and clamp
         frames = z.shape[2]
         head, tail = z[:, :, : min(frames, 2)], z[:, :, 2:] if frames > 2 else None
-        return _chunks(decode_first, decode_chunk, head, tail, config.vae_decode_chunk,
-                       keep=vae.config.scale_factor_temporal * max(frames - 2, 0))
+        return _chunks(
+            decode_first,
+            decode_chunk,
+            head,
+            tail,
+            config.vae_decode_chunk,
+            keep=vae.config.scale_factor_temporal * max(frames - 2, 0),
+        )
 
     def encode_frames(x):  # stock's encoder loop (1 frame, then 4 at a time; one cache), quant_conv applied
         calls = 1 + (x.shape[2] - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
         head = x[:, :, : min(x.shape[2], 5) if calls > 1 else 1]
-        tail = x[:, :, 5: 1 + 4 * (calls - 1)] if calls > 2 else None
+        tail = x[:, :, 5 : 1 + 4 * (calls - 1)] if calls > 2 else None
         return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk, keep=max(calls - 2, 0))
 
     def _decode(z, return_dict: bool = True):
@@ -280,6 +305,14 @@ def install(vae, runtime, state, place_input) -> None:
     runtime.overrides.set(vae, "tiled_decode", tiles.decode)
     runtime.overrides.set(vae, "tiled_encode", tiles.encode)
     runtime.enter_public_vae_methods(vae)
-    runtime.overrides.set(vae, "_diffusers_tpu_programs", {"decode_first": decode_first, "decode_chunk": decode_chunk,
-                                                       "encode_first": encode_first, "encode_chunk": encode_chunk,
-                                                       "rehearsed": set()})  # StreamingDecoder's block shapes
+    runtime.overrides.set(
+        vae,
+        "_diffusers_tpu_programs",
+        {
+            "decode_first": decode_first,
+            "decode_chunk": decode_chunk,
+            "encode_first": encode_first,
+            "encode_chunk": encode_chunk,
+            "rehearsed": set(),
+        },
+    )  # StreamingDecoder's block shapes

@@ -33,8 +33,12 @@ def forward_flops(config, latent_height: int, latent_width: int, text_tokens: in
     dim, total = config.dim, image + text_tokens
     mlp = int(dim / 3 * 8)
     layer = lambda n: 8 * n * dim**2 + 4 * n**2 * dim + 6 * n * dim * mlp  # noqa: E731
-    return (config.n_layers * layer(total) + config.n_refiner_layers * (layer(image) + layer(text_tokens))
-            + 2 * image * patch * patch * config.in_channels * dim * 2 + 2 * text_tokens * config.cap_feat_dim * dim)
+    return (
+        config.n_layers * layer(total)
+        + config.n_refiner_layers * (layer(image) + layer(text_tokens))
+        + 2 * image * patch * patch * config.in_channels * dim * 2
+        + 2 * text_tokens * config.cap_feat_dim * dim
+    )
 
 
 FAMILY = register(
@@ -46,6 +50,7 @@ FAMILY = register(
         activation_rules=ACTIVATION_RULES,
         num_heads=lambda pipe: pipe.transformer.config.n_heads,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, h // pipe.vae_scale_factor, w // pipe.vae_scale_factor, text),
+            pipe.transformer.config, h // pipe.vae_scale_factor, w // pipe.vae_scale_factor, text
+        ),
     )
 )

@@ -10,19 +10,19 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 import jax
+import ml_dtypes
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 import torchax
 from jax.sharding import AxisType, Mesh
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torchax.ops import mappings
+from torchax.tensor import Tensor
+from torchax.view import View
 
 from . import distributed
 from .mesh_axes import MESH_AXES
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-from torch.utils._python_dispatch import _disable_current_modes
-from torchax.tensor import Tensor
-from torchax.view import View
-import torch.utils._pytree as pytree
-from torchax.ops import mappings
 
 logger = logging.getLogger(__name__)
 
@@ -184,8 +184,6 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     (JAX runs with x64 off, as torchax does)."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-
         return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
     array = tensor.numpy()
     if array.dtype == np.float64:
@@ -294,7 +292,7 @@ def enable_compile_cache(directory: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", _min_compile_time_we_replaced)
         _min_compile_time_we_replaced = None
     try:
-        from jax.experimental.compilation_cache import compilation_cache
+        from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415 - absent in older JAX
 
         compilation_cache.reset_cache()  # the cache object binds its directory on first use
     except Exception:  # pragma: no cover - older JAX without reset

@@ -16,26 +16,17 @@ import inspect
 import jax
 import jax.numpy as jnp
 import torch
-import torchax
-
-from . import patching
 import torch.nn.functional as F
-from torchax.tensor import Tensor
-from torchax.view import View
-from torchax.tensor import Environment
-from torchax.ops import mappings
-from . import host_scalars
-from torchax.view import NarrowInfo
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec
-from torchax.ops import jaten
-from torchax.ops import ops_registry
-from jax._src.sharding import IndivisibleError
-from torchax.ops import op_base
-from torch.utils._python_dispatch import _disable_current_modes
 import torch.utils._pytree as pytree
+import torchax
+from jax._src.sharding import IndivisibleError
+from jax.sharding import NamedSharding, PartitionSpec
+from torch.utils._python_dispatch import _disable_current_modes
+from torchax.ops import jaten, mappings, op_base, ops_registry
+from torchax.tensor import Environment, Tensor
+from torchax.view import NarrowInfo, View
 
-
+from . import host_scalars, patching
 
 # --- 2. SDPA on the torchax default environment -----------------------------------------------------------
 # Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
@@ -268,8 +259,12 @@ def _patch_glue_views():
 
         return jax_array
 
-    patching.wrap(NarrowInfo, "calculate_output_shape", lambda stock: calculate_output_shape,
-                  "torchax view shapes without running the slice")
+    patching.wrap(
+        NarrowInfo,
+        "calculate_output_shape",
+        lambda stock: calculate_output_shape,
+        "torchax view shapes without running the slice",
+    )
     patching.wrap(View, "jax", view_jax, "views of host scalars and vectors read on the host")
 
 
@@ -286,8 +281,10 @@ def strided_set(array: jax.Array, key, value) -> jax.Array | None:
     key = key if isinstance(key, tuple) else (key,)
     if sum(k is Ellipsis for k in key) > 1 or not all(k is Ellipsis or isinstance(k, slice) for k in key):
         return None
-    if any(isinstance(k, slice) and not all(p is None or isinstance(p, int) for p in (k.start, k.stop, k.step))
-           for k in key):
+    if any(
+        isinstance(k, slice) and not all(p is None or isinstance(p, int) for p in (k.start, k.stop, k.step))
+        for k in key
+    ):
         return None
     fill = array.ndim - (len(key) - (Ellipsis in key))
     if fill < 0:
@@ -325,9 +322,9 @@ def _place(array, value, ranges):
     step, phase, first = r.step, r.start % r.step, r.start // r.step
     blocks = -(-n // step)
     padded = jnp.pad(array, [(0, blocks * step - n if a == axis else 0) for a in range(array.ndim)])
-    split = padded.reshape(array.shape[:axis] + (blocks, step) + array.shape[axis + 1:])
+    split = padded.reshape(array.shape[:axis] + (blocks, step) + array.shape[axis + 1 :])
     phases = [jax.lax.index_in_dim(split, j, axis + 1, keepdims=False) for j in range(step)]
-    inner = ranges[:axis] + (range(first, first + len(r)),) + ranges[axis + 1:]
+    inner = ranges[:axis] + (range(first, first + len(r)),) + ranges[axis + 1 :]
     phases[phase] = _place(phases[phase], value, inner)
     merged = jnp.stack(phases, axis=axis + 1).reshape(padded.shape)
     return jax.lax.slice_in_dim(merged, 0, n, axis=axis) if blocks * step != n else merged
@@ -455,8 +452,12 @@ def _patch_convolution_inputs():
 
     label = "convolutions keep small spatial dims whole"
     if patching.wrap(jaten, "_aten_convolution", make, label):
-        patching.wrap(ops_registry.all_aten_ops[torch.ops.aten.convolution], "func",
-                      lambda registered: jaten._aten_convolution, label)
+        patching.wrap(
+            ops_registry.all_aten_ops[torch.ops.aten.convolution],
+            "func",
+            lambda registered: jaten._aten_convolution,
+            label,
+        )
 
 
 # --- 17. An eager op on tensors of two meshes ----------------------------------------------------------------
@@ -521,8 +522,10 @@ def _patch_missing_ops():
         for overload_name in packet.overloads():
             if not overload_name.endswith("out"):
                 register(getattr(packet, overload_name), _host_window(getattr(packet, overload_name)))
-    for inplace, functional in ((torch.ops.aten.cumsum_, torch.ops.aten.cumsum),
-                                (torch.ops.aten.cumprod_, torch.ops.aten.cumprod)):
+    for inplace, functional in (
+        (torch.ops.aten.cumsum_, torch.ops.aten.cumsum),
+        (torch.ops.aten.cumprod_, torch.ops.aten.cumprod),
+    ):
         register(inplace.default, op_base.InplaceOp(functional), is_jax_function=False, is_view_op=True)
     patching.record("window functions and in-place cumulative sums")
 
@@ -546,8 +549,12 @@ def _patch_eager_group_norm():
 
     label = "group norm compiled once per shape when run eagerly"
     if patching.wrap(jaten, "_aten_native_group_norm", make, label):
-        patching.wrap(ops_registry.all_aten_ops[torch.ops.aten.native_group_norm], "func",
-                      lambda registered: jaten._aten_native_group_norm, label)
+        patching.wrap(
+            ops_registry.all_aten_ops[torch.ops.aten.native_group_norm],
+            "func",
+            lambda registered: jaten._aten_native_group_norm,
+            label,
+        )
 
 
 def apply() -> None:
@@ -582,4 +589,3 @@ DISPATCH_LAYERS = (
 def _patch_dispatch():
     for label, layer in DISPATCH_LAYERS:
         patching.wrap(Environment, "dispatch", layer, label)
-

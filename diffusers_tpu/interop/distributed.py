@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import atexit
 import errno
+import glob
 import os
+import socket
 import sys
 import threading
 import time
 
 import jax
 import numpy as np
-import socket
-import glob
+from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 
 COORDINATOR_ENV = "DIFFUSERS_TPU_COORDINATOR"
@@ -60,8 +61,10 @@ def _int_env(name: str, default: int | None = None) -> int:
         number = None
     if number is None or (default is not None and number < 1):
         kind = "a positive number of seconds" if default is not None else "an integer"
-        raise ValueError(f"{name}={value!r} must be {kind} (set it with {COORDINATOR_ENV} for a multi-process run, "
-                         "before `import diffusers_tpu`).")
+        raise ValueError(
+            f"{name}={value!r} must be {kind} (set it with {COORDINATOR_ENV} for a multi-process run, "
+            "before `import diffusers_tpu`)."
+        )
     return number
 
 
@@ -85,7 +88,8 @@ def _check_port_free(coordinator: str) -> None:
                 raise RuntimeError(
                     f"{COORDINATOR_ENV}={coordinator}: port {port} is already in use on this host (process 0 hosts "
                     f"the coordinator there): {error.strerror}. Stop the run that holds it, or choose a free port "
-                    f"in {COORDINATOR_ENV} for every process.") from None
+                    f"in {COORDINATOR_ENV} for every process."
+                ) from None
 
 
 def _multi_host_tpu_slice() -> bool:
@@ -97,7 +101,7 @@ def _multi_host_tpu_slice() -> bool:
     if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
         return False
     try:
-        from jax._src.clusters import cloud_tpu_cluster
+        from jax._src.clusters import cloud_tpu_cluster  # noqa: PLC0415 - private: its absence is answered below
 
         endpoints, code = cloud_tpu_cluster.get_metadata("worker-network-endpoints")
         return code == 200 and len([e for e in endpoints.split(",") if e.strip()]) > 1
@@ -117,8 +121,10 @@ def initialize_from_env() -> bool:
         if num_processes < 1 or not 0 <= process_id < num_processes:
             raise ValueError(f"{PROCESS_ID_ENV}={process_id} must be in [0, {NUM_PROCESSES_ENV}={num_processes}).")
         if ":" not in coordinator:
-            raise ValueError(f"{COORDINATOR_ENV}={coordinator!r} must be host:port, e.g. 10.0.0.2:8476 (process 0's "
-                             "address, reachable from every process).")
+            raise ValueError(
+                f"{COORDINATOR_ENV}={coordinator!r} must be host:port, e.g. 10.0.0.2:8476 (process 0's "
+                "address, reachable from every process)."
+            )
         if not coordinator.rsplit(":", 1)[1].isdigit():
             raise ValueError(f"{COORDINATOR_ENV}={coordinator!r} must end in a port number, e.g. 10.0.0.2:8476.")
         if process_id == 0:
@@ -133,18 +139,21 @@ def initialize_from_env() -> bool:
     # CPU processes exchange collectives over gloo (the default has none across processes); harmless elsewhere.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     expected = f"{NUM_PROCESSES_ENV}={kwargs['num_processes']}" if kwargs else "the slice's"
-    missing = (f"diffusers_tpu: not every process joined the cluster within {init_timeout} s ({INIT_TIMEOUT_ENV}): "
-               f"{expected} processes were expected at {kwargs.get('coordinator_address', 'the coordinator')}. Start "
-               f"exactly that many processes, each with its own {PROCESS_ID_ENV} from 0, or set {NUM_PROCESSES_ENV} to "
-               f"the number you start; check that {COORDINATOR_ENV} is process 0's address, reachable from every host.")
+    missing = (
+        f"diffusers_tpu: not every process joined the cluster within {init_timeout} s ({INIT_TIMEOUT_ENV}): "
+        f"{expected} processes were expected at {kwargs.get('coordinator_address', 'the coordinator')}. Start "
+        f"exactly that many processes, each with its own {PROCESS_ID_ENV} from 0, or set {NUM_PROCESSES_ENV} to "
+        f"the number you start; check that {COORDINATOR_ENV} is process 0's address, reachable from every host."
+    )
     # JAX aborts the process (a C++ fatal error, no Python exception) when its own deadlines pass: ours come first,
     # with a message that says what happened (JAX's own heartbeat is the backstop, at twice ours).
     watchdog = threading.Timer(init_timeout, _exit_with, (missing,))
     watchdog.daemon = True
     watchdog.start()
     try:
-        jax.distributed.initialize(**kwargs, initialization_timeout=init_timeout + 30,
-                                   heartbeat_timeout_seconds=2 * heartbeat_timeout)
+        jax.distributed.initialize(
+            **kwargs, initialization_timeout=init_timeout + 30, heartbeat_timeout_seconds=2 * heartbeat_timeout
+        )
     except (RuntimeError, ValueError) as error:
         arguments = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise RuntimeError(
@@ -170,9 +179,7 @@ class _PeerWatch(threading.Thread):
 
     def __init__(self, timeout: int):
         super().__init__(name="diffusers_tpu-peer-watch", daemon=True)
-        from jax._src import distributed as jax_distributed  # the client JAX's initialize connected
-
-        self.client = jax_distributed.global_state.client
+        self.client = jax_distributed.global_state.client  # the client JAX's initialize connected
         self.timeout, self.me, self.count = timeout, jax.process_index(), jax.process_count()
         atexit.register(self.leave)
 
@@ -193,10 +200,12 @@ class _PeerWatch(threading.Thread):
                 values = {peer: self._value(peer) for peer in changed}
             except Exception as error:  # the key-value store lives in process 0's coordinator
                 if now - reached > self.timeout:
-                    _exit_with(f"diffusers_tpu: process 0 (the coordinator) of {self.count} stopped answering for "
-                               f"{self.timeout} s ({error}); it crashed or was stopped, so this process "
-                               f"{self.me} exits too. See process 0's log for why; {HEARTBEAT_TIMEOUT_ENV} sets the "
-                               "wait.")
+                    _exit_with(
+                        f"diffusers_tpu: process 0 (the coordinator) of {self.count} stopped answering for "
+                        f"{self.timeout} s ({error}); it crashed or was stopped, so this process "
+                        f"{self.me} exits too. See process 0's log for why; {HEARTBEAT_TIMEOUT_ENV} sets the "
+                        "wait."
+                    )
             else:
                 reached = now
                 for peer, value in values.items():
@@ -205,10 +214,12 @@ class _PeerWatch(threading.Thread):
                     elif value != seen.get(peer):
                         seen[peer], changed[peer] = value, now
                     elif now - changed[peer] > self.timeout:
-                        _exit_with(f"diffusers_tpu: process {peer} of {self.count} stopped (no heartbeat for "
-                                   f"{self.timeout} s: it crashed, was killed or lost its host), so this process "
-                                   f"{self.me} exits too. See process {peer}'s log for why; {HEARTBEAT_TIMEOUT_ENV} "
-                                   "sets the wait.")
+                        _exit_with(
+                            f"diffusers_tpu: process {peer} of {self.count} stopped (no heartbeat for "
+                            f"{self.timeout} s: it crashed, was killed or lost its host), so this process "
+                            f"{self.me} exits too. See process {peer}'s log for why; {HEARTBEAT_TIMEOUT_ENV} "
+                            "sets the wait."
+                        )
             time.sleep(1)
 
     def _value(self, peer: int) -> str | None:

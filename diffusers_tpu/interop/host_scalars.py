@@ -16,14 +16,14 @@ Imports nothing of the package.
 from __future__ import annotations
 
 import jax
-import torch
+import ml_dtypes
 import numpy as np
-from torchax.view import NarrowInfo
-from torchax.tensor import Tensor
-from torchax.view import View
+import torch
 import torch.utils._pytree as pytree
 from jax._src import core
 from torch.utils._python_dispatch import _disable_current_modes
+from torchax.tensor import Tensor
+from torchax.view import NarrowInfo, View
 
 GLUE_ELEMENTS = 4096
 _HOST_CONSTRUCTORS = ("zeros", "ones", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "eye")
@@ -32,9 +32,12 @@ NOT_GLUE = object()
 
 
 def _is_glue(array) -> bool:
-    return (not isinstance(array, jax.core.Tracer) and array.size <= GLUE_ELEMENTS
-            and sum(d > 1 for d in array.shape) <= 1
-            and (array.is_fully_addressable or array.sharding.is_fully_replicated))
+    return (
+        not isinstance(array, jax.core.Tracer)
+        and array.size <= GLUE_ELEMENTS
+        and sum(d > 1 for d in array.shape) <= 1
+        and (array.is_fully_addressable or array.sharding.is_fully_replicated)
+    )
 
 
 def _host_of(array):
@@ -179,8 +182,12 @@ def run(env, func, args, kwargs):
     if func in _HOST_WRITES and args and isinstance(args[0], torch.Tensor):
         return _write_into_host(func, args, kwargs)
 
-    if func in _FROM_DATA and args and isinstance(args[0], (list, tuple)) and (
-            found := _from_scalars(env, func, args, kwargs)) is not NOT_GLUE:
+    if (
+        func in _FROM_DATA
+        and args
+        and isinstance(args[0], (list, tuple))
+        and (found := _from_scalars(env, func, args, kwargs)) is not NOT_GLUE
+    ):
         return found
     if func in _TO_PYTHON and len(args) == 1 and not kwargs:
         host = _host_tensor(args[0])
@@ -258,8 +265,11 @@ def draw(env, func, args, kwargs):
             return NOT_GLUE
     elif not args or type(args[0]) is not Tensor or isinstance(args[0]._elem, jax.core.Tracer):
         return NOT_GLUE  # a view, or a host tensor: torchax's or torch's own
-    elif func in _DRAWS_LIKE and kwargs.get("device") is not None and not env._should_use_torchax_tensor(
-            kwargs["device"]):
+    elif (
+        func in _DRAWS_LIKE
+        and kwargs.get("device") is not None
+        and not env._should_use_torchax_tensor(kwargs["device"])
+    ):
         return NOT_GLUE
     else:
         like = args[0]._elem
@@ -286,7 +296,5 @@ def host_numpy(tensor: torch.Tensor):
     """A private numpy copy of a CPU tensor (bfloat16 as ``ml_dtypes.bfloat16``)."""
     tensor = tensor.detach().contiguous()
     if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-
         return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16).copy()
     return np.array(tensor.numpy(), copy=True)

@@ -4,6 +4,8 @@
 module stays the same object (its config, hooks and cache contexts keep working) while every call runs one
 compiled XLA program per (non-tensor arguments, input shapes). Weights are arguments of the program, never
 constants baked into it, so sharded weights stay sharded and a dtype change just retraces.
+
+Over 400 lines on purpose: the compiled method, its cache key and its compile accounting are one mechanism.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
+from torchax.ops import mappings
 
 from . import module_state, static_keys, torch_compat
 from .backend import is_jax_tensor, to_jax_array, wrap
-from torchax.ops import mappings
 
 logger = logging.getLogger(__name__)
+
 
 class Rebuilt:
     """A program argument standing for a weight that the program rebuilds next to its use (``rebuild()``, traced):
@@ -120,7 +123,11 @@ class Retrace(Exception):
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # fires for persistent-cache loads too
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
-_COMPILE_PHASES = (_BACKEND_COMPILE, "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_COMPILE_PHASES = (
+    _BACKEND_COMPILE,
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+)
 
 
 @dataclasses.dataclass(eq=False)  # identity: nested logs with equal counts must stay distinct in _open_logs
@@ -179,17 +186,33 @@ class _TensorSlot:
 
 _TENSOR = _TensorSlot()
 _CARRIED_TENSOR = _TensorSlot()  # a carried attribute left holding a tensor: the program's next output
-HOOKED = ("%s.%s has forward hooks on its modules (registered by the pipeline or by you): stock runs them at every "
-          "call, so it runs eagerly (op by op, same result, slower) while they are registered.")
-EAGER = ("%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly (op by op) from "
-         "now on, with the same result as stock, slower.")
+HOOKED = (
+    "%s.%s has forward hooks on its modules (registered by the pipeline or by you): stock runs them at every "
+    "call, so it runs eagerly (op by op, same result, slower) while they are registered."
+)
+EAGER = (
+    "%s.%s keeps state between calls that a compiled program cannot carry (%s): it runs eagerly (op by op) from "
+    "now on, with the same result as stock, slower."
+)
 
 
 class _Program:
     """One jitted program for one structure of non-tensor arguments."""
 
-    def __init__(self, module, method: Callable, spec, static, compute_dtype=None, donate: int | None = None,
-                 extras=None, trace_hook=None, carried: tuple = (), carried_key: tuple = (), place_output=None):
+    def __init__(
+        self,
+        module,
+        method: Callable,
+        spec,
+        static,
+        compute_dtype=None,
+        donate: int | None = None,
+        extras=None,
+        trace_hook=None,
+        carried: tuple = (),
+        carried_key: tuple = (),
+        place_output=None,
+    ):
         self.out_spec = None
         self.out_static = None
         self.donate = donate
@@ -238,34 +261,50 @@ class _Program:
                 post = [vars(owner).get(name, module_state.MISSING) for owner, name in self.carried]
                 reported = [vars(owner).get(name) for owner, name in self.report or ()]
                 carried = frozenset((id(owner), name) for owner, name in self.carried)
-                assigned = [(owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)), before)
-                            for owner, name, before in module_state.changes(attributes, skip=carried)]
+                assigned = [
+                    (owner, name, module_state.kind(vars(owner).get(name, module_state.MISSING)), before)
+                    for owner, name, before in module_state.changes(attributes, skip=carried)
+                ]
             finally:
                 torch_compat.tracing.reset(token)
                 # traced values (and carried attributes) go back: the caller sets state; plain values a trace assigns
                 # stay (a one-time set-up, e.g. transformers' output-capturing hooks flag) unless this is an analysis
                 changed = module_state.changes(attributes)
-                module_state.restore(changed if self.report is not None else [
-                    (owner, name, before) for owner, name, before in changed
-                    if (id(owner), name) in frozenset((id(o), n) for o, n in self.carried)
-                    or module_state.kind(vars(owner).get(name, module_state.MISSING)) in ("tensor", "container")])
+                module_state.restore(
+                    changed
+                    if self.report is not None
+                    else [
+                        (owner, name, before)
+                        for owner, name, before in changed
+                        if (id(owner), name) in frozenset((id(o), n) for o, n in self.carried)
+                        or module_state.kind(vars(owner).get(name, module_state.MISSING)) in ("tensor", "container")
+                    ]
+                )
             if self.report is not None:  # ``state_dependence``: the reported attributes' tensors, per attribute
                 self.report_changed = {(id(owner), name) for owner, name, *_ in assigned}
-                return [[to_jax_array(x) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
-                        for value in reported]
+                return [
+                    [to_jax_array(x) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+                    for value in reported
+                ]
             self.discovered = assigned
-            uncarriable = [name for (owner, name), value in zip(self.carried, post) if not module_state.carriable(value)]
+            uncarriable = [
+                name for (owner, name), value in zip(self.carried, post) if not module_state.carriable(value)
+            ]
             if uncarriable:
                 raise module_state.Uncarriable(uncarriable)
             self.carried_post = [_CARRIED_TENSOR if isinstance(value, torch.Tensor) else value for value in post]
             # a list argument the method changed (a feature cache filled in place) is written back by the caller
-            changed = {key: value for key, value in lists.items()
-                       if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))}
+            changed = {
+                key: value
+                for key, value in lists.items()
+                if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))
+            }
             out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
             self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
             placed = place_output or (lambda tensor: tensor)
-            return ([to_jax_array(placed(x)) for x in out_leaves if isinstance(x, torch.Tensor)]
-                    + [to_jax_array(placed(value)) for value in post if isinstance(value, torch.Tensor)])
+            return [to_jax_array(placed(x)) for x in out_leaves if isinstance(x, torch.Tensor)] + [
+                to_jax_array(placed(value)) for value in post if isinstance(value, torch.Tensor)
+            ]
 
         # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
         self.traced = traced
@@ -273,8 +312,9 @@ class _Program:
 
     def __call__(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
-        return self.without_hook_if_needed(self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra),
-                                           list(carried_in))
+        return self.without_hook_if_needed(
+            self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in)
+        )
 
     def state_dependence(self, pairs: list, state: dict, dynamic: list, extra: list, carried_in: list) -> list[bool]:
         """Per attribute of ``pairs`` (assigned by the method, found in a trace), from one more trace: a tensor (or
@@ -286,12 +326,15 @@ class _Program:
         try:
             closed, shapes = jax.make_jaxpr(
                 lambda dynamic, donated, carried: self.traced(state, dynamic, donated, list(extra), carried),
-                return_shape=True)(dynamic[:cut], dynamic[cut:], list(carried_in))
+                return_shape=True,
+            )(dynamic[:cut], dynamic[cut:], list(carried_in))
         finally:
             self.report = None
         flat = iter(module_state.depends_on_inputs(closed, [True] * len(closed.jaxpr.invars)))
-        return [any([next(flat) for _ in per_attribute]) or (not per_attribute and (id(owner), name) in self.report_changed)
-                for (owner, name), per_attribute in zip(pairs, shapes)]
+        return [
+            any([next(flat) for _ in per_attribute]) or (not per_attribute and (id(owner), name) in self.report_changed)
+            for (owner, name), per_attribute in zip(pairs, shapes)
+        ]
 
     def without_hook_if_needed(self, run, *args):
         """``run(*args)`` (a call or a lowering), traced again without the trace hook if it raised ``Retrace``."""
@@ -400,8 +443,9 @@ def compiled_function(
                 f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
             ) from None
         if program is None:
-            program = programs[key] = _Program(module, method, spec, static, compute_dtype, donate, extras,
-                                               trace_hook, live, carried_key, place_output)
+            program = programs[key] = _Program(
+                module, method, spec, static, compute_dtype, donate, extras, trace_hook, live, carried_key, place_output
+            )
         program.carried = live  # the objects now at the carried places
         dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
         carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
@@ -417,10 +461,16 @@ def compiled_function(
         if found and donate is None:
             pairs = [(owner, attribute) for owner, attribute, *_ in found]
             is_state = program.state_dependence(pairs, weights, dynamic, extra, carried_in)
-            new_state = [(owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state)
-                         if yes and kind == "tensor"]
-            eager_state = [(owner, attribute, kind, before) for (owner, attribute, kind, before), yes
-                           in zip(found, is_state) if yes and kind != "tensor"]
+            new_state = [
+                (owner, attribute)
+                for (owner, attribute, kind, _), yes in zip(found, is_state)
+                if yes and kind == "tensor"
+            ]
+            eager_state = [
+                (owner, attribute, kind, before)
+                for (owner, attribute, kind, before), yes in zip(found, is_state)
+                if yes and kind != "tensor"
+            ]
             caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
             if eager_state:  # changed on every call, or tensors in a container: no program carries that
                 what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
@@ -431,8 +481,12 @@ def compiled_function(
                 module_state.restore([(o, a, before) for o, a, _, before in eager_state])
                 return run_eagerly(what, args, kwargs)
             if new_state:  # this run could not leave the state behind: run the call again, carrying it
-                logger.info("%s.%s keeps state between calls (%s): carried through its programs",
-                            type(module).__name__, name, ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state))
+                logger.info(
+                    "%s.%s keeps state between calls (%s): carried through its programs",
+                    type(module).__name__,
+                    name,
+                    ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state),
+                )
                 carried.extend((module_state.where(owner, held[0]), attribute) for owner, attribute in new_state)
                 del programs[key]
                 return compiled(*args, **kwargs)
@@ -466,8 +520,14 @@ def _call_key(compiled, args, kwargs):
     values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
     carried_key = tuple(module_state.signature(value) for value in values)
     extras = compiled.extras
-    key = (spec, _by_value(static), shapes, extras.key() if extras is not None else None, carried_key,
-           module_state.held_key(compiled.held[0]))
+    key = (
+        spec,
+        _by_value(static),
+        shapes,
+        extras.key() if extras is not None else None,
+        carried_key,
+        module_state.held_key(compiled.held[0]),
+    )
     return leaves, spec, static, key, live, values
 
 
@@ -485,8 +545,12 @@ def lowered_output_shapes(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered
 
 
 def _zeros(lowered, program, device="cpu"):
-    zeros = iter([torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype), device=device)
-                  for info in jax.tree_util.tree_leaves(lowered.out_info)])
+    zeros = iter(
+        [
+            torch.zeros(info.shape, dtype=mappings.j2t_dtype(info.dtype), device=device)
+            for info in jax.tree_util.tree_leaves(lowered.out_info)
+        ]
+    )
     out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
     return out
 
@@ -504,9 +568,19 @@ def _abstract(value) -> jax.ShapeDtypeStruct:
 def _lowered(compiled, args, kwargs):
     leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
     extras = compiled.extras
-    program = compiled.programs.get(key) or _Program(compiled.module, compiled.__wrapped__, spec, static,
-                                                     compiled.compute_dtype, compiled.donate, extras,
-                                                     compiled.trace_hook, live, key[-2], compiled.place_output)
+    program = compiled.programs.get(key) or _Program(
+        compiled.module,
+        compiled.__wrapped__,
+        spec,
+        static,
+        compiled.compute_dtype,
+        compiled.donate,
+        extras,
+        compiled.trace_hook,
+        live,
+        key[-2],
+        compiled.place_output,
+    )
     program.carried = live
     carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
     # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
@@ -514,8 +588,9 @@ def _lowered(compiled, args, kwargs):
     cut = len(dynamic) if program.donate is None else program.donate
     extra = extras.values() if extras is not None else []
     with compiled.activate():
-        return program.without_hook_if_needed(program.jitted.lower, compiled.state(), dynamic[:cut], dynamic[cut:],
-                                              extra, carried_in), program
+        return program.without_hook_if_needed(
+            program.jitted.lower, compiled.state(), dynamic[:cut], dynamic[cut:], extra, carried_in
+        ), program
 
 
 def memory_analysis(compiled, *args, **kwargs) -> dict:
@@ -540,7 +615,13 @@ def lowered_zero_outputs(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered,
 
 def _memory_report(executable) -> dict:
     stats = executable.memory_analysis()
-    report = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
-              "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
-    report["peak_bytes"] = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    report = {
+        "argument_bytes": stats.argument_size_in_bytes,
+        "output_bytes": stats.output_size_in_bytes,
+        "alias_bytes": stats.alias_size_in_bytes,
+        "temp_bytes": stats.temp_size_in_bytes,
+    }
+    report["peak_bytes"] = (
+        report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    )
     return report

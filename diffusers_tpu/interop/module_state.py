@@ -39,8 +39,11 @@ class Uncarriable(Exception):
 
 def _held(value) -> bool:
     """A plain diffusers/transformers object a module holds (an attention processor, a ``RopeEmbedder``)."""
-    return hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and type(
-        value).__module__.split(".")[0] in ("diffusers", "transformers")
+    return (
+        hasattr(value, "__dict__")
+        and not isinstance(value, (torch.nn.Module, torch.Tensor, type))
+        and type(value).__module__.split(".")[0] in ("diffusers", "transformers")
+    )
 
 
 def owners(module) -> list:
@@ -90,8 +93,13 @@ def hooks(modules: list) -> frozenset:
     call) and torch's global ones: Python that stock runs at every call (SAG's reads the map size off its UNet's
     middle block; a user's may collect activations), which a compiled program would replay only as its trace saw
     it. This package's own hooks (activation sharding constraints) act while tracing only and are left out."""
-    found = [hook for sub in modules for table in (sub._forward_hooks, sub._forward_pre_hooks) if table
-             for hook in table.values()]
+    found = [
+        hook
+        for sub in modules
+        for table in (sub._forward_hooks, sub._forward_pre_hooks)
+        if table
+        for hook in table.values()
+    ]
     found += [*torch_module._global_forward_hooks.values(), *torch_module._global_forward_pre_hooks.values()]
     return frozenset(hook for hook in found if not getattr(hook, "__module__", "").startswith("diffusers_tpu."))
 
@@ -121,8 +129,9 @@ def restore(changed: list) -> None:
 
 def holds_tracer(value) -> bool:
     leaves = pytree.tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]
-    return any(isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer)
-               for x in leaves)
+    return any(
+        isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer) for x in leaves
+    )
 
 
 def carriable(value) -> bool:

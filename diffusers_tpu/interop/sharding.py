@@ -1,12 +1,12 @@
 """Weight placement: sharding rules -> a validated plan -> module tensors replaced by sharded torchax tensors.
 
-A rule is ``(regex, spec)``: the first rule whose regex matches a tensor's qualified name (``re.search``)
-gives its PartitionSpec, written with mesh axis names (a tuple of axis names shards one dimension over
-several axes). Unmatched tensors are replicated. Rules see peft's LoRA layers through their base layer's name
-(``to_q.base_layer.weight`` is ``to_q.weight``), and adapter tensors are sharded like the layer they adapt
-(the naming a layer above registers: ``register_adapter_naming``, done by ``runtime.lora``). Planning validates every shape against the mesh before a single byte moves, so a bad
-mesh leaves the module untouched. ``resync`` brings a placed module up to date after it changed on the host
-(adapters loaded or deleted after the move).
+A rule is ``(regex, spec)``: the first rule whose regex matches a tensor's qualified name (``re.search``) gives its
+PartitionSpec, written with mesh axis names (a tuple of axis names shards one dimension over several axes). Unmatched
+tensors are replicated. Rules see peft's LoRA layers through their base layer's name (``to_q.base_layer.weight`` is
+``to_q.weight``), and adapter tensors are sharded like the layer they adapt (the naming a layer above registers:
+``register_adapter_naming``, done by ``runtime.lora``). Planning validates every shape against the mesh before a single
+byte moves, so a bad mesh leaves the module untouched. ``resync`` brings a placed module up to date after it changed on
+the host (adapters loaded or deleted after the move).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import torch
+import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
-import torch.utils._pytree as pytree
 
 Rule = tuple[str, tuple]
 _SAVED = "_diffusers_tpu_placement"
@@ -188,7 +188,8 @@ def slots_of(module: torch.nn.Module) -> list[_Slot]:
 def needs_resync(module: torch.nn.Module) -> bool:
     """True when a tensor of a placed module is on the host (e.g. an adapter loaded after the move)."""
     return any(not is_jax_tensor(t) for t in module.parameters()) or any(
-        t is not None and not is_jax_tensor(t) for t in module.buffers())
+        t is not None and not is_jax_tensor(t) for t in module.buffers()
+    )
 
 
 def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
@@ -238,8 +239,12 @@ def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast placed floating tensors in place on the device (keeps their sharding)."""
     slots = getattr(module, _SAVED, ())
     changes = {id(slot): _get(slot).is_floating_point() and _get(slot).dtype != dtype for slot in slots}
-    replace(slots, lambda slot, tensor: wrap(tensor.jax().astype(jax_dtype(dtype)))
-            if slot.scale is None and changes[id(slot)] else None)
+    replace(
+        slots,
+        lambda slot, tensor: (
+            wrap(tensor.jax().astype(jax_dtype(dtype))) if slot.scale is None and changes[id(slot)] else None
+        ),
+    )
     for slot in slots:
         if slot.scale is not None:  # quantized: only the dtype it is rebuilt in changes
             slot.dtype = slot.restore_dtype = dtype
@@ -309,8 +314,9 @@ def _get(slot: _Slot) -> torch.Tensor:
 
 def _set(slot: _Slot, tensor: torch.Tensor) -> None:
     if slot.kind == "param":
-        slot.owner._parameters[slot.name] = (tensor if isinstance(tensor, torch.nn.Parameter)
-                                             else torch.nn.Parameter(tensor, requires_grad=False))
+        slot.owner._parameters[slot.name] = (
+            tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor, requires_grad=False)
+        )
     elif slot.kind == "buffer":
         slot.owner._buffers[slot.name] = tensor
     else:

@@ -4,14 +4,17 @@ only): the command line reads its arguments before either loads, yet user code m
 - libtpu on a host without TPU chips stays quiet (``quiet_absent_libtpu``);
 - whether the environment names a multi-host run (``in_a_cluster``): then the cluster starts at import
   (``distributed.initialize_from_env``), before any code can touch a JAX backend;
-- torchax imports on this torch, whoever imports it (``torchax_importable``).
+- torchax imports on this torch, whoever imports it (``torchax_importable``);
+- two known messages that are noise on every run are silenced (``quiet_known_noise``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
+import warnings
 
 from . import import_hooks
 
@@ -25,8 +28,12 @@ _applied: set[str] = set()
 # (``jax._src.hardware_utils``, standard library only: read here from its file, without importing JAX); the
 # variables are set only then, and only if unset.
 # Guard: only with libtpu installed and no TPU chip attached; a real TPU host keeps libtpu's own defaults and lock.
-QUIET_LIBTPU = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v6e-4",
-                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+QUIET_LIBTPU = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v6e-4",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 
 
 def _tpu_chips() -> int:
@@ -76,3 +83,28 @@ def _removed_overloads_tolerated():
     from . import torch_compat  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
 
     return torch_compat.removed_named_overloads_tolerated()
+
+
+# Known noise, silenced at its source and nowhere else, before anything can log it.
+# Reason: a user should see the project's own lines and real problems (README's first command is tested to print no
+# warning). Two messages are noise on every run and are not about anything the user did:
+# - transformers 5 without torchvision: "`CLIPImageProcessor` requires torchvision (not installed); falling back to
+#   `CLIPImageProcessorPil`", logged when diffusers imports its pipelines; the PIL processor is the one transformers 4
+#   used, and what these pipelines need. Only that message of that logger is dropped.
+# - JAX's at-fork hook ("os.fork() was called ... will likely lead to a deadlock") when ``subprocess`` starts ffmpeg
+#   for ``export_to_video``: the child replaces itself with ffmpeg at once (fork+exec), no JAX runs in it. Only forks
+#   made by the ``subprocess`` module are matched; ``os.fork`` and multiprocessing still warn.
+# Guard: message texts of transformers 5.x and jax 0.6-0.10; other messages and other modules are untouched.
+_TORCHVISION_FALLBACK = "requires torchvision (not installed); falling back to"
+
+
+def _torchvision_fallback_filter(record) -> bool:
+    return _TORCHVISION_FALLBACK not in str(record.msg)
+
+
+def quiet_known_noise() -> None:
+    import_utils_logger = logging.getLogger("transformers.utils.import_utils")
+    if _torchvision_fallback_filter not in import_utils_logger.filters:
+        import_utils_logger.addFilter(_torchvision_fallback_filter)
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning, module="subprocess")
+    _applied.add("known noise silenced")

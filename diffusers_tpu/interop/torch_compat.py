@@ -14,7 +14,6 @@ import torch
 
 from . import patching
 
-
 # --- 1. torchax imports on torch >= 2.13 ------------------------------------------------------------------
 # Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
 # torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
@@ -96,9 +95,15 @@ def _patch_is_compiling():
 # The module's functions now serve CUDA when it is available (``torch.cuda``'s own functions), else report no
 # accelerator, as stock torch does. Pipelines on JAX never go through ``torch.accelerator``.
 # Guard: only while torch's accelerator is torchax's renamed backend (torch >= 2.6 has ``torch.accelerator``).
-_CUDA_NAMES = {"current_device_idx": "current_device", "current_device_index": "current_device",
-               "set_device_idx": "set_device", "set_device_index": "set_device", "device_index": "device",
-               "get_memory_info": "mem_get_info", "empty_host_cache": "empty_cache"}
+_CUDA_NAMES = {
+    "current_device_idx": "current_device",
+    "current_device_index": "current_device",
+    "set_device_idx": "set_device",
+    "set_device_index": "set_device",
+    "device_index": "device",
+    "get_memory_info": "mem_get_info",
+    "empty_host_cache": "empty_cache",
+}
 
 
 def _patch_accelerator():
@@ -110,12 +115,18 @@ def _patch_accelerator():
 
     def no_accelerator(name):
         def refuse(*args, **kwargs):
-            raise RuntimeError(f"torch.accelerator.{name}: no accelerator in this process (torchax's 'jax' device is "
-                               "not a torch accelerator; JAX devices are reached through pipe.to('tpu')).")
+            raise RuntimeError(
+                f"torch.accelerator.{name}: no accelerator in this process (torchax's 'jax' device is "
+                "not a torch accelerator; JAX devices are reached through pipe.to('tpu'))."
+            )
+
         return refuse
 
-    replacements = {"current_accelerator": lambda check_available=False: torch.device("cuda") if cuda else None,
-                    "is_available": lambda: cuda, "device_count": torch.cuda.device_count if cuda else (lambda: 0)}
+    replacements = {
+        "current_accelerator": lambda check_available=False: torch.device("cuda") if cuda else None,
+        "is_available": lambda: cuda,
+        "device_count": torch.cuda.device_count if cuda else (lambda: 0),
+    }
     for name in accelerator.__all__:
         if name not in replacements:
             target = getattr(torch.cuda, _CUDA_NAMES.get(name, name), None) if cuda else None

@@ -25,8 +25,11 @@ from . import backend
 def _to_cpu(value):
     if backend.is_jax_tensor(value):
         return backend.jax_to_host(value.jax())
-    if not isinstance(value, torch.Tensor) and type(value).__module__.startswith("diffusers") and any(
-            backend.is_jax_tensor(v) for v in getattr(value, "__dict__", {}).values()):
+    if (
+        not isinstance(value, torch.Tensor)
+        and type(value).__module__.startswith("diffusers")
+        and any(backend.is_jax_tensor(v) for v in getattr(value, "__dict__", {}).values())
+    ):
         # e.g. vae.encode(...).latent_dist (DiagonalGaussianDistribution): a copy holding host tensors
         host = copy.copy(value)
         host.__dict__.update({k: _to_cpu(v) for k, v in vars(value).items()})
@@ -39,8 +42,9 @@ def _tree_map(function, value):
     # ``StableDiffusionPipelineOutput(images=...)`` then fails for want of ``nsfw_content_detected``. Map such an
     # output field by field instead.
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and isinstance(value, dict):
-        return type(value)(**{f.name: _tree_map(function, getattr(value, f.name))
-                              for f in dataclasses.fields(value) if f.init})
+        return type(value)(
+            **{f.name: _tree_map(function, getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        )
     return pytree.tree_map(function, value)
 
 
@@ -51,6 +55,7 @@ def to_host(value):
 
 def to_device(value):
     """CPU torch tensors in ``value`` (any pytree) become JAX tensors (call inside the JAX context)."""
+
     def move(x):
         if isinstance(x, torch.Tensor) and not backend.is_jax_tensor(x) and x.device.type != "meta":
             return backend.wrap(backend.host_to_jax(x))
@@ -81,8 +86,12 @@ def host_callback(callback, outside):
             return result
         back = {}
         for name, value in result.items():
-            unchanged = (name in given and value is given[name] and isinstance(value, torch.Tensor)
-                         and value._version == versions.get(name))
+            unchanged = (
+                name in given
+                and value is given[name]
+                and isinstance(value, torch.Tensor)
+                and value._version == versions.get(name)
+            )
             back[name] = tensors[name] if unchanged else like(value, tensors.get(name))
         return back
 

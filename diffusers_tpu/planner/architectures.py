@@ -11,74 +11,156 @@ ties them.
 
 from __future__ import annotations
 
+import diffusers
 import torch
+import transformers
+from accelerate import init_empty_weights
+from transformers import (
+    ByT5Tokenizer,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    Qwen2_5_VLTextConfig,
+    Qwen2_5_VLTextModel,
+    T5Config,
+    T5EncoderModel,
+    UMT5Config,
+    UMT5EncoderModel,
+)
 
 from ..families import cogvideox, hunyuan_video15, wan
-from . import standins
-from ..interop.sharding import _keep_in_fp32
-from accelerate import init_empty_weights
-import transformers
-import diffusers
-from transformers import UMT5Config
-from transformers import UMT5EncoderModel
-from ..families.causal_wan import CAUSAL_DEFAULTS
-from ..families.causal_wan import CausalWanTransformer3DModel
+from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
-from transformers import T5Config
-from transformers import T5EncoderModel
-from transformers import ByT5Tokenizer
-from transformers import Qwen2_5_VLTextConfig
-from transformers import Qwen2_5_VLTextModel
-from transformers import CLIPTextConfig
-from transformers import CLIPTextModel
-from transformers import CLIPTextModelWithProjection
+from ..interop.sharding import _keep_in_fp32
+from . import standins
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
-_T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
-               relative_attention_max_distance=128, feed_forward_proj="gated-gelu", dropout_rate=0.0,
-               is_encoder_decoder=False, pad_token_id=0, eos_token_id=1)
+_T5_XXL = dict(
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=24,
+    num_heads=64,
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    feed_forward_proj="gated-gelu",
+    dropout_rate=0.0,
+    is_encoder_decoder=False,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 UMT5_XXL = dict(_T5_XXL, vocab_size=256384)
 T5_V11_XXL = dict(_T5_XXL, vocab_size=32128)
 # HunyuanVideo-1.5's encoders: Qwen2.5-VL-7B-Instruct's language model (the MLLM) and ByT5-small's encoder (glyphs).
-QWEN25_VL_7B_TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
-BYT5_SMALL = dict(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12, num_heads=6,
-                  feed_forward_proj="gated-gelu", dropout_rate=0.0, is_encoder_decoder=False, pad_token_id=0,
-                  eos_token_id=1)
+QWEN25_VL_7B_TEXT = dict(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    max_position_embeddings=128000,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+)
+BYT5_SMALL = dict(
+    vocab_size=384,
+    d_model=1472,
+    d_kv=64,
+    d_ff=3584,
+    num_layers=12,
+    num_heads=6,
+    feed_forward_proj="gated-gelu",
+    dropout_rate=0.0,
+    is_encoder_decoder=False,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 
 # Stable Diffusion XL 1.0 base (stabilityai/stable-diffusion-xl-base-1.0): its UNet, CLIP ViT-L/14 and OpenCLIP
 # ViT-bigG/14 text encoders (the second with its projection), and its VAE.
-SDXL_UNET = dict(sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
-                 block_out_channels=(320, 640, 1280), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D",
-                                                                        "CrossAttnDownBlock2D"),
-                 up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
-                 transformer_layers_per_block=(1, 2, 10), cross_attention_dim=2048, use_linear_projection=True,
-                 addition_embed_type="text_time", addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816)
-CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12, projection_dim=768,
-              max_position_embeddings=77, vocab_size=49408, hidden_act="quick_gelu")
-OPENCLIP_BIGG = dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=20, num_hidden_layers=32,
-                     projection_dim=1280, max_position_embeddings=77, vocab_size=49408, hidden_act="gelu")
-SDXL_VAE = dict(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-                up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4, sample_size=1024,
-                scaling_factor=0.13025, force_upcast=True)
+SDXL_UNET = dict(
+    sample_size=128,
+    in_channels=4,
+    out_channels=4,
+    layers_per_block=2,
+    block_out_channels=(320, 640, 1280),
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=(5, 10, 20),
+    transformer_layers_per_block=(1, 2, 10),
+    cross_attention_dim=2048,
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+)
+CLIP_L = dict(
+    hidden_size=768,
+    intermediate_size=3072,
+    num_attention_heads=12,
+    num_hidden_layers=12,
+    projection_dim=768,
+    max_position_embeddings=77,
+    vocab_size=49408,
+    hidden_act="quick_gelu",
+)
+OPENCLIP_BIGG = dict(
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_attention_heads=20,
+    num_hidden_layers=32,
+    projection_dim=1280,
+    max_position_embeddings=77,
+    vocab_size=49408,
+    hidden_act="gelu",
+)
+SDXL_VAE = dict(
+    block_out_channels=(128, 256, 512, 512),
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    layers_per_block=2,
+    latent_channels=4,
+    sample_size=1024,
+    scaling_factor=0.13025,
+    force_upcast=True,
+)
 
 # family, transformer / text encoder / VAE configs ({} = the diffusers class defaults, which are the real VAEs).
 ARCHITECTURES = {
-    "Wan2.1-1.3B": dict(family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0,
-                        vae_dtype=torch.float32),
-    "Wan2.1-14B": dict(family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0,
-                       vae_dtype=torch.float32),
+    "Wan2.1-1.3B": dict(
+        family="wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={}, flow_shift=3.0, vae_dtype=torch.float32
+    ),
+    "Wan2.1-14B": dict(
+        family="wan", transformer=wan.WAN21_14B, text_encoder=UMT5_XXL, vae={}, flow_shift=5.0, vae_dtype=torch.float32
+    ),
     "CogVideoX1.5-5B": dict(family="cogvideox", transformer=cogvideox.COGVIDEOX15_5B, text_encoder=T5_V11_XXL, vae={}),
     # the 480p text-to-video checkpoint; its 1000 MLLM + 256 ByT5 text tokens are the pipeline's own lengths
-    "HunyuanVideo-1.5-8.3B": dict(family="hunyuanvideo15", transformer=hunyuan_video15.HUNYUANVIDEO15_8B,
-                                  text_encoder=QWEN25_VL_7B_TEXT, text_encoder_2=BYT5_SMALL, vae={}, flow_shift=5.0),
+    "HunyuanVideo-1.5-8.3B": dict(
+        family="hunyuanvideo15",
+        transformer=hunyuan_video15.HUNYUANVIDEO15_8B,
+        text_encoder=QWEN25_VL_7B_TEXT,
+        text_encoder_2=BYT5_SMALL,
+        vae={},
+        flow_shift=5.0,
+    ),
     # Wan2.1-1.3B run block-causally (Self-Forcing's recipe: 3 latent frames a block, every earlier frame attended)
-    "CausalWan2.1-1.3B": dict(family="causal_wan", transformer=wan.WAN21_1_3B, text_encoder=UMT5_XXL, vae={},
-                              flow_shift=5.0, vae_dtype=torch.float32),
+    "CausalWan2.1-1.3B": dict(
+        family="causal_wan",
+        transformer=wan.WAN21_1_3B,
+        text_encoder=UMT5_XXL,
+        vae={},
+        flow_shift=5.0,
+        vae_dtype=torch.float32,
+    ),
     # the VAE in float32, as SDXL's pipeline upcasts it to decode (force_upcast)
-    "SDXL-1.0": dict(family="sdxl", unet=SDXL_UNET, text_encoder=CLIP_L, text_encoder_2=OPENCLIP_BIGG, vae=SDXL_VAE,
-                     vae_dtype=torch.float32),
+    "SDXL-1.0": dict(
+        family="sdxl",
+        unet=SDXL_UNET,
+        text_encoder=CLIP_L,
+        text_encoder_2=OPENCLIP_BIGG,
+        vae=SDXL_VAE,
+        vae_dtype=torch.float32,
+    ),
 }
 
 
@@ -94,8 +176,11 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
             if param is None or not param.is_meta:
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
-            value = torch.empty(param.shape, dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype,
-                                device="cpu" if generator is not None else "meta")
+            value = torch.empty(
+                param.shape,
+                dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype,
+                device="cpu" if generator is not None else "meta",
+            )
             if generator is not None and param.ndim >= 2:
                 value.normal_(0.0, 0.02, generator=generator)
             elif generator is not None:
@@ -134,14 +219,20 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
 def _wan(spec, causal: bool = False):
 
     model = CausalWanTransformer3DModel if causal else diffusers.WanTransformer3DModel
-    parts = dict(transformer=_empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
-                 vae=_empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"])),
-                 text_encoder=_empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"]))),
-                 tokenizer=standins.char_tokenizer())
+    parts = dict(
+        transformer=_empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
+        vae=_empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"])),
+        text_encoder=_empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"]))),
+        tokenizer=standins.char_tokenizer(),
+    )
     if causal:
         return CausalWanPipeline(**parts, scheduler=diffusers.FlowMatchLCMScheduler(shift=spec["flow_shift"]))
-    return diffusers.WanPipeline(**parts, scheduler=diffusers.UniPCMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=spec["flow_shift"]))
+    return diffusers.WanPipeline(
+        **parts,
+        scheduler=diffusers.UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=spec["flow_shift"]
+        ),
+    )
 
 
 def _cogvideox(spec):
@@ -149,7 +240,9 @@ def _cogvideox(spec):
         transformer=_empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"])),
         vae=_empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"])),
         text_encoder=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder"]))),
-        tokenizer=standins.char_tokenizer(), scheduler=diffusers.CogVideoXDPMScheduler(**standins.COGVIDEOX_SCHEDULER))
+        tokenizer=standins.char_tokenizer(),
+        scheduler=diffusers.CogVideoXDPMScheduler(**standins.COGVIDEOX_SCHEDULER),
+    )
 
 
 def _hunyuanvideo15(spec):
@@ -157,9 +250,12 @@ def _hunyuanvideo15(spec):
         transformer=_empty(lambda: diffusers.HunyuanVideo15Transformer3DModel(**spec["transformer"])),
         vae=_empty(lambda: diffusers.AutoencoderKLHunyuanVideo15(**spec["vae"])),
         text_encoder=_empty(lambda: Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**spec["text_encoder"]))),
-        tokenizer=standins.chat_tokenizer(), text_encoder_2=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder_2"]))),
-        tokenizer_2=ByT5Tokenizer(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=spec["flow_shift"]),
-        guider=diffusers.ClassifierFreeGuidance(guidance_scale=6.0))
+        tokenizer=standins.chat_tokenizer(),
+        text_encoder_2=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder_2"]))),
+        tokenizer_2=ByT5Tokenizer(),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=spec["flow_shift"]),
+        guider=diffusers.ClassifierFreeGuidance(guidance_scale=6.0),
+    )
 
 
 def _sdxl(spec):
@@ -168,10 +264,22 @@ def _sdxl(spec):
         vae=_empty(lambda: diffusers.AutoencoderKL(**spec["vae"])),
         text_encoder=_empty(lambda: CLIPTextModel(CLIPTextConfig(**spec["text_encoder"]))),
         text_encoder_2=_empty(lambda: CLIPTextModelWithProjection(CLIPTextConfig(**spec["text_encoder_2"]))),
-        tokenizer=standins.char_tokenizer(77), tokenizer_2=standins.char_tokenizer(77),
-        scheduler=diffusers.EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                                   steps_offset=1, timestep_spacing="leading"))
+        tokenizer=standins.char_tokenizer(77),
+        tokenizer_2=standins.char_tokenizer(77),
+        scheduler=diffusers.EulerDiscreteScheduler(
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            steps_offset=1,
+            timestep_spacing="leading",
+        ),
+    )
 
 
-_BUILDERS = {"wan": _wan, "causal_wan": lambda spec: _wan(spec, causal=True), "cogvideox": _cogvideox,
-             "hunyuanvideo15": _hunyuanvideo15, "sdxl": _sdxl}
+_BUILDERS = {
+    "wan": _wan,
+    "causal_wan": lambda spec: _wan(spec, causal=True),
+    "cogvideox": _cogvideox,
+    "hunyuanvideo15": _hunyuanvideo15,
+    "sdxl": _sdxl,
+}

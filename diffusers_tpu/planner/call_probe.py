@@ -8,12 +8,17 @@ import contextlib
 import inspect
 
 import torch
+
 from ..runtime.registry import family_of
 
-
 # pipelines whose family gives ``plan_call`` (image-to-video ones take images, not planned yet)
-PLANNED_PIPELINES = ("WanPipeline", "CogVideoXPipeline", "HunyuanVideo15Pipeline", "CausalWanPipeline",
-                     "StableDiffusionXLPipeline")
+PLANNED_PIPELINES = (
+    "WanPipeline",
+    "CogVideoXPipeline",
+    "HunyuanVideo15Pipeline",
+    "CausalWanPipeline",
+    "StableDiffusionXLPipeline",
+)
 
 
 # the prompt of planned calls that run the text encoders (quoted text: HunyuanVideo-1.5 runs its glyph encoder,
@@ -25,8 +30,15 @@ class _FirstCall(Exception):
     pass
 
 
-def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, runtime=None,
-                        prompt: str | None = None, keywords: dict | None = None) -> tuple[tuple, dict, bool]:
+def probe_denoiser_call(
+    pipe,
+    size: dict,
+    text_tokens: int,
+    dtype: torch.dtype,
+    runtime=None,
+    prompt: str | None = None,
+    keywords: dict | None = None,
+) -> tuple[tuple, dict, bool]:
     """The positional and keyword arguments of the pipeline's first denoiser call for a video of ``size``
     (``height``, ``width``, ``num_frames``, ``guidance_scale``), text embeddings given as zeros
     (``Family.plan_call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
@@ -48,7 +60,9 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
     # it runs on the CPU (latents, scheduler tables) even when the weights are on ``meta``
     cls, pipe_cls = type(module), type(pipe)
     module.__class__ = type(cls.__name__, (cls,), {"dtype": property(lambda self: dtype)})
-    pipe.__class__ = type(pipe_cls.__name__, (pipe_cls,), {"_execution_device": property(lambda self: torch.device("cpu"))})
+    pipe.__class__ = type(
+        pipe_cls.__name__, (pipe_cls,), {"_execution_device": property(lambda self: torch.device("cpu"))}
+    )
     if runtime is not None:
         runtime.overrides.set(module, "forward", record)  # where the compiled entry goes (undone with the runtime)
         if family.prepare is not None:
@@ -61,8 +75,11 @@ def probe_denoiser_call(pipe, size: dict, text_tokens: int, dtype: torch.dtype, 
         with guidance(pipe, size["guidance_scale"]):
             guided = False
             try:
-                call = keywords if keywords is not None else _call_keywords(
-                    pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
+                call = (
+                    keywords
+                    if keywords is not None
+                    else _call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
+                )
                 pipe(**call, output_type="latent")
             except _FirstCall:
                 guided = guided_call(pipe)

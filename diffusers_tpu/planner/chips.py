@@ -48,16 +48,28 @@ def gpu_memory_fraction() -> float:
 # as the driver reports it: 81,559 MiB and 143,771 MiB). v5p and v4 slices are named by TensorCores (2 per chip, one
 # megacore device each); v7x-8 is taken as 4 chips of 2 TensorCores each seen as its own device: verify on hardware
 # (libtpu 0.0.42 does not know v7x: it is planned by the CPU estimate only).
-_V5E, _V6E, _V5P, _V4 = dict(hbm_gib=16, peak_tflops=197, hbm_gbps=819), dict(hbm_gib=32, peak_tflops=918, hbm_gbps=1640), \
-    dict(hbm_gib=95, peak_tflops=459, hbm_gbps=2765), dict(hbm_gib=32, peak_tflops=275, hbm_gbps=1228)
+_V5E, _V6E, _V5P, _V4 = (
+    dict(hbm_gib=16, peak_tflops=197, hbm_gbps=819),
+    dict(hbm_gib=32, peak_tflops=918, hbm_gbps=1640),
+    dict(hbm_gib=95, peak_tflops=459, hbm_gbps=2765),
+    dict(hbm_gib=32, peak_tflops=275, hbm_gbps=1228),
+)
 CHIPS = {
-    "v5e-1": Chip(1, **_V5E, topology="v5e:1x1"), "v5e-4": Chip(4, **_V5E, topology="v5e:2x2"),
-    "v5e-8": Chip(8, **_V5E, topology="v5e:2x4"), "v5e-16": Chip(16, **_V5E, topology="v5e:4x4"),
-    "v6e-1": Chip(1, **_V6E, topology="v6e:1x1"), "v6e-4": Chip(4, **_V6E, topology="v6e:2x2"),
-    "v6e-8": Chip(8, **_V6E, topology="v6e:2x4"), "v6e-16": Chip(16, **_V6E, topology="v6e:4x4"),
-    "v5p-8": Chip(4, **_V5P, topology="v5p:2x2x1"), "v5p-16": Chip(8, **_V5P, topology="v5p:2x2x2"),
-    "v4-8": Chip(4, **_V4, topology="v4:2x2x1"), "v4-32": Chip(16, **_V4, topology="v4:2x2x4"),
+    "v5e-1": Chip(1, **_V5E, topology="v5e:1x1"),
+    "v5e-4": Chip(4, **_V5E, topology="v5e:2x2"),
+    "v5e-8": Chip(8, **_V5E, topology="v5e:2x4"),
+    "v5e-16": Chip(16, **_V5E, topology="v5e:4x4"),
+    "v6e-1": Chip(1, **_V6E, topology="v6e:1x1"),
+    "v6e-4": Chip(4, **_V6E, topology="v6e:2x2"),
+    "v6e-8": Chip(8, **_V6E, topology="v6e:2x4"),
+    "v6e-16": Chip(16, **_V6E, topology="v6e:4x4"),
+    "v5p-8": Chip(4, **_V5P, topology="v5p:2x2x1"),
+    "v5p-16": Chip(8, **_V5P, topology="v5p:2x2x2"),
+    "v4-8": Chip(4, **_V4, topology="v4:2x2x1"),
+    "v4-32": Chip(16, **_V4, topology="v4:2x2x4"),
     "v7x-8": Chip(8, 96, 2307 / 2),
-    "h100-80gb": Chip(1, 79.65, 989.4, gpu=True, hbm_gbps=3350), "h100-80gb-x8": Chip(8, 79.65, 989.4, gpu=True, hbm_gbps=3350),
-    "h200-141gb": Chip(1, 140.4, 989.4, gpu=True, hbm_gbps=4800), "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True, hbm_gbps=4800),
+    "h100-80gb": Chip(1, 79.65, 989.4, gpu=True, hbm_gbps=3350),
+    "h100-80gb-x8": Chip(8, 79.65, 989.4, gpu=True, hbm_gbps=3350),
+    "h200-141gb": Chip(1, 140.4, 989.4, gpu=True, hbm_gbps=4800),
+    "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True, hbm_gbps=4800),
 }

@@ -15,8 +15,27 @@ import dataclasses
 import json
 import re
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+}
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT )?%(\S+) = ")
@@ -72,13 +91,13 @@ def _split_type(text: str) -> tuple[str, str]:
             depth += ch == "("
             depth -= ch == ")"
             if depth == 0:
-                return text[:i + 1], text[i + 1:].lstrip()
+                return text[: i + 1], text[i + 1 :].lstrip()
     depth = 0
     for i, ch in enumerate(text):
         depth += ch in "[{"
         depth -= ch in "]}"
         if ch == " " and depth == 0:
-            return text[:i], text[i + 1:]
+            return text[:i], text[i + 1 :]
     return text, ""
 
 
@@ -98,7 +117,7 @@ def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str | None]:
         found = _INSTRUCTION.match(line) if current is not None else None
         if found is None:
             continue
-        shape, after = _split_type(line[found.end():])
+        shape, after = _split_type(line[found.end() :])
         opcode, _, rest = after.partition("(")
         current.append(Instruction(found.group(2), shape, opcode.strip(), rest))
     return computations, entry
@@ -151,8 +170,11 @@ class Counts:
         self.bytes += other.bytes * times
         self.attention_flops += other.attention_flops * times
         self.attention_calls += other.attention_calls * times
-        for mine, theirs in ((self.custom_calls, other.custom_calls), (self.collectives, other.collectives),
-                             (self.collective_bytes, other.collective_bytes)):
+        for mine, theirs in (
+            (self.custom_calls, other.custom_calls),
+            (self.collectives, other.collectives),
+            (self.collective_bytes, other.collective_bytes),
+        ):
             for key, value in theirs.items():
                 mine[key] += value * times
 
@@ -160,15 +182,35 @@ class Counts:
         return sum(n for target, n in self.custom_calls.items() if target != "tpu_custom_call")
 
     def as_dict(self) -> dict:
-        return {"copies": self.copies, "fusions": self.fusions, "instructions": self.instructions, "flops": self.flops,
-                "bytes": self.bytes, "attention_flops": self.attention_flops, "attention_calls": self.attention_calls,
-                "custom_calls": dict(self.custom_calls), "collectives": dict(self.collectives),
-                "collective_bytes": dict(self.collective_bytes)}
+        return {
+            "copies": self.copies,
+            "fusions": self.fusions,
+            "instructions": self.instructions,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "attention_flops": self.attention_flops,
+            "attention_calls": self.attention_calls,
+            "custom_calls": dict(self.custom_calls),
+            "collectives": dict(self.collectives),
+            "collective_bytes": dict(self.collective_bytes),
+        }
 
 
 ATTENTION_KERNEL = "diffusers_tpu_flash_attention"  # the Pallas call's name (``kernels.flash``)
-_CONTROL = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
-            "after-all", "partition-id", "replica-id", "opt-barrier")
+_CONTROL = (
+    "parameter",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "constant",
+    "while",
+    "conditional",
+    "call",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "opt-barrier",
+)
 
 
 def _dims(shape: str) -> list[int]:
@@ -208,8 +250,9 @@ def _fused_flops(name: str, computations: dict, depth: int = 0) -> float:
     shapes = {i.name: i.shape for i in fused}
     total = sum(_matmul_flops(i, shapes) for i in fused)
     if depth < 8:
-        total += sum(_fused_flops(i.attribute("calls") or "", computations, depth + 1) for i in fused
-                     if i.opcode == "fusion")
+        total += sum(
+            _fused_flops(i.attribute("calls") or "", computations, depth + 1) for i in fused if i.opcode == "fusion"
+        )
     return total
 
 
@@ -227,7 +270,7 @@ def _own_counts(instructions: list[Instruction], computations: dict | None = Non
         if ins.opcode in ("parameter", "get-tuple-element", "tuple", "bitcast", "constant"):
             continue
         counts.instructions += 1
-        base = ins.opcode[:-len("-start")] if ins.opcode.endswith("-start") else ins.opcode
+        base = ins.opcode[: -len("-start")] if ins.opcode.endswith("-start") else ins.opcode
         if base == "copy":
             counts.copies += 1
         elif base == "fusion":
@@ -271,9 +314,13 @@ class ProgramStats:
         return max(self.loops, key=lambda loop: loop.counts.instructions, default=None)
 
     def as_dict(self) -> dict:
-        return {"total": self.total.as_dict(), "as_written": self.per_run.as_dict(),
-                "loops": [{"body": loop.body, "trip_count": loop.trip_count, **loop.counts.as_dict()}
-                          for loop in self.loops]}
+        return {
+            "total": self.total.as_dict(),
+            "as_written": self.per_run.as_dict(),
+            "loops": [
+                {"body": loop.body, "trip_count": loop.trip_count, **loop.counts.as_dict()} for loop in self.loops
+            ],
+        }
 
 
 def stats(hlo: str) -> ProgramStats:
@@ -334,11 +381,16 @@ def summary(compiled, seconds: float | None = None) -> dict:
     """One compiled program (``jax.stages.Compiled``): memory per device, XLA's cost analysis as it reports it (loop
     bodies once), the weighted instruction counts, code size, compile seconds."""
     memory = compiled.memory_analysis()
-    report = {"argument_bytes": memory.argument_size_in_bytes, "output_bytes": memory.output_size_in_bytes,
-              "alias_bytes": memory.alias_size_in_bytes, "temp_bytes": memory.temp_size_in_bytes,
-              "generated_code_bytes": memory.generated_code_size_in_bytes}
-    report["peak_bytes"] = (report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"]
-                            + report["temp_bytes"])
+    report = {
+        "argument_bytes": memory.argument_size_in_bytes,
+        "output_bytes": memory.output_size_in_bytes,
+        "alias_bytes": memory.alias_size_in_bytes,
+        "temp_bytes": memory.temp_size_in_bytes,
+        "generated_code_bytes": memory.generated_code_size_in_bytes,
+    }
+    report["peak_bytes"] = (
+        report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    )
     cost = cost_per_run(compiled.cost_analysis())
     report["xla_cost"] = {k: cost[k] for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
     report["hlo"] = stats(compiled.as_text()).as_dict()

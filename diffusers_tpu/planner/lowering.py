@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from torchax.ops import mappings
 
-from ..runtime import attention, postprocess, repeated_blocks
 from ..interop import backend, sharding
 from ..interop.jit import _TENSOR, _Program
-from torchax.ops import mappings
+from ..runtime import attention, postprocess, repeated_blocks
 
 
 def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:
@@ -40,13 +41,27 @@ def abstract_state(module: torch.nn.Module, mesh, rules=(), dtype: torch.dtype |
     }
 
 
-def export_method(module, name: str, args=(), kwargs=None, *, mesh, rules=(), dtype=None,
-                  attention_impl: str | None = "splash_exp2", kv_threshold: int = 10000, block_sizes=None,
-                  platforms=("tpu",), matmul_precision: str = "highest", scan_blocks: bool = True) -> jax.export.Exported:
+def export_method(
+    module,
+    name: str,
+    args=(),
+    kwargs=None,
+    *,
+    mesh,
+    rules=(),
+    dtype=None,
+    attention_impl: str | None = "splash_exp2",
+    kv_threshold: int = 10000,
+    block_sizes=None,
+    platforms=("tpu",),
+    matmul_precision: str = "highest",
+    scan_blocks: bool = True,
+) -> jax.export.Exported:
     """Export ``module.<name>(*args, **kwargs)`` as the runtime compiles it. Tensor arguments are
     ``jax.ShapeDtypeStruct``s (give them a sharding to export a sharded program). ``attention_impl``: the
     denoiser's attention under ``shard_map`` over ``mesh``; None: the safe reference the runtime gives VAEs and
-    text encoders. ``matmul_precision``, ``scan_blocks`` (a denoiser's repeated blocks as one loop): as ``TPUConfig``."""
+    text encoders. ``matmul_precision``, ``scan_blocks`` (a denoiser's repeated blocks as one loop): as
+    ``TPUConfig``."""
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     is_array = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
     static = tuple(_TENSOR if a else x for a, x in zip(is_array, leaves))

@@ -21,37 +21,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
-
-import torch
-
-from . import call_probe, program_memory, tpu_compiler
-from .chips import GIB, Chip
-from torchax.ops import mappings
-from ..runtime import quantize
-from ..interop.jit import Gathered
-from ..interop.jit import LayerOf
-from ..interop.jit import expand_stacked
-from . import lowering
-from ..interop import sharding
-from ..runtime import stacked_weights
-from ..interop.backend import jax_dtype
-from ..interop import backend
-from ..runtime.registry import family_of
-from ..runtime.attach import PipelineRuntime
-from torch.utils import _pytree as pytree
-from ..interop import jit
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-import json
+
 import diffusers
-from ..runtime import loading
+import torch
+from torch.utils import _pytree as pytree
+from torchax.ops import mappings
+
+from ..interop import backend, jit, sharding
+from ..interop.backend import jax_dtype
+from ..interop.jit import Gathered, LayerOf, expand_stacked
+from ..runtime import loading, quantize, stacked_weights
+from ..runtime.pipeline_runtime import PipelineRuntime
+from ..runtime.registry import family_of
+from . import call_probe, lowering, program_memory, tpu_compiler
+from .chips import GIB, Chip
 
 
 def reported_dtype(module, state: dict) -> torch.dtype:
     """What ``module.dtype`` (diffusers' ``get_parameter_dtype``) reports once placed: the first floating weight on
     the devices outside ``_keep_in_fp32_modules`` (quantized weights are not floating)."""
-
 
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = expand_stacked(state)
@@ -65,8 +57,9 @@ def reported_dtype(module, state: dict) -> torch.dtype:
     return torch.float32
 
 
-def abstract_weights(module, mesh, rules, dtype, quantize_format=None, stacked: bool = True,
-                     fully_sharded: bool = False) -> dict:
+def abstract_weights(
+    module, mesh, rules, dtype, quantize_format=None, stacked: bool = True, fully_sharded: bool = False
+) -> dict:
     """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings; ``stacked``
     (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``), ``fully_sharded``
     over every mesh axis (``TPUConfig.fully_sharded_weights``)."""
@@ -94,8 +87,16 @@ def _analysed_once(shared: dict | None, key: tuple, analyse):
     return shared[key]
 
 
-def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
-                    tile_above: float | None = None, shared: dict | None = None) -> dict:
+def denoiser_memory(
+    pipe,
+    size: dict,
+    config,
+    devices,
+    text_tokens: int,
+    vae: bool = False,
+    tile_above: float | None = None,
+    shared: dict | None = None,
+) -> dict:
     """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it, for a video of
     ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Family.plan_passes``) reports the
     largest, each in ``report["passes"]``. ``vae``: also the VAE decode programs for the latents the call makes
@@ -109,15 +110,24 @@ def denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bo
 def _mesh_shape(config, devices, pipe) -> dict:
     """The mesh ``pipe.to`` builds for ``config`` on ``devices``."""
     heads = family_of(pipe).num_heads(pipe)
-    return (backend.validate_mesh_shape(config.mesh, len(devices), heads) if config.mesh is not None
-            else backend.default_mesh_shape(len(devices), heads, pair_batch=True))
+    return (
+        backend.validate_mesh_shape(config.mesh, len(devices), heads)
+        if config.mesh is not None
+        else backend.default_mesh_shape(len(devices), heads, pair_batch=True)
+    )
 
 
 @contextlib.contextmanager
 def attached(pipe, config, devices):
     """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (mesh built, nothing placed), undone after."""
-    runtime = PipelineRuntime(pipe, family_of(pipe), config, backend.Target("tpu", devices[0].platform),
-                              backend.build_mesh(_mesh_shape(config, devices, pipe), devices), None)
+    runtime = PipelineRuntime(
+        pipe,
+        family_of(pipe),
+        config,
+        backend.Target("tpu", devices[0].platform),
+        backend.build_mesh(_mesh_shape(config, devices, pipe), devices),
+        None,
+    )
     if tpu_compiler.is_tpu(devices) and not tpu_compiler.is_attached(devices):
         # compiling for a TPU slice without one: no default device (nothing can be placed on a described device;
         # an array committed to one, or to this host, does not mix with the program's sharded values)
@@ -128,8 +138,18 @@ def attached(pipe, config, devices):
         runtime.undo()
 
 
-def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, vae: bool = False,
-                          tile_above: float | None = None, shared: dict | None = None, compiler=None, analyse=None):
+def start_denoiser_memory(
+    pipe,
+    size: dict,
+    config,
+    devices,
+    text_tokens: int,
+    vae: bool = False,
+    tile_above: float | None = None,
+    shared: dict | None = None,
+    compiler=None,
+    analyse=None,
+):
     """``denoiser_memory`` in two halves, so candidates overlap: the denoiser's programs are traced and lowered
     here, compiled by ``compiler`` (a ``concurrent.futures`` executor: XLA compiles without the GIL while this thread
     traces the next candidate; None: here and now); the returned function waits for them and gives the report.
@@ -137,16 +157,20 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
     ``hlo_stats.summary``, which holds the same keys)."""
 
     analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
-    submit = (lambda lowered: compiler.submit(analyse, lowered)) if compiler is not None else (
-        lambda lowered: program_memory.compiled_now(lowered, analyse))
+    submit = (
+        (lambda lowered: compiler.submit(analyse, lowered))
+        if compiler is not None
+        else (lambda lowered: program_memory.compiled_now(lowered, analyse))
+    )
 
     extra, tiling = {}, None
     with attached(pipe, config, devices) as runtime:
         family, mesh = runtime.family, runtime.mesh
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(mesh.shape))
-        state = abstract_weights(module, mesh, rules, config.dtype, config.quantize, config.scan_blocks,
-                                 config.fully_sharded_weights)
+        state = abstract_weights(
+            module, mesh, rules, config.dtype, config.quantize, config.scan_blocks, config.fully_sharded_weights
+        )
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = reported_dtype(module, state)
         args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
@@ -156,15 +180,19 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
         lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         pending = [submit(program) for program, _ in lowered]
         if vae and config.text_encoder == "jax":
-            extra["text_encoders"] = program_memory.text_encoder_memory(pipe, config, runtime, size, text_tokens,
-                                                                        reported)
+            extra["text_encoders"] = program_memory.text_encoder_memory(
+                pipe, config, runtime, size, text_tokens, reported
+            )
         if vae and family.vae_install is None and family.decode_latents is not None:
             # one video's latents as the loop leaves them (the denoiser's output shape)
             out = pytree.tree_leaves(lowered[0][1])[0]
             latents = torch.zeros(1, *out.shape[1:], dtype=out.dtype)
             key = _vae_key(config, devices, tuple(latents.shape), latents.dtype, size["num_frames"])
-            extra["vae_decode"] = _analysed_once(shared, (*key, "whole"), lambda: program_memory.vae_method_started(
-                pipe, config, runtime, latents, size, submit))
+            extra["vae_decode"] = _analysed_once(
+                shared,
+                (*key, "whole"),
+                lambda: program_memory.vae_method_started(pipe, config, runtime, latents, size, submit),
+            )
             if tile_above is not None and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:
                 tiling = (key, latents)  # decided once the step's argument bytes are known
         elif vae:
@@ -172,11 +200,12 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
             # a streaming denoiser (causal Wan) makes one block of latent frames at a time, decoded as it comes
             block = getattr(module.config, "num_frame_per_block", None)
             shape, chunk = (1, *latents.shape[1:]), latents.shape[2] if block else config.vae_decode_chunk
-            extra["vae_decode"] = _analysed_once(shared, _vae_key(config, devices, shape, chunk),
-                                                 lambda: program_memory.vae_decode_started(pipe, config, runtime,
-                                                                                           shape, chunk, submit))
-        facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided,
-                     attention=runtime.attention.implementation)
+            extra["vae_decode"] = _analysed_once(
+                shared,
+                _vae_key(config, devices, shape, chunk),
+                lambda: program_memory.vae_decode_started(pipe, config, runtime, shape, chunk, submit),
+            )
+        facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided, attention=runtime.attention.implementation)
 
     def finish() -> dict:
         analyses = [future.result() for future in pending]
@@ -203,20 +232,39 @@ def start_denoiser_memory(pipe, size: dict, config, devices, text_tokens: int, v
 
 def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
     """Bytes of a replicated component's weights (the VAE) in ``dtype`` (None: as built)."""
-    return sum(p.numel() * (torch.finfo(dtype).bits // 8 if dtype and p.is_floating_point() else p.element_size())
-               for p in module.parameters())
+    return sum(
+        p.numel() * (torch.finfo(dtype).bits // 8 if dtype and p.is_floating_point() else p.element_size())
+        for p in module.parameters()
+    )
 
 
-def plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
-         shared: dict | None = None) -> dict:
+def plan(
+    pipe,
+    size: dict,
+    config,
+    devices,
+    chip: Chip | None,
+    hbm_gib: float | None,
+    text_tokens: int,
+    shared: dict | None = None,
+) -> dict:
     """The plan for one configuration (a video of ``size``: ``height``, ``width``, ``num_frames``,
     ``guidance_scale``): memory per device, verdict, FLOPs per step and the floor step time. ``shared``: one dict
     passed to every candidate of a pipeline, size and devices (what does not depend on the mesh is analysed once)."""
     return start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared)()
 
 
-def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
-             ahead: int | None = None, vae: bool = True):
+def plan_all(
+    pipe,
+    size: dict,
+    configs: list,
+    devices,
+    chip: Chip | None,
+    hbm_gib: float | None,
+    text_tokens: int,
+    ahead: int | None = None,
+    vae: bool = True,
+):
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
     thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
@@ -238,17 +286,39 @@ def plan_all(pipe, size: dict, configs: list, devices, chip: Chip | None, hbm_gi
 COMPILE_THREADS = 2
 
 
-def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: float | None, text_tokens: int,
-               shared: dict | None = None, compiler=None, vae: bool = True):
+def start_plan(
+    pipe,
+    size: dict,
+    config,
+    devices,
+    chip: Chip | None,
+    hbm_gib: float | None,
+    text_tokens: int,
+    shared: dict | None = None,
+    compiler=None,
+    vae: bool = True,
+):
     """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row."""
-    hbm = (chip.usable_gib() if chip else hbm_gib)
-    started = start_denoiser_memory(pipe, size, config, devices, text_tokens, vae=vae,
-                                    tile_above=hbm * GIB if hbm else None, shared=shared, compiler=compiler)
+    hbm = chip.usable_gib() if chip else hbm_gib
+    started = start_denoiser_memory(
+        pipe,
+        size,
+        config,
+        devices,
+        text_tokens,
+        vae=vae,
+        tile_above=hbm * GIB if hbm else None,
+        shared=shared,
+        compiler=compiler,
+    )
     vae = getattr(pipe, "vae", None)
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
     family = family_of(pipe)
-    flops = (family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens)
-             if family.forward_flops is not None else None)
+    flops = (
+        family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens)
+        if family.forward_flops is not None
+        else None
+    )
 
     def finish() -> dict:
         try:
@@ -257,31 +327,51 @@ def start_plan(pipe, size: dict, config, devices, chip: Chip | None, hbm_gib: fl
             reason = tpu_compiler.refusal(error) if tpu_compiler.is_tpu(devices) else None
             if reason is None:
                 raise
-            return {"memory_per_device": {"mesh": _mesh_shape(config, devices, pipe)},
-                    "refused": reason, "fits": False, "steps_fit": False, "hbm_gib": hbm, "vae_tiling": False,
-                    "total_bytes_per_device": None, "dtype": str(config.dtype or "as loaded"),
-                    "quantize": config.quantize, "fully_sharded_weights": config.fully_sharded_weights,
-                    "text_encoder": config.text_encoder}
+            return {
+                "memory_per_device": {"mesh": _mesh_shape(config, devices, pipe)},
+                "refused": reason,
+                "fits": False,
+                "steps_fit": False,
+                "hbm_gib": hbm,
+                "vae_tiling": False,
+                "total_bytes_per_device": None,
+                "dtype": str(config.dtype or "as loaded"),
+                "quantize": config.quantize,
+                "fully_sharded_weights": config.fully_sharded_weights,
+                "text_encoder": config.text_encoder,
+            }
         memory["vae_weight_bytes"] = vae_weights
         # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
         # the decode beside the denoiser's, the text encoders beside both
         text = memory.get("text_encoders")
         text_weights = text["weight_bytes"] if text else 0
         steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
-        decode = (memory["argument_bytes"] + memory.get("vae_decode")["peak_bytes"] + text_weights
-                  if memory.get("vae_decode") else 0)
+        decode = (
+            memory["argument_bytes"] + memory.get("vae_decode")["peak_bytes"] + text_weights
+            if memory.get("vae_decode")
+            else 0
+        )
         tiled = memory.get("vae_decode_tiled")
         tiling = bool(tiled and hbm and decode > hbm * GIB)  # the whole-video decode does not fit: recommend tiles
         if tiling:
             decode = memory["argument_bytes"] + tiled["peak_bytes"] + text_weights
         encode = text["peak_bytes"] + memory["argument_bytes"] + memory["vae_weight_bytes"] if text else 0
         total = max(steps, decode, encode)
-        report = {"memory_per_device": memory, "total_bytes_per_device": total, "hbm_gib": hbm,
-                  "vae_tiling": tiling, "steps_bytes_per_device": steps, "decode_bytes_per_device": decode or None,
-                  "text_encode_bytes_per_device": encode or None,
-                  "fits": total <= hbm * GIB if hbm else None, "steps_fit": steps <= hbm * GIB if hbm else None,
-                  "dtype": str(config.dtype or "as loaded"), "quantize": config.quantize,
-                  "fully_sharded_weights": config.fully_sharded_weights, "text_encoder": config.text_encoder}
+        report = {
+            "memory_per_device": memory,
+            "total_bytes_per_device": total,
+            "hbm_gib": hbm,
+            "vae_tiling": tiling,
+            "steps_bytes_per_device": steps,
+            "decode_bytes_per_device": decode or None,
+            "text_encode_bytes_per_device": encode or None,
+            "fits": total <= hbm * GIB if hbm else None,
+            "steps_fit": steps <= hbm * GIB if hbm else None,
+            "dtype": str(config.dtype or "as loaded"),
+            "quantize": config.quantize,
+            "fully_sharded_weights": config.fully_sharded_weights,
+            "text_encoder": config.text_encoder,
+        }
         if flops is not None:
             per_step = flops * (2 if memory["guided"] else 1)
             report["flops_per_step"] = per_step
@@ -296,13 +386,13 @@ def folder_pipeline(folder: str, dtype: torch.dtype | None):
     """A local pipeline folder with its denoiser on the ``meta`` device (checked against the checkpoint, nothing
     read) and no text encoder: what ``plan`` needs, without the weights in host memory."""
 
-
     with open(os.path.join(folder, "model_index.json")) as handle:
         index = json.load(handle)
     model_class = getattr(diffusers, index["transformer"][1])
     transformer = loading.empty_model(model_class, os.path.join(folder, "transformer"), dtype)
-    return getattr(diffusers, index["_class_name"]).from_pretrained(folder, transformer=transformer, text_encoder=None,
-                                                                    tokenizer=None)
+    return getattr(diffusers, index["_class_name"]).from_pretrained(
+        folder, transformer=transformer, text_encoder=None, tokenizer=None
+    )
 
 
 def candidate_meshes(devices: int, heads: int | None) -> list[dict]:

@@ -9,13 +9,12 @@ import functools
 from concurrent.futures import Future
 
 import torch
-
-from . import call_probe
-from ..interop import jit
-from . import lowering
 from torch.utils import _pytree as pytree
+
+from ..interop import jit
 from ..runtime import placement
-from ..runtime.attach import component_dtype
+from ..runtime.pipeline_runtime import component_dtype
+from . import call_probe, lowering
 
 
 def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
@@ -73,7 +72,7 @@ def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict,
         path, _, method = spec.rpartition(".")
         owner = vae.get_submodule(path) if path else vae
         prefix = f"{path}." if path else ""
-        owned = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
+        owned = {name[len(prefix) :]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
         stand_ins[(owner, method)] = _zero_answers(compiled, programs, submit)
     with _standing_in(stand_ins), torch.no_grad():
@@ -129,8 +128,9 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     for name in names:
         module = getattr(pipe, name)
         keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-        state = lowering.abstract_state(module, runtime.mesh, (), component_dtype(
-            runtime.family, config, runtime.target, name, None), keep)
+        state = lowering.abstract_state(
+            module, runtime.mesh, (), component_dtype(runtime.family, config, runtime.target, name, None), keep
+        )
         weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
         stand_ins[(module, "forward")] = _zero_answers(compiled, programs)

@@ -7,19 +7,22 @@
 from __future__ import annotations
 
 import string
-from tokenizers import Regex
-from tokenizers import Tokenizer
-from tokenizers import models
-from tokenizers import pre_tokenizers
-from tokenizers import processors
+
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # HunyuanVideo-1.5's system prompt length, which its stock pipeline crops from the text encoder's output
 HUNYUAN15_TEMPLATE_TOKENS = 108
 COGVIDEOX_SCHEDULER = dict(
-    beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False, prediction_type="v_prediction",
-    rescale_betas_zero_snr=True, set_alpha_to_one=True, timestep_spacing="trailing",
+    beta_schedule="scaled_linear",
+    beta_start=0.00085,
+    beta_end=0.012,
+    clip_sample=False,
+    prediction_type="v_prediction",
+    rescale_betas_zero_snr=True,
+    set_alpha_to_one=True,
+    timestep_spacing="trailing",
 )
 
 
@@ -42,7 +45,10 @@ def chat_tokenizer(template_tokens: int = HUNYUAN15_TEMPLATE_TOKENS):
     tokenizer = char_tokenizer()
     width = template_tokens - 1
     tokenizer.chat_template = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ (m['content'] ~ '" + " " * width + "')[:"
-        + str(width) + "] }}|{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ (m['content'] ~ '"
+        + " " * width
+        + "')[:"
+        + str(width)
+        + "] }}|{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
     )
     return tokenizer

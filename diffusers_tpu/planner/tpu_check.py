@@ -24,11 +24,11 @@ import inspect
 import torch
 from torch.utils import _pytree as pytree
 
-from . import call_probe, lowering, plan, program_memory, tpu_compiler
 from ..interop import jit
 from ..runtime import denoiser
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
+from . import call_probe, lowering, plan, program_memory, tpu_compiler
 
 
 def _keywords(pipe, call: dict) -> dict:
@@ -49,11 +49,15 @@ def _recording(targets: list, seen: dict):
 
         def recorder(*args, _original=original, _key=(id(owner), name), **kwargs):
             leaves = pytree.tree_leaves((args, kwargs))
-            signature = (_key, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
-                                     for x in leaves))
+            signature = (_key, tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
             if signature not in seen:
-                seen[signature] = (_key, pytree.tree_map(
-                    lambda x: torch.zeros(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) else x, (args, kwargs)))
+                seen[signature] = (
+                    _key,
+                    pytree.tree_map(
+                        lambda x: torch.zeros(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) else x,
+                        (args, kwargs),
+                    ),
+                )
             return _original(*args, **kwargs)
 
         saved.append((owner, name, vars(owner).get(name)))
@@ -103,19 +107,28 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     with plan.attached(pipe, config, devices) as runtime:
         module = getattr(pipe, family.denoisers[0])
         rules = family.rules(module, dict(runtime.mesh.shape))
-        state = plan.abstract_weights(module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks,
-                                    config.fully_sharded_weights)
+        state = plan.abstract_weights(
+            module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks, config.fully_sharded_weights
+        )
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
-        args, kwargs, guided = call_probe.probe_denoiser_call(pipe, {**keywords, "guidance_scale": call.get(
-            "guidance_scale", 5.0)}, None, plan.reported_dtype(module, state), runtime, prompt=call.get("prompt"),
-            keywords=keywords)
+        args, kwargs, guided = call_probe.probe_denoiser_call(
+            pipe,
+            {**keywords, "guidance_scale": call.get("guidance_scale", 5.0)},
+            None,
+            plan.reported_dtype(module, state),
+            runtime,
+            prompt=call.get("prompt"),
+            keywords=keywords,
+        )
         # true classifier-free guidance (Flux, Qwen-Image): a negative prompt and true_cfg_scale > 1
         guided = guided or (call.get("true_cfg_scale", 1.0) > 1 and call.get("negative_prompt") is not None)
         batch = 2 if runtime.pairing is not None and guided else 1
         paired = _paired_arguments(family)  # the arguments the runtime batches as the guidance pair
         args = pytree.tree_map(lambda value: call_probe.concrete(value, batch), args)
-        kwargs = {name: pytree.tree_map(lambda value: call_probe.concrete(value, batch if name in paired else 1), value)
-                  for name, value in kwargs.items()}
+        kwargs = {
+            name: pytree.tree_map(lambda value: call_probe.concrete(value, batch if name in paired else 1), value)
+            for name, value in kwargs.items()
+        }
         try:
             lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
             results["denoiser_step"] = analyse(lowered)
@@ -126,8 +139,13 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
             for _, (recorded_args, _) in seen.values():
                 latents = recorded_args[0]
                 decode = program_memory.vae_decode_started(
-                    pipe, config, runtime, (1, *latents.shape[1:]), config.vae_decode_chunk,
-                    lambda low: program_memory.compiled_now(low, analyse))()
+                    pipe,
+                    config,
+                    runtime,
+                    (1, *latents.shape[1:]),
+                    config.vae_decode_chunk,
+                    lambda low: program_memory.compiled_now(low, analyse),
+                )()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
             weights = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
@@ -135,10 +153,11 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                 owner = next(m for m in vae.modules() if id(m) == owner_id)
                 prefix = next(n for n, m in vae.named_modules() if m is owner)
                 prefix = f"{prefix}." if prefix else ""
-                owned = {n[len(prefix):]: v for n, v in weights.items() if n.startswith(prefix)}
+                owned = {n[len(prefix) :]: v for n, v in weights.items() if n.startswith(prefix)}
                 compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
-                results[f"vae_{prefix}{method}_{number}"] = analyse(jit.lower(compiled, *recorded_args,
-                                                                              **recorded_kwargs))
+                results[f"vae_{prefix}{method}_{number}"] = analyse(
+                    jit.lower(compiled, *recorded_args, **recorded_kwargs)
+                )
     return results
 
 

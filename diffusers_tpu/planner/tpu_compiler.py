@@ -12,16 +12,18 @@ libtpu is loaded once per process, quietly and shareably on a host without TPU c
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 
-from ..interop import startup
-from .chips import CHIPS, Chip
 import jax
 from jax.experimental import topologies
-import hashlib
-import json
+
+from ..interop import startup
+from .chips import CHIPS, Chip
 
 
 class Unavailable(RuntimeError):
@@ -34,8 +36,10 @@ def available() -> bool:
 
 
 def install_hint() -> str:
-    return (f'install the TPU compiler (libtpu, ~700 MB; no TPU needed): pip install "jax[tpu]=={jax.__version__}" '
-            '(or pip install -e ".[tpu]" in a checkout)')
+    return (
+        f'install the TPU compiler (libtpu, ~700 MB; no TPU needed): pip install "jax[tpu]=={jax.__version__}" '
+        '(or pip install -e ".[tpu]" in a checkout)'
+    )
 
 
 def require(what: str = "a TPU compile") -> None:
@@ -69,8 +73,9 @@ def _topology_options(topology: str) -> dict:
 @functools.cache
 def _devices(topology: str) -> tuple:
     startup.quiet_absent_libtpu()  # (done at package import; again for a process that imported only this module)
-    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=topology,
-                                              **_topology_options(topology)).devices)
+    return tuple(
+        topologies.get_topology_desc(platform="tpu", topology_name=topology, **_topology_options(topology)).devices
+    )
 
 
 def devices(target: str | Chip) -> list:
@@ -98,8 +103,11 @@ def is_attached(devices_) -> bool:
     return all(d in jax.devices(devices_[0].platform) for d in devices_) and bool(local)
 
 
-_REFUSAL = re.compile(r"(RESOURCE_EXHAUSTED|Ran out of memory|exceeds|vmem|VMEM|Mosaic failed|INVALID_ARGUMENT|"
-                      r"UNIMPLEMENTED)", re.IGNORECASE)
+_REFUSAL = re.compile(
+    r"(RESOURCE_EXHAUSTED|Ran out of memory|exceeds|vmem|VMEM|Mosaic failed|INVALID_ARGUMENT|"
+    r"UNIMPLEMENTED)",
+    re.IGNORECASE,
+)
 
 
 def refusal(error: BaseException) -> str | None:
@@ -117,8 +125,6 @@ def refusal(error: BaseException) -> str | None:
 
 
 def _identity(devices) -> str:
-    import importlib.metadata
-
     try:
         libtpu = importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:

@@ -22,16 +22,28 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from ..interop import compat
 from ..interop.backend import to_jax_array, wrap
 from ..interop.sharding import axis_size
-from ..kernels import BlockSizes, cudnn_attention, dense_mask_attention, flash_attention, reference_attention
-from ..kernels import splash_attention, vmem_capacity
+from ..kernels import (
+    BlockSizes,
+    cudnn_attention,
+    dense_mask_attention,
+    flash_attention,
+    reference_attention,
+    splash_attention,
+    vmem_capacity,
+)
 
-KERNELS = {"splash_exp2": flash_attention, "splash": splash_attention, "xla": reference_attention,
-           "cudnn": cudnn_attention}
+KERNELS = {
+    "splash_exp2": flash_attention,
+    "splash": splash_attention,
+    "xla": reference_attention,
+    "cudnn": cudnn_attention,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +60,9 @@ class AttentionSettings:
         options = {"scale": scale}
         if self.implementation == "splash_exp2":
             devices = self.mesh.devices.flat if self.mesh is not None else None
-            options.update(block_sizes=self.block_sizes, k_smoothing=self.k_smoothing,
-                           vmem_bytes=vmem_capacity(devices))
+            options.update(
+                block_sizes=self.block_sizes, k_smoothing=self.k_smoothing, vmem_bytes=vmem_capacity(devices)
+            )
         return functools.partial(KERNELS[self.implementation], **options)
 
 
@@ -58,7 +71,9 @@ class AttentionSettings:
 SAFE = AttentionSettings(mesh=None, implementation="xla")
 
 
-_active: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextVar("diffusers_tpu_attention", default=None)
+_active: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextVar(
+    "diffusers_tpu_attention", default=None
+)
 
 
 @contextlib.contextmanager
@@ -140,8 +155,11 @@ def scaled_dot_product_attention(
     mask = to_jax_array(attn_mask) if attn_mask is not None else None
     # Jitted in both modes. Eagerly (unit mode): one cached program per shape. Inside a traced program: JAX traces
     # and lowers one body per distinct call (Wan's 30 blocks make 2 distinct calls of 60) and XLA inlines it.
-    return wrap(_attention_jitted(q, k, v, mask, scale=scale, is_causal=bool(is_causal), enable_gqa=bool(enable_gqa),
-                                  settings=settings))
+    return wrap(
+        _attention_jitted(
+            q, k, v, mask, scale=scale, is_causal=bool(is_causal), enable_gqa=bool(enable_gqa), settings=settings
+        )
+    )
 
 
 def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, settings: AttentionSettings):
@@ -158,8 +176,9 @@ def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, setti
     elif settings.implementation == "splash_exp2" and _many_tiny(q, k):
         out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=is_causal)
     elif is_causal and settings.implementation == "splash_exp2":
-        out = attend(q, k, v, scale=scale, kv_mask=kv_mask, settings=dataclasses.replace(settings, mesh=None),
-                     causal=True)
+        out = attend(
+            q, k, v, scale=scale, kv_mask=kv_mask, settings=dataclasses.replace(settings, mesh=None), causal=True
+        )
     elif is_causal:
         out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=True)
     else:

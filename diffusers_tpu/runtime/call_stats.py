@@ -60,8 +60,12 @@ def timed_progress_bar(runtime, stock_progress_bar):
             if hasattr(bar, "start_t"):  # a disabled bar has no clock
                 bar.start_t += compiled  # rate and ETA count device time, not compilation
             warm = runtime.last_call.step_seconds[1:] or runtime.last_call.step_seconds
-            bar.set_postfix(step=f"{seconds:.3f}s", avg=f"{sum(warm) / len(warm):.3f}s",
-                            compile=f"{compile_now:.1f}s", refresh=False)
+            bar.set_postfix(
+                step=f"{seconds:.3f}s",
+                avg=f"{sum(warm) / len(warm):.3f}s",
+                compile=f"{compile_now:.1f}s",
+                refresh=False,
+            )
             return stock_update(n)
 
         bar.update = update

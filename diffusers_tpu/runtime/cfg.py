@@ -18,9 +18,9 @@ import weakref
 
 import jax.numpy as jnp
 import torch
+import torch.utils._pytree as pytree
 
 from ..interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
-import torch.utils._pytree as pytree
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +75,9 @@ class CFGPairing:
             if self.encodes == self.negative_call:
                 picked = pick(out)
                 picked = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
-                self.negative = tuple(p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else self._on_device(p)
-                                      for p in picked)
+                self.negative = tuple(
+                    p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else self._on_device(p) for p in picked
+                )
                 self.accepted = None
             self.encodes += 1
             return out
@@ -152,8 +153,11 @@ class CFGPairing:
             if not is_jax_tensor(candidate) or candidate.ndim != condition.ndim:
                 return None
             if candidate.shape != condition.shape and not (
-                    self.pad_text and candidate.ndim >= 2 and candidate.shape[0] == condition.shape[0]
-                    and candidate.shape[2:] == condition.shape[2:]):
+                self.pad_text
+                and candidate.ndim >= 2
+                and candidate.shape[0] == condition.shape[0]
+                and candidate.shape[2:] == condition.shape[2:]
+            ):
                 return None
             if candidate.dtype != condition.dtype:  # the loop casts embeddings to the denoiser dtype
                 candidate = wrap(to_jax_array(candidate).astype(to_jax_array(condition).dtype))
@@ -203,8 +207,11 @@ class CFGPairing:
     def _uncond(self, module, forward, kwargs, conditions):
         pending, self.pending = self.pending, None
         if pending is not None and pending.module is module and self._same(pending.others, kwargs):
-            if all(c is n for c, n in zip(conditions, pending.negative)) or self.accepted is not None and all(
-                    c is a for c, a in zip(conditions, self.accepted)):
+            if (
+                all(c is n for c, n in zip(conditions, pending.negative))
+                or self.accepted is not None
+                and all(c is a for c, a in zip(conditions, self.accepted))
+            ):
                 return pending.uncond
             if self.accepted is None and all(_equal(c, n) for c, n in zip(conditions, pending.negative)):
                 self.accepted = conditions  # later steps match by identity: no device sync

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..interop.mesh_axes import MESH_AXES
+from ..kernels import BlockSizes
 from . import quantize
 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
@@ -116,15 +117,15 @@ class TPUConfig:
                 f"TPUConfig(attention={self.attention!r}) is not an attention implementation; "
                 f"choose one of {list(ATTENTION_IMPLEMENTATIONS)} (or None for the platform default)."
             )
-        if isinstance(self.attention_kv_threshold, bool) or not isinstance(self.attention_kv_threshold, int) or (
-            self.attention_kv_threshold < 0
+        if (
+            isinstance(self.attention_kv_threshold, bool)
+            or not isinstance(self.attention_kv_threshold, int)
+            or (self.attention_kv_threshold < 0)
         ):
             raise ValueError(
                 f"TPUConfig(attention_kv_threshold={self.attention_kv_threshold!r}) must be a non-negative int."
             )
         if self.attention_block_sizes is not None:
-            from ..kernels import BlockSizes
-
             if not isinstance(self.attention_block_sizes, BlockSizes):
                 raise ValueError(
                     "TPUConfig(attention_block_sizes=...) must be a diffusers_tpu.kernels.BlockSizes, e.g. "
@@ -135,8 +136,10 @@ class TPUConfig:
         if not isinstance(self.fully_sharded_weights, bool):
             raise ValueError(f"TPUConfig(fully_sharded_weights={self.fully_sharded_weights!r}) must be a bool.")
         if self.fully_sharded_weights and not self.scan_blocks:
-            raise ValueError("TPUConfig(fully_sharded_weights=True) shards the repeated blocks' stacked weights and "
-                             "needs scan_blocks=True (the default); drop scan_blocks=False.")
+            raise ValueError(
+                "TPUConfig(fully_sharded_weights=True) shards the repeated blocks' stacked weights and "
+                "needs scan_blocks=True (the default); drop scan_blocks=False."
+            )
         if not isinstance(self.attention_k_smoothing, bool):
             raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
@@ -158,7 +161,9 @@ class TPUConfig:
         for name in ("vae_dtype", "vae_weights_dtype", "scheduler_dtype"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-                raise ValueError(f"TPUConfig({name}={value!r}) must be a floating torch dtype (e.g. torch.bfloat16) or None.")
+                raise ValueError(
+                    f"TPUConfig({name}={value!r}) must be a floating torch dtype (e.g. torch.bfloat16) or None."
+                )
         if self.component_dtypes is not None:
             if not isinstance(self.component_dtypes, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, torch.dtype) and v.is_floating_point
@@ -170,7 +175,9 @@ class TPUConfig:
                 )
             object.__setattr__(self, "component_dtypes", dict(self.component_dtypes))
         if self.text_padding not in TEXT_PADDING_MODES:
-            raise ValueError(f"TPUConfig(text_padding={self.text_padding!r}) must be one of {list(TEXT_PADDING_MODES)}.")
+            raise ValueError(
+                f"TPUConfig(text_padding={self.text_padding!r}) must be one of {list(TEXT_PADDING_MODES)}."
+            )
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise ValueError(
                 f"TPUConfig(matmul_precision={self.matmul_precision!r}) must be one of {list(MATMUL_PRECISIONS)}."

@@ -35,8 +35,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
-from . import lora, quantize, repeated_blocks, stacked_weights
 from ..interop.jit import compiled_function
+from . import lora, quantize, repeated_blocks, stacked_weights
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +44,21 @@ logger = logging.getLogger(__name__)
 REFUSED_HOOKS = {
     "layerwise_casting": "enable_layerwise_casting (use TPUConfig(dtype=...) or torch_dtype=torch.bfloat16)",
     "peft_autocast_disable": "enable_layerwise_casting (use TPUConfig(dtype=...))",
-    "group_offloading": "enable_group_offload (weights stay sharded in device memory; shard wider with TPUConfig(mesh=...))",
+    "group_offloading": (
+        "enable_group_offload (weights stay sharded in device memory; shard wider with TPUConfig(mesh=...))"
+    ),
     "layer_execution_tracker": "enable_group_offload",
     "lazy_prefetch_group_offloading": "enable_group_offload",
 }
 _units_on: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_units", default=False)
 # what a trace raises on data-dependent Python control flow or shapes (the module then runs eagerly)
-TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-                jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError,
-                jax.errors.NonConcreteBooleanIndexError)
+TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
 
 
 def forget_unfinished(compiled) -> None:
@@ -112,8 +118,15 @@ class Denoiser:
         self.settings, self.place_input = settings, place_input
         self.scalings = lora.Scalings(module)
         scan = repeated_blocks.scanning if runtime.config.scan_blocks else None
-        self.whole = compiled_function(module, forward, state=state or self._state(""), activate=self._activate,
-                                       place_input=place_input, extras=self.scalings, trace_hook=scan)
+        self.whole = compiled_function(
+            module,
+            forward,
+            state=state or self._state(""),
+            activate=self._activate,
+            place_input=place_input,
+            extras=self.scalings,
+            trace_hook=scan,
+        )
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
         self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
         self._lora_key = lora.structure_key(module)
@@ -138,7 +151,9 @@ class Denoiser:
                 cache["mine"] = [s for s in slots if s.qualified.startswith(prefix)]
             if not prefix:  # the whole forward: stacked weights as one argument each
                 return stacked_weights.program_state(cache["mine"], quantize.program_value)
-            return {s.qualified[len(prefix):]: quantize.program_value(s, sharding._get(s).jax()) for s in cache["mine"]}
+            return {
+                s.qualified[len(prefix) :]: quantize.program_value(s, sharding._get(s).jax()) for s in cache["mine"]
+            }
 
         return state
 
@@ -176,10 +191,14 @@ class Denoiser:
         self.eager.add(id(module))
         self._plans.clear()
         names = {id(m): n for n, m in self.module.named_modules()}
-        logger.warning("%s.%s cannot be traced by JAX (%s: %s); it now runs eagerly with its submodules compiled "
-                       "one by one: the same results, slower. A family file can make it jit-safe.",
-                       type(self.module).__name__, names.get(id(module)) or "forward", type(error).__name__,
-                       str(error).splitlines()[0][:200])
+        logger.warning(
+            "%s.%s cannot be traced by JAX (%s: %s); it now runs eagerly with its submodules compiled "
+            "one by one: the same results, slower. A family file can make it jit-safe.",
+            type(self.module).__name__,
+            names.get(id(module)) or "forward",
+            type(error).__name__,
+            str(error).splitlines()[0][:200],
+        )
 
     # -- units under hooks ---------------------------------------------------------------------------------
     def _run_units(self, hooks: dict, args, kwargs):
@@ -240,8 +259,9 @@ class Denoiser:
             stock = module.forward
         if getattr(stock, "_diffusers_tpu_unit", False):
             return id(module)  # installed before (a hook registered on top of it keeps it innermost)
-        compiled = compiled_function(module, stock, state=self._state(f"{name}."), activate=self._activate,
-                                     extras=lora.Scalings(module))
+        compiled = compiled_function(
+            module, stock, state=self._state(f"{name}."), activate=self._activate, extras=lora.Scalings(module)
+        )
         entry, key = self, id(module)
 
         def unit(*args, **kwargs):
@@ -261,9 +281,10 @@ class Denoiser:
         unit.__wrapped__ = stock
         if hooked:
             setattr(reference, attribute, unit)
-            self.runtime.overrides.add_undo(lambda: setattr(reference, attribute, stock)
-                                            if getattr(reference, attribute) is unit else None,
-                                            f"{type(reference).__name__}.{attribute}")
+            self.runtime.overrides.add_undo(
+                lambda: setattr(reference, attribute, stock) if getattr(reference, attribute) is unit else None,
+                f"{type(reference).__name__}.{attribute}",
+            )
         else:
             self.runtime.overrides.set(module, "forward", unit)
         return key

@@ -13,12 +13,10 @@ import contextlib
 import weakref
 
 import torch
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 from torch.nn.attention.flex_attention import BlockMask
 
 from ..interop import static_keys
-from diffusers.models.attention_dispatch import AttentionBackendName
-from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
 
 _KEYS_OF_MASKS: "weakref.WeakKeyDictionary[BlockMask, tuple]" = weakref.WeakKeyDictionary()
 
@@ -29,8 +27,12 @@ def _block_mask_key(mask: BlockMask) -> tuple:
     key = _KEYS_OF_MASKS.get(mask)
     if key is None:
         tensors = (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices)
-        key = _KEYS_OF_MASKS[mask] = (tuple(mask.seq_lengths), tuple(mask.BLOCK_SIZE),
-                                      static_keys.content_key(tensors), static_keys.content_key(mask.mask_mod))
+        key = _KEYS_OF_MASKS[mask] = (
+            tuple(mask.seq_lengths),
+            tuple(mask.BLOCK_SIZE),
+            static_keys.content_key(tensors),
+            static_keys.content_key(mask.mask_mod),
+        )
     return key
 
 
@@ -56,8 +58,10 @@ def dense_mask(block_mask) -> torch.Tensor:
     partial = _blocks_dense(block_mask.kv_num_blocks, block_mask.kv_indices, kv_blocks)
     batch, heads = partial.shape[:2]
     device = partial.device
-    index = [torch.arange(n, device=device).view(*(n if i == axis else 1 for i in range(4)))
-             for axis, n in enumerate((batch, heads, q_len, kv_len))]
+    index = [
+        torch.arange(n, device=device).view(*(n if i == axis else 1 for i in range(4)))
+        for axis, n in enumerate((batch, heads, q_len, kv_len))
+    ]
     allowed = _tokens(partial, block_mask.BLOCK_SIZE, q_len, kv_len) & block_mask.mask_mod(*index)
     if block_mask.full_kv_num_blocks is not None:
         full = _blocks_dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, kv_blocks)
@@ -65,23 +69,40 @@ def dense_mask(block_mask) -> torch.Tensor:
     return allowed
 
 
-def flex_as_sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                 return_lse=False, _parallel_config=None):
+def flex_as_sdpa(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    return_lse=False,
+    _parallel_config=None,
+):
     """diffusers' flex backend signature (``[B, L, H, D]`` in and out) through ``scaled_dot_product_attention``."""
     if return_lse:
-        raise NotImplementedError("flex attention with return_lse=True has no JAX path here; keep this pipeline on "
-                                  "a torch device, or open an issue.")
+        raise NotImplementedError(
+            "flex attention with return_lse=True has no JAX path here; keep this pipeline on "
+            "a torch device, or open an issue."
+        )
     if isinstance(attn_mask, BlockMask):
         if tuple(attn_mask.seq_lengths) != (query.shape[1], key.shape[1]):
-            raise ValueError(f"BlockMask for {tuple(attn_mask.seq_lengths)} tokens, attention over "
-                             f"{(query.shape[1], key.shape[1])}: flex attention on JAX takes a mask of the same size.")
+            raise ValueError(
+                f"BlockMask for {tuple(attn_mask.seq_lengths)} tokens, attention over "
+                f"{(query.shape[1], key.shape[1])}: flex attention on JAX takes a mask of the same size."
+            )
         attn_mask = dense_mask(attn_mask)
         no_key = ~attn_mask.any(dim=-1, keepdim=True)  # flex gives such rows 0
     else:
         no_key = None
     out = torch.nn.functional.scaled_dot_product_attention(
-        *(x.transpose(1, 2) for x in (query, key, value)), attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa)
+        *(x.transpose(1, 2) for x in (query, key, value)),
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
     if no_key is not None:
         out = out.masked_fill(no_key, 0.0)
     return out.transpose(1, 2)

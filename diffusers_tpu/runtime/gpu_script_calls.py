@@ -1,15 +1,19 @@
 """GPU-script calls that mean something else on a TPU: each gets a defined behaviour (docs/porting.md).
 
-| call | on a JAX pipeline |
-| --- | --- |
-| ``enable_model_cpu_offload(device="tpu")`` / ``enable_sequential_cpu_offload(device="tpu")`` | ``pipe.to("tpu")`` (weights sharded over the mesh instead of offloaded), one warning |
-| the same without a device, on a moved pipeline | ignored, one warning |
-| offload enabled before ``pipe.to("tpu")`` | its hooks are removed (weights back on the host), then the move, one warning |
-| ``enable_attention_slicing()``, ``enable_xformers_memory_efficient_attention()`` | ignored, one warning: attention is a flash kernel that never holds the score matrix |
-| ``transformer.set_attention_backend(name)`` / ``attention_backend(name)`` | the JAX kernel (``TPUConfig.attention``) runs instead, one warning; the backend applies again on ``pipe.to("cuda")`` |
-| ``transformer.compile()``, ``torch.compile(pipe.transformer)`` | ignored on JAX (XLA compiles every module), one warning; restored on ``pipe.to("cuda")`` |
-| ``torch_dtype=torch.float16`` with ``pipe.to("tpu")`` | runs in float16, one warning: TPUs compute natively in bfloat16 |
-| ``torch.Generator("tpu")`` | a CPU generator (``patches``): the same latents as stock torch with a CPU generator |
+- ``enable_model_cpu_offload(device="tpu")`` / ``enable_sequential_cpu_offload(device="tpu")``: ``pipe.to("tpu")``
+  (weights sharded over the mesh instead of offloaded), one warning;
+- the same without a device, on a moved pipeline: ignored, one warning;
+- offload enabled before ``pipe.to("tpu")``: its hooks are removed (weights back on the host), then the move, one
+  warning;
+- ``enable_attention_slicing()``, ``enable_xformers_memory_efficient_attention()``: ignored, one warning: attention
+  is a flash kernel that never holds the score matrix;
+- ``transformer.set_attention_backend(name)`` / ``attention_backend(name)``: the JAX kernel (``TPUConfig.attention``)
+  runs instead, one warning; the backend applies again on ``pipe.to("cuda")``;
+- ``transformer.compile()``, ``torch.compile(pipe.transformer)``: ignored on JAX (XLA compiles every module), one
+  warning; restored on ``pipe.to("cuda")``;
+- ``torch_dtype=torch.float16`` with ``pipe.to("tpu")``: runs in float16, one warning: TPUs compute natively in
+  bfloat16;
+- ``torch.Generator("tpu")``: a CPU generator (``patches``): the same latents as stock torch with a CPU generator.
 """
 
 from __future__ import annotations
@@ -18,11 +22,10 @@ import contextlib
 import logging
 
 import torch
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
 from ..interop import backend
 from . import flex_attention
-from diffusers.models.attention_dispatch import AttentionBackendName
-from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 # processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
 # ``flex_attention.flex_on_jax`` serves it
@@ -58,19 +61,28 @@ def pipeline_method(pipe, runtime, name: str, args, kwargs) -> tuple[bool, objec
         device = _offload_device(args, kwargs)
         target = backend.parse_device(device) if device is not None else None
         if target is not None:
-            warn_once(f"{name}-to", f"{name}(device={device!r}): CPU offloading does not apply on JAX; the pipeline "
-                      f"moves to {target} with its weights sharded over the device mesh instead (save memory with "
-                      "TPUConfig(mesh=...) over more chips or a bfloat16 dtype).")
+            warn_once(
+                f"{name}-to",
+                f"{name}(device={device!r}): CPU offloading does not apply on JAX; the pipeline "
+                f"moves to {target} with its weights sharded over the device mesh instead (save memory with "
+                "TPUConfig(mesh=...) over more chips or a bfloat16 dtype).",
+            )
             return True, pipe.to(target)
         if attached:
-            warn_once(name, f"{name}() on a pipeline on JAX is ignored: its weights stay sharded in device memory. "
-                      "To save memory use more chips (TPUConfig(mesh=...)) or bfloat16 weights.")
+            warn_once(
+                name,
+                f"{name}() on a pipeline on JAX is ignored: its weights stay sharded in device memory. "
+                "To save memory use more chips (TPUConfig(mesh=...)) or bfloat16 weights.",
+            )
             return True, None
         return False, None
     if attached:  # enable_attention_slicing / enable_xformers_memory_efficient_attention
-        warn_once(name, f"{name}() on a pipeline on JAX is ignored: attention already runs through a flash kernel "
-                  f"({runtime.attention.implementation}) that never materializes the attention "
-                  "matrix.")
+        warn_once(
+            name,
+            f"{name}() on a pipeline on JAX is ignored: attention already runs through a flash kernel "
+            f"({runtime.attention.implementation}) that never materializes the attention "
+            "matrix.",
+        )
         return True, None
     return False, None
 
@@ -80,15 +92,21 @@ def prepare_components(pipe) -> list:
     (on detach)."""
     undo = []
     if any(hasattr(m, "_hf_hook") for m in pipe.components.values() if isinstance(m, torch.nn.Module)):
-        warn_once("offloaded", "CPU offloading (enable_model_cpu_offload / enable_sequential_cpu_offload) was enabled "
-                  "on this pipeline; on JAX its weights are sharded over the devices instead, so the offload hooks "
-                  "are removed.")
+        warn_once(
+            "offloaded",
+            "CPU offloading (enable_model_cpu_offload / enable_sequential_cpu_offload) was enabled "
+            "on this pipeline; on JAX its weights are sharded over the devices instead, so the offload hooks "
+            "are removed.",
+        )
         pipe.remove_all_hooks()
     for name, module in list(pipe.components.items()):
         original = getattr(module, "_orig_mod", None)
         if isinstance(module, torch.nn.Module) and isinstance(original, torch.nn.Module):  # torch.compile(module)
-            warn_once(f"torch.compile-{name}", f"pipe.{name} is torch.compile'd; on JAX XLA compiles it, so the "
-                      "original module is used (the compiled wrapper comes back on pipe.to('cpu' / 'cuda')).")
+            warn_once(
+                f"torch.compile-{name}",
+                f"pipe.{name} is torch.compile'd; on JAX XLA compiles it, so the "
+                "original module is used (the compiled wrapper comes back on pipe.to('cpu' / 'cuda')).",
+            )
             setattr(pipe, name, original)
             undo.append(lambda name=name, module=module: setattr(pipe, name, module))
     return undo
@@ -101,8 +119,11 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
     if getattr(module, "_compiled_call_impl", None) is not None:  # module.compile() called before the move
         deferred["_compiled_call_impl"] = module._compiled_call_impl
         module._compiled_call_impl = None
-        warn_once(f"compile-{id(module)}", f"{type(module).__name__}.compile() has no effect on JAX (XLA compiles the "
-                  "module); it applies again when the pipeline goes back to torch.")
+        warn_once(
+            f"compile-{id(module)}",
+            f"{type(module).__name__}.compile() has no effect on JAX (XLA compiles the "
+            "module); it applies again when the pipeline goes back to torch.",
+        )
 
     def restore():
         for attribute, value in deferred.items():
@@ -111,8 +132,11 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
     runtime.overrides.add_undo(restore, f"{type(module).__name__}.compile's state")
 
     def compile_(*args, **kwargs):
-        warn_once(f"compile-{id(module)}", f"{type(module).__name__}.compile() has no effect on JAX (XLA compiles "
-                  "the module); it applies again when the pipeline goes back to torch.")
+        warn_once(
+            f"compile-{id(module)}",
+            f"{type(module).__name__}.compile() has no effect on JAX (XLA compiles "
+            "the module); it applies again when the pipeline goes back to torch.",
+        )
         stock_compile = type(module).compile
         stock_compile(module, *args, **kwargs)
         deferred["_compiled_call_impl"] = module._compiled_call_impl
@@ -123,12 +147,17 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
         processor = processor_owner.processor
         chosen = getattr(processor, "_attention_backend", None)
         if chosen is not None and chosen not in FLEX_BACKENDS:
-            warn_once(f"backend-{id(module)}", f"attention backend {chosen} set on {type(module).__name__}: on JAX "
-                      f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend "
-                      "applies again when the pipeline goes back to torch.")
+            warn_once(
+                f"backend-{id(module)}",
+                f"attention backend {chosen} set on {type(module).__name__}: on JAX "
+                f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend "
+                "applies again when the pipeline goes back to torch.",
+            )
             processor._attention_backend = None
-            runtime.overrides.add_undo(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
-                                       f"{type(processor).__name__}._attention_backend")
+            runtime.overrides.add_undo(
+                lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
+                f"{type(processor).__name__}._attention_backend",
+            )
 
     def set_attention_backend(backend_name: str) -> None:
         type(module).set_attention_backend(module, backend_name)  # stock validation and bookkeeping
@@ -137,11 +166,16 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
             chosen = getattr(processor, "_attention_backend", None)
             if chosen is not None and chosen not in FLEX_BACKENDS:
                 processor._attention_backend = None
-                runtime.overrides.add_undo(lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
-                                           f"{type(processor).__name__}._attention_backend")
-        logger.warning("set_attention_backend(%r) on a module on JAX: attention runs through %s (TPUConfig.attention); "
-                       "the backend applies when the pipeline goes back to torch.", backend_name,
-                       runtime.attention.implementation)
+                runtime.overrides.add_undo(
+                    lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
+                    f"{type(processor).__name__}._attention_backend",
+                )
+        logger.warning(
+            "set_attention_backend(%r) on a module on JAX: attention runs through %s (TPUConfig.attention); "
+            "the backend applies when the pipeline goes back to torch.",
+            backend_name,
+            runtime.attention.implementation,
+        )
 
     if hasattr(type(module), "set_attention_backend"):
         runtime.overrides.set(module, "set_attention_backend", set_attention_backend)
@@ -157,8 +191,11 @@ def check_dtype(runtime, modules: dict) -> None:
         return
     for name, module in modules.items():
         if any(p.dtype == torch.float16 for p in module.parameters()):
-            warn_once(f"float16-{name}", f"{name} is float16: TPUs compute natively in bfloat16 (float16 is emulated, "
-                      "slower). Load with torch_dtype=torch.bfloat16 for TPU speed; float16 results stay as stock's.")
+            warn_once(
+                f"float16-{name}",
+                f"{name} is float16: TPUs compute natively in bfloat16 (float16 is emulated, "
+                "slower). Load with torch_dtype=torch.bfloat16 for TPU speed; float16 results stay as stock's.",
+            )
 
 
 @contextlib.contextmanager
@@ -167,8 +204,11 @@ def native_attention_dispatch():
     kernel; a backend chosen with ``diffusers.attention_backend(...)`` (a CUDA library) is set aside meanwhile."""
     previous = _AttentionBackendRegistry._active_backend
     if previous != AttentionBackendName.NATIVE:
-        warn_once(f"dispatch-{previous}", f"attention_backend({previous.value!r}) is active: on JAX attention runs "
-                  "through the project's kernel (TPUConfig.attention) instead.")
+        warn_once(
+            f"dispatch-{previous}",
+            f"attention_backend({previous.value!r}) is active: on JAX attention runs "
+            "through the project's kernel (TPUConfig.attention) instead.",
+        )
     _AttentionBackendRegistry._active_backend = AttentionBackendName.NATIVE
     try:
         with flex_attention.flex_on_jax():

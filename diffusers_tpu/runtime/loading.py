@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import os
 
+import diffusers
 import jax
 import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
 
 from ..interop import backend
 from ..interop.sharding import CHECKPOINT_ATTR
-from safetensors import safe_open
-from accelerate import init_empty_weights
-import diffusers
 from .registry import DENOISERS
 
 
@@ -71,13 +71,16 @@ def _weight_files(folder: str) -> tuple[list[str], dict[str, str]]:
         names = sorted(set(weight_map.values()))
         missing = [n for n in names if not os.path.exists(os.path.join(folder, n))]
         if missing:
-            raise CheckpointError(f"{path} names {missing}, absent from {folder}: the download is incomplete; fetch "
-                                  "those files again.")
+            raise CheckpointError(
+                f"{path} names {missing}, absent from {folder}: the download is incomplete; fetch those files again."
+            )
         return [os.path.join(folder, n) for n in names], {k: os.path.join(folder, v) for k, v in weight_map.items()}
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not files:
-        raise CheckpointError(f"{folder} has no .safetensors weights (diffusers_tpu loads safetensors only; convert "
-                              "a .bin checkpoint with save_pretrained(safe_serialization=True)).")
+        raise CheckpointError(
+            f"{folder} has no .safetensors weights (diffusers_tpu loads safetensors only; convert "
+            "a .bin checkpoint with save_pretrained(safe_serialization=True))."
+        )
     return [os.path.join(folder, f) for f in files], {}
 
 
@@ -100,8 +103,10 @@ def _missing(name: str, files: list[str], weight_map: dict[str, str]) -> str:
     """Where a weight should have been: the file the index maps it to (its header lacks the name: damaged, or
     from another checkpoint), or the single weights file."""
     if name in weight_map:
-        return (f"{name} is missing from {os.path.basename(weight_map[name])} (the index maps it there: that file's "
-                "header is damaged or from another checkpoint; fetch it again)")
+        return (
+            f"{name} is missing from {os.path.basename(weight_map[name])} (the index maps it there: that file's "
+            "header is damaged or from another checkpoint; fetch it again)"
+        )
     where = os.path.basename(files[0]) if len(files) == 1 else "every weights file"
     return f"{name} is missing from {where}"
 
@@ -123,18 +128,25 @@ def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
             continue
         path, shape, stored = found[name]
         if shape != tuple(parameter.shape):
-            problems.append(f"{name} has shape {list(shape)} in {os.path.basename(path)}, the model expects "
-                            f"{list(parameter.shape)}")
+            problems.append(
+                f"{name} has shape {list(shape)} in {os.path.basename(path)}, the model expects {list(parameter.shape)}"
+            )
         elif parameter.is_floating_point() != (stored[0] in "FB"):  # F16/F32/F64/BF16 vs integer/bool
             problems.append(f"{name} is {stored} in {os.path.basename(path)}, the model expects {parameter.dtype}")
         sources[name] = SliceSource(path, name)
     if problems:  # a name the model lacks, in some file, is likely the damaged one (alone, stock ignores it too)
         expected = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
-        problems += [f"{os.path.basename(path)} holds {name!r}, a name {model_class.__name__} does not have"
-                     for name, (path, _, _) in sorted(found.items()) if name not in expected]
+        problems += [
+            f"{os.path.basename(path)} holds {name!r}, a name {model_class.__name__} does not have"
+            for name, (path, _, _) in sorted(found.items())
+            if name not in expected
+        ]
     if problems:
-        raise CheckpointError(f"{folder} does not match {model_class.__name__}'s config: " + "; ".join(problems[:5])
-                              + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+        raise CheckpointError(
+            f"{folder} does not match {model_class.__name__}'s config: "
+            + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+        )
     with torch.no_grad():  # persistent buffers stored in the checkpoint (small) load whole, as stock does
         for name, buffer in model.named_buffers():
             if name in found:
@@ -148,8 +160,15 @@ def empty_model(model_class, folder: str, torch_dtype: torch.dtype | None):
     return model.eval()
 
 
-def from_pretrained(path: str, device: str = "tpu", config=None, dtype: torch.dtype | None = None,
-                    pipeline_class=None, torch_dtype: torch.dtype | None = None, **kwargs):
+def from_pretrained(
+    path: str,
+    device: str = "tpu",
+    config=None,
+    dtype: torch.dtype | None = None,
+    pipeline_class=None,
+    torch_dtype: torch.dtype | None = None,
+    **kwargs,
+):
     """``pipeline_class.from_pretrained(path, ...)`` already moved to ``device`` with ``config``: the denoisers'
     weights read straight into their device shards (see the module docstring); other components load as stock.
     ``path``: a local pipeline folder (``model_index.json``). ``pipeline_class``: default the folder's class.
@@ -159,12 +178,16 @@ def from_pretrained(path: str, device: str = "tpu", config=None, dtype: torch.dt
     torch_dtype = dtype if dtype is not None else torch_dtype
 
     if backend.parse_device(device) is None:
-        raise ValueError(f"from_pretrained(device={device!r}): sharded loading places weights on JAX devices; use "
-                         "device='tpu' or 'jax' (for a torch device, call the pipeline's own from_pretrained).")
+        raise ValueError(
+            f"from_pretrained(device={device!r}): sharded loading places weights on JAX devices; use "
+            "device='tpu' or 'jax' (for a torch device, call the pipeline's own from_pretrained)."
+        )
     index_path = os.path.join(path, "model_index.json")
     if not os.path.isfile(index_path):
-        raise CheckpointError(f"{path} has no model_index.json: pass a local diffusers pipeline folder (one written "
-                              "by save_pretrained, or a downloaded snapshot).")
+        raise CheckpointError(
+            f"{path} has no model_index.json: pass a local diffusers pipeline folder (one written "
+            "by save_pretrained, or a downloaded snapshot)."
+        )
     with open(index_path) as handle:
         index = json.load(handle)
     cls = pipeline_class or getattr(diffusers, index["_class_name"])

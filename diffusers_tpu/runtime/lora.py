@@ -23,13 +23,14 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import torch
+from diffusers.utils import scale_lora_layers, unscale_lora_layers
 
 from ..interop import backend, sharding
 from . import quantize
-from diffusers.utils import scale_lora_layers
-from diffusers.utils import unscale_lora_layers
 
-_LORA_TENSOR = re.compile(r"^(?P<base>.+)\.(?P<kind>lora_A|lora_B|lora_magnitude_vector)\.[^.]+(?:\.(?P<leaf>weight|bias))?$")
+_LORA_TENSOR = re.compile(
+    r"^(?P<base>.+)\.(?P<kind>lora_A|lora_B|lora_magnitude_vector)\.[^.]+(?:\.(?P<leaf>weight|bias))?$"
+)
 ATTENTION_KWARGS = ("attention_kwargs", "joint_attention_kwargs", "cross_attention_kwargs")
 
 
@@ -48,7 +49,8 @@ def base_on_jax(layer) -> bool:
 
 # --- placement -------------------------------------------------------------------------------------------
 def rule_name(qualified: str) -> str:
-    """The name sharding rules see: peft's ``base_layer`` wrapper removed (``to_q.base_layer.weight`` -> ``to_q.weight``)."""
+    """The name sharding rules see: peft's ``base_layer`` wrapper removed (``to_q.base_layer.weight`` ->
+    ``to_q.weight``)."""
     return qualified.replace(".base_layer.", ".")
 
 
@@ -83,9 +85,11 @@ def on_host_copies(method):
             return method(self, *args, **kwargs)
         base = getattr(self.get_base_layer(), "weight", None)
         if base is not None and quantize.is_quantized(base):
-            raise ValueError(f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
-                             "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
-                             "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights).")
+            raise ValueError(
+                f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
+                "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
+                "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights)."
+            )
         placed = sharding.to_host_copies(self)
         try:
             return method(self, *args, **kwargs)
@@ -97,8 +101,13 @@ def on_host_copies(method):
 
 # --- scales as program inputs ---------------------------------------------------------------------------
 def layer_key(layer) -> tuple:
-    return (tuple(layer.active_adapters), bool(layer.disable_adapters), tuple(layer.merged_adapters),
-            tuple(layer.scaling), tuple(layer.lora_variant) if hasattr(layer, "lora_variant") else ())
+    return (
+        tuple(layer.active_adapters),
+        bool(layer.disable_adapters),
+        tuple(layer.merged_adapters),
+        tuple(layer.scaling),
+        tuple(layer.lora_variant) if hasattr(layer, "lora_variant") else (),
+    )
 
 
 def structure_key(root) -> tuple:

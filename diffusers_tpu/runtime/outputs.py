@@ -20,10 +20,12 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable
-from diffusers.utils import export_to_video
 import wave
+from collections.abc import Callable
+
+import imageio_ffmpeg
 import PIL.Image
+from diffusers.utils import export_to_video
 
 
 class DestinationError(ValueError):
@@ -56,8 +58,10 @@ def check_destination(path: str, needed_bytes: int = 0, what: str = "--output") 
         raise DestinationError(f"{what} {path} is a folder; give a file name, e.g. {os.path.join(path, 'video.mp4')}.")
     ancestor = _existing_ancestor(directory)
     if not os.path.isdir(ancestor):
-        raise DestinationError(f"{what} {path}: {ancestor} is a file, not a folder, so the folder {directory} cannot "
-                               "be created there. Choose another output path, or move that file away.")
+        raise DestinationError(
+            f"{what} {path}: {ancestor} is a file, not a folder, so the folder {directory} cannot "
+            "be created there. Choose another output path, or move that file away."
+        )
     try:
         if ancestor == directory:
             descriptor, probe = tempfile.mkstemp(prefix=".probe-", dir=directory)
@@ -66,12 +70,16 @@ def check_destination(path: str, needed_bytes: int = 0, what: str = "--output") 
         else:  # the folder would be created: can it be?
             os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=ancestor))
     except OSError as error:
-        raise DestinationError(f"{what} {path} cannot be written: {error.strerror or error} ({ancestor}). Choose a "
-                               "writable folder, or fix its permissions.") from None
+        raise DestinationError(
+            f"{what} {path} cannot be written: {error.strerror or error} ({ancestor}). Choose a "
+            "writable folder, or fix its permissions."
+        ) from None
     free = shutil.disk_usage(ancestor).free
     if needed_bytes and free < needed_bytes:
-        raise DestinationError(f"{what} {path}: about {needed_bytes / 1e6:.1f} MB are needed but {ancestor} has "
-                               f"{free / 1e6:.1f} MB free. Free some space or write elsewhere.")
+        raise DestinationError(
+            f"{what} {path}: about {needed_bytes / 1e6:.1f} MB are needed but {ancestor} has "
+            f"{free / 1e6:.1f} MB free. Free some space or write elsewhere."
+        )
 
 
 @contextlib.contextmanager
@@ -117,8 +125,13 @@ def _diagnose(directory: str, size: int) -> OSError | None:
     return None
 
 
-def write_atomically(path: str, write: Callable[[str], object], verify: Callable[[str], None] | None = None,
-                     expected_size: int = 0, before_replace: Callable[[str], None] | None = None) -> None:
+def write_atomically(
+    path: str,
+    write: Callable[[str], object],
+    verify: Callable[[str], None] | None = None,
+    expected_size: int = 0,
+    before_replace: Callable[[str], None] | None = None,
+) -> None:
     """``write(temp)`` writes a temporary file beside ``path`` (same extension: writers pick formats by it); after
     ``fsync`` and ``verify(temp)`` (raises on a bad file) it replaces ``path`` in one rename. On failure the old
     ``path`` is untouched, the temporary file removed, and ``OutputError`` names the OS error.
@@ -148,8 +161,9 @@ def write_atomically(path: str, write: Callable[[str], object], verify: Callable
             except Exception as error:  # the written file is not what it should be (unreadable, short)
                 cause = _diagnose(directory, max(expected_size, os.path.getsize(temp) if os.path.exists(temp) else 0))
                 reason = f"{cause.strerror or cause}" if cause is not None else f"{type(error).__name__}: {error}"
-                raise OutputError(cause.errno if cause is not None else errno.EIO,
-                                  f"cannot write {path}: {reason}") from error
+                raise OutputError(
+                    cause.errno if cause is not None else errno.EIO, f"cannot write {path}: {reason}"
+                ) from error
             if before_replace is not None:
                 before_replace(temp)
             umask = os.umask(0)
@@ -167,6 +181,7 @@ def write_atomically(path: str, write: Callable[[str], object], verify: Callable
 
 def write_text(path: str, text: str) -> None:
     """A text file (JSON reports, configs), verified by reading it back."""
+
     def write(temp):
         with open(temp, "w") as handle:
             handle.write(text)
@@ -186,12 +201,11 @@ def write_json(path: str, value) -> None:
 def write_video(frames, path: str, fps: int) -> None:
     """Frames (PIL images or uint8 arrays) as a video with diffusers' ``export_to_video``, verified by counting the
     frames ffmpeg reads back."""
+
     def write(temp):  # ffmpeg starts through subprocess: JAX's fork warning is silenced for that (``patches``)
         export_to_video(list(frames), temp, fps=fps)
 
     def verify(temp):
-        import imageio_ffmpeg
-
         count, _ = imageio_ffmpeg.count_frames_and_secs(temp)
         if count != len(frames):
             raise OSError(errno.EIO, f"the video holds {count} of {len(frames)} frames")
@@ -201,6 +215,7 @@ def write_video(frames, path: str, fps: int) -> None:
 
 def write_image(image, path: str) -> None:
     """A PIL image, verified by decoding it back."""
+
     def verify(temp):
         with PIL.Image.open(temp) as written:
             written.load()
@@ -212,6 +227,7 @@ def write_image(image, path: str) -> None:
 
 def write_wav(pcm, path: str, rate: int) -> None:
     """16-bit PCM ``[samples, channels]`` as a WAV file (stdlib ``wave``), verified by its frame count."""
+
     def write(temp):
         with wave.open(temp, "wb") as out:
             out.setnchannels(pcm.shape[1])

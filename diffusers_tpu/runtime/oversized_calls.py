@@ -3,7 +3,8 @@ after allocating tens of GB of host latents).
 
 The rule is deliberately conservative, so it never refuses a call that would have run: the decoded video alone
 (``num_frames x height x width x 3`` values in the VAE's dtype, which the VAE must hold on the devices before
-``postprocess`` turns them into frames) against the memory of every device together. ``diffusers-tpu plan`` gives the real figure.
+``postprocess`` turns them into frames) against the memory of every device together. ``diffusers-tpu plan`` gives
+the real figure.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def check_fits(pipe, arguments: dict, devices) -> None:
     """Raise ``ValueError`` naming the figures when the call's decoded output cannot fit the devices' memory."""
     height, width = arguments.get("height"), arguments.get("width")
     frames = arguments.get("num_frames") or 1
-    if arguments.get("output_type") == "latent" or not all(isinstance(v, int) and v > 0 for v in (height, width, frames)):
+    if arguments.get("output_type") == "latent" or not all(
+        isinstance(v, int) and v > 0 for v in (height, width, frames)
+    ):
         return  # the pipeline's own defaults, or nothing decoded: nothing to judge from the call
     vae = getattr(pipe, "vae", None)
     itemsize = getattr(getattr(vae, "dtype", None), "itemsize", 4)
@@ -34,6 +37,8 @@ def check_fits(pipe, arguments: dict, devices) -> None:
     if needed > available:
         what = f"{frames} frames of {height}x{width}" if frames > 1 else f"a {height}x{width} image"
         raise ValueError(
-            f"{type(pipe).__name__}: {what} take {needed / GB:.1f} GB decoded ({itemsize} bytes a value), more than the "
+            f"{type(pipe).__name__}: {what} take {needed / GB:.1f} GB decoded ({itemsize} bytes a value), more "
+            "than the "
             f"{available / GB:.1f} GB of memory on the {len(devices)} device(s). Use a smaller height, width or "
-            "num_frames, or more chips (TPUConfig(mesh=...)); `diffusers-tpu plan` shows what fits where.")
+            "num_frames, or more chips (TPUConfig(mesh=...)); `diffusers-tpu plan` shows what fits where."
+        )

@@ -12,16 +12,14 @@ import functools
 import logging
 import re
 
-import torch
-
-from . import attention, lora, gpu_script_calls, registry, support, attach as runtime
-from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
 import diffusers
-import warnings
+import torch
 import torch.utils._pytree as pytree
 
-logger = logging.getLogger(__name__)
+from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
+from . import attention, gpu_script_calls, lora, pipeline_runtime, registry, support
 
+logger = logging.getLogger(__name__)
 
 
 # --- 1. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
@@ -41,7 +39,8 @@ def _check_diffusers_version() -> bool:
     if not tested:
         logger.warning(
             "diffusers %s is outside the versions diffusers_tpu is tested with (%s.x); pipe.to('tpu') may misbehave.",
-            diffusers.__version__, ".".join(map(str, TESTED_DIFFUSERS[0])),
+            diffusers.__version__,
+            ".".join(map(str, TESTED_DIFFUSERS[0])),
         )
     return tested
 
@@ -82,16 +81,16 @@ def _pipeline_to(stock_to):
         if target is not None:
             for cls in type(self).__mro__:  # subclasses with their own __call__ (diffusers_tpu's, users')
                 wrap_pipeline_call(cls)
-            return runtime.attach(self, target, config=config, dtype=_dtype_of(args, kwargs))
+            return pipeline_runtime.attach(self, target, config=config, dtype=_dtype_of(args, kwargs))
         if config is not None:
             raise ValueError(
                 "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
                 "pipe.to('jax', config=...)."
             )
-        if runtime.is_attached(self):
+        if pipeline_runtime.is_attached(self):
             if _is_dtype_only(args, kwargs):
-                return runtime.cast(self, _dtype_of(args, kwargs))
-            runtime.detach(self)
+                return pipeline_runtime.cast(self, _dtype_of(args, kwargs))
+            pipeline_runtime.detach(self)
         return stock_to(self, *args, **kwargs)
 
     return to
@@ -111,7 +110,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
     def make(stock_call):
         @functools.wraps(stock_call)
         def __call__(self, *args, **kwargs):
-            attached = runtime.runtime_of(self)
+            attached = pipeline_runtime.runtime_of(self)
             if attached is None:
                 return stock_call(self, *args, **kwargs)
             return attached.run_pipeline_call(stock_call, self, args, kwargs)
@@ -130,7 +129,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 # which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
 # take the new path (peft 0.17 - 0.21 method names); applied when peft's LoRA layers are imported, if ever.
 def _patch_peft(lora_layer):
-    from peft.tuners.tuners_utils import BaseTunerLayer  # imported by lora_layer: already loaded
+    from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: PLC0415 - optional (lora extra); loaded by now
 
     def make(stock_move):
         @functools.wraps(stock_move)
@@ -188,8 +187,12 @@ def _tpu_generator(stock):
 # sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
 # meaning (``gpu_script_calls``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls
 # warn once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
-_PORTED_METHODS = ("enable_model_cpu_offload", "enable_sequential_cpu_offload", "enable_attention_slicing",
-                   "enable_xformers_memory_efficient_attention")
+_PORTED_METHODS = (
+    "enable_model_cpu_offload",
+    "enable_sequential_cpu_offload",
+    "enable_attention_slicing",
+    "enable_xformers_memory_efficient_attention",
+)
 
 
 def _patch_ported_methods(pipeline_utils):
@@ -202,35 +205,13 @@ def _patch_ported_methods(pipeline_utils):
 def _ported(name, stock):
     @functools.wraps(stock)
     def ported(self, *args, **kwargs):
-        handled, result = gpu_script_calls.pipeline_method(self, runtime.runtime_of(self), name, args, kwargs)
+        handled, result = gpu_script_calls.pipeline_method(self, pipeline_runtime.runtime_of(self), name, args, kwargs)
         return result if handled else stock(self, *args, **kwargs)
 
     return ported
 
 
-# --- 6. Known noise, silenced at its source and nowhere else --------------------------------------------------------
-# Reason: a user should see the project's own lines and real problems (README's first command is tested to print no
-# warning). Two messages are noise on every run and are not about anything the user did:
-# - transformers 5 without torchvision: "`CLIPImageProcessor` requires torchvision (not installed); falling back to
-#   `CLIPImageProcessorPil`", logged when diffusers imports its pipelines; the PIL processor is the one transformers 4
-#   used, and what these pipelines need. Only that message of that logger is dropped.
-# - JAX's at-fork hook ("os.fork() was called ... will likely lead to a deadlock") when ``subprocess`` starts ffmpeg
-#   for ``export_to_video``: the child replaces itself with ffmpeg at once (fork+exec), no JAX runs in it. Only forks
-#   made by the ``subprocess`` module are matched; ``os.fork`` and multiprocessing still warn.
-# Guard: message texts of transformers 5.x and jax 0.6-0.10; other messages and other modules are untouched.
-_TORCHVISION_FALLBACK = "requires torchvision (not installed); falling back to"
-
-
-def _torchvision_fallback_filter(record) -> bool:
-    return _TORCHVISION_FALLBACK not in str(record.msg)
-
-
-def _quiet_known_noise() -> None:
-    import_utils_logger = logging.getLogger("transformers.utils.import_utils")
-    if _torchvision_fallback_filter not in import_utils_logger.filters:
-        import_utils_logger.addFilter(_torchvision_fallback_filter)
-    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning, module="subprocess")
-    patching.record("known noise silenced")
+# --- 6. Known noise: silenced at ``import diffusers_tpu`` (``startup.quiet_known_noise``) --------------------------
 
 
 # --- 7. Modular pipelines refuse "tpu" / "jax" with the classic pipeline to use ------------------------------------
@@ -251,12 +232,17 @@ def _modular_to(stock_to):
         if _jax_target_of(args, dict(kwargs)) is not None:
             name = type(self).__name__
             classic = registry.classic_pipeline(name)
-            use = (f"load the same checkpoint with diffusers.{classic}.from_pretrained(...) and move that with "
-                   f".to('tpu')" if classic else "load the checkpoint with its family's classic diffusers pipeline "
-                   "class and move that")
+            use = (
+                f"load the same checkpoint with diffusers.{classic}.from_pretrained(...) and move that with .to('tpu')"
+                if classic
+                else "load the checkpoint with its family's classic diffusers pipeline class and move that"
+            )
             status = support.status(classic) if classic else ""
-            raise ValueError(f"{name} is a diffusers modular pipeline, which diffusers_tpu does not run on JAX: {use}"
-                             + (f" ({classic} on JAX: {status})" if status else "") + ". Nothing was moved.")
+            raise ValueError(
+                f"{name} is a diffusers modular pipeline, which diffusers_tpu does not run on JAX: {use}"
+                + (f" ({classic} on JAX: {status})" if status else "")
+                + ". Nothing was moved."
+            )
         return stock_to(self, *args, **kwargs)
 
     return to
@@ -269,7 +255,10 @@ def _modular_to(stock_to):
 # its tensors become the program's outputs and the next program's inputs; ``num_ref_tokens`` is static.
 # Guard: diffusers >= 0.42 (``transformer_flux2.Flux2KVCache``); applied when that module is imported.
 def _register_flux2_kv_cache(transformer_flux2) -> None:
-    cache, layer = getattr(transformer_flux2, "Flux2KVCache", None), getattr(transformer_flux2, "Flux2KVLayerCache", None)
+    cache, layer = (
+        getattr(transformer_flux2, "Flux2KVCache", None),
+        getattr(transformer_flux2, "Flux2KVLayerCache", None),
+    )
     if cache is None or layer is None or layer in pytree.SUPPORTED_NODES:
         return
 
@@ -284,10 +273,15 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
         built.double_block_caches, built.single_block_caches, built.num_ref_tokens = list(double), list(single), context
         return built
 
-    pytree.register_pytree_node(layer, lambda c: ((c.k_ref, c.v_ref), None), unflatten_layer,
-                                serialized_type_name="diffusers.Flux2KVLayerCache")
-    pytree.register_pytree_node(cache, lambda c: ((c.double_block_caches, c.single_block_caches), c.num_ref_tokens),
-                                unflatten_cache, serialized_type_name="diffusers.Flux2KVCache")
+    pytree.register_pytree_node(
+        layer, lambda c: ((c.k_ref, c.v_ref), None), unflatten_layer, serialized_type_name="diffusers.Flux2KVLayerCache"
+    )
+    pytree.register_pytree_node(
+        cache,
+        lambda c: ((c.double_block_caches, c.single_block_caches), c.num_ref_tokens),
+        unflatten_cache,
+        serialized_type_name="diffusers.Flux2KVCache",
+    )
     patching.record("Flux2KVCache as a pytree")
 
 
@@ -303,7 +297,6 @@ def apply() -> None:
     compat.apply()
     compat.route_sdpa(attention.scaled_dot_product_attention)
     _patch_generator()
-    _quiet_known_noise()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import PIL.Image
+from diffusers.image_processor import VaeImageProcessor
 
 from ..interop import distributed
 from ..interop.backend import is_jax_tensor, to_jax_array, wrap
-from diffusers.image_processor import VaeImageProcessor
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
@@ -79,8 +79,13 @@ def postprocess_image(processor, stock, image, output_type: str = "pil", do_deno
     # Stable Diffusion passes one flag per image (False where its safety checker blacked one out): all alike is
     # one program; a mixed list goes to stock.
     flags = None if do_denormalize is None else set(map(bool, do_denormalize))
-    if (flags is not None and len(flags) != 1 or not is_jax_tensor(image) or output_type not in ("np", "pil")
-            or image.ndim != 4):
+    if (
+        flags is not None
+        and len(flags) != 1
+        or not is_jax_tensor(image)
+        or output_type not in ("np", "pil")
+        or image.ndim != 4
+    ):
         return stock(image, output_type, do_denormalize)
     array = to_jax_array(image)
     denormalize = bool(processor.config.do_normalize) if flags is None else flags.pop()

@@ -1,9 +1,9 @@
 """Weight-only quantization of a placed denoiser: ``TPUConfig(quantize="int8")``.
 
-Every linear weight of the denoiser (``torch.nn.Linear``; LoRA adapters and ``_keep_in_fp32_modules`` excepted) is stored on the devices as
-int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``), sharded like the weight it
-replaces (the scale like the weight's output dimension). Inside each compiled program the weight is rebuilt as
-``q * scale`` in the weight's compute dtype right before its matmul, so XLA fuses the dequantization into the
+Every linear weight of the denoiser (``torch.nn.Linear``; LoRA adapters and ``_keep_in_fp32_modules`` excepted) is
+stored on the devices as int8 with one float32 scale per output channel (symmetric, ``scale = max|w| / 127``), sharded
+like the weight it replaces (the scale like the weight's output dimension). Inside each compiled program the weight is
+rebuilt as ``q * scale`` in the weight's compute dtype right before its matmul, so XLA fuses the dequantization into the
 product; activations are untouched. ``"fp8"`` stores ``float8_e4m3fn`` the same way (``max|w| / 448``).
 
 The host keeps the original tensors while the pipeline is on JAX, so ``pipe.to("cpu")`` restores them exactly;
@@ -21,11 +21,10 @@ import jax.numpy as jnp
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..interop.backend import jax_dtype, jax_to_host
+from ..interop import sharding
+from ..interop.backend import jax_dtype, jax_to_host, wrap
 from ..interop.jit import Rebuilt
 from ..interop.sharding import _keep_in_fp32
-from ..interop import sharding
-from ..interop.backend import wrap
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +56,10 @@ def check_format(fmt: str | None) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"TPUConfig(quantize={fmt!r}) must be None or one of {list(FORMATS)}.")
     if _STORAGE[fmt][0] is None:
-        raise ValueError(f"TPUConfig(quantize={fmt!r}) needs jax.numpy.float8_e4m3fn, which jax {jax.__version__} "
-                         "lacks; use quantize='int8' or upgrade JAX.")
+        raise ValueError(
+            f"TPUConfig(quantize={fmt!r}) needs jax.numpy.float8_e4m3fn, which jax {jax.__version__} "
+            "lacks; use quantize='int8' or upgrade JAX."
+        )
 
 
 def targets(module: torch.nn.Module) -> set[str]:
@@ -68,8 +69,14 @@ def targets(module: torch.nn.Module) -> set[str]:
     names = set()
     for prefix, owner in module.named_modules():
         name = f"{prefix}.weight" if prefix else "weight"
-        if isinstance(owner, torch.nn.Linear) and "lora_" not in prefix and owner.weight is not None \
-                and owner.weight.ndim == 2 and owner.weight.is_floating_point() and not _keep_in_fp32(name, keep):
+        if (
+            isinstance(owner, torch.nn.Linear)
+            and "lora_" not in prefix
+            and owner.weight is not None
+            and owner.weight.ndim == 2
+            and owner.weight.is_floating_point()
+            and not _keep_in_fp32(name, keep)
+        ):
             names.add(name)
     return names
 
@@ -130,8 +137,9 @@ def host_weight(slot) -> torch.Tensor:
     kept original, or — for a weight that was never on the host (sharded loading) — its dequantized values."""
     if slot.keep_original is not None:
         return slot.keep_original
-    logger.warning("%s was loaded straight to the devices and quantized: it returns to the host dequantized",
-                   slot.qualified)
+    logger.warning(
+        "%s was loaded straight to the devices and quantized: it returns to the host dequantized", slot.qualified
+    )
     return jax_to_host(dequantize(sharding._get(slot).jax(), slot.scale, jax_dtype(slot.dtype)), slot.restore_dtype)
 
 

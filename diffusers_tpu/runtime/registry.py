@@ -4,12 +4,13 @@ registers a fallback that infers a family from any transformer pipeline (``regis
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 
+import diffusers
 import torch
 
 from ..interop.sharding import Rule
-import diffusers
 
 DENOISERS = ("transformer", "transformer_2", "transformer_3")  # component names a denoiser may have
 
@@ -167,9 +168,14 @@ def registered_pipelines() -> list[type]:
 
 _catalogue: dict[str, str] | None = None
 # A modular pipeline whose classic pipeline's name is not its own name without "Modular".
-_CLASSIC = {"Wan22ModularPipeline": "WanPipeline", "WanImage2VideoModularPipeline": "WanImageToVideoPipeline",
-            "Wan22Image2VideoModularPipeline": "WanImageToVideoPipeline", "Wan22VaceModularPipeline": "WanVACEPipeline",
-            "WanAnimate2ModularPipeline": "WanAnimatePipeline", "LTX25ModularPipeline": "LTX2Pipeline"}
+_CLASSIC = {
+    "Wan22ModularPipeline": "WanPipeline",
+    "WanImage2VideoModularPipeline": "WanImageToVideoPipeline",
+    "Wan22Image2VideoModularPipeline": "WanImageToVideoPipeline",
+    "Wan22VaceModularPipeline": "WanVACEPipeline",
+    "WanAnimate2ModularPipeline": "WanAnimatePipeline",
+    "LTX25ModularPipeline": "LTX2Pipeline",
+}
 
 
 def classic_pipeline(modular_name: str) -> str | None:
@@ -184,10 +190,6 @@ def pipeline_paths() -> dict[str, str]:
     compared with stock is ``runtime.support``'s table. Imports every pipeline class once (seconds)."""
     global _catalogue
     if _catalogue is None:
-        import inspect
-
-        import diffusers
-
         found = {}
         _load()
         for name in sorted(n for n in dir(diffusers) if n.endswith("Pipeline") and n != "DiffusionPipeline"):
@@ -200,8 +202,11 @@ def pipeline_paths() -> dict[str, str]:
             family = next((f for f in _load() if issubclass(cls, f.pipelines)), None)
             if name.endswith("ModularPipeline"):
                 classic = classic_pipeline(name)
-                found[name] = (f"unsupported: a modular pipeline; use {classic}" if classic else
-                               "unsupported: a modular pipeline; use its family's classic pipeline class")
+                found[name] = (
+                    f"unsupported: a modular pipeline; use {classic}"
+                    if classic
+                    else "unsupported: a modular pipeline; use its family's classic pipeline class"
+                )
             elif family is not None:
                 found[name] = f"family {family.name}"
             elif any(p.startswith("transformer") for p in parameters):

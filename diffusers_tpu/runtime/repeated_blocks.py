@@ -20,6 +20,8 @@ hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a
 skipped block) makes the pending blocks run one by one, exactly as unrolled. A placeholder read by anything but
 the next block, a block that edits its inputs in place, or any error while a scan was traced: the whole forward is
 traced again unrolled (``compile.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
+
+Over 400 lines on purpose: the chain check, the placeholders and the scan belong to one trace-time protocol.
 """
 
 from __future__ import annotations
@@ -92,9 +94,19 @@ def _same(a, b) -> bool:
 
 
 # -- which blocks are interchangeable ------------------------------------------------------------------------
-_IGNORED = {"_parameters", "_buffers", "_modules", "forward", "_state_dict_hooks", "_state_dict_pre_hooks",
-            "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
-            "_is_full_backward_hook"}
+_IGNORED = {
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "forward",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_is_full_backward_hook",
+}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 
@@ -226,8 +238,10 @@ class _BlockListCalls:
             return result
         if last:
             return self._give_up(forward, args, kwargs)
-        call.outputs = [wrap(_DeferredOutput(x.shape, _array(x).dtype, self.session))
-                        if isinstance(x, torch.Tensor) else x for x in self.first.outputs]
+        call.outputs = [
+            wrap(_DeferredOutput(x.shape, _array(x).dtype, self.session)) if isinstance(x, torch.Tensor) else x
+            for x in self.first.outputs
+        ]
         self.pending.append(call)
         return pytree.tree_unflatten(call.outputs, self.out_spec)
 
@@ -237,9 +251,14 @@ class _BlockListCalls:
             if call.spec != self.first.spec or call.avals() != self.first.avals():
                 return False
             outputs = {id(x): q for q, x in enumerate(self.first.outputs) if isinstance(x, torch.Tensor)}
-            self.roles = [("carry", outputs[id(x)]) if isinstance(x, torch.Tensor) and id(x) in outputs
-                          else ("const", (a, m)) if a is not None else ("static", x)
-                          for x, a, m in zip(call.leaves, call.arrays, call.marks)]
+            self.roles = [
+                ("carry", outputs[id(x)])
+                if isinstance(x, torch.Tensor) and id(x) in outputs
+                else ("const", (a, m))
+                if a is not None
+                else ("static", x)
+                for x, a, m in zip(call.leaves, call.arrays, call.marks)
+            ]
             self.start = call
             return any(role == "carry" for role, _ in self.roles)
         previous = self.pending[-1].outputs if self.pending else None
@@ -258,8 +277,9 @@ class _BlockListCalls:
         """Run the deferred calls one by one (exactly the unrolled loop), then this call; no deferring after."""
         self.deferring = False
         for call in self.pending:
-            real = [wrap(a) if a is not None and not _is_placeholder(x) else x
-                    for x, a in zip(call.leaves, call.arrays)]
+            real = [
+                wrap(a) if a is not None and not _is_placeholder(x) else x for x, a in zip(call.leaves, call.arrays)
+            ]
             out_args, out_kwargs = pytree.tree_unflatten(real, call.spec)
             before = [x._elem if isinstance(x, torch.Tensor) else None for x in real]
             out = pytree.tree_leaves(self.forwards[call.index](*out_args, **out_kwargs))
@@ -295,8 +315,9 @@ class _BlockListCalls:
         stacked, picked = {}, []
         for name in names:
             found = [stored(i, name) for i in layers]
-            if all(isinstance(f, LayerOf) and f.array is found[0].array and f.index == i
-                   for f, i in zip(found, layers)):
+            if all(
+                isinstance(f, LayerOf) and f.array is found[0].array and f.index == i for f, i in zip(found, layers)
+            ):
                 stacked[name] = (found[0].array, found[0].sharding)
             else:
                 picked.append(name)
@@ -308,8 +329,10 @@ class _BlockListCalls:
             return weights, scales
 
         per_layer = [raw(i) for i in layers]
-        shapes = {str(jax.tree_util.tree_structure(v)) + str([(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(v)])
-                  for v in per_layer}
+        shapes = {
+            str(jax.tree_util.tree_structure(v)) + str([(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(v)])
+            for v in per_layer
+        }
         if len(shapes) != 1:
             raise Retrace(f"{self.path}: layers store their weights differently")
         branches = [lambda v=v: v for v in per_layer]
@@ -323,12 +346,20 @@ class _BlockListCalls:
         def body(carry, step):
             weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
             tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
-            tensors.update({n: wrap(session.prepare(gathered(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False),
-                                                                  used_as)))
-                            for n, (array, used_as) in stacked.items()})
+            tensors.update(
+                {
+                    n: wrap(
+                        session.prepare(
+                            gathered(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False), used_as)
+                        )
+                    )
+                    for n, (array, used_as) in stacked.items()
+                }
+            )
             by_output = dict(zip(tensor_slot, carry))
-            leaves = [wrap(by_output[v]) if role == "carry" else wrap(v[0]) if role == "const" else v
-                      for role, v in roles]
+            leaves = [
+                wrap(by_output[v]) if role == "carry" else wrap(v[0]) if role == "const" else v for role, v in roles
+            ]
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
             before = [x._elem for x in inputs]
             args, kwargs = pytree.tree_unflatten(leaves, start.spec)
@@ -376,12 +407,14 @@ _DEFERRING: dict[type, type] = {}
 def _deferring(cls: type) -> type:
     """``cls`` with a ``__call__`` that hands the call to its chain (hooks and forward then run, or are deferred)."""
     if cls not in _DEFERRING:
+
         def __call__(self, *args, **kwargs):
             chain, index = vars(self)["_diffusers_tpu_chain"]
             return chain.call(index, args, kwargs)
 
-        _DEFERRING[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                                      "__qualname__": cls.__qualname__})
+        _DEFERRING[cls] = type(
+            cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        )
     return _DEFERRING[cls]
 
 
@@ -420,4 +453,3 @@ def scanning(module: torch.nn.Module, raw_state: dict, prepare):
             vars(block).pop("_diffusers_tpu_chain", None)
     if session.scans:
         logger.debug("traced %d block loop(s) of %s as scans", session.scans, type(module).__name__)
-

@@ -1,19 +1,18 @@
 """Schedulers whose tables device timesteps index.
 
-DDIM-style schedulers look up ``alphas_cumprod[timestep]`` in a CPU tensor (scheduling_ddim.py, scheduling_dpm_cogvideox.py
-in diffusers 0.42) with a timestep that lives on the device in a JAX pipeline: torch cannot index a CPU tensor
-with a torchax one. Moving those tables to the device for the duration of a pipeline call (on the pipeline's
-scheduler object) fixes it without forking a scheduler; the values are unchanged. Between calls the scheduler is a
-plain host object (``to_host``), so a scheduler swapped in after the move, or a user's own loop, just works.
+DDIM-style schedulers look up ``alphas_cumprod[timestep]`` in a CPU tensor (scheduling_ddim.py,
+scheduling_dpm_cogvideox.py in diffusers 0.42) with a timestep that lives on the device in a JAX pipeline: torch cannot
+index a CPU tensor with a torchax one. Moving those tables to the device for the duration of a pipeline call (on the
+pipeline's scheduler object) fixes it without forking a scheduler; the values are unchanged. Between calls the scheduler
+is a plain host object (``to_host``), so a scheduler swapped in after the move, or a user's own loop, just works.
 """
 
 from __future__ import annotations
 
 import torch
-
-from ..interop.backend import host_to_jax, is_jax_tensor, wrap
-from ..interop.backend import jax_to_host
 import torch.utils._pytree as pytree
+
+from ..interop.backend import host_to_jax, is_jax_tensor, jax_to_host, wrap
 
 # scheduler class name -> tensor attributes indexed or mixed with device timesteps
 DEVICE_TABLES = {
@@ -50,7 +49,11 @@ def keep_dtype(scheduler, dtype: torch.dtype) -> list:
     stock = scheduler.step
 
     def cast(value):
-        return value.to(dtype) if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.is_floating_point() else value
+        return (
+            value.to(dtype)
+            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.is_floating_point()
+            else value
+        )
 
     def step(*args, **kwargs):
         args, kwargs = pytree.tree_map(cast, (args, kwargs))

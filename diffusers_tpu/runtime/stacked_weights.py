@@ -27,12 +27,12 @@ import jax
 import torch
 import torchax
 from jax.sharding import NamedSharding, PartitionSpec
+from torchax.tensor import Tensor
 
 from ..interop import sharding
 from ..interop.backend import is_jax_tensor, wrap
 from ..interop.jit import Gathered, Stacked
 from . import repeated_blocks
-from torchax.tensor import Tensor
 
 
 class Stack:
@@ -62,8 +62,9 @@ def _taker(layer_sharding):
 @functools.lru_cache(maxsize=None)
 def _putter(stored):
     """Layer ``index`` of a stack replaced in place (donated), the stack kept as it is stored."""
-    return jax.jit(lambda array, value, index: array.at[index].set(value), static_argnums=2, donate_argnums=0,
-                   out_shardings=stored)
+    return jax.jit(
+        lambda array, value, index: array.at[index].set(value), static_argnums=2, donate_argnums=0, out_shardings=stored
+    )
 
 
 def fully_sharded(spec: PartitionSpec, shape: tuple, mesh) -> PartitionSpec:
@@ -71,17 +72,22 @@ def fully_sharded(spec: PartitionSpec, shape: tuple, mesh) -> PartitionSpec:
     largest unsharded dimension they divide, else onto a sharded one whose size the combined axes divide; ``spec``
     itself where none does."""
     entries = list(spec) + [None] * (len(shape) - len(spec))
-    used = {axis for entry in entries if entry is not None for axis in (entry if isinstance(entry, tuple) else (entry,))}
+    used = {
+        axis for entry in entries if entry is not None for axis in (entry if isinstance(entry, tuple) else (entry,))
+    }
     free = tuple(axis for axis, size in mesh.shape.items() if size > 1 and axis not in used)
     if not free:
         return spec
+
     def axes(entry):
         return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
     order = sorted(range(len(shape)), key=lambda d: (entries[d] is not None, -shape[d]))
     for dim in order:
         if shape[dim] % math.prod(mesh.shape[axis] for axis in axes(entries[dim]) + free) == 0:
-            entries[dim] = axes(entries[dim]) + free if entries[dim] is not None else (free if len(free) > 1 else free[0])
+            entries[dim] = (
+                axes(entries[dim]) + free if entries[dim] is not None else (free if len(free) > 1 else free[0])
+            )
             return PartitionSpec(*entries)
     return spec
 
@@ -167,14 +173,24 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
         for name in names:
             members = [by_name.get(f"{path}.{i}.{name}") for i in range(len(blocks))]
-            if any(m is None or m.scale is not None or m.keep_original is not None or m.host is not None
-                   or counts[id(sharding._get(m))] > 1 for m in members):
+            if any(
+                m is None
+                or m.scale is not None
+                or m.keep_original is not None
+                or m.host is not None
+                or counts[id(sharding._get(m))] > 1
+                for m in members
+            ):
                 continue
             first = members[0]
             if mesh is not None and _cpu_bf16(first.dtype, mesh):
                 continue
-            if any(m.dtype != first.dtype or tuple(m.spec or ()) != tuple(first.spec or ())
-                   or tuple(sharding._get(m).shape) != tuple(sharding._get(first).shape) for m in members):
+            if any(
+                m.dtype != first.dtype
+                or tuple(m.spec or ()) != tuple(first.spec or ())
+                or tuple(sharding._get(m).shape) != tuple(sharding._get(first).shape)
+                for m in members
+            ):
                 continue
             found.append((f"{path}.#.{name}", members))
     return found
@@ -197,8 +213,9 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
         spec = members[0].spec or PartitionSpec()
         stored = fully_sharded(spec, tuple(tensors[0].shape), mesh) if fully_shard else spec
         target = NamedSharding(mesh, PartitionSpec(None, *stored))
-        stack_ = Stack(key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding,
-                       gathered=stored != spec)
+        stack_ = Stack(
+            key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding, gathered=stored != spec
+        )
         for index, member in enumerate(members):
             _install(member, layer_view(stack_, index))
             member.stack = (stack_, index)
@@ -210,6 +227,7 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
 
 def _shard_the_rest(slots: list, mesh) -> None:
     """The unstacked weights stored over every mesh axis too (``slot.gather``: the sharding programs use)."""
+
     def stored(slot, tensor):
         if slot.stack is not None or slot.scale is not None or not is_jax_tensor(tensor) or is_view(tensor):
             return None
@@ -253,8 +271,9 @@ def program_state(slots: list, value) -> dict:
         if sorted(names) != list(range(stack_.array.shape[0])):  # a layer left the stack: slice what remains
             state.update({name: stack_.layer(i) for i, name in names.items()})
             continue
-        state[stack_.key] = Stacked(stack_.array, tuple(names[i] for i in range(len(names))),
-                                    stack_.layer_sharding if stack_.gathered else None)
+        state[stack_.key] = Stacked(
+            stack_.array, tuple(names[i] for i in range(len(names))), stack_.layer_sharding if stack_.gathered else None
+        )
     return state
 
 
@@ -267,19 +286,22 @@ def abstract(module: torch.nn.Module, slots: list, state: dict, mesh, fully_shar
         first = state[members[0].qualified]
         spec = first.sharding.spec if first.sharding is not None else PartitionSpec()
         stored = fully_sharded(spec, tuple(first.shape), mesh) if fully_shard else spec
-        array = jax.ShapeDtypeStruct((len(members), *first.shape), first.dtype,
-                                     sharding=NamedSharding(mesh, PartitionSpec(None, *stored)))
+        array = jax.ShapeDtypeStruct(
+            (len(members), *first.shape), first.dtype, sharding=NamedSharding(mesh, PartitionSpec(None, *stored))
+        )
         for member in members:
             del state[member.qualified]
-        state[key] = Stacked(array, tuple(m.qualified for m in members),
-                             NamedSharding(mesh, spec) if stored != spec else None)
+        state[key] = Stacked(
+            array, tuple(m.qualified for m in members), NamedSharding(mesh, spec) if stored != spec else None
+        )
     if fully_shard:  # the other weights as ``_shard_the_rest`` stores them
         for name, value in list(state.items()):
             if isinstance(value, jax.ShapeDtypeStruct) and value.sharding is not None:
                 spec = value.sharding.spec
                 stored = fully_sharded(spec, tuple(value.shape), mesh)
                 if stored != spec:
-                    state[name] = Gathered(jax.ShapeDtypeStruct(value.shape, value.dtype,
-                                                                sharding=NamedSharding(mesh, stored)), value.sharding)
+                    state[name] = Gathered(
+                        jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, stored)),
+                        value.sharding,
+                    )
     return state
-

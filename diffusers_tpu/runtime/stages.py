@@ -19,12 +19,12 @@ import os
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..interop import backend
-from . import attach as runtime, outputs, postprocess
+from . import outputs, pipeline_runtime, postprocess
 from .registry import family_of
-from safetensors import safe_open
 
 CONFIG = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
@@ -98,23 +98,30 @@ class StageDir:
     def save(self, stage: str, tensors: dict, settings: dict) -> None:
         path = os.path.join(self.path, FILES[stage])
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if v is not None}
+
         def record(temp):  # before the file takes its name: a stage file on disk is always a recorded one
             config = self.config()
-            later = STAGES[STAGES.index(stage) + 1:]
+            later = STAGES[STAGES.index(stage) + 1 :]
             config["stages"] = {k: v for k, v in config["stages"].items() if k not in later}  # now stale
             config["stages"][stage] = {"file": FILES[stage], "sha256": _sha256(temp), "settings": settings}
             self._write_config(config)
 
-        outputs.write_atomically(path, lambda temp: save_file(tensors, temp, metadata={"stage": stage}),
-                                 verify=lambda temp: _verify_tensors(temp, tensors), before_replace=record)
+        outputs.write_atomically(
+            path,
+            lambda temp: save_file(tensors, temp, metadata={"stage": stage}),
+            verify=lambda temp: _verify_tensors(temp, tensors),
+            before_replace=record,
+        )
 
     def load(self, stage: str) -> dict:
         entry = self.config()["stages"].get(stage)
         path = os.path.join(self.path, FILES[stage])
         if entry is None or not os.path.exists(path):
             made = "was deleted" if entry is not None else "does not exist yet"
-            raise StageError(f"{self.path} has no {stage!r} output: {FILES[stage]} {made}; run the {stage} stage "
-                             f"first (CLI: diffusers-tpu {stage} --stage-dir {self.path}).")
+            raise StageError(
+                f"{self.path} has no {stage!r} output: {FILES[stage]} {made}; run the {stage} stage "
+                f"first (CLI: diffusers-tpu {stage} --stage-dir {self.path})."
+            )
         if _sha256(path) != entry["sha256"]:
             raise StageError(
                 f"{path} does not match the checksum recorded in {CONFIG} (modified or incomplete); re-run the "
@@ -140,13 +147,16 @@ def _staged_family(pipe):
 
 
 def _defaults(pipe) -> dict:
-    return {name: p.default for name, p in inspect.signature(type(pipe).__call__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    return {
+        name: p.default
+        for name, p in inspect.signature(type(pipe).__call__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 @contextlib.contextmanager
 def _on_pipeline_device(pipe):
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     with attached.active() if attached is not None else contextlib.nullcontext():
         yield attached
 
@@ -157,57 +167,91 @@ def _to_device(attached, tensor):
     return backend.wrap(backend.host_to_jax(tensor))
 
 
-def encode(pipe, stage_dir, *, prompt, negative_prompt=None, guidance_scale=None, max_sequence_length=None,
-           model: str | None = None, force: bool = False) -> dict:
+def encode(
+    pipe,
+    stage_dir,
+    *,
+    prompt,
+    negative_prompt=None,
+    guidance_scale=None,
+    max_sequence_length=None,
+    model: str | None = None,
+    force: bool = False,
+) -> dict:
     """Prompt -> ``{"prompt_embeds", "negative_prompt_embeds"}`` (host tensors), saved in ``stage_dir``."""
     defaults, stages, family = _defaults(pipe), StageDir(stage_dir), _staged_family(pipe)
     default_scale = defaults.get("guidance_scale", getattr(getattr(pipe, "guider", None), "guidance_scale", None))
-    settings = dict(model=model, pipeline=type(pipe).__name__, family=family.name, prompt=prompt,
-                    negative_prompt=negative_prompt,
-                    guidance_scale=default_scale if guidance_scale is None else guidance_scale,
-                    max_sequence_length=max_sequence_length or defaults.get("max_sequence_length"))
+    settings = dict(
+        model=model,
+        pipeline=type(pipe).__name__,
+        family=family.name,
+        prompt=prompt,
+        negative_prompt=negative_prompt,
+        guidance_scale=default_scale if guidance_scale is None else guidance_scale,
+        max_sequence_length=max_sequence_length or defaults.get("max_sequence_length"),
+    )
     if not force and stages.done("encode", settings):
         return stages.load("encode")
     with _on_pipeline_device(pipe), torch.no_grad():  # as in stock __call__: grad mode changes CPU kernels
         if family.stage_encode is not None:
-            tensors = family.stage_encode(pipe, prompt, negative_prompt, settings["guidance_scale"],
-                                          settings["max_sequence_length"])
+            tensors = family.stage_encode(
+                pipe, prompt, negative_prompt, settings["guidance_scale"], settings["max_sequence_length"]
+            )
         else:
             positive, negative = pipe.encode_prompt(
-                prompt=prompt, negative_prompt=negative_prompt,
-                do_classifier_free_guidance=settings["guidance_scale"] > 1.0, num_videos_per_prompt=1,
-                max_sequence_length=settings["max_sequence_length"], device=pipe._execution_device,
+                prompt=prompt,
+                negative_prompt=negative_prompt,
+                do_classifier_free_guidance=settings["guidance_scale"] > 1.0,
+                num_videos_per_prompt=1,
+                max_sequence_length=settings["max_sequence_length"],
+                device=pipe._execution_device,
             )
             tensors = {"prompt_embeds": positive, "negative_prompt_embeds": negative}
-        tensors = runtime.to_host(tensors)
+        tensors = pipeline_runtime.to_host(tensors)
     stages.save("encode", tensors, settings)
     return stages.load("encode")
 
 
-def denoise(pipe, stage_dir, *, height=None, width=None, num_frames=None, num_inference_steps=None, seed: int = 0,
-            force: bool = False) -> torch.Tensor:
+def denoise(
+    pipe,
+    stage_dir,
+    *,
+    height=None,
+    width=None,
+    num_frames=None,
+    num_inference_steps=None,
+    seed: int = 0,
+    force: bool = False,
+) -> torch.Tensor:
     """Embeddings -> latents (as ``output_type="latent"`` returns them), saved in ``stage_dir``."""
     stages = StageDir(stage_dir)
     embeddings = stages.load("encode")
     encoded = stages.settings("encode")
     defaults = _defaults(pipe)
     pick = lambda value, name: defaults.get(name) if value is None else value  # noqa: E731
-    settings = dict(height=pick(height, "height"), width=pick(width, "width"), num_frames=pick(num_frames, "num_frames"),
-                    num_inference_steps=pick(num_inference_steps, "num_inference_steps"), seed=seed,
-                    encode_sha256=stages.config()["stages"]["encode"]["sha256"])
+    settings = dict(
+        height=pick(height, "height"),
+        width=pick(width, "width"),
+        num_frames=pick(num_frames, "num_frames"),
+        num_inference_steps=pick(num_inference_steps, "num_inference_steps"),
+        seed=seed,
+        encode_sha256=stages.config()["stages"]["encode"]["sha256"],
+    )
     family = _staged_family(pipe)
     if family.check_call is not None:  # a staged run always decodes: refuse bad frame counts up front
         family.check_call(pipe, {"num_frames": settings["num_frames"], "output_type": "np"})
     if not force and stages.done("denoise", settings):
         return stages.load("denoise")["latents"]
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     call = {k: v for k, v in settings.items() if k not in ("seed", "encode_sha256") and v is not None}
     if family.stage_inputs is not None:
         text = family.stage_inputs(pipe, embeddings, encoded["guidance_scale"])
     else:
-        text = dict(prompt_embeds=embeddings["prompt_embeds"],
-                    negative_prompt_embeds=embeddings.get("negative_prompt_embeds"),
-                    guidance_scale=encoded["guidance_scale"])
+        text = dict(
+            prompt_embeds=embeddings["prompt_embeds"],
+            negative_prompt_embeds=embeddings.get("negative_prompt_embeds"),
+            guidance_scale=encoded["guidance_scale"],
+        )
     text = {k: _to_device(attached, v) if isinstance(v, torch.Tensor) else v for k, v in text.items()}
     latents = pipe(**text, generator=torch.Generator().manual_seed(seed), output_type="latent", **call).frames
     stages.save("denoise", {"latents": latents}, settings)
@@ -236,19 +280,49 @@ def decode(pipe, stage_dir, *, force: bool = False) -> np.ndarray:
     return stages.load("decode")["frames"].numpy()
 
 
-def generate(pipe, stage_dir, *, prompt, negative_prompt=None, guidance_scale=None, max_sequence_length=None,
-             height=None, width=None, num_frames=None, num_inference_steps=None, seed: int = 0, model=None,
-             stop_after: str | None = None, force: bool = False):
+def generate(
+    pipe,
+    stage_dir,
+    *,
+    prompt,
+    negative_prompt=None,
+    guidance_scale=None,
+    max_sequence_length=None,
+    height=None,
+    width=None,
+    num_frames=None,
+    num_inference_steps=None,
+    seed: int = 0,
+    model=None,
+    stop_after: str | None = None,
+    force: bool = False,
+):
     """All stages in order (each skipped when its output already exists); returns the frames, or None when
     ``stop_after`` ends the run early."""
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"stop_after={stop_after!r} must be one of {list(STAGES)}.")
-    encode(pipe, stage_dir, prompt=prompt, negative_prompt=negative_prompt, guidance_scale=guidance_scale,
-           max_sequence_length=max_sequence_length, model=model, force=force)
+    encode(
+        pipe,
+        stage_dir,
+        prompt=prompt,
+        negative_prompt=negative_prompt,
+        guidance_scale=guidance_scale,
+        max_sequence_length=max_sequence_length,
+        model=model,
+        force=force,
+    )
     if stop_after == "encode":
         return None
-    denoise(pipe, stage_dir, height=height, width=width, num_frames=num_frames,
-            num_inference_steps=num_inference_steps, seed=seed, force=force)
+    denoise(
+        pipe,
+        stage_dir,
+        height=height,
+        width=width,
+        num_frames=num_frames,
+        num_inference_steps=num_inference_steps,
+        seed=seed,
+        force=force,
+    )
     if stop_after == "denoise":
         return None
     return decode(pipe, stage_dir, force=force)

@@ -9,8 +9,8 @@ import inspect
 import torch
 import torch.utils._pytree as pytree
 
+from ..interop import backend, sharding, user_tensors
 from . import quantize
-from ..interop import backend, user_tensors, sharding
 
 
 def host_state_dict(state_dict, module):

@@ -5,9 +5,11 @@ instead of compiling them)."""
 from __future__ import annotations
 
 import time
-from ..interop import jit
-from .attach import is_attached
+
 import torch
+
+from ..interop import jit
+from .pipeline_runtime import is_attached
 
 
 def warm_up(pipe, sizes: list[dict], **call) -> dict:
@@ -17,8 +19,9 @@ def warm_up(pipe, sizes: list[dict], **call) -> dict:
     ``output_type``; prompts are padded to a fixed length, so any prompt will do. Returns what it compiled:
     ``{"programs": n, "seconds": s}``; a later request of a warmed size and step count compiles nothing."""
     if not is_attached(pipe):
-        raise ValueError("warm_up compiles the JAX programs of a placed pipeline: call pipe.to('tpu') (or 'jax') "
-                         "first.")
+        raise ValueError(
+            "warm_up compiles the JAX programs of a placed pipeline: call pipe.to('tpu') (or 'jax') first."
+        )
     if not sizes or not all(isinstance(size, dict) for size in sizes):
         raise ValueError("warm_up needs a list of sizes, e.g. [dict(height=480, width=832, num_frames=81)].")
 

@@ -14,12 +14,16 @@ beside them (the mesh's 8 simulated CPU devices must be set before JAX starts); 
 some classes, ``--devices 1|8 --out FILE`` one process. ``--sample SECONDS`` runs a part whose recorded times
 add up to about that (CI's check, tests/test_sweep.py): one class of every denoiser path, then classes in an order
 drawn from a key.
+
+Over 400 lines on purpose: one run of the sweep (the comparison, the process pool, the table it writes) read in
+one place.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import hashlib
 import json
 import os
@@ -28,15 +32,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import diffusers
+import jax
 import numpy as np
 import torch
 from diffusers.image_processor import VaeImageProcessor
-from ..interop import jit
+
 from .. import TPUConfig
+from ..interop import jit
+from ..runtime import registry, support
 from .sweep_recipes import RECIPES
-import gc
-import jax
-from ..runtime import support
 
 TOLERANCE = 1e-4
 MESH = {"dp": 2, "sp": 2, "tp": 2}
@@ -134,8 +140,9 @@ def stock_pil(pipe, call, ours) -> dict:
     stock = _run(pipe, call, "pil")
     if not _ignores_pil(stock, ours):
         return dict(pil_error=f'output_type="pil" gave float frames where stock gives {type(stock).__name__}')
-    return dict(pil_ignored=True, pil_max_abs=compare(np.asarray(stock, np.float32),
-                                                      np.asarray(ours, np.float32))["max_abs"])
+    return dict(
+        pil_ignored=True, pil_max_abs=compare(np.asarray(stock, np.float32), np.asarray(ours, np.float32))["max_abs"]
+    )
 
 
 def measure(name: str, devices: int) -> dict:
@@ -151,13 +158,15 @@ def measure(name: str, devices: int) -> dict:
     try:
         ref = _run(pipe, call, sound=sound)
     except Exception as error:  # stock diffusers itself fails: nothing to compare
-        import diffusers
-
-        return dict(error=f"stock diffusers {diffusers.__version__} fails: {type(error).__name__}: {str(error)[:300]}",
-                    seconds=time.perf_counter() - began)
+        return dict(
+            error=f"stock diffusers {diffusers.__version__} fails: {type(error).__name__}: {str(error)[:300]}",
+            seconds=time.perf_counter() - began,
+        )
     if not np.isfinite(ref).all() or float(ref.std()) < 1e-3:  # a blank or broken video proves nothing
-        return dict(error=f"recipe: stock's output is constant or not finite (std {float(np.nanstd(ref)):.1e})",
-                    seconds=time.perf_counter() - began)
+        return dict(
+            error=f"recipe: stock's output is constant or not finite (std {float(np.nanstd(ref)):.1e})",
+            seconds=time.perf_counter() - began,
+        )
     try:  # no persistent compile cache: no two classes share a program, so writing them would only cost time
         pipe.to("jax", config=TPUConfig(mesh=MESH if devices > 1 else None, compile_cache_dir=False))
         out = _run(pipe, call, sound=sound)
@@ -169,8 +178,9 @@ def measure(name: str, devices: int) -> dict:
         same = sound[1].shape == sound[0].shape and np.isfinite(sound[1]).all()
         found["audio_max_abs"] = float(np.abs(sound[1] - sound[0]).max()) if same else None
     if out.shape != ref.shape:
-        return dict(error=f"output shape {out.shape} where stock gives {ref.shape}",
-                    seconds=time.perf_counter() - began)
+        return dict(
+            error=f"output shape {out.shape} where stock gives {ref.shape}", seconds=time.perf_counter() - began
+        )
     try:
         found.update(second_calls(pipe, call, ref))
         if "pil_as_np" in found:
@@ -178,8 +188,9 @@ def measure(name: str, devices: int) -> dict:
         if "pil_raised" in found and stock_pil_fails(pipe, call, found.pop("pil_raised")):
             found["pil_stock_fails"] = found.pop("pil_error")
     except Exception as error:
-        return dict(error=f"jax, second call: {type(error).__name__}: {str(error)[:300]}",
-                    seconds=time.perf_counter() - began)
+        return dict(
+            error=f"jax, second call: {type(error).__name__}: {str(error)[:300]}", seconds=time.perf_counter() - began
+        )
     return dict(compare(ref, out), **found, shape=list(ref.shape), seconds=round(time.perf_counter() - began, 1))
 
 
@@ -231,7 +242,6 @@ def _claim(folder: str | None, name: str) -> bool:
 
 def run_process(names: list[str], devices: int, out_file: str, claims: str | None = None):
 
-
     support.measured = lambda: {}  # measure every class afresh: no refusal or verdict from the committed table
     results = {}
     for name in names:
@@ -249,8 +259,11 @@ def status_of(one: dict | None, mesh: dict | None, video: bool) -> tuple[str, st
     ok = close_enough
     for label, result in (("1 device", one), (MESH_NAME, mesh)):
         if result is not None and "error" not in result and not ok(result):
-            pil = result.get("pil_error") or (f"; pil: {result['pil_max_levels']} levels on "
-                                              f"{result['pil_levels_off']:.2%}" if "pil_max_levels" in result else "")
+            pil = result.get("pil_error") or (
+                f"; pil: {result['pil_max_levels']} levels on {result['pil_levels_off']:.2%}"
+                if "pil_max_levels" in result
+                else ""
+            )
             return "unsupported", f"differs from stock on {label} (max-abs {result.get('max_abs')}{pil})"
         if result is not None and result.get("error", "").startswith(("jax", "output shape")):
             return "unsupported", f"fails on {label}: {result['error']}"
@@ -271,8 +284,21 @@ def spawn(names: list[str], devices: int, out_file: str, claims: str | None = No
     env["XLA_FLAGS"] = flags.strip()
     env.setdefault("HF_HUB_OFFLINE", "1")
     claimed = ["--claims", claims] if claims else []
-    return subprocess.Popen([sys.executable, "-m", "diffusers_tpu.testing.sweep", "--devices", str(devices),
-                             "--out", out_file, *claimed, "--only", *names], env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "diffusers_tpu.testing.sweep",
+            "--devices",
+            str(devices),
+            "--out",
+            out_file,
+            *claimed,
+            "--only",
+            *names,
+        ],
+        env=env,
+    )
 
 
 PROCESSES = 2  # per device count: whichever kind of run finishes first leaves both cores to the other
@@ -287,8 +313,9 @@ def sweep(names: list[str]) -> dict:
             claims = os.path.join(folder, f"claims-{devices}")
             os.makedirs(claims)
             slowest_first = sorted(names, key=lambda n: -(recorded.get(n, {}).get(seconds) or 0.0))
-            runs += [(devices, os.path.join(folder, f"{devices}-{i}.json"), slowest_first, claims)
-                     for i in range(PROCESSES)]
+            runs += [
+                (devices, os.path.join(folder, f"{devices}-{i}.json"), slowest_first, claims) for i in range(PROCESSES)
+            ]
         processes = [spawn(order, devices, path, claims) for devices, path, order, claims in runs]
         for process in processes:
             process.wait()
@@ -302,8 +329,9 @@ def sweep(names: list[str]) -> dict:
 def commit_key() -> str:
     """The checkout's commit (a rerun of one commit draws the same sample), else a fixed key."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "no-commit"
 
@@ -316,11 +344,13 @@ def estimated_seconds(names: list[str]) -> dict[str, float]:
     """Each class's share of the sweep's wall time by its recorded runs, each timed among the 2 x PROCESSES
     processes sharing two cores (a class never measured counts as a typical one)."""
     recorded = _recorded()
-    known = sorted(r["seconds_1"] + r["seconds_mesh"] for r in recorded.values()
-                   if r.get("seconds_1") and r.get("seconds_mesh"))
+    known = sorted(
+        r["seconds_1"] + r["seconds_mesh"] for r in recorded.values() if r.get("seconds_1") and r.get("seconds_mesh")
+    )
     typical = known[len(known) // 2] if known else 60.0  # unrecorded: ~15 s of wall time a class, as measured
-    both = {n: (recorded.get(n, {}).get("seconds_1") or 0) + (recorded.get(n, {}).get("seconds_mesh") or 0)
-            for n in names}
+    both = {
+        n: (recorded.get(n, {}).get("seconds_1") or 0) + (recorded.get(n, {}).get("seconds_mesh") or 0) for n in names
+    }
     return {n: (both[n] or typical) / (2 * PROCESSES) for n in names}
 
 
@@ -344,17 +374,24 @@ def table(measured: dict) -> dict:
         shape = (result["one"] or result["mesh"] or {}).get("shape", [])
         video = len(shape) == 5  # [batch, frames, height, width, channels]
         status, why = status_of(result["one"], result["mesh"], video)
-        rows[name] = dict(status=status, why=why, max_abs_1=(result["one"] or {}).get("max_abs"),
-                          max_abs_mesh=(result["mesh"] or {}).get("max_abs"), video=video,
-                          seconds_1=(result["one"] or {}).get("seconds"),
-                          seconds_mesh=(result["mesh"] or {}).get("seconds"),
-                          pil_levels_off_1=(result["one"] or {}).get("pil_levels_off"),
-                          pil_levels_off_mesh=(result["mesh"] or {}).get("pil_levels_off"),
-                          batched_steps_mesh=(result["mesh"] or {}).get("batched_steps"),
-                          warm_compilations=max((result[k] or {}).get("warm_compilations", 0) for k in ("one", "mesh")))
+        rows[name] = dict(
+            status=status,
+            why=why,
+            max_abs_1=(result["one"] or {}).get("max_abs"),
+            max_abs_mesh=(result["mesh"] or {}).get("max_abs"),
+            video=video,
+            seconds_1=(result["one"] or {}).get("seconds"),
+            seconds_mesh=(result["mesh"] or {}).get("seconds"),
+            pil_levels_off_1=(result["one"] or {}).get("pil_levels_off"),
+            pil_levels_off_mesh=(result["mesh"] or {}).get("pil_levels_off"),
+            batched_steps_mesh=(result["mesh"] or {}).get("batched_steps"),
+            warm_compilations=max((result[k] or {}).get("warm_compilations", 0) for k in ("one", "mesh")),
+        )
         if any((result[k] or {}).get("quantized") for k in ("one", "mesh")):  # judged by the 8-bit rule
-            rows[name].update(levels_off_1=(result["one"] or {}).get("levels_off"),
-                              levels_off_mesh=(result["mesh"] or {}).get("levels_off"))
+            rows[name].update(
+                levels_off_1=(result["one"] or {}).get("levels_off"),
+                levels_off_mesh=(result["mesh"] or {}).get("levels_off"),
+            )
     assert set(rows) <= set(RECIPES)
     return rows
 
@@ -380,8 +417,12 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", help="pipeline class names")
     parser.add_argument("--devices", type=int, choices=(1, 8), help="run in this process on this many devices")
     parser.add_argument("--out", help="with --devices: the JSON file to write")
-    parser.add_argument("--sample", type=float, metavar="SECONDS",
-                        help="run a part taking about this long (every denoiser path; drawn from --key)")
+    parser.add_argument(
+        "--sample",
+        type=float,
+        metavar="SECONDS",
+        help="run a part taking about this long (every denoiser path; drawn from --key)",
+    )
     parser.add_argument("--key", help="with --sample: what draws the part (default: the checkout's commit)")
     parser.add_argument("--claims", help="with --devices: a folder shared by processes that split the classes")
     args = parser.parse_args(argv)
@@ -394,13 +435,13 @@ def main(argv=None):
         run_process(names, args.devices, args.out, args.claims)
         return
     if args.sample is not None:
-        from ..runtime import registry
-
         names = sample(names, args.sample, args.key or commit_key(), registry.pipeline_paths())
     rows = table(sweep(names))
     for name, row in rows.items():
-        print(f"{name:55s} {row['status']:22s} {row['max_abs_1']} {row['max_abs_mesh']} pil {row['pil_levels_off_1']} "
-              f"{row['pil_levels_off_mesh']} warm {row['warm_compilations']} {row['why'][:80]}")
+        print(
+            f"{name:55s} {row['status']:22s} {row['max_abs_1']} {row['max_abs_mesh']} pil {row['pil_levels_off_1']} "
+            f"{row['pil_levels_off_mesh']} warm {row['warm_compilations']} {row['why'][:80]}"
+        )
     if args.write:
         if args.only or args.sample is not None:
             previous = json.loads(TABLE.read_text()) if TABLE.exists() else {}

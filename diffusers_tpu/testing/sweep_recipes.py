@@ -1,14 +1,29 @@
 """Tiny recipes for the parity sweep (``testing.sweep``): pipeline class name -> a function returning ``(pipe,
 call arguments)``, components built offline from the class's own model classes (2+ layers, prompts of different
-lengths, guidance on)."""
+lengths, guidance on).
+
+Over 400 lines: the table itself (one entry a class)."""
 
 from __future__ import annotations
 
-
-from . import (tiny, tiny_families, tiny_generic, tiny_images, tiny_sweep, tiny_sweep_edit, tiny_sweep_more,
-               tiny_sweep_sd, tiny_sweep_unet, tiny_sweep_variants, tiny_sweep_video, tiny_sweep_video_more, tiny_unet)
-from .tiny_families import PROMPTS, test_frames
 import diffusers
+
+from . import (
+    tiny,
+    tiny_families,
+    tiny_generic,
+    tiny_images,
+    tiny_sweep,
+    tiny_sweep_edit,
+    tiny_sweep_more,
+    tiny_sweep_sd,
+    tiny_sweep_unet,
+    tiny_sweep_variants,
+    tiny_sweep_video,
+    tiny_sweep_video_more,
+    tiny_unet,
+)
+from .tiny_families import PROMPTS, test_frames
 
 VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
 
@@ -26,10 +41,12 @@ DROP = object()  # a call argument the other class does not take
 
 def _as(cls_name, build, **extra):
     """The same components under another pipeline class of the family."""
+
     def recipe():
         pipe, call = build()
         call = {k: v for k, v in dict(call, **extra).items() if v is not DROP}
         return getattr(diffusers, cls_name)(**pipe.components), call
+
     return recipe
 
 
@@ -46,14 +63,21 @@ def _cogvideox():
 
 
 def _hunyuan15():
-    call = dict(prompt='a cat holding a sign saying "hello" in the rain', negative_prompt="blurry", height=32,
-                width=48, num_frames=5, num_inference_steps=2)
+    call = dict(
+        prompt='a cat holding a sign saying "hello" in the rain',
+        negative_prompt="blurry",
+        height=32,
+        width=48,
+        num_frames=5,
+        num_inference_steps=2,
+    )
     return tiny.hunyuan15_pipeline(), call
 
 
 def _causal_wan():
-    return tiny.causal_wan_pipeline(), dict(prompt=PROMPTS["prompt"], num_blocks=3, height=32, width=48,
-                                            max_sequence_length=24)
+    return tiny.causal_wan_pipeline(), dict(
+        prompt=PROMPTS["prompt"], num_blocks=3, height=32, width=48, max_sequence_length=24
+    )
 
 
 RECIPES = {
@@ -76,152 +100,253 @@ RECIPES = {
     "FluxPipeline": _named(tiny_images, "flux"),
     "QwenImagePipeline": _named(tiny_images, "qwen-image"),
     "ZImagePipeline": _named(tiny_images, "z-image"),
-    **{cls: (lambda name=name, cls=cls: (tiny_generic.generic_pipeline(name),
-                                {k: v for k, v in tiny_generic.CALLS[cls].items() if k != "output_type"}))
-       for name, cls in (("latte", "LattePipeline"), ("mochi", "MochiPipeline"),
-                         ("easyanimate", "EasyAnimatePipeline"))},
-    **{cls: _named(tiny_unet, name) for name, cls in (
-        ("sd", "StableDiffusionPipeline"), ("sd-img2img", "StableDiffusionImg2ImgPipeline"),
-        ("sd-inpaint", "StableDiffusionInpaintPipeline"), ("sd-controlnet", "StableDiffusionControlNetPipeline"),
-        ("sdxl", "StableDiffusionXLPipeline"), ("svd", "StableVideoDiffusionPipeline"),
-        ("animatediff", "AnimateDiffPipeline"))},
+    **{
+        cls: (
+            lambda name=name, cls=cls: (
+                tiny_generic.generic_pipeline(name),
+                {k: v for k, v in tiny_generic.CALLS[cls].items() if k != "output_type"},
+            )
+        )
+        for name, cls in (
+            ("latte", "LattePipeline"),
+            ("mochi", "MochiPipeline"),
+            ("easyanimate", "EasyAnimatePipeline"),
+        )
+    },
+    **{
+        cls: _named(tiny_unet, name)
+        for name, cls in (
+            ("sd", "StableDiffusionPipeline"),
+            ("sd-img2img", "StableDiffusionImg2ImgPipeline"),
+            ("sd-inpaint", "StableDiffusionInpaintPipeline"),
+            ("sd-controlnet", "StableDiffusionControlNetPipeline"),
+            ("sdxl", "StableDiffusionXLPipeline"),
+            ("svd", "StableVideoDiffusionPipeline"),
+            ("animatediff", "AnimateDiffPipeline"),
+        )
+    },
 }
 # the same components under the family's other classes
-RECIPES.update({
-    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": _as(
-        "SkyReelsV2DiffusionForcingVideoToVideoPipeline", _named(tiny_families, "skyreels-v2-df"),
-        video=test_frames(9), num_frames=9, overlap_history=5, base_num_frames=9),
-    "CogVideoXVideoToVideoPipeline": _as("CogVideoXVideoToVideoPipeline", _cogvideox, video=test_frames(9),
-                                         strength=0.8, num_frames=DROP),
-    "FluxImg2ImgPipeline": _as("FluxImg2ImgPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
-                               strength=0.8),
-    "FluxInpaintPipeline": _as("FluxInpaintPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
-                               mask_image=tiny.test_mask(16, 16), strength=0.8),
-    "FluxKontextPipeline": _as("FluxKontextPipeline", _named(tiny_images, "flux"), image=_image(16, 16),
-                               _auto_resize=False, max_area=16 * 16),
-    "QwenImageImg2ImgPipeline": _as("QwenImageImg2ImgPipeline", _named(tiny_images, "qwen-image"), image=_image(),
-                                    strength=0.8),
-    "QwenImageInpaintPipeline": _as("QwenImageInpaintPipeline", _named(tiny_images, "qwen-image"), image=_image(),
-                                    mask_image=tiny.test_mask(), strength=0.8),
-    "ZImageImg2ImgPipeline": _as("ZImageImg2ImgPipeline", _named(tiny_images, "z-image"), image=_image(),
-                                 strength=0.8),
-    "ZImageInpaintPipeline": _as("ZImageInpaintPipeline", _named(tiny_images, "z-image"), image=_image(),
-                                 mask_image=tiny.test_mask(), strength=0.8),
-    "StableDiffusionXLImg2ImgPipeline": _as("StableDiffusionXLImg2ImgPipeline", _named(tiny_unet, "sdxl"),
-                                            image=_image(), strength=0.8),
-})
+RECIPES.update(
+    {
+        "SkyReelsV2DiffusionForcingVideoToVideoPipeline": _as(
+            "SkyReelsV2DiffusionForcingVideoToVideoPipeline",
+            _named(tiny_families, "skyreels-v2-df"),
+            video=test_frames(9),
+            num_frames=9,
+            overlap_history=5,
+            base_num_frames=9,
+        ),
+        "CogVideoXVideoToVideoPipeline": _as(
+            "CogVideoXVideoToVideoPipeline", _cogvideox, video=test_frames(9), strength=0.8, num_frames=DROP
+        ),
+        "FluxImg2ImgPipeline": _as(
+            "FluxImg2ImgPipeline", _named(tiny_images, "flux"), image=_image(16, 16), strength=0.8
+        ),
+        "FluxInpaintPipeline": _as(
+            "FluxInpaintPipeline",
+            _named(tiny_images, "flux"),
+            image=_image(16, 16),
+            mask_image=tiny.test_mask(16, 16),
+            strength=0.8,
+        ),
+        "FluxKontextPipeline": _as(
+            "FluxKontextPipeline",
+            _named(tiny_images, "flux"),
+            image=_image(16, 16),
+            _auto_resize=False,
+            max_area=16 * 16,
+        ),
+        "QwenImageImg2ImgPipeline": _as(
+            "QwenImageImg2ImgPipeline", _named(tiny_images, "qwen-image"), image=_image(), strength=0.8
+        ),
+        "QwenImageInpaintPipeline": _as(
+            "QwenImageInpaintPipeline",
+            _named(tiny_images, "qwen-image"),
+            image=_image(),
+            mask_image=tiny.test_mask(),
+            strength=0.8,
+        ),
+        "ZImageImg2ImgPipeline": _as(
+            "ZImageImg2ImgPipeline", _named(tiny_images, "z-image"), image=_image(), strength=0.8
+        ),
+        "ZImageInpaintPipeline": _as(
+            "ZImageInpaintPipeline",
+            _named(tiny_images, "z-image"),
+            image=_image(),
+            mask_image=tiny.test_mask(),
+            strength=0.8,
+        ),
+        "StableDiffusionXLImg2ImgPipeline": _as(
+            "StableDiffusionXLImg2ImgPipeline", _named(tiny_unet, "sdxl"), image=_image(), strength=0.8
+        ),
+    }
+)
 
 
 def _sweep(build, cls_name=None, **extra):
     def recipe():
         pipe, call = build(cls_name=cls_name) if cls_name else build()
         return pipe, dict(call, **extra)
+
     return recipe
 
 
 # pipelines only the sweep builds (testing/tiny_sweep.py)
-RECIPES.update({
-    "StableDiffusion3Pipeline": _sweep(tiny_sweep.sd3),
-    "StableDiffusion3Img2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(),
-                                              strength=0.8),
-    "StableDiffusion3InpaintPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3InpaintPipeline", image=_image(),
-                                              mask_image=tiny.test_mask(), strength=0.8),
-    "StableDiffusion3PAGPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0),
-    "StableDiffusion3PAGImg2ImgPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGImg2ImgPipeline",
-                                                 image=_image(), strength=0.8, pag_scale=2.0),
-    "PixArtAlphaPipeline": _sweep(tiny_sweep.pixart, "PixArtAlphaPipeline"),
-    "PixArtSigmaPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPipeline"),
-    "PixArtSigmaPAGPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPAGPipeline", pag_scale=2.0),
-    "AuraFlowPipeline": _sweep(tiny_sweep.auraflow),
-    "SanaPipeline": _sweep(tiny_sweep.sana, "SanaPipeline"),
-    "SanaPAGPipeline": _sweep(tiny_sweep.sana, "SanaPAGPipeline", pag_scale=2.0),
-    "AllegroPipeline": _sweep(tiny_sweep.allegro),
-    "CogView3PlusPipeline": _sweep(tiny_sweep.cogview3),
-    "ChromaPipeline": _sweep(tiny_sweep.chroma, "ChromaPipeline"),
-    "ChromaImg2ImgPipeline": _sweep(tiny_sweep.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8),
-    "Lumina2Pipeline": _sweep(tiny_sweep.lumina2),
-    "HeliosPipeline": _sweep(tiny_sweep.helios),
-    "LucyEditPipeline": _sweep(tiny_sweep.lucy_edit),
-    "HunyuanDiTPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPipeline"),
-    "HunyuanDiTPAGPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
-    "CogView4Pipeline": _sweep(tiny_sweep.cogview4),
-    "LTXConditionPipeline": _as("LTXConditionPipeline", _named(tiny_families, "ltx")),
-    "CogVideoXImageToVideoPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXImageToVideoPipeline"),
-    "CogVideoXFunControlPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXFunControlPipeline"),
-    "SkyReelsV2ImageToVideoPipeline": _sweep(tiny_sweep.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"),
-    "SkyReelsV2DiffusionForcingImageToVideoPipeline": _sweep(
-        tiny_sweep.skyreels_i2v, "SkyReelsV2DiffusionForcingImageToVideoPipeline"),
-    "TextToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "TextToVideoSDPipeline"),
-    "VideoToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "VideoToVideoSDPipeline"),
-    "AnimateDiffVideoToVideoPipeline": _sweep(tiny_sweep.animatediff_v2v),
-})
+RECIPES.update(
+    {
+        "StableDiffusion3Pipeline": _sweep(tiny_sweep.sd3),
+        "StableDiffusion3Img2ImgPipeline": _sweep(
+            tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(), strength=0.8
+        ),
+        "StableDiffusion3InpaintPipeline": _sweep(
+            tiny_sweep.sd3, "StableDiffusion3InpaintPipeline", image=_image(), mask_image=tiny.test_mask(), strength=0.8
+        ),
+        "StableDiffusion3PAGPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0),
+        "StableDiffusion3PAGImg2ImgPipeline": _sweep(
+            tiny_sweep.sd3, "StableDiffusion3PAGImg2ImgPipeline", image=_image(), strength=0.8, pag_scale=2.0
+        ),
+        "PixArtAlphaPipeline": _sweep(tiny_sweep.pixart, "PixArtAlphaPipeline"),
+        "PixArtSigmaPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPipeline"),
+        "PixArtSigmaPAGPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPAGPipeline", pag_scale=2.0),
+        "AuraFlowPipeline": _sweep(tiny_sweep.auraflow),
+        "SanaPipeline": _sweep(tiny_sweep.sana, "SanaPipeline"),
+        "SanaPAGPipeline": _sweep(tiny_sweep.sana, "SanaPAGPipeline", pag_scale=2.0),
+        "AllegroPipeline": _sweep(tiny_sweep.allegro),
+        "CogView3PlusPipeline": _sweep(tiny_sweep.cogview3),
+        "ChromaPipeline": _sweep(tiny_sweep.chroma, "ChromaPipeline"),
+        "ChromaImg2ImgPipeline": _sweep(tiny_sweep.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8),
+        "Lumina2Pipeline": _sweep(tiny_sweep.lumina2),
+        "HeliosPipeline": _sweep(tiny_sweep.helios),
+        "LucyEditPipeline": _sweep(tiny_sweep.lucy_edit),
+        "HunyuanDiTPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPipeline"),
+        "HunyuanDiTPAGPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
+        "CogView4Pipeline": _sweep(tiny_sweep.cogview4),
+        "LTXConditionPipeline": _as("LTXConditionPipeline", _named(tiny_families, "ltx")),
+        "CogVideoXImageToVideoPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXImageToVideoPipeline"),
+        "CogVideoXFunControlPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXFunControlPipeline"),
+        "SkyReelsV2ImageToVideoPipeline": _sweep(tiny_sweep.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"),
+        "SkyReelsV2DiffusionForcingImageToVideoPipeline": _sweep(
+            tiny_sweep.skyreels_i2v, "SkyReelsV2DiffusionForcingImageToVideoPipeline"
+        ),
+        "TextToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "TextToVideoSDPipeline"),
+        "VideoToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "VideoToVideoSDPipeline"),
+        "AnimateDiffVideoToVideoPipeline": _sweep(tiny_sweep.animatediff_v2v),
+    }
+)
 
 
 def _controlnet_variant(cls_name, **extra):
     """SD 1.5 ControlNet's components under its img2img / inpaint classes: the control image beside the image."""
+
     def recipe():
         pipe, call = tiny_unet.pipeline("sd-controlnet")
         control = call.pop("image")
-        return getattr(diffusers, cls_name)(**pipe.components), dict(call, image=_image(), control_image=control,
-                                                                      **extra)
+        return getattr(diffusers, cls_name)(**pipe.components), dict(
+            call, image=_image(), control_image=control, **extra
+        )
+
     return recipe
 
 
-RECIPES.update({
-    "StableDiffusionXLInpaintPipeline": _as("StableDiffusionXLInpaintPipeline", _named(tiny_unet, "sdxl"),
-                                            image=_image(), mask_image=tiny.test_mask(), strength=0.8),
-    "StableDiffusionControlNetImg2ImgPipeline": _controlnet_variant("StableDiffusionControlNetImg2ImgPipeline",
-                                                                    strength=0.8),
-    "StableDiffusionControlNetInpaintPipeline": _controlnet_variant("StableDiffusionControlNetInpaintPipeline",
-                                                                    mask_image=tiny.test_mask(), strength=0.8),
-    "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
-    "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
-    "AnyFlowFARPipeline": _sweep(tiny_sweep.anyflow_far),
-    "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),
-    "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
-    "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
-    "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
-})
+RECIPES.update(
+    {
+        "StableDiffusionXLInpaintPipeline": _as(
+            "StableDiffusionXLInpaintPipeline",
+            _named(tiny_unet, "sdxl"),
+            image=_image(),
+            mask_image=tiny.test_mask(),
+            strength=0.8,
+        ),
+        "StableDiffusionControlNetImg2ImgPipeline": _controlnet_variant(
+            "StableDiffusionControlNetImg2ImgPipeline", strength=0.8
+        ),
+        "StableDiffusionControlNetInpaintPipeline": _controlnet_variant(
+            "StableDiffusionControlNetInpaintPipeline", mask_image=tiny.test_mask(), strength=0.8
+        ),
+        "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
+        "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
+        "AnyFlowFARPipeline": _sweep(tiny_sweep.anyflow_far),
+        "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),
+        "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
+        "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
+        "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
+    }
+)
 
 # video pipelines only the sweep builds (testing/tiny_sweep_video.py)
-RECIPES.update({
-    "AnimateDiffControlNetPipeline": _sweep(tiny_sweep_video.animatediff_controlnet, "AnimateDiffControlNetPipeline"),
-    "AnimateDiffVideoToVideoControlNetPipeline": _sweep(tiny_sweep_video.animatediff_controlnet,
-                                                        "AnimateDiffVideoToVideoControlNetPipeline"),
-    "AnimateDiffSparseControlNetPipeline": _sweep(tiny_sweep_video.animatediff_sparse),
-    "AnimateDiffSDXLPipeline": _sweep(tiny_sweep_video.animatediff_sdxl),
-    "PIAPipeline": _sweep(tiny_sweep_video.pia),
-    "I2VGenXLPipeline": _sweep(tiny_sweep_video.i2vgen_xl),
-    "TextToVideoZeroPipeline": _sweep(tiny_sweep_video.text_to_video_zero),
-    "TextToVideoZeroSDXLPipeline": _sweep(tiny_sweep_video.text_to_video_zero_sdxl),
-    "EasyAnimateInpaintPipeline": _sweep(tiny_sweep_video.easyanimate_inpaint),
-    "EasyAnimateControlPipeline": _sweep(tiny_sweep_video.easyanimate_control),
-})
+RECIPES.update(
+    {
+        "AnimateDiffControlNetPipeline": _sweep(
+            tiny_sweep_video.animatediff_controlnet, "AnimateDiffControlNetPipeline"
+        ),
+        "AnimateDiffVideoToVideoControlNetPipeline": _sweep(
+            tiny_sweep_video.animatediff_controlnet, "AnimateDiffVideoToVideoControlNetPipeline"
+        ),
+        "AnimateDiffSparseControlNetPipeline": _sweep(tiny_sweep_video.animatediff_sparse),
+        "AnimateDiffSDXLPipeline": _sweep(tiny_sweep_video.animatediff_sdxl),
+        "PIAPipeline": _sweep(tiny_sweep_video.pia),
+        "I2VGenXLPipeline": _sweep(tiny_sweep_video.i2vgen_xl),
+        "TextToVideoZeroPipeline": _sweep(tiny_sweep_video.text_to_video_zero),
+        "TextToVideoZeroSDXLPipeline": _sweep(tiny_sweep_video.text_to_video_zero_sdxl),
+        "EasyAnimateInpaintPipeline": _sweep(tiny_sweep_video.easyanimate_inpaint),
+        "EasyAnimateControlPipeline": _sweep(tiny_sweep_video.easyanimate_control),
+    }
+)
 
 # a family's components under its other classes (testing/tiny_sweep_variants.py)
 _VARIANTS = {
     tiny_sweep_variants.sd_variant: (
-        "StableDiffusionPAGPipeline", "StableDiffusionPAGImg2ImgPipeline", "StableDiffusionPAGInpaintPipeline",
-        "StableDiffusionControlNetPAGPipeline", "StableDiffusionControlNetPAGInpaintPipeline",
-        "LatentConsistencyModelPipeline", "LatentConsistencyModelImg2ImgPipeline",
-        "StableDiffusionInstructPix2PixPipeline", "StableDiffusionPanoramaPipeline", "StableDiffusionSAGPipeline",
-        "SemanticStableDiffusionPipeline", "StableDiffusionParadigmsPipeline", "StableDiffusionModelEditingPipeline",
-        "CycleDiffusionPipeline", "StableDiffusionAttendAndExcitePipeline"),
+        "StableDiffusionPAGPipeline",
+        "StableDiffusionPAGImg2ImgPipeline",
+        "StableDiffusionPAGInpaintPipeline",
+        "StableDiffusionControlNetPAGPipeline",
+        "StableDiffusionControlNetPAGInpaintPipeline",
+        "LatentConsistencyModelPipeline",
+        "LatentConsistencyModelImg2ImgPipeline",
+        "StableDiffusionInstructPix2PixPipeline",
+        "StableDiffusionPanoramaPipeline",
+        "StableDiffusionSAGPipeline",
+        "SemanticStableDiffusionPipeline",
+        "StableDiffusionParadigmsPipeline",
+        "StableDiffusionModelEditingPipeline",
+        "CycleDiffusionPipeline",
+        "StableDiffusionAttendAndExcitePipeline",
+    ),
     tiny_sweep_variants.sdxl_variant: (
-        "StableDiffusionXLPAGPipeline", "StableDiffusionXLPAGImg2ImgPipeline", "StableDiffusionXLPAGInpaintPipeline",
-        "StableDiffusionXLControlNetPipeline", "StableDiffusionXLControlNetImg2ImgPipeline",
-        "StableDiffusionXLControlNetInpaintPipeline", "StableDiffusionXLControlNetPAGPipeline",
-        "StableDiffusionXLControlNetPAGImg2ImgPipeline", "StableDiffusionXLControlNetUnionPipeline",
-        "StableDiffusionXLControlNetUnionImg2ImgPipeline", "StableDiffusionXLControlNetUnionInpaintPipeline",
-        "StableDiffusionXLInstructPix2PixPipeline", "StableDiffusionXLAdapterPipeline"),
+        "StableDiffusionXLPAGPipeline",
+        "StableDiffusionXLPAGImg2ImgPipeline",
+        "StableDiffusionXLPAGInpaintPipeline",
+        "StableDiffusionXLControlNetPipeline",
+        "StableDiffusionXLControlNetImg2ImgPipeline",
+        "StableDiffusionXLControlNetInpaintPipeline",
+        "StableDiffusionXLControlNetPAGPipeline",
+        "StableDiffusionXLControlNetPAGImg2ImgPipeline",
+        "StableDiffusionXLControlNetUnionPipeline",
+        "StableDiffusionXLControlNetUnionImg2ImgPipeline",
+        "StableDiffusionXLControlNetUnionInpaintPipeline",
+        "StableDiffusionXLInstructPix2PixPipeline",
+        "StableDiffusionXLAdapterPipeline",
+    ),
     tiny_sweep_variants.flux_variant: (
-        "FluxControlPipeline", "FluxControlImg2ImgPipeline", "FluxControlInpaintPipeline", "FluxFillPipeline",
-        "FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline", "FluxControlNetInpaintPipeline"),
+        "FluxControlPipeline",
+        "FluxControlImg2ImgPipeline",
+        "FluxControlInpaintPipeline",
+        "FluxFillPipeline",
+        "FluxControlNetPipeline",
+        "FluxControlNetImg2ImgPipeline",
+        "FluxControlNetInpaintPipeline",
+    ),
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS.items() for cls in classes})
-_VARIANTS2 = {tiny_sweep_variants.sd_conditioned: (
-    "StableDiffusionImageVariationPipeline", "StableDiffusionAdapterPipeline", "StableDiffusionLDM3DPipeline",
-    "StableDiffusionUpscalePipeline")}
+_VARIANTS2 = {
+    tiny_sweep_variants.sd_conditioned: (
+        "StableDiffusionImageVariationPipeline",
+        "StableDiffusionAdapterPipeline",
+        "StableDiffusionLDM3DPipeline",
+        "StableDiffusionUpscalePipeline",
+    )
+}
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS2.items() for cls in classes})
 
 
@@ -230,70 +355,132 @@ def _variant_of(base, cls_name, variant=tiny_sweep_variants.other_variant):
     return lambda: variant(base(), cls_name)
 
 
-RECIPES.update({
-    "ChromaInpaintPipeline": _variant_of(lambda: tiny_sweep.chroma(0, "ChromaInpaintPipeline"),
-                                         "ChromaInpaintPipeline"),
-    "StableDiffusion3ControlNetPipeline": _variant_of(tiny_sweep.sd3, "StableDiffusion3ControlNetPipeline"),
-    "StableDiffusion3ControlNetInpaintingPipeline": _variant_of(
-        lambda: tiny_sweep.sd3(0, "StableDiffusion3InpaintPipeline"), "StableDiffusion3ControlNetInpaintingPipeline"),
-    "CogView4ControlPipeline": _variant_of(tiny_sweep.cogview4, "CogView4ControlPipeline"),
-    "SanaSprintPipeline": _variant_of(tiny_sweep.sana, "SanaSprintPipeline"),
-    "SanaSprintImg2ImgPipeline": _variant_of(tiny_sweep.sana, "SanaSprintImg2ImgPipeline"),
-    "FluxKontextInpaintPipeline": _sweep(tiny_sweep_variants.flux_kontext_inpaint),
-    "HeliosPyramidPipeline": lambda: tiny_sweep_video.helios_pyramid(tiny_sweep.helios()),
-    "SanaImageToVideoPipeline": lambda: tiny_sweep_video.sana_i2v(tiny_sweep.sana_video()),
-})
+RECIPES.update(
+    {
+        "ChromaInpaintPipeline": _variant_of(
+            lambda: tiny_sweep.chroma(0, "ChromaInpaintPipeline"), "ChromaInpaintPipeline"
+        ),
+        "StableDiffusion3ControlNetPipeline": _variant_of(tiny_sweep.sd3, "StableDiffusion3ControlNetPipeline"),
+        "StableDiffusion3ControlNetInpaintingPipeline": _variant_of(
+            lambda: tiny_sweep.sd3(0, "StableDiffusion3InpaintPipeline"), "StableDiffusion3ControlNetInpaintingPipeline"
+        ),
+        "CogView4ControlPipeline": _variant_of(tiny_sweep.cogview4, "CogView4ControlPipeline"),
+        "SanaSprintPipeline": _variant_of(tiny_sweep.sana, "SanaSprintPipeline"),
+        "SanaSprintImg2ImgPipeline": _variant_of(tiny_sweep.sana, "SanaSprintImg2ImgPipeline"),
+        "FluxKontextInpaintPipeline": _sweep(tiny_sweep_variants.flux_kontext_inpaint),
+        "HeliosPyramidPipeline": lambda: tiny_sweep_video.helios_pyramid(tiny_sweep.helios()),
+        "SanaImageToVideoPipeline": lambda: tiny_sweep_video.sana_i2v(tiny_sweep.sana_video()),
+    }
+)
 RECIPES["DiTPipeline"] = _sweep(tiny_sweep_variants.dit)
-RECIPES.update({
-    "LTX2InContextPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2InContextPipeline"),
-    "LTX2HDRPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2HDRPipeline"),
-    "LTXI2VLongMultiPromptPipeline": _sweep(tiny_sweep_video.ltx_long_multi_prompt),
-})
-RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos2, cls) for cls in (
-    "Cosmos2TextToImagePipeline", "Cosmos2VideoToWorldPipeline")})
+RECIPES.update(
+    {
+        "LTX2InContextPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2InContextPipeline"),
+        "LTX2HDRPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2HDRPipeline"),
+        "LTXI2VLongMultiPromptPipeline": _sweep(tiny_sweep_video.ltx_long_multi_prompt),
+    }
+)
+RECIPES.update(
+    {
+        cls: _sweep(tiny_sweep_video.cosmos2, cls)
+        for cls in ("Cosmos2TextToImagePipeline", "Cosmos2VideoToWorldPipeline")
+    }
+)
 _VARIANTS3 = {
-    tiny_sweep_unet.unconditional: ("DDPMPipeline", "DDIMPipeline", "PNDMPipeline", "LDMPipeline",
-                                    "ConsistencyModelPipeline"),
-    tiny_sweep_unet.kandinsky22: ("KandinskyV22Pipeline", "KandinskyV22Img2ImgPipeline", "KandinskyV22InpaintPipeline",
-                                  "KandinskyV22ControlnetPipeline", "KandinskyV22ControlnetImg2ImgPipeline"),
-    tiny_sweep_unet.kandinsky22_combined: ("KandinskyV22CombinedPipeline", "KandinskyV22Img2ImgCombinedPipeline",
-                                           "KandinskyV22InpaintCombinedPipeline"),
-    tiny_sweep_unet.kandinsky21: ("KandinskyPipeline", "KandinskyImg2ImgPipeline", "KandinskyInpaintPipeline",
-                                  "KandinskyCombinedPipeline", "KandinskyImg2ImgCombinedPipeline",
-                                  "KandinskyInpaintCombinedPipeline"),
-    tiny_sweep_unet.deepfloyd_if: ("IFPipeline", "IFImg2ImgPipeline", "IFInpaintingPipeline", "IFSuperResolutionPipeline",
-                                   "IFImg2ImgSuperResolutionPipeline", "IFInpaintingSuperResolutionPipeline"),
+    tiny_sweep_unet.unconditional: (
+        "DDPMPipeline",
+        "DDIMPipeline",
+        "PNDMPipeline",
+        "LDMPipeline",
+        "ConsistencyModelPipeline",
+    ),
+    tiny_sweep_unet.kandinsky22: (
+        "KandinskyV22Pipeline",
+        "KandinskyV22Img2ImgPipeline",
+        "KandinskyV22InpaintPipeline",
+        "KandinskyV22ControlnetPipeline",
+        "KandinskyV22ControlnetImg2ImgPipeline",
+    ),
+    tiny_sweep_unet.kandinsky22_combined: (
+        "KandinskyV22CombinedPipeline",
+        "KandinskyV22Img2ImgCombinedPipeline",
+        "KandinskyV22InpaintCombinedPipeline",
+    ),
+    tiny_sweep_unet.kandinsky21: (
+        "KandinskyPipeline",
+        "KandinskyImg2ImgPipeline",
+        "KandinskyInpaintPipeline",
+        "KandinskyCombinedPipeline",
+        "KandinskyImg2ImgCombinedPipeline",
+        "KandinskyInpaintCombinedPipeline",
+    ),
+    tiny_sweep_unet.deepfloyd_if: (
+        "IFPipeline",
+        "IFImg2ImgPipeline",
+        "IFInpaintingPipeline",
+        "IFSuperResolutionPipeline",
+        "IFImg2ImgSuperResolutionPipeline",
+        "IFInpaintingSuperResolutionPipeline",
+    ),
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS3.items() for cls in classes})
-RECIPES.update({cls: _sweep(tiny_sweep_video.cosmos1, cls) for cls in (
-    "CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline")})
+RECIPES.update(
+    {cls: _sweep(tiny_sweep_video.cosmos1, cls) for cls in ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline")}
+)
 RECIPES["HunyuanVideoFramepackPipeline"] = _sweep(tiny_sweep_video.hunyuan_framepack)
-RECIPES.update({cls: _sweep(tiny_sweep_video.motif, cls) for cls in (
-    "MotifVideoPipeline", "MotifVideoImage2VideoPipeline")})
-RECIPES.update({cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandinsky3Pipeline",
-                                                                        "Kandinsky3Img2ImgPipeline")})
-RECIPES.update({
-    "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
-    **{cls: _sweep(tiny_sweep_variants.marigold, cls) for cls in (
-        "MarigoldDepthPipeline", "MarigoldNormalsPipeline", "MarigoldIntrinsicsPipeline")},
-})
-RECIPES.update({
-    "HunyuanDiTControlNetPipeline": _variant_of(lambda: tiny_sweep.hunyuan_dit(0, "HunyuanDiTPipeline"),
-                                                "HunyuanDiTControlNetPipeline"),
-    "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
-})
-RECIPES.update({cls: _variant_of(lambda: tiny_images.z_image(0), cls) for cls in (
-    "ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline")})
-RECIPES["QwenImageControlNetInpaintPipeline"] = _variant_of(lambda: tiny_images.qwen_image(0),
-                                                            "QwenImageControlNetInpaintPipeline")
-RECIPES.update({cls: _sweep(build, cls) if len(classes) > 1 else _sweep(build)
-                for build, classes in tiny_sweep_sd.BUILDERS.items() for cls in classes})
-RECIPES.update({cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls) for cls in (
-    "QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")})
+RECIPES.update(
+    {cls: _sweep(tiny_sweep_video.motif, cls) for cls in ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")}
+)
+RECIPES.update(
+    {cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandinsky3Pipeline", "Kandinsky3Img2ImgPipeline")}
+)
+RECIPES.update(
+    {
+        "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
+        **{
+            cls: _sweep(tiny_sweep_variants.marigold, cls)
+            for cls in ("MarigoldDepthPipeline", "MarigoldNormalsPipeline", "MarigoldIntrinsicsPipeline")
+        },
+    }
+)
+RECIPES.update(
+    {
+        "HunyuanDiTControlNetPipeline": _variant_of(
+            lambda: tiny_sweep.hunyuan_dit(0, "HunyuanDiTPipeline"), "HunyuanDiTControlNetPipeline"
+        ),
+        "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
+    }
+)
+RECIPES.update(
+    {
+        cls: _variant_of(lambda: tiny_images.z_image(0), cls)
+        for cls in ("ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline")
+    }
+)
+RECIPES["QwenImageControlNetInpaintPipeline"] = _variant_of(
+    lambda: tiny_images.qwen_image(0), "QwenImageControlNetInpaintPipeline"
+)
+RECIPES.update(
+    {
+        cls: _sweep(build, cls) if len(classes) > 1 else _sweep(build)
+        for build, classes in tiny_sweep_sd.BUILDERS.items()
+        for cls in classes
+    }
+)
+RECIPES.update(
+    {
+        cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls)
+        for cls in ("QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")
+    }
+)
 RECIPES.update({cls: _sweep(build, cls) for build, classes in tiny_sweep_more.BUILDERS.items() for cls in classes})
 RECIPES.update(tiny_sweep_more.RECIPES)
-RECIPES.update({cls: _sweep(tiny_sweep_edit.kandinsky5, cls) for cls in (
-    "Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")})
+RECIPES.update(
+    {
+        cls: _sweep(tiny_sweep_edit.kandinsky5, cls)
+        for cls in ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")
+    }
+)
 RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_sweep_edit.cosmos25)
 RECIPES["Kandinsky6TI2VAPipeline"] = tiny_sweep_edit.kandinsky6
 RECIPES["Cosmos2_5_TransferPipeline"] = tiny_sweep_edit.cosmos25_transfer

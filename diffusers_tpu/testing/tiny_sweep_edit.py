@@ -6,17 +6,15 @@ the processor): each ``(pipe, call arguments)``."""
 from __future__ import annotations
 
 import functools
+import importlib
 
+import diffusers
 import torch
+import transformers
+from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
 
 from . import tiny_families, tiny_images
-from .tiny import char_tokenizer, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
-import transformers
-import importlib
-import diffusers
-from .tiny import WAN_VAE
-from .tiny import PassThroughGuardrail
-from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
+from .tiny import WAN_VAE, PassThroughGuardrail, char_tokenizer, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
 
 VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 
@@ -24,6 +22,7 @@ VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 def _processor(tokenizer):
     """Qwen2-VL's processor over the character tokenizer, its vision tokens added as single tokens; images only,
     processed with PIL (its video processor needs torchvision, which the edit pipelines never use)."""
+
     class ImageProcessorOnly(transformers.Qwen2VLProcessor):
         def check_argument_for_proper_class(self, name, argument):
             if not (name == "video_processor" and argument is None):
@@ -50,8 +49,10 @@ def _small_reference_images():
 def _vl_encoder(qwen_pipe, seed):
     """Qwen-Image's tiny Qwen2.5-VL encoder, rebuilt with the processor's vision token ids, and the processor."""
     processor = _processor(qwen_pipe.tokenizer)
-    ids = {name: qwen_pipe.tokenizer.convert_tokens_to_ids(token) for name, token in zip(
-        ("image_token_id", "vision_start_token_id", "vision_end_token_id"), VISION_TOKENS)}
+    ids = {
+        name: qwen_pipe.tokenizer.convert_tokens_to_ids(token)
+        for name, token in zip(("image_token_id", "vision_start_token_id", "vision_end_token_id"), VISION_TOKENS)
+    }
     encoder = qwen_pipe.text_encoder
     config = dict(encoder.config.to_dict(), **ids)
     torch.manual_seed(seed + 2)
@@ -67,14 +68,17 @@ def qwen_image_edit(seed: int = 0, cls_name: str = "QwenImageEditPipeline"):
     encoder, processor = _vl_encoder(pipe, seed)
     parts = dict(pipe.components, text_encoder=encoder, processor=processor)
     image = test_image(seed=seed + 3)
-    call = dict(call, image=[image, test_image(seed=seed + 4)] if cls_name == "QwenImageEditPlusPipeline" else image,
-                prompt=call["prompt"][1], negative_prompt=call["negative_prompt"][0])
+    call = dict(
+        call,
+        image=[image, test_image(seed=seed + 4)] if cls_name == "QwenImageEditPlusPipeline" else image,
+        prompt=call["prompt"][1],
+        negative_prompt=call["negative_prompt"][0],
+    )
     if "Inpaint" in cls_name:
         call.update(mask_image=test_mask(), strength=0.8)
     built, call = fit(cls_name, parts, call)
     # the template's shape with a short system part (``tiny_images.qwen_image``): the first 3 tokens dropped
-    built.prompt_template_encode = "<s>" + "".join(
-        (VISION_TOKENS[1], VISION_TOKENS[0], VISION_TOKENS[2])) + "{}<e>"
+    built.prompt_template_encode = "<s>" + "".join((VISION_TOKENS[1], VISION_TOKENS[0], VISION_TOKENS[2])) + "{}<e>"
     built.prompt_template_encode_start_idx = 3
     if cls_name == "QwenImageEditPlusPipeline":  # it writes "Picture i: <vision tokens>" per image itself
         built.prompt_template_encode = "<s>{}<e>"
@@ -89,17 +93,42 @@ def kandinsky5(seed: int = 0, cls_name: str = "Kandinsky5T2VPipeline"):
     qwen, _ = tiny_images.qwen_image(seed)
     encoder, processor = _vl_encoder(qwen, seed)
     channels = 16 if image else 4
-    transformer = seeded(seed, lambda: diffusers.Kandinsky5Transformer3DModel(
-        in_visual_dim=channels, in_text_dim=16, in_text_dim2=32, time_dim=16, out_visual_dim=channels,
-        patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6),
-        visual_cond="I2V" in cls_name or "I2I" in cls_name))
+    transformer = seeded(
+        seed,
+        lambda: diffusers.Kandinsky5Transformer3DModel(
+            in_visual_dim=channels,
+            in_text_dim=16,
+            in_text_dim2=32,
+            time_dim=16,
+            out_visual_dim=channels,
+            patch_size=(1, 2, 2),
+            model_dim=32,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+            visual_cond="I2V" in cls_name or "I2I" in cls_name,
+        ),
+    )
     vae = kl_vae(seed + 1, latent_channels=16, blocks=4) if image else tiny_families.hunyuan_video(seed)[0].vae  # 8x
-    parts = dict(transformer=transformer, vae=vae, text_encoder=encoder, tokenizer=processor,
-                 text_encoder_2=tiny_clip(seed + 3),
-                 tokenizer_2=char_tokenizer(77),
-                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0))
-    call = dict(tiny_families.PROMPTS, height=64, width=64, num_frames=9, num_inference_steps=2, guidance_scale=4.0,
-                max_sequence_length=32)
+    parts = dict(
+        transformer=transformer,
+        vae=vae,
+        text_encoder=encoder,
+        tokenizer=processor,
+        text_encoder_2=tiny_clip(seed + 3),
+        tokenizer_2=char_tokenizer(77),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0),
+    )
+    call = dict(
+        tiny_families.PROMPTS,
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=2,
+        guidance_scale=4.0,
+        max_sequence_length=32,
+    )
     if "I2V" in cls_name or "I2I" in cls_name:
         call.update(image=test_image(64, 64, seed + 4))
     if "I2V" in cls_name:  # stock renormalizes the first 4 latent frames against the next ones: 6 latent frames
@@ -108,7 +137,9 @@ def kandinsky5(seed: int = 0, cls_name: str = "Kandinsky5T2VPipeline"):
         call.update(prompt=call["prompt"][1], negative_prompt=call["negative_prompt"][0], max_sequence_length=128)
     built, call = fit(cls_name, parts, call)
     # stock's template with a short system part ("<s>" dropped), as for Qwen-Image; I2I's asks for the image too
-    vision = "".join((VISION_TOKENS[1], VISION_TOKENS[0], VISION_TOKENS[2])) if cls_name == "Kandinsky5I2IPipeline" else ""
+    vision = (
+        "".join((VISION_TOKENS[1], VISION_TOKENS[0], VISION_TOKENS[2])) if cls_name == "Kandinsky5I2IPipeline" else ""
+    )
     built.prompt_template, built.prompt_template_encode_start_idx = "<s>{}" + vision + "<e>", 3
     if image:  # stock snaps images to its 1024-px sizes (4,096 tokens here): the recipe's own size instead
         built.resolutions = [(64, 64)]
@@ -122,20 +153,50 @@ def cosmos25(seed: int = 0, cls_name: str = "Cosmos2_5_PredictBasePipeline"):
 
     qwen, _ = tiny_images.qwen_image(seed)
     tokenizer = char_tokenizer()  # the chat template of Cosmos' conversations (content as a list of text parts)
-    tokenizer.chat_template = ("{% for m in messages %}<{% for c in m['content'] %}{{ c['text'] }}{% endfor %}>"
-                               "{% endfor %}")
-    transformer = seeded(seed, lambda: diffusers.CosmosTransformer3DModel(
-        in_channels=17, out_channels=16, num_attention_heads=2, attention_head_dim=16, num_layers=2, mlp_ratio=2,
-        text_embed_dim=32, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0),
-        concat_padding_mask=False, extra_pos_embed_type=None, use_crossattn_projection=True,
-        crossattn_proj_in_channels=32, encoder_hidden_states_channels=32))
-    parts = dict(text_encoder=qwen.text_encoder, tokenizer=tokenizer, transformer=transformer,
-                 vae=seeded(seed + 1, lambda: diffusers.AutoencoderKLWan(**WAN_VAE)),
-                 scheduler=diffusers.UniPCMultistepScheduler(flow_shift=5.0, use_flow_sigmas=True,
-                                                            prediction_type="flow_prediction"),
-                 safety_checker=PassThroughGuardrail())
-    call = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality", height=32, width=32,
-                num_frames=5, num_inference_steps=2, guidance_scale=7.0, max_sequence_length=48)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{% for c in m['content'] %}{{ c['text'] }}{% endfor %}>{% endfor %}"
+    )
+    transformer = seeded(
+        seed,
+        lambda: diffusers.CosmosTransformer3DModel(
+            in_channels=17,
+            out_channels=16,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            num_layers=2,
+            mlp_ratio=2,
+            text_embed_dim=32,
+            adaln_lora_dim=4,
+            max_size=(4, 32, 32),
+            patch_size=(1, 2, 2),
+            rope_scale=(1.0, 1.0, 1.0),
+            concat_padding_mask=False,
+            extra_pos_embed_type=None,
+            use_crossattn_projection=True,
+            crossattn_proj_in_channels=32,
+            encoder_hidden_states_channels=32,
+        ),
+    )
+    parts = dict(
+        text_encoder=qwen.text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        vae=seeded(seed + 1, lambda: diffusers.AutoencoderKLWan(**WAN_VAE)),
+        scheduler=diffusers.UniPCMultistepScheduler(
+            flow_shift=5.0, use_flow_sigmas=True, prediction_type="flow_prediction"
+        ),
+        safety_checker=PassThroughGuardrail(),
+    )
+    call = dict(
+        prompt="a cat walks on the grass",
+        negative_prompt="blurry, low quality",
+        height=32,
+        width=32,
+        num_frames=5,
+        num_inference_steps=2,
+        guidance_scale=7.0,
+        max_sequence_length=48,
+    )
     return fit(cls_name, parts, call)
 
 
@@ -145,15 +206,44 @@ def cosmos25_transfer(seed: int = 0):
     video of 5 frames. Stock's ControlNet resizes the padding mask with torchvision, which this environment lacks
     (its wheels here need a CUDA build of torch 2.14)."""
     pipe, call = cosmos25(seed)
-    config = dict(num_attention_heads=2, attention_head_dim=16, mlp_ratio=2, text_embed_dim=32, adaln_lora_dim=4,
-                  max_size=(4, 32, 32), patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0))
-    transformer = seeded(seed, lambda: diffusers.CosmosTransformer3DModel(
-        in_channels=17, out_channels=16, num_layers=2, concat_padding_mask=False, extra_pos_embed_type=None,
-        use_crossattn_projection=True, crossattn_proj_in_channels=32, encoder_hidden_states_channels=32,
-        controlnet_block_every_n=1, **config))
-    controlnet = seeded(seed + 5, lambda: diffusers.CosmosControlNetModel(
-        n_controlnet_blocks=2, in_channels=16 + 2, latent_channels=16 + 2, model_channels=32,
-        use_crossattn_projection=True, crossattn_proj_in_channels=32, encoder_hidden_states_channels=32, **config))
+    config = dict(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        mlp_ratio=2,
+        text_embed_dim=32,
+        adaln_lora_dim=4,
+        max_size=(4, 32, 32),
+        patch_size=(1, 2, 2),
+        rope_scale=(1.0, 1.0, 1.0),
+    )
+    transformer = seeded(
+        seed,
+        lambda: diffusers.CosmosTransformer3DModel(
+            in_channels=17,
+            out_channels=16,
+            num_layers=2,
+            concat_padding_mask=False,
+            extra_pos_embed_type=None,
+            use_crossattn_projection=True,
+            crossattn_proj_in_channels=32,
+            encoder_hidden_states_channels=32,
+            controlnet_block_every_n=1,
+            **config,
+        ),
+    )
+    controlnet = seeded(
+        seed + 5,
+        lambda: diffusers.CosmosControlNetModel(
+            n_controlnet_blocks=2,
+            in_channels=16 + 2,
+            latent_channels=16 + 2,
+            model_channels=32,
+            use_crossattn_projection=True,
+            crossattn_proj_in_channels=32,
+            encoder_hidden_states_channels=32,
+            **config,
+        ),
+    )
     parts = dict(pipe.components, transformer=transformer, controlnet=controlnet)
     controls = [test_image(32, 32, seed + 6 + frame) for frame in range(5)]
     return fit("Cosmos2_5_TransferPipeline", parts, dict(call, controls=controls, num_frames_per_chunk=5))
@@ -172,14 +262,45 @@ def kandinsky6(seed: int = 0):
     VAE; CFG with a negative prompt. Video only (``sample_audio=False``): the MMAudio VAE and vocoder are left out."""
     _short_kandinsky6_template()
     encoder, processor = _vl_encoder(tiny_images.qwen_image(seed)[0], seed)
-    transformer = seeded(seed, lambda: diffusers.Kandinsky6Transformer3DModel(
-        in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=32, time_dim=16, patch_size=(1, 2, 2),
-        model_dim=32, ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6), visual_cond=True,
-        in_audio_dim=4, out_audio_dim=4, visual_token_type_num_embeddings=2))
-    parts = dict(transformer=transformer, vae=tiny_families.hunyuan_video(seed)[0].vae, text_encoder=encoder,
-                 tokenizer=processor, text_encoder_2=tiny_clip(seed + 3), tokenizer_2=char_tokenizer(77),
-                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0))
+    transformer = seeded(
+        seed,
+        lambda: diffusers.Kandinsky6Transformer3DModel(
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=16,
+            in_text_dim2=32,
+            time_dim=16,
+            patch_size=(1, 2, 2),
+            model_dim=32,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+            visual_cond=True,
+            in_audio_dim=4,
+            out_audio_dim=4,
+            visual_token_type_num_embeddings=2,
+        ),
+    )
+    parts = dict(
+        transformer=transformer,
+        vae=tiny_families.hunyuan_video(seed)[0].vae,
+        text_encoder=encoder,
+        tokenizer=processor,
+        text_encoder_2=tiny_clip(seed + 3),
+        tokenizer_2=char_tokenizer(77),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0),
+    )
     images = [test_image(64, 64, seed + 4), test_image(64, 64, seed + 5)]  # one a prompt
-    call = dict(tiny_families.PROMPTS, image=images, height=64, width=64, num_frames=9, num_inference_steps=2,
-                guidance_scale=4.0, max_sequence_length=32, sample_audio=False)
+    call = dict(
+        tiny_families.PROMPTS,
+        image=images,
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=2,
+        guidance_scale=4.0,
+        max_sequence_length=32,
+        sample_audio=False,
+    )
     return fit("Kandinsky6TI2VAPipeline", parts, call)

@@ -13,7 +13,9 @@ from diffusers_tpu.families import cogvideox, wan
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "report.json"
     trace = tmp_path_factory.mktemp("trace")
-    args = subcommand_arguments.build().parse_args(["bench", "--vs", "torch", "--runs", "2", "--json", str(path), "--trace", str(trace)])
+    args = subcommand_arguments.build().parse_args(
+        ["bench", "--vs", "torch", "--runs", "2", "--json", str(path), "--trace", str(trace)]
+    )
     assert bench.main(args) == 0
     return json.loads(path.read_text()), trace
 
@@ -69,15 +71,25 @@ def test_peak_memory_after_each_stage(monkeypatch, tmp_path, capsys):
 
 
 def test_wan_flops_by_hand():
-    config = types.SimpleNamespace(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, ffn_dim=32,
-                                   num_layers=2, in_channels=16, out_channels=16, text_dim=32)
+    config = types.SimpleNamespace(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        ffn_dim=32,
+        num_layers=2,
+        in_channels=16,
+        out_channels=16,
+        text_dim=32,
+    )
     # 64x64 px, 9 frames: latent 3 x 8 x 8 -> S = 3 * 4 * 4 = 48 tokens; d = 24; L = 512 text tokens
-    block = (8 * 48 * 24 * 24        # self-attention q, k, v, out
-             + 4 * 48 * 48 * 24      # scores and values
-             + 4 * 48 * 24 * 24      # cross-attention q and out
-             + 4 * 512 * 24 * 24     # cross-attention k and v over the text
-             + 4 * 48 * 512 * 24     # cross-attention scores and values
-             + 4 * 48 * 24 * 32)     # MLP
+    block = (
+        8 * 48 * 24 * 24  # self-attention q, k, v, out
+        + 4 * 48 * 48 * 24  # scores and values
+        + 4 * 48 * 24 * 24  # cross-attention q and out
+        + 4 * 512 * 24 * 24  # cross-attention k and v over the text
+        + 4 * 48 * 512 * 24  # cross-attention scores and values
+        + 4 * 48 * 24 * 32
+    )  # MLP
     edges = 2 * 48 * 64 * 24 + 2 * 48 * 24 * 64  # patch embedding (1*2*2*16 = 64 in) and output head (64 out)
     text = 2 * 512 * (32 * 24 + 24 * 24)  # text embedding MLP
     assert wan.forward_flops(config, 3, 8, 8, 512) == 2 * block + edges + text
@@ -90,8 +102,16 @@ def test_published_wan_14b_figure():
 
 
 def test_cogvideox_flops_by_hand():
-    config = types.SimpleNamespace(patch_size=2, patch_size_t=2, num_attention_heads=4, attention_head_dim=16,
-                                   num_layers=2, in_channels=4, out_channels=4, text_embed_dim=32)
+    config = types.SimpleNamespace(
+        patch_size=2,
+        patch_size_t=2,
+        num_attention_heads=4,
+        attention_head_dim=16,
+        num_layers=2,
+        in_channels=4,
+        out_channels=4,
+        text_embed_dim=32,
+    )
     # 3 latent frames -> 2 temporal patches; 8 x 8 latent -> 4 x 4: V = 32 video tokens, T = 32 + 32 text; d = 64
     block = 8 * 64 * 64 * 64 + 4 * 64 * 64 * 64 + 4 * 64 * 64 * 256
     edges = 2 * 32 * 32 * 64 + 2 * 32 * 32 * 64 + 2 * 32 * 64 * 32  # patch (2*2*2*4 = 32), text, head
@@ -145,12 +165,36 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     from diffusers_tpu.planner import architectures
     from diffusers_tpu.testing import tiny
 
-    small = dict(family="wan", transformer=tiny.WAN_TRANSFORMERS["wan-4head"], flow_shift=3.0, vae=tiny.WAN_VAE,
-                 text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"})
+    small = dict(
+        family="wan",
+        transformer=tiny.WAN_TRANSFORMERS["wan-4head"],
+        flow_shift=3.0,
+        vae=tiny.WAN_VAE,
+        text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"},
+    )
     monkeypatch.setitem(architectures.ARCHITECTURES, "Wan-Test", small)
     path = tmp_path / "arch.json"
-    args = subcommand_arguments.build().parse_args(["bench", "--arch", "Wan-Test", "--height", "32", "--width", "32", "--frames",
-                                     "5", "--steps", "2", "--runs", "1", "--dtype", "bfloat16", "--json", str(path)])
+    args = subcommand_arguments.build().parse_args(
+        [
+            "bench",
+            "--arch",
+            "Wan-Test",
+            "--height",
+            "32",
+            "--width",
+            "32",
+            "--frames",
+            "5",
+            "--steps",
+            "2",
+            "--runs",
+            "1",
+            "--dtype",
+            "bfloat16",
+            "--json",
+            str(path),
+        ]
+    )
     assert bench.main(args) == 0
     data = json.loads(path.read_text())
     assert data["model"] == "Wan-Test" and data["settings"]["dtype"] == "bfloat16"

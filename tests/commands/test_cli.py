@@ -8,20 +8,40 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from diffusers_tpu.commands import arguments, cli, parser
+from diffusers_tpu.commands import cli, parser
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.cli", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "diffusers_tpu.commands.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_generate_writes_the_requested_frames(tmp_path):
     import PIL.Image
 
     out, strip = tmp_path / "videos" / "cat.mp4", tmp_path / "strip.png"
-    result = run_cli("generate", "--frames", "19", "--height", "32", "--width", "48", "--steps", "2",
-                     "--platform", "cpu", "--output", str(out), "--strip", str(strip))
+    result = run_cli(
+        "generate",
+        "--frames",
+        "19",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--steps",
+        "2",
+        "--platform",
+        "cpu",
+        "--output",
+        str(out),
+        "--strip",
+        str(strip),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     frames = iio.imread(out)
     assert frames.shape == (19, 32, 48, 3) and frames.dtype == np.uint8
@@ -56,16 +76,38 @@ def test_image_pipelines_write_images(tmp_path):
     import PIL.Image
 
     out = tmp_path / "flux.png"
-    result = run_cli("generate", "--model", "tiny:flux", "--height", "32", "--width", "48", "--steps", "2",
-                     "--platform", "cpu", "--output", str(out))
+    result = run_cli(
+        "generate",
+        "--model",
+        "tiny:flux",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--steps",
+        "2",
+        "--platform",
+        "cpu",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     image = PIL.Image.open(out)
     assert image.size == (48, 32) and np.asarray(image).std() > 0
     assert [p.name for p in tmp_path.iterdir()] == ["flux.png"]
     result = run_cli("generate", "--model", "tiny:flux", "--platform", "cpu", "--output", str(tmp_path / "x.mp4"))
     assert result.returncode == 2 and "makes images" in result.stderr and "loaded" not in result.stdout
-    result = run_cli("generate", "--model", "tiny:flux", "--platform", "cpu", "--output", str(out), "--strip",
-                     str(tmp_path / "s.png"))
+    result = run_cli(
+        "generate",
+        "--model",
+        "tiny:flux",
+        "--platform",
+        "cpu",
+        "--output",
+        str(out),
+        "--strip",
+        str(tmp_path / "s.png"),
+    )
     assert result.returncode == 2 and "--strip" in result.stderr and "loaded" not in result.stdout
 
 
@@ -129,8 +171,13 @@ def test_readme_frame_strip_is_what_the_documented_command_writes(tmp_path):
     command = "diffusers-tpu generate --output video.mp4 --strip diffusers_tpu/demo/strip.png"
     assert command in open(os.path.join(os.path.dirname(shown), "..", "..", "README.md")).read()
     script = os.path.join(os.path.dirname(sys.executable), "diffusers-tpu")
-    result = subprocess.run([script, "generate", "--output", "video.mp4", "--strip", "strip.png"], capture_output=True,
-                            text=True, timeout=600, cwd=tmp_path)
+    result = subprocess.run(
+        [script, "generate", "--output", "video.mp4", "--strip", "strip.png"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert _warnings_in(result.stderr) == [] and "start to finish" in result.stdout
     made, expected = (np.asarray(PIL.Image.open(p)).astype(int) for p in (tmp_path / "strip.png", shown))

@@ -32,14 +32,21 @@ def _cli(*argv: str) -> dict:
         print(json.dumps(dict(status=status, stderr=err.getvalue(), stdout=out.getvalue(), heavy=heavy)))
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
-                            env={**env, "PYTHONPATH": ROOT})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={**env, "PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("command", [None, "generate", "bench", "profile", "plan", "cost", "encode", "denoise",
-                                     "decode"])
+@pytest.mark.parametrize(
+    "command", [None, "generate", "bench", "profile", "plan", "cost", "encode", "denoise", "decode"]
+)
 def test_help_loads_nothing_heavy(command):
     found = _cli(*([command] if command else []), "--help")
     assert found["status"] == 0 and "usage: diffusers-tpu" in found["stdout"]
@@ -50,25 +57,43 @@ MISTAKES = [  # (argv, words the message must hold, a corrected argv taken from 
     (["generate", "--steps", "-3"], ["--steps", "at least 1"], ["generate", "--steps", "1"]),
     (["generate", "--height", "70"], ["--height 70", "multiple of 16", "use 64 or 80"], ["generate", "--height", "64"]),
     (["generate", "--frames", "13"], ["--frames 13", "use 9 or 19"], ["generate", "--frames", "19"]),
-    (["generate", "--model", "tiny:ltx", "--width", "48"], ["multiple of 32", "use 32 or 64"],
-     ["generate", "--model", "tiny:ltx", "--width", "64"]),
-    (["generate", "--model", "tiny:wan", "--frames", "8"], ["--frames 8", "use 5 or 9"],
-     ["generate", "--model", "tiny:wan", "--frames", "9"]),
+    (
+        ["generate", "--model", "tiny:ltx", "--width", "48"],
+        ["multiple of 32", "use 32 or 64"],
+        ["generate", "--model", "tiny:ltx", "--width", "64"],
+    ),
+    (
+        ["generate", "--model", "tiny:wan", "--frames", "8"],
+        ["--frames 8", "use 5 or 9"],
+        ["generate", "--model", "tiny:wan", "--frames", "9"],
+    ),
     (["generate", "--model", "tiny:nope"], ["no such tiny model", "tiny:wan"], ["generate", "--model", "tiny:wan"]),
-    (["generate", "--model", "./Wan2.1-T2V-1.3B-Diffusers"], ["no such folder", "hf download", "--model demo"],
-     ["generate", "--model", "demo"]),
+    (
+        ["generate", "--model", "./Wan2.1-T2V-1.3B-Diffusers"],
+        ["no such folder", "hf download", "--model demo"],
+        ["generate", "--model", "demo"],
+    ),
     (["generate", "--model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], ["looks like a Hub id", "--local-dir"], None),
-    (["generate", "--model", "tiny:flux", "--output", "x.mp4"], ["makes images", "image.png"],
-     ["generate", "--model", "tiny:flux", "--output", "image.png"]),
+    (
+        ["generate", "--model", "tiny:flux", "--output", "x.mp4"],
+        ["makes images", "image.png"],
+        ["generate", "--model", "tiny:flux", "--output", "image.png"],
+    ),
     (["generate", "--output", "/proc/nope/video.mp4"], ["--output /proc/nope/video.mp4", "writable"], None),
     (["plan", "--arch", "Wan3", "--chips", "v6e-4"], ["--arch Wan3", "Wan2.1-14B"], None),
     (["bench", "--runs", "0"], ["--runs", "at least 1"], None),
     (["generate", "--mesh", "2,2"], ["--mesh", "dp,sp,tp"], None),
-    (["plan", "--arch", "Wan2.1-1.3B"], ["plan needs a target", "--chips"],
-     ["plan", "--arch", "Wan2.1-1.3B", "--chips", "v5e-1"]),
+    (
+        ["plan", "--arch", "Wan2.1-1.3B"],
+        ["plan needs a target", "--chips"],
+        ["plan", "--arch", "Wan2.1-1.3B", "--chips", "v5e-1"],
+    ),
     (["cost", "--chips", "v6e-4"], ["exactly one of --arch"], ["cost", "--chips", "v6e-4", "--arch", "Wan2.1-1.3B"]),
-    (["decode", "--stage-dir", "/no/such/run"], ["no encode stage", "diffusers-tpu encode --stage-dir /no/such/run"],
-     None),
+    (
+        ["decode", "--stage-dir", "/no/such/run"],
+        ["no encode stage", "diffusers-tpu encode --stage-dir /no/such/run"],
+        None,
+    ),
 ]
 
 
@@ -89,8 +114,9 @@ def test_a_folder_without_model_index_and_a_folder_class_rule(tmp_path):
         parser.check_model(str(tmp_path))
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "LTXPipeline"}))
     parser.check_model(str(tmp_path))
-    args = subcommand_arguments.build().parse_args(["generate", "--model", str(tmp_path), "--height", "48", "--output",
-                                      str(tmp_path / "v.mp4")])
+    args = subcommand_arguments.build().parse_args(
+        ["generate", "--model", str(tmp_path), "--height", "48", "--output", str(tmp_path / "v.mp4")]
+    )
     with pytest.raises(ValueError, match="multiple of 32"):
         parser.check(args)
 
@@ -106,16 +132,25 @@ def test_the_parsers_lists_match_what_the_package_builds():
 
     assert sorted(parser.TINY_MODELS) == sorted(arguments.tiny_models())
     assert sorted(parser.ARCHITECTURES) == sorted(architectures.ARCHITECTURES)
-    assert set(parser.BUILT_IN_RULES) == {parser.DEMO_MODEL, *parser.ARCHITECTURES,
-                                          *(parser.TINY_PREFIX + name for name in parser.TINY_MODELS)}
+    assert set(parser.BUILT_IN_RULES) == {
+        parser.DEMO_MODEL,
+        *parser.ARCHITECTURES,
+        *(parser.TINY_PREFIX + name for name in parser.TINY_MODELS),
+    }
 
 
 def _made(pipe, model, **size) -> tuple:
     """(height, width, frames) of what the stock pipeline (torch CPU, two steps) makes for ``size``; None if it refuses
     (its own check, or a shape error in the model)."""
-    call = {**getattr(pipe, "_diffusers_tpu_tiny_call", {}), "prompt": "a cat", "negative_prompt": "low",
-            "num_inference_steps": 2, "output_type": "np", "max_sequence_length": arguments.sequence_length(pipe, model),
-            **size}
+    call = {
+        **getattr(pipe, "_diffusers_tpu_tiny_call", {}),
+        "prompt": "a cat",
+        "negative_prompt": "low",
+        "num_inference_steps": 2,
+        "output_type": "np",
+        "max_sequence_length": arguments.sequence_length(pipe, model),
+        **size,
+    }
     call = {name: value for name, value in call.items() if value is not None}
     try:
         output = pipe(**arguments.call_arguments(pipe, call), generator=torch.Generator().manual_seed(0))
@@ -154,7 +189,8 @@ def _warnings_in(stderr: str) -> list[str]:
 
 def test_readme_snippet_prints_no_warning(tmp_path):
     """README's first snippet's shape (a stock pipeline loaded, moved, called, exported) prints nothing on stderr but
-    progress bars (README's first command: ``test_cli.test_readme_frame_strip_is_what_the_documented_command_writes``)."""
+    progress bars (README's first command:
+    ``test_cli.test_readme_frame_strip_is_what_the_documented_command_writes``)."""
     snippet = textwrap.dedent("""
         import torch, diffusers
         import diffusers_tpu

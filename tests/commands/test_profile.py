@@ -33,27 +33,32 @@ def test_both_sides_profile_the_same_step(report):
     assert jax_side["platform"] == "cpu" and jax_side["mfu"] is None
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "attention"),  # cuDNN (JAX and torch)
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "attention"),
-    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),  # cuBLASLt on Hopper
-    ("gemm_fusion_dot.12", "matmul"),  # XLA's Triton GEMM fusion
-    ("input_transpose_fusion", "copy/transpose"),
-    ("input_scatter_fusion.61", "copy/transpose"),
-    ("loop_convert_fusion.3", "cast"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>", "cast"),
-    ("input_add_reduce_fusion", "norm/reduce"),
-    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm/reduce"),
-    ("loop_multiply_fusion.7", "elementwise"),
-    ("Memcpy DtoD (Device -> Device)", "copy/transpose"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "attention"),  # cuDNN (JAX and torch)
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "attention"),
+        ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),  # cuBLASLt on Hopper
+        ("gemm_fusion_dot.12", "matmul"),  # XLA's Triton GEMM fusion
+        ("input_transpose_fusion", "copy/transpose"),
+        ("input_scatter_fusion.61", "copy/transpose"),
+        ("loop_convert_fusion.3", "cast"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>", "cast"),
+        ("input_add_reduce_fusion", "norm/reduce"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm/reduce"),
+        ("loop_multiply_fusion.7", "elementwise"),
+        ("Memcpy DtoD (Device -> Device)", "copy/transpose"),
+    ],
+)
 def test_kernel_names_sort_into_categories(name, expected):
     assert kernel_breakdown.category(name) == expected
 
 
 def test_torch_only_skips_the_jax_side(tmp_path):
     path = tmp_path / "torch.json"
-    args = subcommand_arguments.build().parse_args(["profile", "--vs", "torch", "--torch-only", "--runs", "1", "--json", str(path)])
+    args = subcommand_arguments.build().parse_args(
+        ["profile", "--vs", "torch", "--torch-only", "--runs", "1", "--json", str(path)]
+    )
     assert profile_step.main(args) == 0
     data = json.loads(path.read_text())
     assert "jax" not in data and data["torch"]["median_s"] > 0 and data["torch"]["tflops"] > 0

@@ -6,11 +6,10 @@ import contextlib
 import pytest
 import torch
 
-from diffusers_tpu.runtime import attention, attach as runtime
-from diffusers_tpu.interop import backend
-from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import jit
 from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
+from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.runtime import attention, pipeline_runtime
+from diffusers_tpu.testing import tiny
 
 # (frames per block, sinks, window, latent frames): the first wraps the ring (4 blocks, 3-frame window + 1 sink).
 CASES = [(2, 1, 3, 8), (3, 0, -1, 6), (1, 2, 2, 6)]
@@ -19,13 +18,17 @@ CASES = [(2, 1, 3, 8), (3, 0, -1, 6), (1, 2, 2, 6)]
 def _model(per_block, sink, local):
     wan = tiny.wan_pipeline("wan-4head").transformer
     return CausalWanTransformer3DModel.from_transformer(
-        wan, num_frame_per_block=per_block, sink_size=sink, local_attn_size=local), wan
+        wan, num_frame_per_block=per_block, sink_size=sink, local_attn_size=local
+    ), wan
 
 
 def _inputs(frames, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, 16, frames, 4, 6, generator=g), torch.tensor([500.0, 500.0]),
-            torch.randn(2, 7, 32, generator=g))
+    return (
+        torch.randn(2, 16, frames, 4, 6, generator=g),
+        torch.tensor([500.0, 500.0]),
+        torch.randn(2, 7, 32, generator=g),
+    )
 
 
 def _blockwise(forward, model, x, t, text, per_block, tokens_per_frame, as_offset=int):
@@ -33,10 +36,10 @@ def _blockwise(forward, model, x, t, text, per_block, tokens_per_frame, as_offse
     outs, logs = [], []
     for start in range(0, x.shape[2], per_block):
         with jit.compile_log() as log:
-            out, cache = forward(x[:, :, start:start + per_block], t, text, cache, as_offset(start))
-        outs.append(runtime.to_host(out))
+            out, cache = forward(x[:, :, start : start + per_block], t, text, cache, as_offset(start))
+        outs.append(pipeline_runtime.to_host(out))
         logs.append(log.compilations)
-    return torch.cat(outs, 2), runtime.to_host(cache), logs
+    return torch.cat(outs, 2), pipeline_runtime.to_host(cache), logs
 
 
 @pytest.mark.parametrize("per_block, sink, local, frames", CASES)
@@ -63,8 +66,10 @@ def test_visible_frames_rule():
 
 def _on_jax(model, implementation="splash_exp2", dtype=None):
     """A compiled block forward (weights as program arguments), as the runtime compiles denoisers."""
-    weights = {name: backend.host_to_jax(value.detach().to(dtype or value.dtype))
-               for name, value in [*model.named_parameters(), *model.named_buffers()]}
+    weights = {
+        name: backend.host_to_jax(value.detach().to(dtype or value.dtype))
+        for name, value in [*model.named_parameters(), *model.named_buffers()]
+    }
     settings = attention.AttentionSettings(None, implementation)
 
     def active():
@@ -74,8 +79,11 @@ def _on_jax(model, implementation="splash_exp2", dtype=None):
         return stack
 
     return jit.compiled_function(
-        model, lambda x, t, e, cache, offset: model(x, t, e, kv_cache=cache, frame_offset=offset, write_cache=True),
-        state=lambda: weights, activate=active)
+        model,
+        lambda x, t, e, cache, offset: model(x, t, e, kv_cache=cache, frame_offset=offset, write_cache=True),
+        state=lambda: weights,
+        activate=active,
+    )
 
 
 def test_jax_path_equals_torch_and_compiles_once():
@@ -113,7 +121,9 @@ def test_bf16_cache_path():
     with torch.no_grad():
         fp32 = model(x, t, text, return_dict=False)[0]
     xb, textb = x.bfloat16(), text.bfloat16()
-    weights = {n: backend.host_to_jax(v.detach().bfloat16()) for n, v in [*model.named_parameters(), *model.named_buffers()]}
+    weights = {
+        n: backend.host_to_jax(v.detach().bfloat16()) for n, v in [*model.named_parameters(), *model.named_buffers()]
+    }
 
     def active():
         stack = contextlib.ExitStack()
@@ -121,8 +131,10 @@ def test_bf16_cache_path():
         stack.enter_context(attention.use(attention.AttentionSettings(None, "xla")))
         return stack
 
-    full = jit.compiled_function(model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, activate=active)
-    reference = runtime.to_host(full(xb, t, textb)).float()
+    full = jit.compiled_function(
+        model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, activate=active
+    )
+    reference = pipeline_runtime.to_host(full(xb, t, textb)).float()
     cached = _blockwise(_on_jax(model, "xla", torch.bfloat16), model, xb, t, textb, 2, 6, as_offset=offset)[0].float()
     assert cached.dtype == reference.dtype and (cached - reference).abs().max() <= 1e-2
     assert (cached - reference).abs().mean() <= 1e-3

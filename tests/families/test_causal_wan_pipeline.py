@@ -5,13 +5,17 @@ import numpy as np
 import pytest
 import torch
 
+from diffusers_tpu.families import wan_vae
+from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
-from diffusers_tpu.testing import tiny
-from diffusers_tpu.families import wan_vae
-
-CALL = dict(prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"], num_blocks=3,
-            height=32, width=48, max_sequence_length=24)
+CALL = dict(
+    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
+    num_blocks=3,
+    height=32,
+    width=48,
+    max_sequence_length=24,
+)
 
 
 def _run(pipe, seed=0, **overrides):
@@ -65,17 +69,17 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
         whole = vae.decode(latents, return_dict=False)[0]
         for per_block in (1, 3):  # a block holding frame 1 alone; blocks past the first two frames
             decoder = wan_vae.StreamingDecoder(vae)
-            streamed = torch.cat([decoder.decode(latents[:, :, i:i + per_block]) for i in range(0, 6, per_block)], 2)
+            streamed = torch.cat([decoder.decode(latents[:, :, i : i + per_block]) for i in range(0, 6, per_block)], 2)
             torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
     from diffusers_tpu.interop import jit
-    from diffusers_tpu.runtime import attach as runtime
+    from diffusers_tpu.runtime import pipeline_runtime
 
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     for per_block in (1, 3):
         decoder, pieces, compilations = wan_vae.StreamingDecoder(pipe.vae), [], []
         for i in range(0, 6, per_block):
             with attached.active(), jit.compile_log() as log:
-                pieces.append(runtime.to_host(decoder.decode(latents[:, :, i:i + per_block])))
+                pieces.append(pipeline_runtime.to_host(decoder.decode(latents[:, :, i : i + per_block])))
             compilations.append(log.compilations)
         assert (torch.cat(pieces, 2) - whole).abs().max() <= 1e-4
         assert compilations[1:] == [0] * (len(compilations) - 1), compilations
@@ -84,8 +88,9 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
 def test_block_options_act_on_the_right_blocks(pipes):
     reference, _ = pipes
     base = _run(reference)
-    other = reference.encode_prompt("a storm over the sea", do_classifier_free_guidance=False,
-                                    num_videos_per_prompt=2, max_sequence_length=24)[0]
+    other = reference.encode_prompt(
+        "a storm over the sea", do_classifier_free_guidance=False, num_videos_per_prompt=2, max_sequence_length=24
+    )[0]
     switched = _run(reference, block_inputs=lambda i: {"encoder_hidden_states": other} if i == 2 else {})
     assert np.array_equal(switched[:, :13], base[:, :13]) and np.abs(switched[:, 13:] - base[:, 13:]).max() > 1e-3
     for option in (dict(refresh_cache=False), dict(context_noise=100.0)):  # the cache is read from block 1 on
@@ -93,15 +98,18 @@ def test_block_options_act_on_the_right_blocks(pipes):
         assert np.array_equal(changed[:, :5], base[:, :5]) and np.abs(changed[:, 5:] - base[:, 5:]).max() > 1e-3
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(height=40), "height=40 must be a positive multiple of 16"),
-    (dict(denoising_steps=(500, 700)), "must be decreasing"),
-    (dict(context_noise=1000), "context_noise"),
-    (dict(num_blocks=0), "num_blocks=0"),
-    (dict(num_blocks=17), "rope_max_seq_len=32"),
-    (dict(output_type="mp4"), "output_type"),
-    (dict(prompt=None), "exactly one of prompt"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(height=40), "height=40 must be a positive multiple of 16"),
+        (dict(denoising_steps=(500, 700)), "must be decreasing"),
+        (dict(context_noise=1000), "context_noise"),
+        (dict(num_blocks=0), "num_blocks=0"),
+        (dict(num_blocks=17), "rope_max_seq_len=32"),
+        (dict(output_type="mp4"), "output_type"),
+        (dict(prompt=None), "exactly one of prompt"),
+    ],
+)
 def test_bad_input_fails_before_anything_runs(pipes, bad, message):
     _, pipe = pipes
     from diffusers_tpu.interop import jit
@@ -135,10 +143,24 @@ def test_bench_reports_per_block_figures(pipes):
 
 def test_cli_streams_the_requested_blocks(tmp_path):
     import imageio.v3 as iio
+
     from tests.commands.test_cli import run_cli
 
     out = tmp_path / "stream.mp4"
-    result = run_cli("generate", "--model", "tiny:causal-wan", "--blocks", "2", "--height", "32", "--width", "32",
-                     "--platform", "cpu", "--output", str(out))
+    result = run_cli(
+        "generate",
+        "--model",
+        "tiny:causal-wan",
+        "--blocks",
+        "2",
+        "--height",
+        "32",
+        "--width",
+        "32",
+        "--platform",
+        "cpu",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert iio.imread(out).shape == (1 + 4 * 3, 32, 32, 3)  # 2 blocks x 2 latent frames

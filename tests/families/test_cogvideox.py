@@ -1,14 +1,13 @@
 """Stock diffusers.CogVideoXPipeline (1.0 and 1.5) on JAX matches the same pipeline on torch CPU (1 device)."""
 
-
+import diffusers
 import numpy as np
 import pytest
-from tests.conftest import assert_np_matches, assert_pil_matches, generate, stock_pil
 
-import diffusers
 import diffusers_tpu
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, assert_pil_matches, generate, stock_pil
 
 CALL = dict(max_sequence_length=32, num_frames=17)  # 5 latent frames: the VAE decodes 3 chunks
 CASES = [("cogvideox-2b", "dpm"), ("cogvideox-5b", "ddim"), ("cogvideox1.5", "dpm"), ("cogvideox1.5", "ddim")]

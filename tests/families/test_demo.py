@@ -5,13 +5,17 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.interop import jit
 from diffusers_tpu import demo
 from diffusers_tpu.demo import build, scenes, train
+from diffusers_tpu.interop import jit
 
 # Two training captions and two held-out colour/direction pairs (never seen in training).
-PROMPTS = [("red", "square", "right"), ("purple", "circle", "up"), ("blue", "square", "up"),
-           ("yellow", "circle", "right")]
+PROMPTS = [
+    ("red", "square", "right"),
+    ("purple", "circle", "up"),
+    ("blue", "square", "up"),
+    ("yellow", "circle", "right"),
+]
 
 
 def to_uint8(frames):
@@ -33,8 +37,9 @@ def test_pixel_vae_is_the_resampler_it_claims():
 
 def test_word_tokenizer_pads_and_knows_the_grammar():
     tokenizer = build.word_tokenizer(scenes.vocabulary(), model_max_length=8)
-    ids = tokenizer(["a red square moves left", "A RED Square moves left.", "a blue circle"], padding="max_length",
-                    max_length=8)["input_ids"]
+    ids = tokenizer(
+        ["a red square moves left", "A RED Square moves left.", "a blue circle"], padding="max_length", max_length=8
+    )["input_ids"]
     assert ids[0] == ids[1] and 2 not in ids[0]  # case and punctuation do not matter; every word is known
     assert ids[0][5] == 1 and ids[0][6:] == [0, 0] and ids[2][3:] == [1, 0, 0, 0, 0]  # eos, then padding
     assert len(set(ids[0][:5])) == 5 and ids[2][1] != ids[0][1]
@@ -55,8 +60,11 @@ def test_analyser_reads_rendered_clips(held_out):
         # speckle: every 4th pixel of each 8th row a few levels off the background (2% of the frame, away from
         # the shape or on it) costs the background its share of clean pixels, and nothing else
         speckled = frames.copy()
-        speckled[:, ::8, ::4] = np.where(np.abs(speckled[:, ::8, ::4].astype(int) - scenes.BACKGROUND).max(-1,
-                                         keepdims=True) <= 8, np.asarray(scenes.BACKGROUND) + 30, speckled[:, ::8, ::4])
+        speckled[:, ::8, ::4] = np.where(
+            np.abs(speckled[:, ::8, ::4].astype(int) - scenes.BACKGROUND).max(-1, keepdims=True) <= 8,
+            np.asarray(scenes.BACKGROUND) + 30,
+            speckled[:, ::8, ::4],
+        )
         noisy = scenes.analyse(speckled)
         assert noisy.follows(colour, direction, shape) and 0.9 < noisy.clean < 0.99, noisy
     noise = np.random.default_rng(1).integers(0, 256, (9, 32, 32, 3), dtype=np.uint8)
@@ -86,8 +94,11 @@ def test_demo_model_follows_the_prompt_on_jax_as_on_torch(torch_videos):
         assert np.abs(frames - torch_videos[item]).max() <= 1e-4  # the same video as stock torch (measured <= 2e-5)
         reading, on_torch = scenes.analyse(to_uint8(frames)), scenes.analyse(to_uint8(torch_videos[item]))
         colour, shape, direction = item
-        assert reading.follows(colour, direction, shape) and on_torch.follows(colour, direction, shape), \
-            (item, reading, on_torch)
+        assert reading.follows(colour, direction, shape) and on_torch.follows(colour, direction, shape), (
+            item,
+            reading,
+            on_torch,
+        )
         assert 0.01 < reading.coverage < 0.5
         assert reading.clean > 0.6, reading  # the first model (no average, logit-normal noise levels): ~0.55
     assert diffusers_tpu.stats(pipe).compilations == 0  # every prompt after the first reused the programs
@@ -123,10 +134,18 @@ def test_training_runs_on_jax_as_on_torch():
     jax_losses = train.train(on_jax, 3, 2, seed=0, log_every=100, step_function=train_jax.jax_steps)
     assert jax_losses == pytest.approx(losses, rel=1e-5) and losses[-1] < losses[0]
     assert not torch.equal(on_jax.transformer.proj_out.weight, before)  # the JAX weights were written back
-    differences = torch.cat([(a - b).detach().abs().flatten() for a, b in zip(on_torch.transformer.parameters(),
-                                                                               on_jax.transformer.parameters())])
-    moved = torch.cat([(a - b).detach().abs().flatten() for a, b in zip(on_torch.transformer.parameters(),
-                                                                         train.new_pipeline(seed=0).transformer.parameters())])
+    differences = torch.cat(
+        [
+            (a - b).detach().abs().flatten()
+            for a, b in zip(on_torch.transformer.parameters(), on_jax.transformer.parameters())
+        ]
+    )
+    moved = torch.cat(
+        [
+            (a - b).detach().abs().flatten()
+            for a, b in zip(on_torch.transformer.parameters(), train.new_pipeline(seed=0).transformer.parameters())
+        ]
+    )
     # Adam moves each weight by ~lr whatever its gradient's size, so a gradient that is rounding noise on both
     # platforms (measured: 18 of 3.8M weights) can move either way; every other weight moves alike.
     assert (differences > 1e-5).float().mean() <= 1e-4 and differences.median() <= 1e-3 * moved.median()

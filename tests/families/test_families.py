@@ -6,19 +6,28 @@ import copy
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
 import diffusers_tpu
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny_families, tiny_images
+from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
 # name -> (family, denoiser calls per CFG side batched over dp, or None when the pipeline batches CFG itself)
 CASES = {
-    "wan-v2v": ("wan", 2), "wan-vace": ("wan", 2), "skyreels-v2": ("wan", 2), "skyreels-v2-df": ("wan", 4),
-    "ltx": ("ltx", None), "ltx-i2v": ("ltx", None), "hunyuan-video": ("hunyuanvideo", 2),
-    "hunyuanvideo15-i2v": ("hunyuanvideo15", 2), "ltx2": ("ltx2", None), "ltx2-i2v": ("ltx2", None),
+    "wan-v2v": ("wan", 2),
+    "wan-vace": ("wan", 2),
+    "skyreels-v2": ("wan", 2),
+    "skyreels-v2-df": ("wan", 4),
+    "ltx": ("ltx", None),
+    "ltx-i2v": ("ltx", None),
+    "hunyuan-video": ("hunyuanvideo", 2),
+    "hunyuanvideo15-i2v": ("hunyuanvideo15", 2),
+    "ltx2": ("ltx2", None),
+    "ltx2-i2v": ("ltx2", None),
     "wan-animate": ("generic", None),  # generic path: its uncond face input is made inside the loop
-    "flux": ("flux", 2), "qwen-image": ("qwenimage", 2), "z-image": ("zimage", None),
+    "flux": ("flux", 2),
+    "qwen-image": ("qwenimage", 2),
+    "z-image": ("zimage", None),
 }
 
 

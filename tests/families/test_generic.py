@@ -2,17 +2,17 @@
 
 import logging
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
-import diffusers
 import diffusers_tpu
-from diffusers_tpu.interop import jit
 from diffusers_tpu.families import generic
+from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import registry
 from diffusers_tpu.testing import tiny_generic
+from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
 
 def call(pipe, **overrides):
@@ -47,7 +47,9 @@ def test_inferred_rules_shard_whole_heads():
     transformer = tiny_generic.generic_pipeline("latte").transformer  # 4 heads
     rules = dict(generic.infer_rules(transformer, {"dp": 1, "sp": 1, "tp": 4}))
     q = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_q\\.weight" in pattern)
-    out = next(spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_out\\.0\\.weight" in pattern)
+    out = next(
+        spec for pattern, spec in rules.items() if "transformer_blocks\\.0\\.attn1\\.to_out\\.0\\.weight" in pattern
+    )
     ffn = [spec for pattern, spec in rules.items() if pattern.startswith("^transformer_blocks\\.0\\.ff\\.")]
     assert q == ("tp", None) and out == (None, "tp") and ("tp", None) in ffn and (None, "tp") in ffn
     assert generic.infer_rules(transformer, {"tp": 3}) == ()  # 3 does not divide 4 heads: all replicated
@@ -73,17 +75,36 @@ def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_ru
     from diffusers_tpu.testing import tiny
 
     modular = WanModularPipeline()
-    with pytest.raises(ValueError, match=r"WanModularPipeline is a diffusers modular pipeline.*diffusers\.WanPipeline"
-                                         r"\.from_pretrained.*WanPipeline on JAX: verified.*Nothing was moved"):
+    with pytest.raises(
+        ValueError,
+        match=r"WanModularPipeline is a diffusers modular pipeline.*diffusers\.WanPipeline"
+        r"\.from_pretrained.*WanPipeline on JAX: verified.*Nothing was moved",
+    ):
         modular.to("tpu")
     assert modular.to("cpu") is modular  # other devices: the stock method
-    assert diffusers_tpu.supported_pipelines()["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
+    assert (
+        diffusers_tpu.supported_pipelines()["WanModularPipeline"] == "unsupported: a modular pipeline; use WanPipeline"
+    )
     classic = getattr(diffusers, "WanPipeline")(**tiny.wan_components("wan"))  # what the error says to use
-    expected = classic(prompt="a cat", num_frames=5, height=32, width=32, num_inference_steps=2, output_type="np",
-                       generator=torch.Generator().manual_seed(0)).frames
+    expected = classic(
+        prompt="a cat",
+        num_frames=5,
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     classic.to("jax")
-    got = classic(prompt="a cat", num_frames=5, height=32, width=32, num_inference_steps=2, output_type="np",
-                  generator=torch.Generator().manual_seed(0)).frames
+    got = classic(
+        prompt="a cat",
+        num_frames=5,
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     assert np.abs(got - expected).max() <= 1e-4
 
 

@@ -1,26 +1,31 @@
 """Stock diffusers.HunyuanVideo15Pipeline on JAX matches the same pipeline on torch CPU: text-padding key mask
 (no S x S mask), jit-safe token reordering, no NaN, frame-causal VAE attention without the Python loop."""
 
+import diffusers
 import jax
 import numpy as np
 import pytest
 import torch
-from tests.conftest import all_equations, assert_np_matches, assert_pil_matches, stock_pil
-
-import diffusers
-import diffusers_tpu
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+import diffusers_tpu
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import backend
 from diffusers_tpu.families import hunyuan_video15
-from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import jit
+from tests.conftest import all_equations, assert_np_matches, assert_pil_matches, stock_pil
 
 # A CFG pair of different padded lengths; the prompt's quoted text goes through ByT5, the negative has none (all
 # its ByT5 tokens are padding). Guidance is on (scale 6).
-CALL = dict(prompt='a cat holding a sign saying "hello" in the rain', negative_prompt="blurry", height=32, width=48,
-            num_frames=9, num_inference_steps=3)
+CALL = dict(
+    prompt='a cat holding a sign saying "hello" in the rain',
+    negative_prompt="blurry",
+    height=32,
+    width=48,
+    num_frames=9,
+    num_inference_steps=3,
+)
 
 
 def generate(pipe, seed=0, **overrides):
@@ -64,8 +69,9 @@ def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = unwrap(pipe.transformer.forward)
     calls, call = [], jit._Program.__call__
-    jit._Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): calls.append((self, state, dynamic)) or call(
-        self, state, dynamic, extra, carried)
+    jit._Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
+        calls.append((self, state, dynamic)) or call(self, state, dynamic, extra, carried)
+    )
     try:
         generate(pipe, output_type="latent", num_inference_steps=1)
     finally:
@@ -101,13 +107,20 @@ def _random_inputs(transformer, image: bool, seed=0):
     mask_2 = torch.zeros(batch, text_2)
     for row, (n, n_2) in enumerate([(7, 0), (3, 5), (1, 2)]):  # full, none, partial
         mask[row, :n], mask_2[row, :n_2] = 1, 1
-    image_embeds = torch.randn(batch, tokens, config.image_embed_dim, generator=g) if image else torch.zeros(
-        batch, tokens, config.image_embed_dim)
+    image_embeds = (
+        torch.randn(batch, tokens, config.image_embed_dim, generator=g)
+        if image
+        else torch.zeros(batch, tokens, config.image_embed_dim)
+    )
     return dict(
-        hidden_states=torch.randn(batch, config.in_channels, 2, 3, 4, generator=g), timestep=torch.tensor([900.0] * batch),
-        encoder_hidden_states=torch.randn(batch, text, config.text_embed_dim, generator=g), encoder_attention_mask=mask,
+        hidden_states=torch.randn(batch, config.in_channels, 2, 3, 4, generator=g),
+        timestep=torch.tensor([900.0] * batch),
+        encoder_hidden_states=torch.randn(batch, text, config.text_embed_dim, generator=g),
+        encoder_attention_mask=mask,
         encoder_hidden_states_2=torch.randn(batch, text_2, config.text_embed_2_dim, generator=g),
-        encoder_attention_mask_2=mask_2, image_embeds=image_embeds, return_dict=False,
+        encoder_attention_mask_2=mask_2,
+        image_embeds=image_embeds,
+        return_dict=False,
     )
 
 
@@ -119,8 +132,9 @@ def test_static_forward_equals_stock_forward_on_torch(image):
     with torch.no_grad():
         expected = transformer(**inputs)[0]
         got = hunyuan_video15.forward(transformer, **inputs)[0]
-        order, _ = hunyuan_video15.text_token_order(inputs["encoder_attention_mask"],
-                                                    inputs["encoder_attention_mask_2"], inputs["image_embeds"])
+        order, _ = hunyuan_video15.text_token_order(
+            inputs["encoder_attention_mask"], inputs["encoder_attention_mask_2"], inputs["image_embeds"]
+        )
         given = hunyuan_video15.forward(transformer, **inputs, token_order=order)[0]
     assert torch.isfinite(expected).all()
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
@@ -145,7 +159,9 @@ def test_scheduler_never_looks_its_index_up(stock, monkeypatch):
     try:
         looked_up = []
         stock_lookup = pipe.scheduler.index_for_timestep
-        monkeypatch.setattr(pipe.scheduler, "index_for_timestep", lambda *a, **k: looked_up.append(1) or stock_lookup(*a, **k))
+        monkeypatch.setattr(
+            pipe.scheduler, "index_for_timestep", lambda *a, **k: looked_up.append(1) or stock_lookup(*a, **k)
+        )
         generate(pipe, output_type="latent")
         assert looked_up == [] and pipe.scheduler.step_index == CALL["num_inference_steps"]
     finally:
@@ -174,9 +190,10 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
 
     for mode in ("mask", "zero_kv"):
         processor = hunyuan_video15.KeyMaskProcessor(mode)
-        run = jit.compiled_function(attn, lambda h, e, m: processor(attn, h, e, attention_mask=m),
-                                    state=lambda: weights, activate=active)
-        got = runtime.to_host(run(video, text, mask))
+        run = jit.compiled_function(
+            attn, lambda h, e, m: processor(attn, h, e, attention_mask=m), state=lambda: weights, activate=active
+        )
+        got = pipeline_runtime.to_host(run(video, text, mask))
         assert all(torch.isfinite(x).all() for x in got)
         if mode == "mask":
             torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-5)
@@ -202,7 +219,9 @@ def test_vae_frame_causal_mask_equals_stock():
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
 
     for frames, hw in [(1, 4), (3, 6), (4, 1)]:
-        stock_mask = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(frames, hw, torch.float32, "cpu", batch_size=2)
+        stock_mask = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(
+            frames, hw, torch.float32, "cpu", batch_size=2
+        )
         ours = hunyuan_video15.frame_causal_mask(frames, hw, torch.float32, "cpu", batch_size=2)
         assert ours.shape == stock_mask.shape[1:]
         assert torch.equal(ours.expand_as(stock_mask), stock_mask)
@@ -223,11 +242,13 @@ def test_vae_tiling_encode_and_batch_two_decode(stock):
     pipe.to("jax")
     try:
         with torch.no_grad():
-            assert_np_matches(runtime.to_host(vae.encode(video).latent_dist.mean).numpy(), encoded.numpy())
+            assert_np_matches(pipeline_runtime.to_host(vae.encode(video).latent_dist.mean).numpy(), encoded.numpy())
             # stock decodes one latent at a time (batch 2 fails its mask broadcast); here both in one call
-            assert_np_matches(runtime.to_host(vae.decode(latents, return_dict=False)[0]).numpy(), each.numpy())
+            assert_np_matches(pipeline_runtime.to_host(vae.decode(latents, return_dict=False)[0]).numpy(), each.numpy())
             vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_overlap_factor=0.25)
-            assert_np_matches(runtime.to_host(vae.decode(latents[:1], return_dict=False)[0]).numpy(), tiled.numpy())
+            assert_np_matches(
+                pipeline_runtime.to_host(vae.decode(latents[:1], return_dict=False)[0]).numpy(), tiled.numpy()
+            )
     finally:
         pipe.to("cpu")
     assert "prepare_causal_attention_mask" not in vars(vae.decoder.mid_block.attentions[0])
@@ -241,7 +262,10 @@ def test_text_encoders_on_jax_and_bf16_byt5(stock):
     finally:
         pipe.to("cpu")
     steps = []
-    pipe.to("jax", config=TPUConfig(text_encoder="jax", dtype=torch.bfloat16, component_dtypes={"text_encoder_2": torch.bfloat16}))
+    pipe.to(
+        "jax",
+        config=TPUConfig(text_encoder="jax", dtype=torch.bfloat16, component_dtypes={"text_encoder_2": torch.bfloat16}),
+    )
     try:
         assert pipe.text_encoder_2.shared.weight.dtype == torch.bfloat16 and pipe.text_encoder.dtype == torch.float32
         step = pipe.scheduler.step
@@ -257,11 +281,11 @@ def test_text_encoders_on_jax_and_bf16_byt5(stock):
 def test_byt5_bf16_is_the_tpu_default_only():
     family = hunyuan_video15.FAMILY
     tpu, cpu = backend.Target("tpu", "tpu"), backend.Target("jax", "cpu")
-    assert runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder_2", None) is torch.bfloat16
-    assert runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder", None) is None
-    assert runtime.component_dtype(family, TPUConfig(), cpu, "text_encoder_2", None) is None
+    assert pipeline_runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder_2", None) is torch.bfloat16
+    assert pipeline_runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder", None) is None
+    assert pipeline_runtime.component_dtype(family, TPUConfig(), cpu, "text_encoder_2", None) is None
     chosen = TPUConfig(component_dtypes={"text_encoder_2": torch.float32})
-    assert runtime.component_dtype(family, chosen, tpu, "text_encoder_2", None) is torch.float32
+    assert pipeline_runtime.component_dtype(family, chosen, tpu, "text_encoder_2", None) is torch.float32
     with pytest.raises(ValueError, match="component_dtypes"):
         TPUConfig(component_dtypes={"text_encoder_2": "bf16"})
     with pytest.raises(ValueError, match="text_padding"):
@@ -284,14 +308,52 @@ def test_cli_generates_with_guider_scale_and_staged(tmp_path):
     from tests.commands.test_cli import run_cli
 
     out = tmp_path / "hy.mp4"
-    result = run_cli("generate", "--model", "tiny:hunyuanvideo15", "--prompt", 'a sign saying "hi"', "--guidance", "4",
-                     "--frames", "5", "--height", "32", "--width", "48", "--steps", "2", "--platform", "cpu",
-                     "--output", str(out))
+    result = run_cli(
+        "generate",
+        "--model",
+        "tiny:hunyuanvideo15",
+        "--prompt",
+        'a sign saying "hi"',
+        "--guidance",
+        "4",
+        "--frames",
+        "5",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--steps",
+        "2",
+        "--platform",
+        "cpu",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "wrote 5 frames (48x32)" in result.stdout
-    result = run_cli("generate", "--model", "tiny:hunyuanvideo15", "--prompt", 'a sign saying "hi"', "--guidance", "4",
-                     "--frames", "5", "--height", "32", "--width", "48", "--steps", "2", "--platform", "cpu",
-                     "--stage-dir", str(tmp_path / "stages"), "--output", str(tmp_path / "staged.mp4"))
+    result = run_cli(
+        "generate",
+        "--model",
+        "tiny:hunyuanvideo15",
+        "--prompt",
+        'a sign saying "hi"',
+        "--guidance",
+        "4",
+        "--frames",
+        "5",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--steps",
+        "2",
+        "--platform",
+        "cpu",
+        "--stage-dir",
+        str(tmp_path / "stages"),
+        "--output",
+        str(tmp_path / "staged.mp4"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     import imageio.v3 as iio
 

@@ -6,18 +6,18 @@ import copy
 import logging
 import re
 
+import diffusers
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
-import diffusers
 import diffusers_tpu
 from diffusers_tpu.families import unet as unet_family
 from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import attention
 from diffusers_tpu.testing import tiny_unet
+from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
 
 def run(pipe, call, output_type, flags=None):
@@ -62,18 +62,27 @@ def test_an_unverified_unet_pipeline_runs_with_a_warning_and_matches_stock(caplo
 
     def score_sde():
         torch.manual_seed(0)
-        model = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 8),
-                                      down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                                      up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=4,
-                                      layers_per_block=2, attention_head_dim=2)
+        model = diffusers.UNet2DModel(
+            sample_size=8,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(8, 8),
+            down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+            up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            norm_num_groups=4,
+            layers_per_block=2,
+            attention_head_dim=2,
+        )
         return diffusers.ScoreSdeVePipeline(unet=model.eval(), scheduler=diffusers.ScoreSdeVeScheduler())
 
     call = dict(num_inference_steps=3, batch_size=2)
     expected = run(score_sde(), call, "np")
     assert diffusers_tpu.supported_pipelines()["ScoreSdeVePipeline"].startswith("untested: runs on the unet path")
     pipe = score_sde().to("jax")
-    assert "ScoreSdeVePipeline runs on the unet path; no tiny recipe in the parity sweep: its output has not been " \
-           "compared with stock" in caplog.text
+    assert (
+        "ScoreSdeVePipeline runs on the unet path; no tiny recipe in the parity sweep: its output has not been "
+        "compared with stock" in caplog.text
+    )
     assert_np_matches(run(pipe, call, "np"), expected)
 
 
@@ -87,8 +96,12 @@ def test_unet_sharding_follows_heads_and_blocks():
     assert rules[f"^{cross}$"] == ("tp", None) and rules[f"^{motion}$"] == (None, "tp")
     assert not any("conv" in pattern for pattern in rules)  # convolutions stay replicated
     assert unet_family.num_heads(pipe) == 4
-    matched = {name for name, _ in pipe.unet.named_modules()
-               for pattern, _ in unet_family.UNET.activation_rules if re.search(pattern, name)}
+    matched = {
+        name
+        for name, _ in pipe.unet.named_modules()
+        for pattern, _ in unet_family.UNET.activation_rules
+        if re.search(pattern, name)
+    }
     assert {"down_blocks.0", "mid_block", "up_blocks.1"} <= matched
     assert "down_blocks.0.attentions.0.transformer_blocks.0" in matched
     assert not any("motion_modules" in name for name in matched)  # a few frames: not split over sp

@@ -1,12 +1,12 @@
 """Wan 2.2 (A14B: two experts; TI2V-5B: 48-channel VAE, per-token timesteps) and Wan image-to-video on JAX match
 stock diffusers on torch CPU (1 device; the 8-device mesh is in test_mesh.py)."""
 
-import pytest
-from tests.conftest import assert_np_matches, assert_pil_matches, generate, stock_pil
-
 import diffusers
+import pytest
+
 import diffusers_tpu
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, assert_pil_matches, generate, stock_pil
 
 PIPELINES = {
     "wan2.2-a14b": (tiny.wan22_a14b_pipeline, {}),

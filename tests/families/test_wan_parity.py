@@ -1,19 +1,23 @@
 """Stock diffusers.WanPipeline on JAX matches the same pipeline on torch CPU (1 device)."""
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from tests.conftest import CALL, assert_np_matches, assert_pil_matches, generate, stock_pil
 
-import diffusers
 import diffusers_tpu
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
+from tests.conftest import CALL, assert_np_matches, assert_pil_matches, generate, stock_pil
 
 # (variant, scheduler, device string): each variant, scheduler and string meets each other one once ("tpu" and "jax"
 # take the same path on CPU: the string alone differs)
-CASES = [("wan", "flow_match", "jax"), ("wan", "unipc", "tpu"), ("wan-4head", "flow_match", "tpu"),
-         ("wan-4head", "unipc", "jax")]
+CASES = [
+    ("wan", "flow_match", "jax"),
+    ("wan", "unipc", "tpu"),
+    ("wan-4head", "flow_match", "tpu"),
+    ("wan-4head", "unipc", "jax"),
+]
 
 
 @pytest.mark.parametrize("variant,scheduler,device", CASES, ids=["-".join(c) for c in CASES])
@@ -84,8 +88,10 @@ def test_pt_and_latent_outputs_are_host_tensors():
 
 def test_single_prompt_without_guidance_and_several_videos_per_prompt():
     pipe = tiny.wan_pipeline("wan")
-    calls = [dict(prompt="a cat", guidance_scale=1.0, negative_prompt=None),
-             dict(prompt="a cat", negative_prompt="blurry", num_videos_per_prompt=2)]
+    calls = [
+        dict(prompt="a cat", guidance_scale=1.0, negative_prompt=None),
+        dict(prompt="a cat", negative_prompt="blurry", num_videos_per_prompt=2),
+    ]
     reference = [generate(pipe, output_type="np", **c) for c in calls]
     pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
     for call, ref in zip(calls, reference):
@@ -107,8 +113,9 @@ def test_cfg_pair_runs_as_one_batch():
     batches = []
     for program in _compiled(pipe.transformer).programs.values():
         jitted = program.jitted
-        program.jitted = lambda state, dynamic, donated, extra, *carried, _j=jitted: batches.append(
-            dynamic[0].shape[0]) or _j(state, dynamic, donated, extra, *carried)
+        program.jitted = lambda state, dynamic, donated, extra, *carried, _j=jitted: (
+            batches.append(dynamic[0].shape[0]) or _j(state, dynamic, donated, extra, *carried)
+        )
     out = generate(pipe, output_type="np")
     batch = len(CALL["prompt"])
     # one denoiser program call per step, with cond and uncond in one batch
@@ -123,8 +130,9 @@ def test_cfg_pairing_falls_back_when_a_callback_swaps_embeddings():
     def swap(pipe_, step, timestep, tensors):
         return {"negative_prompt_embeds": tensors["negative_prompt_embeds"] * 0.5} if step == 0 else {}
 
-    kwargs = dict(output_type="np", callback_on_step_end=swap,
-                  callback_on_step_end_tensor_inputs=["negative_prompt_embeds"])
+    kwargs = dict(
+        output_type="np", callback_on_step_end=swap, callback_on_step_end_tensor_inputs=["negative_prompt_embeds"]
+    )
     reference = generate(pipe, **kwargs)
     pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
     assert_np_matches(generate(pipe, **kwargs), reference)
@@ -195,13 +203,13 @@ def test_compile_cache_dir_knob(tmp_path):
 
 
 def test_save_pretrained_while_on_jax_round_trips(tmp_path):
-    from diffusers_tpu.runtime import attach as runtime
+    from diffusers_tpu.runtime import pipeline_runtime
 
     pipe = tiny.wan_pipeline("wan-4head")
     reference = generate(pipe, output_type="np")
     pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
     pipe.save_pretrained(str(tmp_path), safe_serialization=True)
-    assert runtime.is_attached(pipe)  # saving did not move the pipeline
+    assert pipeline_runtime.is_attached(pipe)  # saving did not move the pipeline
     reloaded = diffusers.WanPipeline.from_pretrained(str(tmp_path))  # plain torch, from the saved safetensors
     assert_np_matches(generate(reloaded, output_type="np"), reference)
 

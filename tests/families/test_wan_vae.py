@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, generate
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import backend, jit, sharding
-from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, generate
 
 
 def latents(frames, seed=0, width=6):
@@ -25,11 +25,15 @@ def pixels(frames, seed=1):
 
 def unchunked(pipe, method):
     """The stock ``_decode`` / ``_encode`` (frame loop in Python) compiled whole, on the same placed weights."""
-    attached = runtime.runtime_of(pipe)
+    attached = pipeline_runtime.runtime_of(pipe)
     vae = pipe.vae
-    return jit.compiled_function(vae, functools.partial(getattr(type(vae), method), vae),
-                                 state=lambda: {s.qualified: sharding._get(s).jax() for s in vae._diffusers_tpu_placement},
-                                 activate=attached.active, place_input=attached._width_input)
+    return jit.compiled_function(
+        vae,
+        functools.partial(getattr(type(vae), method), vae),
+        state=lambda: {s.qualified: sharding._get(s).jax() for s in vae._diffusers_tpu_placement},
+        activate=attached.active,
+        place_input=attached._width_input,
+    )
 
 
 def host(value):
@@ -49,8 +53,9 @@ def reference_of(pipe, method, frames, compute):
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda c: f"chunk{c}")
 def chunked_pipe(request):
-    return tiny.wan_pipeline("wan").to("jax", config=TPUConfig(vae_decode_chunk=request.param,
-                                                              vae_encode_chunk=request.param))
+    return tiny.wan_pipeline("wan").to(
+        "jax", config=TPUConfig(vae_decode_chunk=request.param, vae_encode_chunk=request.param)
+    )
 
 
 @pytest.mark.parametrize("frames", [1, 2, 6, 9])
@@ -79,8 +84,10 @@ def test_two_programs_for_any_frame_count_and_memory_independent_of_it():
     for frames in (3, 5, 9):  # 9, 17 and 33 video frames
         z = latents(frames)
         pipe.vae.decode(z)
-        executables = {name: sum(p.jitted._cache_size() for p in programs[name].programs.values())
-                       for name in ("decode_first", "decode_chunk")}
+        executables = {
+            name: sum(p.jitted._cache_size() for p in programs[name].programs.values())
+            for name in ("decode_first", "decode_chunk")
+        }
         # the same two executables serve every frame count: their memory cannot depend on it
         assert executables == {"decode_first": 1, "decode_chunk": 1}, (frames, executables)
         whole_temp[frames] = jit.memory_analysis(unchunked(pipe, "_decode"), z, return_dict=False)["temp_bytes"]
@@ -123,8 +130,10 @@ def test_scheduler_dtype_keeps_latents_in_it():
     assert_np_matches(generate(pipe, output_type="np"), reference)
 
 
-@pytest.mark.parametrize("kwargs", [dict(vae_decode_chunk=0), dict(vae_encode_chunk=1.5), dict(vae_dtype=torch.int32),
-                                    dict(scheduler_dtype="bf16")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(vae_decode_chunk=0), dict(vae_encode_chunk=1.5), dict(vae_dtype=torch.int32), dict(scheduler_dtype="bf16")],
+)
 def test_vae_knobs_reject_nonsense(kwargs):
     with pytest.raises(ValueError):
         TPUConfig(**kwargs)
@@ -140,7 +149,9 @@ def test_matmul_precision_reaches_compiled_programs(precision):
         text = jit.lower(pipe.vae._diffusers_tpu_programs["decode_first"], latents(2)).as_text()
     finally:
         pipe.to("cpu")
-    products = [line for line in text.splitlines() if "stablehlo.convolution" in line or "stablehlo.dot_general" in line]
+    products = [
+        line for line in text.splitlines() if "stablehlo.convolution" in line or "stablehlo.dot_general" in line
+    ]
     assert products
     # dot_general prints "precision = [HIGHEST, HIGHEST]", convolution "#stablehlo<precision HIGHEST>" twice
     found = [re.findall(r"\b(DEFAULT|HIGHEST|HIGH)\b", line) for line in products]

@@ -122,8 +122,17 @@ def test_inplace_ops_on_a_view_write_through_like_torch(op):
     assert torch.allclose(got, expected, atol=1e-6), (got, expected)
 
 
-@pytest.mark.parametrize("shape, wrap, view", [((3, 3), False, False), ((7, 3), True, False), ((7, 3), False, False),
-                                               ((3, 5), True, False), ((4, 4, 4), False, False), ((5, 5), False, True)])
+@pytest.mark.parametrize(
+    "shape, wrap, view",
+    [
+        ((3, 3), False, False),
+        ((7, 3), True, False),
+        ((7, 3), False, False),
+        ((3, 5), True, False),
+        ((4, 4, 4), False, False),
+        ((5, 5), False, True),
+    ],
+)
 def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
     """SD3's perturbed-attention guidance builds its mask with ``full_mask[:n, :n].fill_diagonal_(0)``."""
     expected = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
@@ -135,8 +144,10 @@ def test_fill_diagonal_fills_like_torch_on_tensors_and_views(shape, wrap, view):
     assert torch.equal(got, expected), (got, expected)
 
 
-@pytest.mark.parametrize("window, args", [("hann_window", (10,)), ("hann_window", (9, False)),
-                                          ("hamming_window", (8,)), ("kaiser_window", (7, True, 5.0))])
+@pytest.mark.parametrize(
+    "window, args",
+    [("hann_window", (10,)), ("hann_window", (9, False)), ("hamming_window", (8,)), ("kaiser_window", (7, True, 5.0))],
+)
 def test_window_functions_on_the_device_are_torch_windows(window, args):
     """Kandinsky 6 SR blends its tiles with ``torch.hann_window(..., device=...)``: torchax has no lowering."""
     with torchax.default_env():
@@ -176,13 +187,21 @@ def test_random_draws_on_the_device_follow_torch_generators_like_stock_on_the_cp
     with torchax.default_env():
         like = torch.zeros(2, 3, dtype=torch.bfloat16).to("jax")
         torch.manual_seed(7)
-        drawn = [torch.randn(2, 3, device="jax"), torch.randn_like(like), torch.rand(4, device="jax"),
-                 torch.zeros(3).to("jax").normal_(1.0, 2.0)]
+        drawn = [
+            torch.randn(2, 3, device="jax"),
+            torch.randn_like(like),
+            torch.rand(4, device="jax"),
+            torch.zeros(3).to("jax").normal_(1.0, 2.0),
+        ]
         generator = torch.Generator().manual_seed(1)
         pair = [torch.randn(3, generator=generator, device="jax") for _ in range(2)]
     torch.manual_seed(7)
-    expected = [torch.randn(2, 3), torch.randn(2, 3, dtype=torch.bfloat16), torch.rand(4),
-                torch.zeros(3).normal_(1.0, 2.0)]
+    expected = [
+        torch.randn(2, 3),
+        torch.randn(2, 3, dtype=torch.bfloat16),
+        torch.rand(4),
+        torch.zeros(3).normal_(1.0, 2.0),
+    ]
     for got, want in zip(drawn, expected):
         assert got.dtype == want.dtype and torch.equal(host(got), want.float()), (got, want)
     generator = torch.Generator().manual_seed(1)
@@ -215,8 +234,7 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
     compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped
     tensors — however small — still run on the devices."""
-    from diffusers_tpu.interop import backend
-    from diffusers_tpu.interop import jit
+    from diffusers_tpu.interop import backend, jit
 
     assert "schedule glue on the host" in patches.applied() and "torchax host transfers" in patches.applied()
     host = torch.linspace(1.0, 0.0, 7) ** 1.7 * 1000.0
@@ -244,8 +262,9 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     expected = torch.cat([host, torch.zeros(1)])
     assert torch.equal(got, expected)  # bit for bit: torch computed it
     assert torch.equal(backend.jax_to_host(dt.jax()), expected[4] - expected[3])
-    assert steps[1].dtype == torch.bfloat16 and torch.equal(backend.jax_to_host(steps[1].jax()),
-                                                            expected[1].expand(2).to(torch.bfloat16))
+    assert steps[1].dtype == torch.bfloat16 and torch.equal(
+        backend.jax_to_host(steps[1].jax()), expected[1].expand(2).to(torch.bfloat16)
+    )
     assert count == int((expected > 500).sum())
     assert torch.equal(backend.jax_to_host(picked.jax()), torch.linspace(0.999, 0.001, 1000)[torch.tensor([3, 998])])
     assert backend.is_jax_tensor(by_host_index) and not backend.is_jax_tensor(host_only)
@@ -297,8 +316,7 @@ def test_schedule_glue_keeps_the_placement_of_its_inputs():
 def test_host_tensors_enter_jax_as_private_copies():
     """``host_to_jax`` and torchax's own conversion are transfers, not programs, and never share the tensor's memory
     (JAX on the CPU adopts aligned buffers): a later in-place change of the host tensor must not reach the copy."""
-    from diffusers_tpu.interop import backend
-    from diffusers_tpu.interop import jit
+    from diffusers_tpu.interop import backend, jit
 
     host = torch.zeros(64, 64)
     with backend.jax_mode(), jit.compile_log() as log:
@@ -345,7 +363,8 @@ for channels, rows, kernel, stride, padding in [(64, 6, 4, 2, 0), (8, 4, 3, 1, 0
     want = torch.nn.functional.conv2d(x, w, stride=stride, padding=padding)
     def conv(a, b):
         with env:
-            return env.t2j_iso(torch.nn.functional.conv2d(env.j2t_iso(a), env.j2t_iso(b), stride=stride, padding=padding))
+            out = torch.nn.functional.conv2d(env.j2t_iso(a), env.j2t_iso(b), stride=stride, padding=padding)
+            return env.t2j_iso(out)
     split = jax.device_put(x.numpy(), NamedSharding(mesh, P("dp", None, "tp", None)))
     with compat.mesh_of_traces(mesh):
         got = np.asarray(jax.jit(conv)(split, w.numpy()))
@@ -415,8 +434,10 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
         weight, bias = (backend.wrap(backend.host_to_jax(p.detach())) for p in (norm.weight, norm.bias))
         got = [torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(xs[0])), 4, weight, bias, 1e-5)]
         with jit.compile_log() as log:
-            got += [torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(x)), 4, weight, bias, 1e-5)
-                    for x in xs[1:]]
+            got += [
+                torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(x)), 4, weight, bias, 1e-5)
+                for x in xs[1:]
+            ]
     assert log.compilations == 0
     for x, y in zip(xs, got):
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(y)), norm(x).detach().numpy(), atol=1e-5)

@@ -17,12 +17,19 @@ BUDGET = {"wan": 20, "cogvideox": 17, "hunyuanvideo15": 15, "ltx": 26, "flux": 1
 
 def test_first_call_program_counts():
     worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "first_call_worker.py")
-    result = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    result = subprocess.run(
+        [sys.executable, worker],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(counts) == set(BUDGET)
-    over = {name: (counts[name]["programs"], BUDGET[name]) for name in BUDGET if counts[name]["programs"] > BUDGET[name]}
+    over = {
+        name: (counts[name]["programs"], BUDGET[name]) for name in BUDGET if counts[name]["programs"] > BUDGET[name]
+    }
     assert not over, f"first calls compile more programs than before (count, budget): {over}"
     assert sum(c["programs"] for c in counts.values()) <= 0.5 * (52 + 135 + 41 + 46 + 25)  # at least halved
 
@@ -52,9 +59,28 @@ def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
     folder = tiny.save_wan_pipeline(tmp_path / "wan")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
-    result = subprocess.run([sys.executable, "-m", "diffusers_tpu.commands.first_step", folder, "--height", "32",
-                             "--width", "32", "--frames", "9", "--cache-dir", str(tmp_path / "cache"), "--json",
-                             str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diffusers_tpu.commands.first_step",
+            folder,
+            "--height",
+            "32",
+            "--width",
+            "32",
+            "--frames",
+            "9",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--json",
+            str(tmp_path / "runs.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     cold, warm = json.loads((tmp_path / "runs.json").read_text())
     assert cold["cache_hits"] == 0 and cold["programs"] > 0
@@ -82,8 +108,14 @@ def test_warm_up_compiles_ahead_for_the_served_sizes():
     warmed = diffusers_tpu.warm_up(pipe, [dict(height=32, width=32, num_frames=9)], prompt="a cat", **served)
     assert warmed["programs"] > 0
     with jit.compile_log() as log:
-        frames = pipe(**served, prompt="a red fox jumps over a sleeping dog", height=32, width=32, num_frames=9,
-                      generator=torch.Generator().manual_seed(1)).frames
+        frames = pipe(
+            **served,
+            prompt="a red fox jumps over a sleeping dog",
+            height=32,
+            width=32,
+            num_frames=9,
+            generator=torch.Generator().manual_seed(1),
+        ).frames
     assert log.compilations == 0 and frames.shape == (1, 9, 32, 32, 3)
     with jit.compile_log() as log:
         pipe(**served, prompt="a cat", height=32, width=48, num_frames=9)

@@ -76,8 +76,9 @@ def test_state_between_calls_is_carried_and_a_cache_is_not():
     assert moved.table is None and moved.set_up and not compiled.eager
     compilations = log.compilations
     with jit.compile_log() as log:  # the same shapes and state signature again: nothing compiles
-        np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(frames[-1]))),
-                                   stock(frames[-1]).detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(backend.to_jax_array(compiled(frames[-1]))), stock(frames[-1]).detach().numpy(), atol=1e-5
+        )
     assert log.compilations == 0 and compilations > 0
 
 
@@ -130,10 +131,17 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     from diffusers import AutoencoderKLMagvit
 
     torch.manual_seed(0)
-    vae = AutoencoderKLMagvit(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, norm_num_groups=2,
-                              block_out_channels=(8, 8, 8, 8), spatial_group_norm=False,
-                              down_block_types=("SpatialDownBlock3D",) + ("SpatialTemporalDownBlock3D",) * 3,
-                              up_block_types=("SpatialUpBlock3D",) + ("SpatialTemporalUpBlock3D",) * 3).eval()
+    vae = AutoencoderKLMagvit(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=2,
+        block_out_channels=(8, 8, 8, 8),
+        spatial_group_norm=False,
+        down_block_types=("SpatialDownBlock3D",) + ("SpatialTemporalDownBlock3D",) * 3,
+        up_block_types=("SpatialUpBlock3D",) + ("SpatialTemporalUpBlock3D",) * 3,
+    ).eval()
     latents = torch.randn(1, 4, (frames - 1) // 4 + 1, 4, 4, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = vae.decode(latents).sample
@@ -141,10 +149,12 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     weights.update({name: backend.host_to_jax(value.detach()) for name, value in vae.decoder.named_buffers()})
     post_weights = {name: backend.host_to_jax(value.detach()) for name, value in vae.post_quant_conv.named_parameters()}
 
-    vae.decoder.forward = jit.compiled_function(vae.decoder, vae.decoder.forward, state=lambda: weights,
-                                                activate=active)
-    vae.post_quant_conv.forward = jit.compiled_function(vae.post_quant_conv, vae.post_quant_conv.forward,
-                                                        state=lambda: post_weights, activate=active)
+    vae.decoder.forward = jit.compiled_function(
+        vae.decoder, vae.decoder.forward, state=lambda: weights, activate=active
+    )
+    vae.post_quant_conv.forward = jit.compiled_function(
+        vae.post_quant_conv, vae.post_quant_conv.forward, state=lambda: post_weights, activate=active
+    )
     with torch.no_grad(), backend.jax_mode():
         got = vae.decode(backend.wrap(backend.host_to_jax(latents))).sample
     got = np.asarray(backend.to_jax_array(got))
@@ -158,7 +168,8 @@ def test_a_processor_put_in_place_of_another_gets_the_state_and_another_class_it
     class in the same place (PAG's) is traced anew; one of the same class reuses the program."""
     from diffusers.models.attention_processor import Attention, AttnProcessor
     from diffusers.pipelines.deprecated.stable_diffusion_sag.pipeline_stable_diffusion_sag import (
-        CrossAttnStoreProcessor)
+        CrossAttnStoreProcessor,
+    )
 
     torch.manual_seed(0)
     stock, moved = Attention(query_dim=8, heads=2, dim_head=4), Attention(query_dim=8, heads=2, dim_head=4)
@@ -170,8 +181,11 @@ def test_a_processor_put_in_place_of_another_gets_the_state_and_another_class_it
         with jit.compile_log() as log:
             got = compiled(x)
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(got)), stock(x).detach().numpy(), atol=1e-5)
-        np.testing.assert_allclose(np.asarray(backend.to_jax_array(moved.processor.attention_probs)),
-                                   stock.processor.attention_probs.detach().numpy(), atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(backend.to_jax_array(moved.processor.attention_probs)),
+            stock.processor.attention_probs.detach().numpy(),
+            atol=1e-6,
+        )
         assert log.compilations == 0 or call == 0, call
     stock.processor, moved.processor = AttnProcessor(), AttnProcessor()
     with jit.compile_log() as log:
@@ -203,13 +217,16 @@ def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
     moved.load_state_dict(stock.state_dict())
     compiled = on_jax(moved)
     seen = {"stock": [], "jax": []}
-    handles = [stock.proj.register_forward_hook(lambda m, a, out: seen["stock"].append(out.detach().clone())),
-               moved.proj.register_forward_hook(lambda m, a, out: seen["jax"].append(out.detach().clone()))]
+    handles = [
+        stock.proj.register_forward_hook(lambda m, a, out: seen["stock"].append(out.detach().clone())),
+        moved.proj.register_forward_hook(lambda m, a, out: seen["jax"].append(out.detach().clone())),
+    ]
     frames = [torch.randn(1, 3, 4) for _ in range(3)]
     with jit.compile_log() as log:
         for x in frames:
-            np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(),
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(), atol=1e-5
+            )
     assert log.compilations == 0 and compiled.hooked and "forward hooks" in caplog.text
     assert len(seen["jax"]) == len(seen["stock"]) == 3
     for got, expected in zip(seen["jax"], seen["stock"]):
@@ -225,6 +242,7 @@ def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
     x = torch.randn(2, 4)
     compiled(x)
     with jit.compile_log() as log:
-        np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))),
-                                   (setting_up.proj(x) * 2).detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(backend.to_jax_array(compiled(x))), (setting_up.proj(x) * 2).detach().numpy(), atol=1e-5
+        )
     assert log.compilations == 0 and not compiled.hooked

@@ -16,8 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _fresh(code: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd="/",
-                            env={**env, "PYTHONPATH": ROOT}, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**env, "PYTHONPATH": ROOT},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -45,8 +51,13 @@ def test_torchax_does_not_import_on_torch_2_13_without_the_tolerance():
     named-tensor overloads (the day torchax stops naming them, this test says the patch can go)."""
     if torch_compat._torch_has_named_overloads():
         pytest.skip("this torch still has named-tensor overloads: the tolerance is a no-op")
-    result = subprocess.run([sys.executable, "-c", "import torchax; torchax.default_env()"], capture_output=True,
-                            text=True, cwd="/", timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", "import torchax; torchax.default_env()"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
     assert result.returncode != 0 and "Dimname" in result.stderr
 
 

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.conftest import all_equations
 
 from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, reference_attention
+from tests.conftest import all_equations
 
 SMALL = BlockSizes(block_q=256, block_kv=256, block_kv_compute=256, block_kv_compute_in=128)
 
@@ -33,8 +33,10 @@ def float64_attention(q, k, v, scale=None, kv_mask=None, causal=False, causal_bl
 
 def inputs(batch, heads, q_len, kv_len, dim, dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
-    return [jnp.asarray(rng.standard_normal(shape), dtype) for shape in
-            ((batch, heads, q_len, dim), (batch, heads, kv_len, dim), (batch, heads, kv_len, dim))]
+    return [
+        jnp.asarray(rng.standard_normal(shape), dtype)
+        for shape in ((batch, heads, q_len, dim), (batch, heads, kv_len, dim), (batch, heads, kv_len, dim))
+    ]
 
 
 def relative_error(out, ref):
@@ -42,7 +44,9 @@ def relative_error(out, ref):
 
 
 def run(q, k, v, **kwargs):
-    return jax.jit(lambda q, k, v: flash_attention(q, k, v, block_sizes=kwargs.pop("block_sizes", SMALL), **kwargs))(q, k, v)
+    return jax.jit(lambda q, k, v: flash_attention(q, k, v, block_sizes=kwargs.pop("block_sizes", SMALL), **kwargs))(
+        q, k, v
+    )
 
 
 SHAPES = [  # (batch, heads, Sq, Skv, D): none of the sequence lengths is a block multiple
@@ -144,8 +148,10 @@ def test_block_sizes():
 
 
 def _export(batch, heads, q_len, kv_len, dim, dtype=jnp.bfloat16, masked=False, **kwargs):
-    arrays = [jax.ShapeDtypeStruct(s, dtype) for s in
-              ((batch, heads, q_len, dim), (batch, heads, kv_len, dim), (batch, heads, kv_len, dim))]
+    arrays = [
+        jax.ShapeDtypeStruct(s, dtype)
+        for s in ((batch, heads, q_len, dim), (batch, heads, kv_len, dim), (batch, heads, kv_len, dim))
+    ]
     if masked:
         arrays.append(jax.ShapeDtypeStruct((batch, kv_len), jnp.bool_))
         fn = lambda q, k, v, m: flash_attention(q, k, v, kv_mask=m, **kwargs)  # noqa: E731
@@ -163,8 +169,15 @@ def _export(batch, heads, q_len, kv_len, dim, dtype=jnp.bfloat16, masked=False, 
         dict(batch=2, heads=12, q_len=32760, kv_len=32760, dim=128, masked=True, k_smoothing=True),
         dict(batch=1, heads=3, q_len=1001, kv_len=77, dim=64, dtype=jnp.float32, causal=True, causal_block_size=5),
         dict(batch=2, heads=2, q_len=12, kv_len=512, dim=12, dtype=jnp.float32),  # the tiny test model
-        dict(batch=1, heads=2, q_len=300, kv_len=2000, dim=128, interpret=False,
-             block_sizes=BlockSizes(512, 1024, 512, 128)),
+        dict(
+            batch=1,
+            heads=2,
+            q_len=300,
+            kv_len=2000,
+            dim=128,
+            interpret=False,
+            block_sizes=BlockSizes(512, 1024, 512, 128),
+        ),
     ],
     ids=["14b-720p-self", "14b-720p-cross", "1.3b-480p-masked", "causal-awkward", "tiny", "custom-blocks"],
 )
@@ -179,8 +192,27 @@ def test_benchmark_script_reports_platform_and_interpret_mode(tmp_path):
     from diffusers_tpu.kernels import benchmark
 
     path = tmp_path / "attention.json"
-    assert benchmark.main(["--heads", "2", "--q-len", "200", "--kv-len", "130", "--head-dim", "16",
-                           "--repeats", "2", "--warmup", "1", "--json", str(path)]) == 0
+    assert (
+        benchmark.main(
+            [
+                "--heads",
+                "2",
+                "--q-len",
+                "200",
+                "--kv-len",
+                "130",
+                "--head-dim",
+                "16",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     report = json.loads(path.read_text())
     assert report["platform"] == jax.default_backend() and set(report["kernels"]) == {"splash_exp2", "splash", "xla"}
     for name, entry in report["kernels"].items():
@@ -196,13 +228,15 @@ def test_benchmark_times_torch_sdpa_and_skips_a_reference_too_large(monkeypatch)
     is not built and kernels are compared with the first one timed."""
     from diffusers_tpu.kernels import benchmark
 
-    report = benchmark.run(heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1, kernels=["xla"],
-                           torch_sdpa=True)
+    report = benchmark.run(
+        heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1, kernels=["xla"], torch_sdpa=True
+    )
     entry = report["kernels"]["torch_sdpa"]
     assert entry["median_s"] > 0 and entry["max_abs_diff_vs_xla"] < 1e-5 and entry["interpret_mode"] is False
     monkeypatch.setattr(benchmark, "REFERENCE_SCORE_BYTES", 1)
-    report = benchmark.run(heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1,
-                           kernels=["splash_exp2"], torch_sdpa=True)
+    report = benchmark.run(
+        heads=2, q_len=200, kv_len=130, head_dim=16, repeats=2, warmup=1, kernels=["splash_exp2"], torch_sdpa=True
+    )
     assert "xla" not in report["kernels"] and report["kernels"]["splash_exp2"]["max_abs_diff_vs_xla"] is None
     assert report["kernels"]["torch_sdpa"]["max_abs_diff_vs_first"] < 1e-5
     assert "n/a" in benchmark.format_table(report)

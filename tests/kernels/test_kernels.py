@@ -36,7 +36,9 @@ def test_reference_matches_torch(q_len, kv_len):
     np.testing.assert_allclose(np.asarray(causal), ref, atol=2e-6)
 
 
-@pytest.mark.parametrize("q_len, kv_len, heads, dim", [(77, 200, 3, 16), (256, 256, 2, 64), (9, 700, 1, 8), (640, 130, 4, 32)])
+@pytest.mark.parametrize(
+    "q_len, kv_len, heads, dim", [(77, 200, 3, 16), (256, 256, 2, 64), (9, 700, 1, 8), (640, 130, 4, 32)]
+)
 def test_splash_matches_reference_with_padding_and_key_masks(q_len, kv_len, heads, dim):
     q, k, v = qkv(2, heads, q_len, kv_len, dim)
     valid = jnp.arange(kv_len)[None] < jnp.array([[kv_len // 3 + 1], [kv_len - 1]])

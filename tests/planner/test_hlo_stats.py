@@ -10,6 +10,7 @@ def test_a_loop_body_counts_once_per_iteration():
     def f(x, w):
         def body(i, h):
             return jnp.tanh(h @ w[i]).T  # a transpose: XLA keeps a copy or a transposing fusion per iteration
+
         return jax.lax.fori_loop(0, 5, body, x)
 
     compiled = jax.jit(f).lower(jnp.zeros((64, 64)), jnp.zeros((5, 64, 64))).compile()
@@ -25,6 +26,7 @@ def test_nested_loops_multiply_and_branches_count_once():
     def f(x, flag):
         def inner(j, h):
             return jax.lax.cond(flag, lambda v: jnp.sin(v) + j, lambda v: jnp.cos(v) * 2.0, h)
+
         return jax.lax.fori_loop(0, 3, lambda i, h: jax.lax.fori_loop(0, 4, inner, h) * 1.5, x)
 
     compiled = jax.jit(f).lower(jnp.zeros((8, 128)), True).compile()

@@ -4,6 +4,7 @@ runs there, and the VAE programs sharded over it. A minute of an 8-device worker
 LTX-2's soundtrack — is the parity sweep's: ``pytest -m sweep``, CI's third command.)"""
 
 import pytest
+
 from tests.runtime.test_mesh import mesh_report
 
 pytestmark = pytest.mark.mesh_slow

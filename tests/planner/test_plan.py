@@ -1,17 +1,23 @@
 """diffusers-tpu plan: its memory figures are XLA's analysis of the very program the runtime compiles."""
 
+import jax
 import pytest
 import torch
-
-import jax
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import call_probe, chips, plan
 from diffusers_tpu.testing import tiny, tiny_unet
 
-CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_frames=9,
-            num_inference_steps=2, max_sequence_length=24)
+CALL = dict(
+    prompt="a cat walks on the grass",
+    negative_prompt="blurry",
+    height=32,
+    width=48,
+    num_frames=9,
+    num_inference_steps=2,
+    max_sequence_length=24,
+)
 SIZE = {k: CALL[k] for k in ("height", "width", "num_frames", "num_inference_steps")}
 
 
@@ -36,29 +42,42 @@ def runtime_step_memory(pipe, config, call=CALL) -> list[dict]:
         pipe.to("cpu")
 
 
-HUNYUAN_CALL = dict(prompt="a cat", negative_prompt="blurry, low quality", height=32, width=48, num_frames=9,
-                    num_inference_steps=2)
+HUNYUAN_CALL = dict(
+    prompt="a cat", negative_prompt="blurry, low quality", height=32, width=48, num_frames=9, num_inference_steps=2
+)
 CAUSAL_CALL = dict(prompt="a cat walks on the grass", num_blocks=2, height=32, width=48, max_sequence_length=24)
-PIPELINES = {"wan": (lambda: tiny.wan_pipeline("wan-4head"), CALL),
-             "cogvideox": (lambda: tiny.cogvideox_pipeline("cogvideox-5b"), CALL),
-             "hunyuanvideo15": (tiny.hunyuan15_pipeline, HUNYUAN_CALL),
-             # 9 frames: 3 latent frames, whole blocks of 2 -> the call's 2 blocks
-             "causal_wan": (tiny.causal_wan_pipeline, CAUSAL_CALL),
-             "sdxl": (lambda: tiny_unet.sdxl()[0], dict(prompt="a cat walks on the grass", negative_prompt="blurry",
-                                                       height=32, width=48, num_inference_steps=2))}
+PIPELINES = {
+    "wan": (lambda: tiny.wan_pipeline("wan-4head"), CALL),
+    "cogvideox": (lambda: tiny.cogvideox_pipeline("cogvideox-5b"), CALL),
+    "hunyuanvideo15": (tiny.hunyuan15_pipeline, HUNYUAN_CALL),
+    # 9 frames: 3 latent frames, whole blocks of 2 -> the call's 2 blocks
+    "causal_wan": (tiny.causal_wan_pipeline, CAUSAL_CALL),
+    "sdxl": (
+        lambda: tiny_unet.sdxl()[0],
+        dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=48, num_inference_steps=2),
+    ),
+}
 
 
-@pytest.mark.parametrize("settings,family", [(dict(), "wan"), (dict(dtype=torch.bfloat16, quantize="int8"), "wan"),
-                                             (dict(), "cogvideox"), (dict(), "hunyuanvideo15"), (dict(), "causal_wan"),
-                                             (dict(), "sdxl")],
-                         ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32",
-                              "sdxl-fp32"])
+@pytest.mark.parametrize(
+    "settings,family",
+    [
+        (dict(), "wan"),
+        (dict(dtype=torch.bfloat16, quantize="int8"), "wan"),
+        (dict(), "cogvideox"),
+        (dict(), "hunyuanvideo15"),
+        (dict(), "causal_wan"),
+        (dict(), "sdxl"),
+    ],
+    ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32", "sdxl-fp32"],
+)
 def test_plan_reports_the_runtime_programs_memory(settings, family):
     config = TPUConfig(**settings)
     build, call = PIPELINES[family]
     actual = runtime_step_memory(build(), config, call)
-    planned = plan.denoiser_memory(build(), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1],
-                                   text_tokens=CALL["max_sequence_length"])
+    planned = plan.denoiser_memory(
+        build(), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1], text_tokens=CALL["max_sequence_length"]
+    )
     assert len(planned["passes"]) == len(actual) == (2 if family == "causal_wan" else 1)
     for planned_pass, actual_pass in zip(planned["passes"], actual):
         for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"):
@@ -72,8 +91,9 @@ def test_int8_halves_the_planned_weights():
     sizes = {}
     for quantize in (None, "int8"):
         config = TPUConfig(dtype=torch.bfloat16, quantize=quantize)
-        sizes[quantize] = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0),
-                                               config, jax.devices()[:1], 24)["argument_bytes"]
+        sizes[quantize] = plan.denoiser_memory(
+            tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1], 24
+        )["argument_bytes"]
     assert sizes["int8"] < 0.75 * sizes[None]
 
 
@@ -83,8 +103,30 @@ def test_plan_command(tmp_path, capfd):
     from diffusers_tpu.commands import cli
 
     out = tmp_path / "plan.json"
-    assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "0.00001", "--height", "32",
-                     "--width", "48", "--frames", "9", "--max-sequence-length", "24", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "--model",
+                "tiny:wan-4head",
+                "--mesh",
+                "1,1,1",
+                "--hbm-gb",
+                "0.00001",
+                "--height",
+                "32",
+                "--width",
+                "48",
+                "--frames",
+                "9",
+                "--max-sequence-length",
+                "24",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     bf16, int8 = report["candidates"]  # 10 KB: bf16 does not fit, int8 is tried, neither fits
     assert not bf16["fits"] and bf16["quantize"] is None and int8["quantize"] == "int8"
@@ -102,23 +144,50 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
     import json
 
     from diffusers_tpu.commands import cli
-    from diffusers_tpu.runtime import attach, placement
+    from diffusers_tpu.runtime import pipeline_runtime, placement
 
     config = TPUConfig(dtype=torch.bfloat16)  # plan's --dtype default
-    weights = attach.weights_per_device(tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1})
+    weights = pipeline_runtime.weights_per_device(
+        tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1}
+    )
     rows = {}
-    for label, hbm_bytes in (("room", weights / placement.WEIGHT_SHARE * 1.01),
-                             ("tight", weights / placement.WEIGHT_SHARE * 0.99)):
+    for label, hbm_bytes in (
+        ("room", weights / placement.WEIGHT_SHARE * 1.01),
+        ("tight", weights / placement.WEIGHT_SHARE * 0.99),
+    ):
         out = tmp_path / f"{label}.json"
-        assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", str(hbm_bytes / 2**30),
-                         "--height", "32", "--width", "48", "--frames", "9", "--max-sequence-length", "24",
-                         "--json", str(out)]) == 0
+        assert (
+            cli.main(
+                [
+                    "plan",
+                    "--model",
+                    "tiny:wan-4head",
+                    "--mesh",
+                    "1,1,1",
+                    "--hbm-gb",
+                    str(hbm_bytes / 2**30),
+                    "--height",
+                    "32",
+                    "--width",
+                    "48",
+                    "--frames",
+                    "9",
+                    "--max-sequence-length",
+                    "24",
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         rows[label] = json.loads(out.read_text())["candidates"][0]
         monkeypatch.setattr(placement, "device_memory_limit", lambda devices, _limit=hbm_bytes: int(_limit))
         pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
-        assert attach.runtime_of(pipe).text_encoder_placement == rows[label]["text_encoder"]
+        assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == rows[label]["text_encoder"]
         pipe.to("cpu")
-    assert rows["room"]["text_encoder"] == "jax" and rows["room"]["memory_per_device"]["text_encoders"]["weight_bytes"] > 0
+    assert (
+        rows["room"]["text_encoder"] == "jax" and rows["room"]["memory_per_device"]["text_encoders"]["weight_bytes"] > 0
+    )
     assert rows["tight"]["text_encoder"] == "host" and "text_encoders" not in rows["tight"]["memory_per_device"]
     assert rows["room"]["total_bytes_per_device"] > rows["tight"]["total_bytes_per_device"]
 
@@ -143,16 +212,17 @@ def test_check_needs_an_accelerator(capfd):
 
 def test_plan_reports_the_runtime_vae_decode_programs():
     """The Wan VAE's two decode programs, planned with abstract weights, match the placed runtime's programs."""
-    from diffusers_tpu.runtime import attach as runtime
+    from diffusers_tpu.runtime import pipeline_runtime
 
     config = TPUConfig(vae_decode_chunk=2)
-    planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
-                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
+    planned = plan.denoiser_memory(
+        tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1], 24, vae=True
+    )["vae_decode"]
     pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
     programs = pipe.vae._diffusers_tpu_programs
     frames = (SIZE["num_frames"] - 1) // 4 + 1  # latent frames of the call
     head = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
-    with runtime.runtime_of(pipe).active():
+    with pipeline_runtime.runtime_of(pipe).active():
         _, cache = programs["decode_first"](head)
     chunk = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
     assert frames > 2
@@ -203,8 +273,9 @@ def test_plan_reports_the_runtime_vae_method_programs(family):
     build, call = PIPELINES[family]
     frames = 17 if family == "cogvideox" else 9  # CogVideoX: 5 latent frames, two frame batches (the cache carried)
     call = dict(call, num_frames=frames) if family != "sdxl" else call
-    planned = plan.denoiser_memory(build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(),
-                                   jax.devices()[:1], 24, vae=True)["vae_decode"]
+    planned = plan.denoiser_memory(
+        build(), dict(SIZE, num_frames=frames, guidance_scale=5.0), TPUConfig(), jax.devices()[:1], 24, vae=True
+    )["vae_decode"]
     actual = runtime_decoder_memory(build().to("jax"), call)
     assert len(actual) == (2 if family == "cogvideox" else 1) and planned["programs"] == actual
     assert planned["peak_bytes"] == max(a["peak_bytes"] for a in actual) > 0
@@ -214,8 +285,9 @@ def test_plan_reports_the_runtime_text_encoder_programs():
     """TPUConfig(text_encoder="jax"): the programs HunyuanVideo-1.5's two text encoders (the MLLM, and ByT5 for the
     prompt's quoted text) ran on the placed pipeline, planned with abstract replicated weights."""
     config = TPUConfig(text_encoder="jax")
-    planned = plan.denoiser_memory(tiny.hunyuan15_pipeline(), dict(SIZE, guidance_scale=5.0), config,
-                                   jax.devices()[:1], 24, vae=True)["text_encoders"]
+    planned = plan.denoiser_memory(
+        tiny.hunyuan15_pipeline(), dict(SIZE, guidance_scale=5.0), config, jax.devices()[:1], 24, vae=True
+    )["text_encoders"]
     pipe = tiny.hunyuan15_pipeline().to("jax", config=config)
     actual = []
     for name in ("text_encoder", "text_encoder_2"):
@@ -232,16 +304,21 @@ def test_plan_reports_the_runtime_text_encoder_programs():
         vars(module)["forward"] = recorded
         actual.append((module, outer, compiled, calls))
     try:
-        pipe(**dict(HUNYUAN_CALL, prompt=call_probe.PLAN_PROMPT, negative_prompt=""),
-             generator=torch.Generator().manual_seed(0))
+        pipe(
+            **dict(HUNYUAN_CALL, prompt=call_probe.PLAN_PROMPT, negative_prompt=""),
+            generator=torch.Generator().manual_seed(0),
+        )
         analyses = [jit.memory_analysis(compiled, *calls[0][0], **calls[0][1]) for _, _, compiled, calls in actual]
     finally:
         for module, outer, _, _ in actual:
             vars(module)["forward"] = outer
         pipe.to("cpu")
     assert planned["programs"] == analyses  # both encoders ran (quoted text), one program each
-    weights = sum(p.numel() * p.element_size() for name in ("text_encoder", "text_encoder_2")
-                  for p in getattr(pipe, name).parameters())
+    weights = sum(
+        p.numel() * p.element_size()
+        for name in ("text_encoder", "text_encoder_2")
+        for p in getattr(pipe, name).parameters()
+    )
     assert planned["weight_bytes"] == weights
 
 
@@ -251,15 +328,21 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
 
     def build():
         pipe = tiny.hunyuan15_pipeline()  # 4 x 6 latents: 2 x 2 latent tiles
-        pipe.vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_latent_min_height=2,
-                               tile_latent_min_width=2, tile_overlap_factor=0.25)
+        pipe.vae.enable_tiling(
+            tile_sample_min_height=16,
+            tile_sample_min_width=16,
+            tile_latent_min_height=2,
+            tile_latent_min_width=2,
+            tile_overlap_factor=0.25,
+        )
         pipe.vae.disable_tiling()
         return pipe
 
     size = dict(SIZE, guidance_scale=5.0)
     memory = plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True, tile_above=0)
-    assert "vae_decode_tiled" not in plan.denoiser_memory(build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True,
-                                                          tile_above=chips.GIB)  # it fits whole: no tiles planned
+    assert "vae_decode_tiled" not in plan.denoiser_memory(
+        build(), size, TPUConfig(), jax.devices()[:1], 24, vae=True, tile_above=chips.GIB
+    )  # it fits whole: no tiles planned
     whole, tiled = memory["vae_decode"], memory["vae_decode_tiled"]
     assert len(tiled["programs"]) > 1 and tiled["peak_bytes"] < whole["peak_bytes"]
     pipe = build().to("jax")
@@ -275,12 +358,18 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
 def test_candidates_planned_together_equal_one_by_one(family):
     """``plan_all`` (the command's loop: programs compiled in background threads, the VAE analysed once) gives the
     rows ``plan`` gives for each configuration alone, in order, the tiled decode too where a budget needs it."""
+
     def build():
         if family == "wan":
             return tiny.wan_pipeline("wan-4head")
         pipe = tiny.hunyuan15_pipeline()  # 4 x 6 latents: 2 x 2 latent tiles
-        pipe.vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_latent_min_height=2,
-                               tile_latent_min_width=2, tile_overlap_factor=0.25)
+        pipe.vae.enable_tiling(
+            tile_sample_min_height=16,
+            tile_sample_min_width=16,
+            tile_latent_min_height=2,
+            tile_latent_min_width=2,
+            tile_overlap_factor=0.25,
+        )
         pipe.vae.disable_tiling()
         return pipe
 
@@ -312,8 +401,26 @@ def test_gpu_targets(monkeypatch, capfd):
     with pytest.raises(SystemExit):
         cli.main(["plan", "--help"])
     assert "h100-80gb" in capfd.readouterr().out
-    assert cli.main(["plan", "--model", "tiny:wan-4head", "--chips", "h200-141gb", "--height", "32", "--width", "48",
-                     "--frames", "9", "--max-sequence-length", "24"]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "--model",
+                "tiny:wan-4head",
+                "--chips",
+                "h200-141gb",
+                "--height",
+                "32",
+                "--width",
+                "48",
+                "--frames",
+                "9",
+                "--max-sequence-length",
+                "24",
+            ]
+        )
+        == 0
+    )
     out = capfd.readouterr().out
     assert "JAX's memory pool is 105.3 GiB of the 140.4 GiB per GPU" in out and "of 105.3 GiB per device: fits" in out
     assert "floor" in out and "[1/1," in out

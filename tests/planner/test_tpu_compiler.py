@@ -7,7 +7,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from diffusers_tpu.interop import compat
 from diffusers_tpu.planner import chips, hlo_stats, tpu_compiler
@@ -17,7 +18,9 @@ needs_libtpu = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (
 
 def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(tpu_compiler, "available", lambda: False)
-    with pytest.raises(tpu_compiler.Unavailable, match=r'pip install "jax\[tpu\]==' + jax.__version__.replace(".", r"\.")):
+    with pytest.raises(
+        tpu_compiler.Unavailable, match=r'pip install "jax\[tpu\]==' + jax.__version__.replace(".", r"\.")
+    ):
         tpu_compiler.devices("v6e-8")
 
 
@@ -42,10 +45,17 @@ def test_every_named_slice_compiles_for_its_own_devices(name):
 def test_libtpu_loads_silently_on_a_host_without_tpu_chips(tmp_path):
     """Loading the TPU compiler and asking JAX for devices prints nothing (libtpu otherwise complains about the
     absent accelerator) and JAX still runs on the CPU."""
-    script = ("import diffusers_tpu, jax\nfrom diffusers_tpu.planner import tpu_compiler\n"
-              "assert jax.devices()[0].platform == 'cpu'\nassert len(tpu_compiler.devices('v5e-4')) == 4\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                            env={k: v for k, v in __import__("os").environ.items() if not k.startswith("TPU_")})
+    script = (
+        "import diffusers_tpu, jax\nfrom diffusers_tpu.planner import tpu_compiler\n"
+        "assert jax.devices()[0].platform == 'cpu'\nassert len(tpu_compiler.devices('v5e-4')) == 4\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in __import__("os").environ.items() if not k.startswith("TPU_")},
+    )
     assert result.returncode == 0, result.stderr
     noise = [line for line in result.stderr.splitlines() if "torchvision" not in line]
     assert not noise, noise
@@ -61,6 +71,7 @@ def _compile(function, *shapes, devices):
 def test_wan_rotary_write_compiles_to_little_tpu_code():
     """Wan's rotary embedding (``out[..., 0::2] = ...; out[..., 1::2] = ...``) at Wan2.1-1.3B 480p (32,760 tokens,
     6 heads per device): as pad-with-interior + select it made 35 MB of TPU code per write and 43 s of compile."""
+
     def rotary(x, cos, sin):
         out = jnp.zeros_like(x)
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -69,8 +80,13 @@ def test_wan_rotary_write_compiles_to_little_tpu_code():
 
     tokens = (1, 32760, 6, 128)
     half = (1, 32760, 1, 64)
-    compiled = _compile(rotary, (tokens, jnp.bfloat16, P()), (half, jnp.float32, P()), (half, jnp.float32, P()),
-                        devices=tpu_compiler.devices("v6e-1"))
+    compiled = _compile(
+        rotary,
+        (tokens, jnp.bfloat16, P()),
+        (half, jnp.float32, P()),
+        (half, jnp.float32, P()),
+        devices=tpu_compiler.devices("v6e-1"),
+    )
     assert compiled.memory_analysis().generated_code_size_in_bytes < 2e6
     assert "scatter" not in compiled.as_text()
 
@@ -86,10 +102,12 @@ def test_program_counts_read_from_the_tpu_compile():
         def body(i, h):  # the contracted dimension is sharded: every layer's product sums over the devices
             out = jnp.tanh(h @ w[i]).astype(h.dtype)
             return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(None, "x")))
+
         return jax.lax.fori_loop(0, 7, body, x)
 
-    compiled = _compile(layers, ((512, 256), jnp.bfloat16, P(None, "x")), ((7, 256, 256), jnp.bfloat16, P(None, "x")),
-                        devices=devices)
+    compiled = _compile(
+        layers, ((512, 256), jnp.bfloat16, P(None, "x")), ((7, 256, 256), jnp.bfloat16, P(None, "x")), devices=devices
+    )
     found = hlo_stats.stats(compiled.as_text())
     loop = found.largest_loop()
     assert loop.trip_count == 7
@@ -103,8 +121,10 @@ def test_program_counts_read_from_the_tpu_compile():
 
 
 def test_refusals_are_one_line_reasons_and_bugs_are_not():
-    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
-                                       "memory space hbm. Used 40.1G of 31.25G hbm.\nlong details\n...")
+    error = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+        "memory space hbm. Used 40.1G of 31.25G hbm.\nlong details\n..."
+    )
     assert tpu_compiler.refusal(error).startswith("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out")
     assert tpu_compiler.refusal(KeyError("x")) is None
 
@@ -145,8 +165,10 @@ def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
         compiled = _compile(function, q, kv, kv, devices=devices)
     kernel = [line for line in compiled.as_text().splitlines() if 'custom_call_target="tpu_custom_call"' in line]
     assert len(kernel) == 1
-    operands = [tuple(int(n) for n in dims.split(",")) for dims in
-                __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("custom-call(")[0])]
+    operands = [
+        tuple(int(n) for n in dims.split(","))
+        for dims in __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("custom-call(")[0])
+    ]
     padded_q = operands[0][-1]  # the kernel's output is [batch*heads, head_dim, q padded]
     sizes = BlockSizes().fit(q_len, kv_len, head_dim, 2, vmem)
     assert sizes.vmem_bytes(head_dim, 2) <= vmem
@@ -163,8 +185,30 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     from diffusers_tpu.commands import cli
 
     out = tmp_path / "cost.json"
-    assert cli.main(["cost", "--model", "tiny:wan-4head", "--chips", "v6e-4", "--height", "32", "--width", "32",
-                     "--frames", "9", "--max-sequence-length", "24", "--no-vae", "--estimate", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "cost",
+                "--model",
+                "tiny:wan-4head",
+                "--chips",
+                "v6e-4",
+                "--height",
+                "32",
+                "--width",
+                "32",
+                "--frames",
+                "9",
+                "--max-sequence-length",
+                "24",
+                "--no-vae",
+                "--estimate",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "TPU v6 lite" in printed and "per iteration of its largest loop" in printed and "ESTIMATE" in printed
     report = json.loads(out.read_text())
@@ -194,22 +238,37 @@ def test_plan_step_through_the_tpu_compiler_and_its_refusal(tmp_path):
     from diffusers_tpu.testing import tiny
 
     size = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
-    report = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, TPUConfig(dtype=torch.bfloat16),
-                                  tpu_compiler.devices("v5e-4"), text_tokens=24)
+    report = plan.denoiser_memory(
+        tiny.wan_pipeline("wan-4head"),
+        size,
+        TPUConfig(dtype=torch.bfloat16),
+        tpu_compiler.devices("v5e-4"),
+        text_tokens=24,
+    )
     assert report["mesh"] == {"dp": 2, "sp": 1, "tp": 2} and 0 < report["argument_bytes"] < report["peak_bytes"]
-    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
-                                       "memory space hbm. Used 20G of 15.75G hbm.")
+    error = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+        "memory space hbm. Used 20G of 15.75G hbm."
+    )
     original = plan.start_denoiser_memory
 
     def refused(*args, **kwargs):
         def finish():
             raise error
+
         return finish
 
     try:
         plan.start_denoiser_memory = refused
-        row = plan.plan(tiny.wan_pipeline("wan-4head"), size, TPUConfig(dtype=torch.bfloat16),
-                        tpu_compiler.devices("v5e-4"), chips.CHIPS["v5e-4"], None, 24)
+        row = plan.plan(
+            tiny.wan_pipeline("wan-4head"),
+            size,
+            TPUConfig(dtype=torch.bfloat16),
+            tpu_compiler.devices("v5e-4"),
+            chips.CHIPS["v5e-4"],
+            None,
+            24,
+        )
     finally:
         plan.start_denoiser_memory = original
     assert row["fits"] is False and row["refused"].startswith("RESOURCE_EXHAUSTED") and "\n" not in row["refused"]

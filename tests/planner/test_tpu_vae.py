@@ -1,8 +1,8 @@
-"""Every distinct 3-D VAE decoder the families run (and the 2-D one with upsamplers), compiled by the TPU compiler (CI's second command:
-``python -m pytest -m tpu_slow``). Their float32 3-D convolutions at full precision ("highest", the default: each
-becomes several bf16 passes, each compiled) take the TPU compiler one to two minutes per program even at tiny sizes,
-and over ten at 480p (BENCHMARKS.md): the single-chip programs are compiled as the runtime runs them; the sharded
-4-chip ones at ``matmul_precision="default"`` (the same program but for the passes per convolution)."""
+"""Every distinct 3-D VAE decoder the families run (and the 2-D one with upsamplers), compiled by the TPU compiler (CI's
+second command: ``python -m pytest -m tpu_slow``). Their float32 3-D convolutions at full precision ("highest", the
+default: each becomes several bf16 passes, each compiled) take the TPU compiler one to two minutes per program even at
+tiny sizes, and over ten at 480p (BENCHMARKS.md): the single-chip programs are compiled as the runtime runs them; the
+sharded 4-chip ones at ``matmul_precision="default"`` (the same program but for the passes per convolution)."""
 
 import time
 
@@ -10,18 +10,26 @@ import pytest
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.planner import hlo_stats, tpu_check, tpu_compiler
-
 from tests.planner.test_tpu_families import build
 
-pytestmark = [pytest.mark.tpu_slow,
-              pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")]
+pytestmark = [
+    pytest.mark.tpu_slow,
+    pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed"),
+]
 
 # one tiny pipeline per distinct VAE class (Wan's decoder serves SkyReels, VACE, Animate and causal Wan too)
-VAES = {"wan": "AutoencoderKLWan", "wan22-ti2v": "AutoencoderKLWan (2.2, residual)", "cogvideox-5b":
-        "AutoencoderKLCogVideoX", "hunyuanvideo15": "AutoencoderKLHunyuanVideo15", "hunyuan-video":
-        "AutoencoderKLHunyuanVideo", "ltx": "AutoencoderKLLTXVideo", "ltx2": "AutoencoderKLLTX2Video",
-        "qwen-image": "AutoencoderKLQwenImage", "mochi": "AutoencoderKLMochi",
-        "z-image": "AutoencoderKL (2-D, with upsamplers: tens of seconds)"}
+VAES = {
+    "wan": "AutoencoderKLWan",
+    "wan22-ti2v": "AutoencoderKLWan (2.2, residual)",
+    "cogvideox-5b": "AutoencoderKLCogVideoX",
+    "hunyuanvideo15": "AutoencoderKLHunyuanVideo15",
+    "hunyuan-video": "AutoencoderKLHunyuanVideo",
+    "ltx": "AutoencoderKLLTXVideo",
+    "ltx2": "AutoencoderKLLTX2Video",
+    "qwen-image": "AutoencoderKLQwenImage",
+    "mochi": "AutoencoderKLMochi",
+    "z-image": "AutoencoderKL (2-D, with upsamplers: tens of seconds)",
+}
 
 
 def summarise(lowered):

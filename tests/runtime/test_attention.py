@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from jax.sharding import PartitionSpec as P
 
-from diffusers_tpu.runtime import attention
 from diffusers_tpu.interop import backend
 from diffusers_tpu.interop.backend import host_to_jax, wrap
+from diffusers_tpu.runtime import attention
 
 
 def settings(implementation="splash_exp2", threshold=64):
@@ -35,8 +35,16 @@ def rand(*shape):
 
 CASES = {
     "plain": ((2, 3, 40, 16), (2, 3, 90, 16), {}),
-    "key_padding": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": torch.arange(90)[None, None, None, :] < torch.tensor([30, 90])[:, None, None, None]}),
-    "dense_bool": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": torch.rand(2, 3, 40, 90, generator=torch.Generator().manual_seed(0)) > 0.2}),
+    "key_padding": (
+        (2, 3, 40, 16),
+        (2, 3, 90, 16),
+        {"attn_mask": torch.arange(90)[None, None, None, :] < torch.tensor([30, 90])[:, None, None, None]},
+    ),
+    "dense_bool": (
+        (2, 3, 40, 16),
+        (2, 3, 90, 16),
+        {"attn_mask": torch.rand(2, 3, 40, 90, generator=torch.Generator().manual_seed(0)) > 0.2},
+    ),
     "float_bias": ((2, 3, 40, 16), (2, 3, 90, 16), {"attn_mask": rand(1, 3, 40, 90)}),
     "causal": ((2, 3, 40, 16), (2, 3, 40, 16), {"is_causal": True}),
     "scale": ((1, 2, 7, 8), (1, 2, 300, 8), {"scale": 0.05}),
@@ -63,8 +71,9 @@ def test_outside_a_pipeline_sdpa_is_the_safe_reference():
     mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
     mask[0] = False
     with backend.jax_mode():
-        out = F.scaled_dot_product_attention(*(wrap(host_to_jax(t)) for t in (q, k, v)),
-                                             attn_mask=wrap(host_to_jax(mask)))
+        out = F.scaled_dot_product_attention(
+            *(wrap(host_to_jax(t)) for t in (q, k, v)), attn_mask=wrap(host_to_jax(mask))
+        )
     out = backend.jax_to_host(out.jax())
     assert torch.isfinite(out).all() and not out[0].any()
     torch.testing.assert_close(out[1], F.scaled_dot_product_attention(q, k, v)[1], atol=3e-6, rtol=1e-5)
@@ -101,7 +110,12 @@ def fake_settings(threshold=100, **axes):
 def test_long_kv_shards_heads_short_kv_shards_the_query_sequence():
     config = fake_settings(dp=2, sp=2, tp=2)
     q_spec, kv_spec, mask_spec, seq = attention.specs((4, 6, 1000, 64), 1000, config)
-    assert (q_spec, kv_spec, mask_spec, seq) == (P("dp", "tp", "sp", None), P("dp", "tp", None, None), P("dp", None), "sp")
+    assert (q_spec, kv_spec, mask_spec, seq) == (
+        P("dp", "tp", "sp", None),
+        P("dp", "tp", None, None),
+        P("dp", None),
+        "sp",
+    )
     q_spec, kv_spec, _, seq = attention.specs((4, 6, 1000, 64), 99, config)
     assert (q_spec, kv_spec, seq) == (P("dp", None, ("sp", "tp"), None), P("dp", None, None, None), ("sp", "tp"))
 

@@ -4,17 +4,16 @@ pipeline stays usable on torch afterwards."""
 import logging
 import re
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from tests.conftest import generate
 
-import diffusers
 import diffusers_tpu
-from diffusers_tpu.interop import backend
-from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
-from diffusers_tpu.interop import jit
+from tests.conftest import generate
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def pipe_and_reference():
 
 
 def assert_untouched(pipe, reference):
-    assert not runtime.is_attached(pipe)
+    assert not pipeline_runtime.is_attached(pipe)
     assert all(type(p) is torch.nn.Parameter for p in pipe.transformer.parameters())
     np.testing.assert_array_equal(generate(pipe, output_type="np"), reference)
 
@@ -165,12 +164,27 @@ def test_config_rejects_nonsense(kwargs, message):
         diffusers_tpu.TPUConfig(**kwargs)
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"DIFFUSERS_TPU_NUM_PROCESSES": "2", "DIFFUSERS_TPU_PROCESS_ID": "2"}, "must be in [0, DIFFUSERS_TPU_NUM_PROCESSES=2)"),
-    ({"DIFFUSERS_TPU_NUM_PROCESSES": "two", "DIFFUSERS_TPU_PROCESS_ID": "0"}, "DIFFUSERS_TPU_NUM_PROCESSES='two' must be an integer"),
-    ({"DIFFUSERS_TPU_COORDINATOR": "localhost", "DIFFUSERS_TPU_NUM_PROCESSES": "2", "DIFFUSERS_TPU_PROCESS_ID": "0"},
-     "must be host:port"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"DIFFUSERS_TPU_NUM_PROCESSES": "2", "DIFFUSERS_TPU_PROCESS_ID": "2"},
+            "must be in [0, DIFFUSERS_TPU_NUM_PROCESSES=2)",
+        ),
+        (
+            {"DIFFUSERS_TPU_NUM_PROCESSES": "two", "DIFFUSERS_TPU_PROCESS_ID": "0"},
+            "DIFFUSERS_TPU_NUM_PROCESSES='two' must be an integer",
+        ),
+        (
+            {
+                "DIFFUSERS_TPU_COORDINATOR": "localhost",
+                "DIFFUSERS_TPU_NUM_PROCESSES": "2",
+                "DIFFUSERS_TPU_PROCESS_ID": "0",
+            },
+            "must be host:port",
+        ),
+    ],
+)
 def test_bad_cluster_environment_is_named(monkeypatch, env, message):
     """A malformed multi-process environment fails with the variable and the fix, before JAX is touched."""
     from diffusers_tpu.interop import distributed

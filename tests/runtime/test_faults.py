@@ -15,12 +15,12 @@ import time
 import numpy as np
 import pytest
 import torch
-from tests.conftest import CALL
 
 import diffusers_tpu
 from diffusers_tpu.commands import cli
 from diffusers_tpu.runtime import loading, outputs, stages
 from diffusers_tpu.testing import tiny
+from tests.conftest import CALL
 
 CLI = [sys.executable, "-m", "diffusers_tpu.commands.cli"]
 SMALL = ["--height", "32", "--width", "32", "--frames", "9", "--steps", "2"]
@@ -40,6 +40,7 @@ def _listing(folder) -> list[str]:
 
 # --- outputs ------------------------------------------------------------------------------------------------------
 
+
 def test_a_full_disk_keeps_the_previous_video_and_fails(tmp_path):
     """A file-size limit (as a full disk, also for root): ffmpeg's failure is caught, exit 1 naming the OS error, the
     old video bit-identical, no temporary file, no success message."""
@@ -50,20 +51,28 @@ def test_a_full_disk_keeps_the_previous_video_and_fails(tmp_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
 
-    result = subprocess.run([*CLI, "generate", *SMALL, "--platform", "cpu", "--output", str(video)],
-                            capture_output=True, text=True, timeout=600, preexec_fn=limit,
-                            env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
+    result = subprocess.run(
+        [*CLI, "generate", *SMALL, "--platform", "cpu", "--output", str(video)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=limit,
+        env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"},
+    )
     assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-3000:])
     assert "File too large" in result.stderr and "previous file there is unchanged" in result.stderr
     assert "wrote" not in result.stdout
     assert video.read_bytes() == before and _listing(tmp_path) == ["video.mp4"]
 
 
-@pytest.mark.parametrize("output, message", [
-    ("/proc/diffusers-tpu-nowhere/video.mp4", "cannot be written"),  # no one may create files there, root included
-    ("{tmp}/notes.txt/video.mp4", "is a file, not a folder"),
-    ("{tmp}", "is a folder; give a file name"),
-])
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        ("/proc/diffusers-tpu-nowhere/video.mp4", "cannot be written"),  # no one may create files there, root included
+        ("{tmp}/notes.txt/video.mp4", "is a file, not a folder"),
+        ("{tmp}", "is a folder; give a file name"),
+    ],
+)
 def test_unwritable_destinations_exit_2_before_loading(tmp_path, capsys, output, message):
     (tmp_path / "notes.txt").write_text("a file where a folder would be")
     output = output.format(tmp=tmp_path)
@@ -100,8 +109,9 @@ outputs.write_atomically(sys.argv[1], write)
 def test_a_signal_while_writing_leaves_no_partial_file(tmp_path, sig, code):
     path = tmp_path / "video.mp4"
     path.write_bytes(b"previous video")
-    writer = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert writer.stdout.readline().strip() == "writing"
     assert any(p.name.startswith(".partial-") for p in tmp_path.iterdir())
     writer.send_signal(sig)
@@ -152,18 +162,19 @@ def test_a_deleted_stage_file_is_remade_by_the_command_the_error_names(pipe, tmp
 
 
 def test_a_call_that_cannot_fit_is_refused_before_allocating(pipe):
-    from diffusers_tpu.runtime import attach
+    from diffusers_tpu.runtime import pipeline_runtime
 
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"take \d+\.\d GB decoded.*more than the .* GB of memory.*diffusers-tpu plan"):
         pipe(prompt="a cat", height=100000, width=100000, num_frames=9, num_inference_steps=2)
     assert time.perf_counter() - start < 5  # nothing allocated, nothing compiled
-    assert attach.is_attached(pipe)
+    assert pipeline_runtime.is_attached(pipe)
     frames = pipe(prompt="a cat", **SIZES, output_type="np", generator=torch.Generator().manual_seed(0)).frames
     assert frames.shape[1:] == (9, 32, 32, 3) and np.isfinite(frames).all()  # still usable
 
 
 # --- loading -----------------------------------------------------------------------------------------------------
+
 
 def test_a_damaged_name_in_a_shard_header_names_the_shard(tmp_path):
     tiny.wan_pipeline("wan-4head").save_pretrained(tmp_path, max_shard_size="20KB")
@@ -171,10 +182,10 @@ def test_a_damaged_name_in_a_shard_header_names_the_shard(tmp_path):
     index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())
     name, shard = sorted(index["weight_map"].items())[3]
     data = (folder / shard).read_bytes()
-    header = data[8:8 + int.from_bytes(data[:8], "little")]
+    header = data[8 : 8 + int.from_bytes(data[:8], "little")]
     damaged = name[:-3] + "XYZ"  # same length: only the header's text changes
     assert header.count(name.encode()) == 1
-    (folder / shard).write_bytes(data[:8] + header.replace(name.encode(), damaged.encode()) + data[8 + len(header):])
+    (folder / shard).write_bytes(data[:8] + header.replace(name.encode(), damaged.encode()) + data[8 + len(header) :])
     with pytest.raises(loading.CheckpointError) as error:
         diffusers_tpu.from_pretrained(str(tmp_path), device="jax")
     message = str(error.value)
@@ -200,10 +211,17 @@ def _free_port() -> int:
 
 
 def _process(port, count, index, **env):
-    environment = {**os.environ, "JAX_PLATFORMS": "cpu", "DIFFUSERS_TPU_COORDINATOR": f"localhost:{port}",
-                   "DIFFUSERS_TPU_NUM_PROCESSES": str(count), "DIFFUSERS_TPU_PROCESS_ID": str(index), **env}
-    return subprocess.Popen([sys.executable, "-c", _POD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment)
+    environment = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "DIFFUSERS_TPU_COORDINATOR": f"localhost:{port}",
+        "DIFFUSERS_TPU_NUM_PROCESSES": str(count),
+        "DIFFUSERS_TPU_PROCESS_ID": str(index),
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", _POD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+    )
 
 
 def _exit_times(processes, timeout) -> list[float]:
@@ -237,11 +255,15 @@ def test_pod_failures_are_named_in_bounded_time():
     try:
         ended = _exit_times([*missing, taken, *dying], timeout=120)
         code, _, err = _finish(taken)
-        assert code != 0 and "already in use" in err and "DIFFUSERS_TPU_COORDINATOR" in err and "Segmentation" not in err
+        assert (
+            code != 0 and "already in use" in err and "DIFFUSERS_TPU_COORDINATOR" in err and "Segmentation" not in err
+        )
         for process in missing:
             code, out, err = _finish(process)
             assert code == 1 and "joined" not in out
-            assert "DIFFUSERS_TPU_NUM_PROCESSES=3 processes were expected" in err and "DIFFUSERS_TPU_INIT_TIMEOUT" in err
+            assert (
+                "DIFFUSERS_TPU_NUM_PROCESSES=3 processes were expected" in err and "DIFFUSERS_TPU_INIT_TIMEOUT" in err
+            )
         assert _finish(dying[1])[0] == 3
         code, out, err = _finish(dying[0])
         assert "joined" in out and code == 1 and ended[4] - ended[3] < 5 + 10  # the heartbeat timeout, and a margin

@@ -11,8 +11,10 @@ LENGTH, BLOCK = 256, 64  # 4 x 4 blocks: some full, some partial, some empty
 
 def chunk_causal(real: int):
     """AnyFlow FAR's shape of mask: causal over chunks of 48 tokens, padding past ``real`` seen by nobody."""
+
     def mask_mod(b, h, q, kv):
         return (q // 48 >= kv // 48) & (q < real) & (kv < real)
+
     return mask_mod
 
 

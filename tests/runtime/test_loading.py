@@ -4,15 +4,15 @@ stock ``from_pretrained`` + ``.to()`` bit for bit; a damaged checkpoint is named
 import json
 import os
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, generate
 
-import diffusers
 import diffusers_tpu
 from diffusers_tpu.runtime import loading
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, generate
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,9 @@ def test_shape_and_dtype_mismatches_are_named(checkpoint, tmp_path):
     save_file(tensors, path)
     with pytest.raises(loading.CheckpointError, match=rf"{name} has shape \[\d+, \d+\] in {path.name}"):
         diffusers_tpu.from_pretrained(str(folder), device="jax")
-    tensors[name] = torch.zeros(load_file(os.path.join(checkpoint, "transformer", path.name))[name].shape,
-                                dtype=torch.int32)
+    tensors[name] = torch.zeros(
+        load_file(os.path.join(checkpoint, "transformer", path.name))[name].shape, dtype=torch.int32
+    )
     save_file(tensors, path)
     with pytest.raises(loading.CheckpointError, match=rf"{name} is I32 in {path.name}"):
         diffusers_tpu.from_pretrained(str(folder), device="jax")

@@ -4,14 +4,22 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-from tests.conftest import assert_np_matches, generate
 
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, generate
 
 STEPS = 2
-TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
-           "ffn.net.0.proj", "ffn.net.2")
+TARGETS = (
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_out.0",
+    "ffn.net.0.proj",
+    "ffn.net.2",
+)
 
 
 def run(pipe, **overrides):
@@ -109,8 +117,9 @@ def test_peft_format_fused_move_and_saving(tmp_path):
 
     from peft.utils import get_peft_model_state_dict
 
-    pipe.save_lora_weights(str(tmp_path), transformer_lora_layers=get_peft_model_state_dict(pipe.transformer,
-                                                                                               adapter_name="peft"))
+    pipe.save_lora_weights(
+        str(tmp_path), transformer_lora_layers=get_peft_model_state_dict(pipe.transformer, adapter_name="peft")
+    )
     saved = safetensors.torch.load_file(str(tmp_path / "pytorch_lora_weights.safetensors"))
     assert saved and all(type(v) is torch.Tensor for v in saved.values())
     fresh = tiny.wan_pipeline("wan")

@@ -17,7 +17,7 @@ def mesh_report(part: str) -> dict:
     # progress bars left out; the start of stderr too (a stuck collective names every waiting device there)
     stderr = "\n".join(line for line in result.stderr.splitlines() if "it/s" not in line and "s/it" not in line)
     assert result.returncode == 0 and lines, result.stdout[-3000:] + stderr[:4000] + "\n...\n" + stderr[-6000:]
-    return json.loads(lines[-1][len("REPORT "):])
+    return json.loads(lines[-1][len("REPORT ") :])
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +74,10 @@ def test_int8_weights_on_the_mesh_match_one_device(report):
     import base64
 
     import numpy as np
-    from tests.conftest import generate
 
     from diffusers_tpu import TPUConfig
     from diffusers_tpu.testing import tiny
+    from tests.conftest import generate
 
     run = report["quantize"]
     assert run["finite"] and run["warm_compilations"] == 0
@@ -191,10 +191,22 @@ def launch_processes(script: str, args: list, count: int = 2, timeout: float = 1
     processes = []
     try:
         for index in range(count):
-            env = dict(os.environ, DIFFUSERS_TPU_COORDINATOR=f"127.0.0.1:{port}",
-                       DIFFUSERS_TPU_NUM_PROCESSES=str(count), DIFFUSERS_TPU_PROCESS_ID=str(index))
-            processes.append(subprocess.Popen([sys.executable, script, *args], env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True, start_new_session=True))
+            env = dict(
+                os.environ,
+                DIFFUSERS_TPU_COORDINATOR=f"127.0.0.1:{port}",
+                DIFFUSERS_TPU_NUM_PROCESSES=str(count),
+                DIFFUSERS_TPU_PROCESS_ID=str(index),
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, script, *args],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         return [(p.returncode, *p.communicate(timeout=timeout)) for p in processes]
     finally:
         for process in processes:
@@ -212,7 +224,7 @@ def pod(tmp_path_factory):
     for code, out, err in results:
         lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
         assert lines, out[-3000:] + err[-6000:]
-        reports.append(json.loads(lines[-1][len("REPORT "):]))
+        reports.append(json.loads(lines[-1][len("REPORT ") :]))
     return reports, directory
 
 
@@ -251,7 +263,8 @@ def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
 
 def test_fully_sharded_weights_on_the_mesh(report):
     """``TPUConfig(fully_sharded_weights=True)``: stacks stored over dp and sp too (about a quarter per device
-    on dp2·sp2·tp2), each layer used with its tensor-parallel sharding; the other weights stored over all devices; the video equals stock, no warm compile."""
+    on dp2·sp2·tp2), each layer used with its tensor-parallel sharding; the other weights stored over all devices; the
+    video equals stock, no warm compile."""
     run = report["fully_sharded"]
     assert run["np_max_abs"] <= 1e-4 and run["warm_compilations"] == 0
     assert run["is_view"] and run["state_dict_exact"] and run["restored_exactly"]

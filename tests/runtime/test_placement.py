@@ -6,9 +6,8 @@ from torchax.tensor import Tensor
 
 import diffusers_tpu
 from diffusers_tpu.interop import sharding
-from diffusers_tpu.runtime import attach, placement
+from diffusers_tpu.runtime import pipeline_runtime, placement
 from diffusers_tpu.testing import tiny
-
 from tests.conftest import assert_np_matches, generate
 
 
@@ -38,7 +37,7 @@ def test_the_default_is_auto_and_keeps_encoders_on_the_host_with_cpu_devices(pip
     assert diffusers_tpu.TPUConfig().text_encoder == "auto"
     pipe.to("jax")
     try:
-        assert attach.runtime_of(pipe).text_encoder_placement == "host"
+        assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == "host"
         assert not isinstance(pipe.text_encoder.shared.weight, Tensor)
         assert_np_matches(generate(pipe, output_type="np"), reference)
     finally:
@@ -55,7 +54,7 @@ def test_auto_places_encoders_on_accelerators_by_their_weights(pipe, reference, 
     pipe.to("jax")
     try:
         on_devices = room == "fits"
-        assert attach.runtime_of(pipe).text_encoder_placement == ("jax" if on_devices else "host")
+        assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == ("jax" if on_devices else "host")
         assert isinstance(pipe.text_encoder.shared.weight, Tensor) is on_devices
         assert_np_matches(generate(pipe, output_type="np"), reference)
     finally:
@@ -67,7 +66,7 @@ def test_explicit_placements_override_the_rule(pipe, monkeypatch):
     monkeypatch.setattr(placement, "device_memory_limit", lambda devices: 1 << 50)
     pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="host"))
     try:
-        assert attach.runtime_of(pipe).text_encoder_placement == "host"
+        assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == "host"
         assert not isinstance(pipe.text_encoder.shared.weight, Tensor)
     finally:
         pipe.to("cpu")
@@ -109,7 +108,7 @@ def test_auto_keeps_an_encoder_with_a_hook_jax_refuses_on_the_host(monkeypatch):
         pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
     pipe.to("jax")
     try:
-        assert attach.runtime_of(pipe).text_encoder_placement == "host"
+        assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == "host"
         assert generate(pipe, output_type="np").shape[0] == 2
     finally:
         pipe.to("cpu")

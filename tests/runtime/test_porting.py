@@ -3,16 +3,16 @@ defined behaviour (docs/porting.md). Each scenario runs the same code on stock t
 
 import logging
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from tests.conftest import CALL, assert_np_matches, generate
-
-import diffusers
 from diffusers.callbacks import PipelineCallback
+
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import attach as runtime
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
+from tests.conftest import CALL, assert_np_matches, generate
 
 STEPS = 2
 
@@ -47,8 +47,13 @@ def test_what_leaves_the_library_is_plain_torch(stock, moved, tmp_path):
     assert torch.allclose(embeds, ref_embeds, atol=1e-6) and torch.allclose(negative, ref_negative, atol=1e-6)
     # precomputed embeddings go back in: CPU tensors as inputs
     call = {k: v for k, v in CALL.items() if k not in ("prompt", "negative_prompt")}
-    out = pipe(**dict(call, num_inference_steps=STEPS), prompt_embeds=embeds, negative_prompt_embeds=negative,
-               output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    out = pipe(
+        **dict(call, num_inference_steps=STEPS),
+        prompt_embeds=embeds,
+        negative_prompt_embeds=negative,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     assert_np_matches(out, reference)
 
     # output_type="latent", then the user's own decode (the diffusers docs' recipe)
@@ -70,8 +75,9 @@ def test_what_leaves_the_library_is_plain_torch(stock, moved, tmp_path):
     t = torch.tensor([500.0])
     out = pipe.transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds[:1], return_dict=False)[0]
     with torch.no_grad():
-        expected = ref.transformer(hidden_states=x, timestep=t, encoder_hidden_states=ref_embeds[:1],
-                                   return_dict=False)[0]
+        expected = ref.transformer(
+            hidden_states=x, timestep=t, encoder_hidden_states=ref_embeds[:1], return_dict=False
+        )[0]
     assert plain(out) and torch.allclose(out, expected, atol=1e-4)
     image = video[:, :, :5]
     encoded = pipe.vae.encode(image).latent_dist
@@ -134,8 +140,9 @@ def test_a_users_own_denoising_loop(stock, moved):
         latents = torch.randn(1, 16, 3, 4, 4, generator=torch.Generator().manual_seed(5))
         for t in scheduler.timesteps:
             with torch.no_grad():
-                noise = pipe.transformer(hidden_states=latents, timestep=t.expand(1), encoder_hidden_states=embeds,
-                                         return_dict=False)[0]
+                noise = pipe.transformer(
+                    hidden_states=latents, timestep=t.expand(1), encoder_hidden_states=embeds, return_dict=False
+                )[0]
             latents = scheduler.step(noise, t, latents, return_dict=False)[0]
         return latents
 
@@ -149,19 +156,25 @@ def test_gpu_calls_get_their_tpu_meaning(stock, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")
     pipe = tiny.wan_pipeline("wan")
     pipe.enable_model_cpu_offload(device="tpu")  # the GPU script's memory saver: maps to the move
-    assert runtime.is_attached(pipe) and "offloading does not apply" in caplog.text
-    for call in ("enable_model_cpu_offload", "enable_sequential_cpu_offload", "enable_attention_slicing",
-                 "enable_xformers_memory_efficient_attention"):
+    assert pipeline_runtime.is_attached(pipe) and "offloading does not apply" in caplog.text
+    for call in (
+        "enable_model_cpu_offload",
+        "enable_sequential_cpu_offload",
+        "enable_attention_slicing",
+        "enable_xformers_memory_efficient_attention",
+    ):
         caplog.clear()
         getattr(pipe, call)()
-        assert f"{call}() on a pipeline on JAX is ignored" in caplog.text and runtime.is_attached(pipe)
+        assert f"{call}() on a pipeline on JAX is ignored" in caplog.text and pipeline_runtime.is_attached(pipe)
 
     generator = torch.Generator(device="tpu")  # torch has no "tpu" generator: it is the CPU one
     assert isinstance(generator, torch.Generator) and generator.device.type == "cpu"
-    assert torch.equal(torch.randn(4, generator=generator.manual_seed(7)),
-                       torch.randn(4, generator=torch.Generator().manual_seed(7)))
-    out = pipe(**dict(CALL, num_inference_steps=STEPS, output_type="np"),
-               generator=torch.Generator("tpu").manual_seed(0)).frames
+    assert torch.equal(
+        torch.randn(4, generator=generator.manual_seed(7)), torch.randn(4, generator=torch.Generator().manual_seed(7))
+    )
+    out = pipe(
+        **dict(CALL, num_inference_steps=STEPS, output_type="np"), generator=torch.Generator("tpu").manual_seed(0)
+    ).frames
     assert_np_matches(out, reference)
 
     caplog.clear()
@@ -194,7 +207,7 @@ def test_set_up_before_the_move(stock, caplog):
     casting.transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
     with jit.compile_log() as log, pytest.raises(ValueError, match="enable_layerwise_casting.*TPUConfig"):
         casting.to("jax")
-    assert log.compilations == 0 and not runtime.is_attached(casting)
+    assert log.compilations == 0 and not pipeline_runtime.is_attached(casting)
     assert all(type(p) is torch.nn.Parameter for p in casting.transformer.parameters())
 
 
@@ -217,8 +230,9 @@ def test_vae_slicing_and_compiled_tiling(stock, moved):
     finally:
         moved.vae.disable_slicing()
     # tiles along the width only (2 tile shapes), 2 latent frames: the tiles' programs compile once
-    tiles = dict(tile_sample_min_height=24, tile_sample_min_width=32, tile_sample_stride_height=24,
-                 tile_sample_stride_width=16)
+    tiles = dict(
+        tile_sample_min_height=24, tile_sample_min_width=32, tile_sample_stride_height=24, tile_sample_stride_width=16
+    )
     z = torch.randn(1, 16, 2, 3, 6, generator=torch.Generator().manual_seed(2))
     x = torch.rand(1, 3, 5, 24, 48, generator=torch.Generator().manual_seed(3)) * 2 - 1
     ref.vae.enable_tiling(**tiles)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
-
 from diffusers.video_processor import VideoProcessor
+
 from diffusers_tpu.interop import backend
-from diffusers_tpu.runtime import postprocess
 from diffusers_tpu.interop.backend import host_to_jax, wrap
+from diffusers_tpu.runtime import postprocess
 
 
 def video(dtype=torch.float32, channels=3):
@@ -35,8 +35,10 @@ def test_matches_stock(output_type, dtype, channels):
         torch.testing.assert_close(got, expected, atol=0, rtol=0)
     else:
         assert [[f.mode for f in v] for v in got] == [[f.mode for f in v] for v in expected]
-        np.testing.assert_array_equal(np.stack([np.stack([np.asarray(f) for f in v]) for v in got]),
-                                      np.stack([np.stack([np.asarray(f) for f in v]) for v in expected]))
+        np.testing.assert_array_equal(
+            np.stack([np.stack([np.asarray(f) for f in v]) for v in got]),
+            np.stack([np.stack([np.asarray(f) for f in v]) for v in expected]),
+        )
 
 
 def test_uint8_crosses_to_the_host():
@@ -59,17 +61,17 @@ def test_unusual_requests_go_to_stock():
 @pytest.mark.parametrize("kind", ["video", "image"])
 def test_stock_pil_is_stocks_own_pil_output(kind):
     """The tests' stock "pil" reference (conftest.stock_pil of stock's "np" output) is exactly stock's "pil" call."""
-    from tests.conftest import generate, pil_array, stock_pil
-
     from diffusers_tpu.testing import tiny, tiny_images
+    from tests.conftest import generate, pil_array, stock_pil
 
     if kind == "video":
         pipe = tiny.wan_pipeline("wan-4head")
         outputs = {t: generate(pipe, output_type=t, num_inference_steps=2) for t in ("np", "pil")}
     else:
         pipe, call = tiny_images.pipeline("flux")
-        outputs = {t: pipe(**call, output_type=t, generator=torch.Generator().manual_seed(0)).images
-                   for t in ("np", "pil")}
+        outputs = {
+            t: pipe(**call, output_type=t, generator=torch.Generator().manual_seed(0)).images for t in ("np", "pil")
+        }
     derived = stock_pil(outputs["np"])
     assert type(derived) is type(outputs["pil"]) and len(derived) == len(outputs["pil"])
     np.testing.assert_array_equal(pil_array(derived), pil_array(outputs["pil"]))

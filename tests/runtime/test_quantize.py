@@ -6,20 +6,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tests.conftest import generate
 
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.runtime import quantize
 from diffusers_tpu.testing import tiny
+from tests.conftest import generate
 
 VARIANT = "wan-4head"
 
 
 def linear_weights(transformer) -> dict:
-    return {f"{name}.weight": module.weight for name, module in transformer.named_modules()
-            if isinstance(module, torch.nn.Linear)}
+    return {
+        f"{name}.weight": module.weight
+        for name, module in transformer.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import backend
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import backend, jit
 from diffusers_tpu.runtime import attention, repeated_blocks
 
 WIDTH = 8
@@ -51,7 +50,8 @@ class Stack(torch.nn.Module):
         else:
             self.blocks = torch.nn.ModuleList(
                 Block(eps=1e-3 if mode == "differs" and i == 2 else 1e-5, in_place=mode == "in_place")
-                for i in range(depth))
+                for i in range(depth)
+            )
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn_like(p) * 0.5)
@@ -88,8 +88,13 @@ def on_jax(model, scan=True):
         stack.enter_context(attention.use(attention.SAFE))
         return stack
 
-    return jit.compiled_function(model, model.forward, state=lambda: weights, activate=active,
-                                 trace_hook=repeated_blocks.scanning if scan else None)
+    return jit.compiled_function(
+        model,
+        model.forward,
+        state=lambda: weights,
+        activate=active,
+        trace_hook=repeated_blocks.scanning if scan else None,
+    )
 
 
 def inputs(seed=0):
@@ -158,10 +163,9 @@ def test_scan_blocks_knob():
 def test_wan_with_per_layer_lora_scales_scans_and_equals_torch(monkeypatch):
     """A real denoiser (tiny Wan, 3 blocks: blocks 1-2 in the loop) with a LoRA whose scale differs per layer: each
     layer's own scale is picked inside the loop, and a changed scale needs no new program."""
+    from diffusers_tpu.testing import tiny
     from tests.conftest import assert_np_matches, generate
     from tests.runtime.test_lora import diffusers_lora
-
-    from diffusers_tpu.testing import tiny
 
     scans, scan = [], repeated_blocks._BlockListCalls._scan
     monkeypatch.setattr(repeated_blocks._BlockListCalls, "_scan", lambda chain: scans.append(chain.path) or scan(chain))

@@ -11,11 +11,18 @@ from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.planner import hlo_stats, tpu_compiler
 from diffusers_tpu.runtime import stacked_weights
 from diffusers_tpu.testing import tiny
-
 from tests.conftest import assert_np_matches
 
-CALL = dict(prompt="a cat walks on the grass", negative_prompt="blurry", height=32, width=32, num_frames=9,
-            num_inference_steps=2, max_sequence_length=24, output_type="np")
+CALL = dict(
+    prompt="a cat walks on the grass",
+    negative_prompt="blurry",
+    height=32,
+    width=32,
+    num_frames=9,
+    num_inference_steps=2,
+    max_sequence_length=24,
+    output_type="np",
+)
 
 
 def run(pipe, **overrides):
@@ -32,8 +39,9 @@ def test_blocks_are_stacked_once_and_the_video_is_stock():
     assert view.stack.array.shape == (3, *view.shape)
     # every placed weight of the transformer is stored once: the stacks replace the layers' own arrays
     slots = sharding.slots_of(pipe.transformer)
-    expected_bytes = sum(np.prod(sharding._get(s).shape, dtype=int) * torch.empty((), dtype=s.dtype).element_size()
-                         for s in slots)
+    expected_bytes = sum(
+        np.prod(sharding._get(s).shape, dtype=int) * torch.empty((), dtype=s.dtype).element_size() for s in slots
+    )
     stored = {id(s.stack[0]): s.stack[0].array.nbytes for s in sharding.slots_of(pipe.transformer) if s.stack}
     plain = sum(sharding._get(s).jax().nbytes for s in sharding.slots_of(pipe.transformer) if not s.stack)
     assert sum(stored.values()) + plain == expected_bytes and len(stored) >= 20
@@ -171,8 +179,9 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     found = {}
     for full in (False, True):
         config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 2}, compile_cache_dir=False, fully_sharded_weights=full)
-        report = plan.start_denoiser_memory(pipe, size, config, devices, 24,
-                                            analyse=lambda lowered: hlo_stats.summary(lowered.compile()))()
+        report = plan.start_denoiser_memory(
+            pipe, size, config, devices, 24, analyse=lambda lowered: hlo_stats.summary(lowered.compile())
+        )()
         step = report["passes"][0]
         found[full] = (step["argument_bytes"], max(step["hlo"]["loops"], key=lambda loop: loop["instructions"]))
     (rules_bytes, rules_loop), (full_bytes, full_loop) = found[False], found[True]

@@ -10,10 +10,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from tests.conftest import CALL, pil_array
 
 from diffusers_tpu.runtime import stages
 from diffusers_tpu.testing import tiny
+from tests.conftest import CALL, pil_array
 
 SIZES = dict(height=32, width=32, num_frames=9, num_inference_steps=3)
 PROMPTS = dict(prompt=CALL["prompt"], negative_prompt=CALL["negative_prompt"])
@@ -27,9 +27,11 @@ def one_shot(pipe, prompts=PROMPTS, **extra):
 @pytest.mark.parametrize("family", ["wan", "cogvideox1.5", "hunyuanvideo15"])
 @pytest.mark.parametrize("device", ["jax", "cpu"])
 def test_staged_equals_one_shot(family, device, tmp_path):
-    make = {"wan": lambda: tiny.wan_pipeline("wan-4head"),
-            "cogvideox1.5": lambda: tiny.cogvideox_pipeline("cogvideox1.5"),
-            "hunyuanvideo15": tiny.hunyuan15_pipeline}[family]
+    make = {
+        "wan": lambda: tiny.wan_pipeline("wan-4head"),
+        "cogvideox1.5": lambda: tiny.cogvideox_pipeline("cogvideox1.5"),
+        "hunyuanvideo15": tiny.hunyuan15_pipeline,
+    }[family]
     extra = {"max_sequence_length": 32} if family.startswith("cog") else {}
     # HunyuanVideo-1.5: one prompt (stock's VAE cannot decode a batch of 2 in diffusers 0.42), quoted text for ByT5
     prompts = dict(prompt='a sign saying "hi"', negative_prompt="blurry") if family.startswith("hunyuan") else PROMPTS
@@ -90,11 +92,15 @@ def _cli(*args):
 def test_a_run_killed_after_denoise_is_finished_by_decode(tmp_path):
     """SIGKILL a staged CLI run once its latents are on disk; `decode` alone then gives the one-shot video."""
     stage_dir, common = tmp_path / "run", ["--model", "tiny:cogvideox1.5", "--platform", "cpu"]
-    one = subprocess.run(_cli("generate", *common, "--output", str(tmp_path / "one.mp4")), capture_output=True,
-                         text=True, timeout=600)
+    one = subprocess.run(
+        _cli("generate", *common, "--output", str(tmp_path / "one.mp4")), capture_output=True, text=True, timeout=600
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    run = subprocess.Popen(_cli("generate", *common, "--stage-dir", str(stage_dir), "--output",
-                                str(tmp_path / "never.mp4")), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        _cli("generate", *common, "--stage-dir", str(stage_dir), "--output", str(tmp_path / "never.mp4")),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 600
     while run.poll() is None and time.time() < deadline:
         if (stage_dir / "latents.safetensors").exists():
@@ -102,17 +108,26 @@ def test_a_run_killed_after_denoise_is_finished_by_decode(tmp_path):
             break
         time.sleep(0.05)
     run.wait(timeout=60)
-    decode = subprocess.run(_cli("decode", "--stage-dir", str(stage_dir), "--platform", "cpu", "--output",
-                                 str(tmp_path / "resumed.mp4")), capture_output=True, text=True, timeout=600)
+    decode = subprocess.run(
+        _cli("decode", "--stage-dir", str(stage_dir), "--platform", "cpu", "--output", str(tmp_path / "resumed.mp4")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert decode.returncode == 0, decode.stderr[-3000:]
     np.testing.assert_array_equal(iio.imread(tmp_path / "resumed.mp4"), iio.imread(tmp_path / "one.mp4"))
 
 
 def test_stop_after_then_stage_commands(tmp_path):
     stage_dir = str(tmp_path / "run")
-    result = subprocess.run(_cli("generate", "--stage-dir", stage_dir, "--stop-after", "encode", "--platform", "cpu"),
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        _cli("generate", "--stage-dir", stage_dir, "--stop-after", "encode", "--platform", "cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0 and "continue with: diffusers-tpu denoise" in result.stdout, result.stderr[-2000:]
-    result = subprocess.run(_cli("decode", "--stage-dir", stage_dir, "--platform", "cpu"), capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        _cli("decode", "--stage-dir", stage_dir, "--platform", "cpu"), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 2 and "run the denoise stage first" in result.stderr

@@ -3,13 +3,18 @@
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_np_matches, generate
+from diffusers import (
+    FasterCacheConfig,
+    FirstBlockCacheConfig,
+    MagCacheConfig,
+    PyramidAttentionBroadcastConfig,
+    TaylorSeerCacheConfig,
+)
 
-from diffusers import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig,
-                       TaylorSeerCacheConfig)
 from diffusers_tpu.commands import bench
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, generate
 
 STEPS = 6
 
@@ -25,17 +30,27 @@ def timestep_of(pipe):
 CACHES = {
     "first_block": lambda pipe: FirstBlockCacheConfig(threshold=0.4),
     "mag": lambda pipe: MagCacheConfig(mag_ratios=[1.0] * STEPS, num_inference_steps=STEPS, threshold=0.5),
-    "taylorseer": lambda pipe: TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2,
-                                                     taylor_factors_dtype=torch.float32,
-                                                     cache_identifiers=[r"blocks\.\d+\.attn\d"]),
+    "taylorseer": lambda pipe: TaylorSeerCacheConfig(
+        cache_interval=2,
+        disable_cache_before_step=2,
+        taylor_factors_dtype=torch.float32,
+        cache_identifiers=[r"blocks\.\d+\.attn\d"],
+    ),
     "pyramid_attention": lambda pipe: PyramidAttentionBroadcastConfig(
-        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 950),
-        current_timestep_callback=timestep_of(pipe)),
+        spatial_attention_block_skip_range=2,
+        spatial_attention_timestep_skip_range=(100, 950),
+        current_timestep_callback=timestep_of(pipe),
+    ),
     "faster": lambda pipe: FasterCacheConfig(
-        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
-        unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 901),
-        current_timestep_callback=timestep_of(pipe), attention_weight_callback=lambda _: 0.5,
-        tensor_format="BFCHW", is_guidance_distilled=False),
+        spatial_attention_block_skip_range=2,
+        spatial_attention_timestep_skip_range=(-1, 901),
+        unconditional_batch_skip_range=2,
+        unconditional_batch_timestep_skip_range=(-1, 901),
+        current_timestep_callback=timestep_of(pipe),
+        attention_weight_callback=lambda _: 0.5,
+        tensor_format="BFCHW",
+        is_guidance_distilled=False,
+    ),
 }
 
 
@@ -68,8 +83,19 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
     reports = []
     for p in (ref, pipe):
         p.transformer.enable_cache(CACHES[name](p))  # on the moved pipeline: after the move
-        report, _ = bench.measure(p, dict(prompt="a fox", negative_prompt="blurry", height=32, width=32,
-                                          num_frames=9, num_inference_steps=STEPS, output_type="pil"), runs=1)
+        report, _ = bench.measure(
+            p,
+            dict(
+                prompt="a fox",
+                negative_prompt="blurry",
+                height=32,
+                width=32,
+                num_frames=9,
+                num_inference_steps=STEPS,
+                output_type="pil",
+            ),
+            runs=1,
+        )
         reports.append(report["cache"])
     torch_cache, jax_cache = reports
     assert jax_cache == torch_cache and 0 < jax_cache["cached_passes"] < jax_cache["denoiser_passes"]

@@ -1,7 +1,7 @@
 """Programs each family's first call compiles (tests/interop/test_first_call.py runs this in a fresh process: JAX keeps
 every program it compiled for the process, so counts are only meaningful from a cold start). Prints one JSON line:
-{family: {"programs": n, "cache_hits": loaded from the persistent cache, "seconds": s}}, the families in a fixed order (later ones reuse the eager programs of
-earlier ones with the same shapes)."""
+{family: {"programs": n, "cache_hits": loaded from the persistent cache, "seconds": s}}, the families in a fixed order
+(later ones reuse the eager programs of earlier ones with the same shapes)."""
 
 import json
 import sys
@@ -12,8 +12,10 @@ import diffusers_tpu  # noqa: F401  (registers the backend)
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny, tiny_families, tiny_images
 
-PROMPTS = dict(prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
-               negative_prompt=["blurry", "low quality, static, deformed"])
+PROMPTS = dict(
+    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
+    negative_prompt=["blurry", "low quality, static, deformed"],
+)
 VIDEO = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
 
 

@@ -15,38 +15,55 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-from tests.conftest import generate, pil_array, stock_pil  # noqa: E402
-
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import lowering
 from diffusers_tpu.testing import tiny  # noqa: E402
+from tests.conftest import generate, pil_array, stock_pil  # noqa: E402
 
 # (mesh, attention_kv_threshold, attention). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16:
 # both shard heads over tp; 10000 (the default): both shard the query sequence; 100: self queries, cross heads.
-MESHES = {"dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16, None), "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 16, None),
-          "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 10000, None), "tp2-sp4": ({"tp": 2, "sp": 4}, 100, None),
-          "default": (None, 10000, None), "dp2-sp1-tp4-jax-splash": ({"dp": 2, "sp": 1, "tp": 4}, 16, "splash")}
+MESHES = {
+    "dp2-sp1-tp4": ({"dp": 2, "sp": 1, "tp": 4}, 16, None),
+    "dp1-sp2-tp4": ({"dp": 1, "sp": 2, "tp": 4}, 16, None),
+    "dp2-sp2-tp2": ({"dp": 2, "sp": 2, "tp": 2}, 10000, None),
+    "tp2-sp4": ({"tp": 2, "sp": 4}, 100, None),
+    "default": (None, 10000, None),
+    "dp2-sp1-tp4-jax-splash": ({"dp": 2, "sp": 1, "tp": 4}, 16, "splash"),
+}
 
 
 def weight_layout(pipe):
     block = pipe.transformer.blocks[0]
-    named = {"to_q": block.attn1.to_q.weight, "to_out": block.attn1.to_out[0].weight,
-             "ffn_in": block.ffn.net[0].proj.weight, "ffn_out": block.ffn.net[2].weight,
-             "cross_k": block.attn2.to_k.weight, "patch": pipe.transformer.patch_embedding.weight}
+    named = {
+        "to_q": block.attn1.to_q.weight,
+        "to_out": block.attn1.to_out[0].weight,
+        "ffn_in": block.ffn.net[0].proj.weight,
+        "ffn_out": block.ffn.net[2].weight,
+        "cross_k": block.attn2.to_k.weight,
+        "patch": pipe.transformer.patch_embedding.weight,
+    }
     layout = {}
     for name, tensor in named.items():
         sharding = diffusers_tpu.sharding_of(tensor)
-        layout[name] = {"spec": [str(s) for s in sharding.spec], "shard": list(sharding.shard_shape(tensor.shape)),
-                        "shape": list(tensor.shape), "devices": len(sharding.device_set)}
+        layout[name] = {
+            "spec": [str(s) for s in sharding.spec],
+            "shard": list(sharding.shard_shape(tensor.shape)),
+            "shape": list(tensor.shape),
+            "devices": len(sharding.device_set),
+        }
     return layout
 
 
 def compare(out, ref, pil_out, pil_ref):
     diff = np.abs(pil_array(pil_out) - pil_array(pil_ref))
-    return {"np_max_abs": float(np.abs(out - ref).max()), "finite": bool(np.isfinite(out).all()),
-            "pil_max_levels": int(diff.max()), "pil_fraction": float((diff > 0).mean())}
+    return {
+        "np_max_abs": float(np.abs(out - ref).max()),
+        "finite": bool(np.isfinite(out).all()),
+        "pil_max_levels": int(diff.max()),
+        "pil_fraction": float((diff > 0).mean()),
+    }
 
 
 # Two parts ("core", "families": plan on the mesh), each the subprocess of its own test file
@@ -56,9 +73,16 @@ def main(part: str):
     report = {"devices": len(jax.devices()), "runs": {}}
     if part in ("families", "family_meshes"):  # plan on the mesh; the families on meshes the sweep does not run
         seconds = report["seconds"] = {}
-        phases = (("plan", plan_run),) if part == "families" else (
-            ("cogvideox", cogvideox_runs), ("wan22", wan22_runs), ("hunyuan15", hunyuan15_runs),
-            ("causal_wan", causal_wan_runs))
+        phases = (
+            (("plan", plan_run),)
+            if part == "families"
+            else (
+                ("cogvideox", cogvideox_runs),
+                ("wan22", wan22_runs),
+                ("hunyuan15", hunyuan15_runs),
+                ("causal_wan", causal_wan_runs),
+            )
+        )
         for name, run in phases:
             began = time.perf_counter()
             report[name] = run()
@@ -72,8 +96,7 @@ def main(part: str):
     for name, (mesh, threshold, kernel) in MESHES.items():
         device = "tpu" if name == "dp2-sp1-tp4" else "jax"  # "tpu" rehearses on CPU via the env var
         os.environ["DIFFUSERS_TPU_PLATFORM"] = "cpu"
-        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold,
-                                                        attention=kernel))
+        pipe.to(device, config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold, attention=kernel))
         runtime = pipe._diffusers_tpu_runtime
         if name == "default":  # the layout it picks: dp2-sp1-tp4's, whose video is compared above
             report["runs"][name] = dict(mesh=dict(runtime.mesh.shape), attention=runtime.attention.implementation)
@@ -82,18 +105,28 @@ def main(part: str):
         out, pil_out = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
         with jit.compile_log() as log:
             generate(pipe, output_type="np")
-        report["runs"][name] = dict(compare(out, ref, pil_out, pil_ref), mesh=dict(runtime.mesh.shape),
-                                    layout=weight_layout(pipe), warm_compilations=log.compilations,
-                                    batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
-                                    attention=runtime.attention.implementation)
+        report["runs"][name] = dict(
+            compare(out, ref, pil_out, pil_ref),
+            mesh=dict(runtime.mesh.shape),
+            layout=weight_layout(pipe),
+            warm_compilations=log.compilations,
+            batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0,
+            attention=runtime.attention.implementation,
+        )
         if name in ("dp2-sp1-tp4", "dp1-sp2-tp4"):  # compared with the 2-process run (test_mesh: pod)
-            report["runs"][name].update(frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes())
-                                        .decode(), shape=list(np.shape(out)))
+            report["runs"][name].update(
+                frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(),
+                shape=list(np.shape(out)),
+            )
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
     seconds = report["seconds"] = {"wan_meshes": time.perf_counter() - started}
-    for name, run in (("lora", lora_runs), ("caches", cache_runs), ("quantize", quantize_run),
-                      ("fully_sharded", fully_sharded_run)):
+    for name, run in (
+        ("lora", lora_runs),
+        ("caches", cache_runs),
+        ("quantize", quantize_run),
+        ("fully_sharded", fully_sharded_run),
+    ):
         began = time.perf_counter()
         report[name] = run()
         seconds[name] = time.perf_counter() - began
@@ -137,12 +170,16 @@ def fully_sharded_run():
                 generate(pipe, output_type="np")
             view = pipe.transformer.blocks[1].ffn.net[0].proj.weight
             embedder = pipe.transformer.condition_embedder.time_proj.weight
-            run = dict(embedder_spec=[str(e) for e in diffusers_tpu.sharding_of(embedder).spec],
-                       embedder_shards=len({str(s.index) for s in embedder.jax().addressable_shards}),np_max_abs=float(np.abs(out - ref).max()), warm_compilations=log.compilations,
-                       is_view=stacked_weights.is_view(view),
-                       stack_spec=[str(e) for e in view.stack.array.sharding.spec],
-                       layer_spec=[str(e) for e in diffusers_tpu.sharding_of(view).spec],
-                       state_dict_exact=all(torch.equal(v, stock[k]) for k, v in pipe.transformer.state_dict().items()))
+            run = dict(
+                embedder_spec=[str(e) for e in diffusers_tpu.sharding_of(embedder).spec],
+                embedder_shards=len({str(s.index) for s in embedder.jax().addressable_shards}),
+                np_max_abs=float(np.abs(out - ref).max()),
+                warm_compilations=log.compilations,
+                is_view=stacked_weights.is_view(view),
+                stack_spec=[str(e) for e in view.stack.array.sharding.spec],
+                layer_spec=[str(e) for e in diffusers_tpu.sharding_of(view).spec],
+                state_dict_exact=all(torch.equal(v, stock[k]) for k, v in pipe.transformer.state_dict().items()),
+            )
         pipe.to("cpu")
     run["stack_bytes_per_device"] = {"rules": per_device[False], "full": per_device[True]}
     run["restored_exactly"] = all(torch.equal(v, stock[k]) for k, v in pipe.transformer.state_dict().items())
@@ -152,8 +189,10 @@ def fully_sharded_run():
 def cogvideox_runs():
     """CogVideoX 1.0 and 1.5 at 64 px wide: the VAE's 8-wide latent is really width-sharded over 8 devices."""
     runs = {}
-    cases = {"1.5-dpm-dp2-sp1-tp4": ("cogvideox1.5", "dpm", {"dp": 2, "sp": 1, "tp": 4}),
-             "2b-dpm-dp2-sp2-tp2": ("cogvideox-2b", "dpm", {"dp": 2, "sp": 2, "tp": 2})}
+    cases = {
+        "1.5-dpm-dp2-sp1-tp4": ("cogvideox1.5", "dpm", {"dp": 2, "sp": 1, "tp": 4}),
+        "2b-dpm-dp2-sp2-tp2": ("cogvideox-2b", "dpm", {"dp": 2, "sp": 2, "tp": 2}),
+    }
     call = dict(max_sequence_length=32, num_frames=17, width=64)
     for name, (variant, scheduler, mesh) in cases.items():
         pipe = tiny.cogvideox_pipeline(variant, scheduler=scheduler)
@@ -164,8 +203,11 @@ def cogvideox_runs():
         weight = pipe.transformer.transformer_blocks[0].attn1.to_q.weight
         latent = jax.numpy.zeros((2, 4, 3, 4, 8))  # [B, C, T, H, W=8] as the VAE decoder receives it
         vae_spec = pipe._diffusers_tpu_runtime._width_input(latent).sharding.spec
-        runs[name] = dict(compare(out, ref, pil_out, pil_ref), q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
-                          vae_width_spec=[list(e) if isinstance(e, tuple) else e for e in vae_spec])
+        runs[name] = dict(
+            compare(out, ref, pil_out, pil_ref),
+            q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
+            vae_width_spec=[list(e) if isinstance(e, tuple) else e for e in vae_spec],
+        )
     return runs
 
 
@@ -173,8 +215,11 @@ def wan22_runs():
     """Wan 2.2 A14B / TI2V and Wan I2V at 64 px wide on dp2-sp1-tp4: the VAE decodes (and I2V encodes) with the
     latent width split over the VAE's 8-device spatial axis."""
     runs = {}
-    cases = {"a14b": (tiny.wan22_a14b_pipeline, {}), "ti2v": (tiny.wan22_ti2v_pipeline, {}),
-             "i2v": (tiny.wan_i2v_pipeline, {"image": tiny.test_image(32, 64)})}
+    cases = {
+        "a14b": (tiny.wan22_a14b_pipeline, {}),
+        "ti2v": (tiny.wan22_ti2v_pipeline, {}),
+        "i2v": (tiny.wan_i2v_pipeline, {"image": tiny.test_image(32, 64)}),
+    }
     for name, (make, extra) in cases.items():
         pipe = make()
         call = dict(extra, num_frames=9, width=64 if name != "ti2v" else 128)  # TI2V: 16x VAE, latent width 8
@@ -183,8 +228,11 @@ def wan22_runs():
         pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, vae_decode_chunk=2))
         out, pil_out = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
         runtime = pipe._diffusers_tpu_runtime
-        runs[name] = dict(compare(out, ref, pil_out, pil_ref), vae_mesh=dict(runtime.vae_mesh.shape),
-                          batched_steps=runtime.pairing.batched_steps)
+        runs[name] = dict(
+            compare(out, ref, pil_out, pil_ref),
+            vae_mesh=dict(runtime.vae_mesh.shape),
+            batched_steps=runtime.pairing.batched_steps,
+        )
     return runs
 
 
@@ -205,8 +253,11 @@ def hunyuan15_runs():
         with jit.compile_log() as log:
             generate(pipe, output_type="np", **HY_CALL)
         weight = pipe.transformer.transformer_blocks[0].attn.add_q_proj.weight
-        runs[name] = dict(compare(out, ref, pil_out, pil_ref), warm_compilations=log.compilations,
-                          add_q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
+        runs[name] = dict(
+            compare(out, ref, pil_out, pil_ref),
+            warm_compilations=log.compilations,
+            add_q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
+        )
         pipe.to("cpu")
     return runs
 
@@ -233,9 +284,12 @@ def causal_wan_runs():
         with jit.compile_log() as log:
             run(output_type="np")
         weight = pipe.transformer.blocks[0].attn1.to_q.weight
-        runs[name] = dict(compare(out, ref, pil_out, pil_ref), first_call_compilations=first,
-                          warm_compilations=log.compilations,
-                          q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec])
+        runs[name] = dict(
+            compare(out, ref, pil_out, pil_ref),
+            first_call_compilations=first,
+            warm_compilations=log.compilations,
+            q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
+        )
         pipe.to("cpu")
     return runs
 
@@ -260,8 +314,14 @@ def lora_runs():
     expected = generate(ref, **call)
     ref.set_adapters(["a", "b"], adapter_weights=[1.0, -0.5])
     expected_2 = generate(ref, **call)
-    names = {"q_A": "attn1.to_q.lora_A", "q_B": "attn1.to_q.lora_B", "out_A": "attn1.to_out.0.lora_A",
-             "out_B": "attn1.to_out.0.lora_B", "ffn_in_B": "ffn.net.0.proj.lora_B", "ffn_out_A": "ffn.net.2.lora_A"}
+    names = {
+        "q_A": "attn1.to_q.lora_A",
+        "q_B": "attn1.to_q.lora_B",
+        "out_A": "attn1.to_out.0.lora_A",
+        "out_B": "attn1.to_out.0.lora_B",
+        "ffn_in_B": "ffn.net.0.proj.lora_B",
+        "ffn_out_A": "ffn.net.2.lora_A",
+    }
     for name in ("dp1-sp2-tp4",):  # adapters shard by tp alone: one layout with tp (and sp) proves their layout
         pipe = adapted(tiny.wan_pipeline("wan-4head")).to("jax", config=TPUConfig(mesh=MESHES_13[name]))
         pipe.load_lora_weights(diffusers_lora("wan-4head", 2), adapter_name="b")
@@ -271,49 +331,82 @@ def lora_runs():
         with jit.compile_log() as log:
             out_2 = generate(pipe, **call)
         block = pipe.transformer.blocks[0]
-        specs = {f"{key}.{adapter}": [str(s) for s in diffusers_tpu.sharding_of(
-            getattr(block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])[adapter].weight).spec]
-            for key, path in names.items() for adapter in ("a", "b")}
-        runs[name] = dict(np_max_abs=float(max(np.abs(out - expected).max(), np.abs(out_2 - expected_2).max())),
-                          finite=bool(np.isfinite(out).all()), weight_change_compilations=log.compilations,
-                          specs=specs)
+        specs = {
+            f"{key}.{adapter}": [
+                str(s)
+                for s in diffusers_tpu.sharding_of(
+                    getattr(block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])[adapter].weight
+                ).spec
+            ]
+            for key, path in names.items()
+            for adapter in ("a", "b")
+        }
+        runs[name] = dict(
+            np_max_abs=float(max(np.abs(out - expected).max(), np.abs(out_2 - expected_2).max())),
+            finite=bool(np.isfinite(out).all()),
+            weight_change_compilations=log.compilations,
+            specs=specs,
+        )
         pipe.to("cpu")
     return runs
 
 
 def quantize_run():
     """int8 weights on dp2-sp1-tp4 (float32 compute): layout and output, compared in test_mesh with one device."""
-    pipe = tiny.wan_pipeline("wan-4head").to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4},
-                                                                      quantize="int8"))
+    pipe = tiny.wan_pipeline("wan-4head").to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, quantize="int8"))
     out = generate(pipe, output_type="np")
     with jit.compile_log() as log:
         generate(pipe, output_type="np")
     layout = weight_layout(pipe)
-    layout["dtypes"] = {name: str(getattr(pipe.transformer.blocks[0].attn1, name).weight.dtype) for name in ("to_q", "to_k")}
+    layout["dtypes"] = {
+        name: str(getattr(pipe.transformer.blocks[0].attn1, name).weight.dtype) for name in ("to_q", "to_k")
+    }
     pipe.to("cpu")
-    return dict(layout=layout, warm_compilations=log.compilations, finite=bool(np.isfinite(out).all()),
-                frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(), shape=list(out.shape))
+    return dict(
+        layout=layout,
+        warm_compilations=log.compilations,
+        finite=bool(np.isfinite(out).all()),
+        frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(),
+        shape=list(out.shape),
+    )
 
 
 def plan_run():
     """plan's figures for dp2-sp1-tp4 (the CFG pair as one batch, int8 weights) vs the program the runtime ran."""
     import torch
-    from tests.planner.test_plan import CALL, SIZE, runtime_step_memory
 
     from diffusers_tpu.planner import plan
+    from tests.planner.test_plan import CALL, SIZE, runtime_step_memory
 
     config = TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, dtype=torch.bfloat16, quantize="int8")
     actual = runtime_step_memory(tiny.wan_pipeline("wan-4head"), config)[0]
-    planned = plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), dict(SIZE, guidance_scale=5.0), config,
-                                   jax.devices(), text_tokens=CALL["max_sequence_length"])
+    planned = plan.denoiser_memory(
+        tiny.wan_pipeline("wan-4head"),
+        dict(SIZE, guidance_scale=5.0),
+        config,
+        jax.devices(),
+        text_tokens=CALL["max_sequence_length"],
+    )
     # the VAE decode programs at a latent width of 8 (width-sharded over the 8 devices) vs on one device
     wide = dict(SIZE, width=64, guidance_scale=5.0)
-    vae = {n: plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), wide, TPUConfig(mesh=mesh), jax.devices()[:n], 24,
-                                   vae=True)["vae_decode"] for n, mesh in ((8, None), (1, {"dp": 1}))}
+    vae = {
+        n: plan.denoiser_memory(
+            tiny.wan_pipeline("wan-4head"), wide, TPUConfig(mesh=mesh), jax.devices()[:n], 24, vae=True
+        )["vae_decode"]
+        for n, mesh in ((8, None), (1, {"dp": 1}))
+    }
     # CogVideoX's decoder programs (compiled by method; two frame batches, the conv cache carried) likewise
-    cog = {n: plan.denoiser_memory(tiny.cogvideox_pipeline("cogvideox-5b"), dict(wide, num_frames=17), TPUConfig(mesh=mesh),
-                                   jax.devices()[:n], 24, vae=True)["vae_decode"]["programs"]
-           for n, mesh in ((8, None), (1, {"dp": 1}))}
+    cog = {
+        n: plan.denoiser_memory(
+            tiny.cogvideox_pipeline("cogvideox-5b"),
+            dict(wide, num_frames=17),
+            TPUConfig(mesh=mesh),
+            jax.devices()[:n],
+            24,
+            vae=True,
+        )["vae_decode"]["programs"]
+        for n, mesh in ((8, None), (1, {"dp": 1}))
+    }
     return dict(actual=actual, planned=planned, vae=vae, cogvideox_vae=cog)
 
 
@@ -332,16 +425,19 @@ def cache_runs():
         out = generate(pipe, **call)
         with jit.compile_log() as log:
             generate(pipe, **call)
-        runs[f"{cache}-{name}"] = dict(np_max_abs=float(np.abs(out - expected).max()),
-                                       finite=bool(np.isfinite(out).all()), warm_compilations=log.compilations)
+        runs[f"{cache}-{name}"] = dict(
+            np_max_abs=float(np.abs(out - expected).max()),
+            finite=bool(np.isfinite(out).all()),
+            warm_compilations=log.compilations,
+        )
     return runs
 
 
 def export_realistic(mesh):
     """Wan2.1-1.3B at 480p x 81 frames, sharded dp2-tp4, lowered for TPU on abstract shapes."""
     import jax.numpy as jnp
-
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
     from diffusers_tpu.families import wan
     from diffusers_tpu.planner.lowering import abstract
 
@@ -349,16 +445,27 @@ def export_realistic(mesh):
         transformer = WanTransformer3DModel(**wan.WAN21_1_3B)
         vae = AutoencoderKLWan()
     step = lowering.export_method(
-        transformer, "forward", mesh=mesh, rules=wan.SHARD_RULES, dtype=torch.bfloat16,
-        kwargs=dict(hidden_states=abstract((2, 16, 21, 60, 104), jnp.bfloat16, mesh, ("dp",)),
-                    timestep=abstract((2,), jnp.float32, mesh, ("dp",)),
-                    encoder_hidden_states=abstract((2, 512, 4096), jnp.bfloat16, mesh, ("dp",)), return_dict=False))
+        transformer,
+        "forward",
+        mesh=mesh,
+        rules=wan.SHARD_RULES,
+        dtype=torch.bfloat16,
+        kwargs=dict(
+            hidden_states=abstract((2, 16, 21, 60, 104), jnp.bfloat16, mesh, ("dp",)),
+            timestep=abstract((2,), jnp.float32, mesh, ("dp",)),
+            encoder_hidden_states=abstract((2, 512, 4096), jnp.bfloat16, mesh, ("dp",)),
+            return_dict=False,
+        ),
+    )
     latents = abstract((1, 16, 3, 60, 104), jnp.float32, mesh, (None, None, None, None, ("dp", "sp", "tp")))
-    decode = lowering.export_method(vae, "decode", (latents,), dict(return_dict=False), mesh=mesh,
-                                    attention_impl=None)
-    return {"step_pallas": lowering.uses_pallas_kernel(step), "step_devices": step.nr_devices,
-            "step_out": [list(a.shape) for a in step.out_avals], "decode_devices": decode.nr_devices,
-            "decode_out": [list(a.shape) for a in decode.out_avals]}
+    decode = lowering.export_method(vae, "decode", (latents,), dict(return_dict=False), mesh=mesh, attention_impl=None)
+    return {
+        "step_pallas": lowering.uses_pallas_kernel(step),
+        "step_devices": step.nr_devices,
+        "step_out": [list(a.shape) for a in step.out_avals],
+        "decode_devices": decode.nr_devices,
+        "decode_out": [list(a.shape) for a in decode.out_avals],
+    }
 
 
 if __name__ == "__main__":

@@ -16,14 +16,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-from tests.conftest import generate  # noqa: E402
+import jax  # noqa: E402
 
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import cli
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny, tiny_families  # noqa: E402
-import jax  # noqa: E402
+from tests.conftest import generate  # noqa: E402
 
 MESHES = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp1-sp2-tp4": {"dp": 1, "sp": 2, "tp": 4}}
 
@@ -40,15 +40,20 @@ def wan_runs(report):
         out = generate(pipe, output_type="np")
         with jit.compile_log() as log:
             generate(pipe, output_type="np")
-        report[f"wan-{name}"] = dict(np_max_abs=float(np.abs(out - reference).max()),
-                                     warm_compilations=log.compilations, shape=list(out.shape),
-                                     frames=encode(out) if jax.process_index() == 0 else None)
+        report[f"wan-{name}"] = dict(
+            np_max_abs=float(np.abs(out - reference).max()),
+            warm_compilations=log.compilations,
+            shape=list(out.shape),
+            frames=encode(out) if jax.process_index() == 0 else None,
+        )
         pipe.to("cpu")
     # Text encoders on the devices (what TPUConfig(text_encoder="auto") picks on accelerators with room): the
     # token ids enter the pod like any host input, every process gets the same embeddings.
     pipe.to("tpu", config=TPUConfig(mesh=MESHES["dp2-sp1-tp4"], attention_kv_threshold=16, text_encoder="jax"))
-    report["wan-encoders-on-devices"] = dict(np_max_abs=float(np.abs(generate(pipe, output_type="np") - reference).max()),
-                                             placement=pipe._diffusers_tpu_runtime.text_encoder_placement)
+    report["wan-encoders-on-devices"] = dict(
+        np_max_abs=float(np.abs(generate(pipe, output_type="np") - reference).max()),
+        placement=pipe._diffusers_tpu_runtime.text_encoder_placement,
+    )
     pipe.to("cpu")
     # Each process reads its own devices' memory; the placement rule decides on the smallest, the same everywhere.
     from diffusers_tpu.interop import distributed
@@ -94,14 +99,31 @@ def loading_run(report, directory):
 def cli_run(report, directory):
     """The CLI on every process, staged: process 0 alone writes the video; every process its stage files."""
     output = os.path.join(directory, "video.mp4")
-    code = cli.main(["generate", "--model", "tiny:wan-4head", "--platform", "cpu", "--mesh", "2,1,4",
-                     "--stage-dir", os.path.join(directory, "stages"), "--output", output])
+    code = cli.main(
+        [
+            "generate",
+            "--model",
+            "tiny:wan-4head",
+            "--platform",
+            "cpu",
+            "--mesh",
+            "2,1,4",
+            "--stage-dir",
+            os.path.join(directory, "stages"),
+            "--output",
+            output,
+        ]
+    )
     report["cli"] = dict(code=code, wrote=os.path.exists(output))
 
 
 def main():
-    report = {"process": jax.process_index(), "processes": jax.process_count(), "devices": len(jax.devices()),
-              "local_devices": len(jax.local_devices())}
+    report = {
+        "process": jax.process_index(),
+        "processes": jax.process_count(),
+        "devices": len(jax.devices()),
+        "local_devices": len(jax.local_devices()),
+    }
     wan_runs(report)
     ltx_runs(report)
     loading_run(report, sys.argv[1])

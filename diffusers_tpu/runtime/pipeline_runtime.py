@@ -3,6 +3,10 @@
 ``pipe.to("tpu")`` lands in ``attach``: it validates everything (platform, family, mesh, sharding plans)
 before a single weight moves, then places each component, installs per-instance overrides and records them,
 so ``pipe.to("cpu")`` (``detach``) restores the plain torch pipeline exactly.
+
+Over 400 lines on purpose: ``PipelineRuntime`` is the one object a moved pipeline holds (its call context and
+placement); the ledger of what it changed is ``overrides``, the checks before a move are ``placement`` and
+``registry``.
 """
 
 from __future__ import annotations
@@ -14,23 +18,40 @@ import logging
 import time
 import types
 
+import diffusers
 import jax
 import torch
-from jax.sharding import NamedSharding, PartitionSpec as P
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import diffusers
-
-from . import (attention, cfg, gpu_script_calls, oversized_calls, placement, postprocess, quantize, schedulers,
-               stacked_weights, stock_on_host, support)
 from ..interop import backend, compat, distributed, jit, sharding, user_tensors
+from . import (
+    attention,
+    cfg,
+    gpu_script_calls,
+    oversized_calls,
+    placement,
+    postprocess,
+    quantize,
+    schedulers,
+    stacked_weights,
+    stock_on_host,
+    support,
+)
 from .call_stats import CallStats, timed_progress_bar
 from .config import TPUConfig
+from .denoiser import (
+    TRACE_ERRORS,
+    Denoiser,
+    active_hooks,
+    check_hooks,
+    forget_unfinished,
+    hook_reference,
+    innermost_forward,
+)
 from .overrides import Overrides
-from .denoiser import (TRACE_ERRORS, Denoiser, active_hooks, check_hooks, forget_unfinished, hook_reference,
-                       innermost_forward)
 from .registry import Family, family_of, vae_methods
-from diffusers.callbacks import MultiPipelineCallbacks
-from diffusers.callbacks import PipelineCallback
 
 logger = logging.getLogger(__name__)
 _ATTR = "_diffusers_tpu_runtime"
@@ -53,8 +74,11 @@ class PipelineRuntime:
         self.vae_mesh = backend.build_mesh({"batch": 1, "spatial": mesh.size}, list(mesh.devices.flat))
         self.user_dtype = user_dtype
         self.attention = attention.AttentionSettings(
-            mesh, config.attention_for(target.platform), config.attention_kv_threshold,
-            config.attention_block_sizes, config.attention_k_smoothing,
+            mesh,
+            config.attention_for(target.platform),
+            config.attention_kv_threshold,
+            config.attention_block_sizes,
+            config.attention_k_smoothing,
         )
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
         self.pairing = None
@@ -79,9 +103,14 @@ class PipelineRuntime:
         ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
         ``compat.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
         otherwise run float32 products in bfloat16 / TF32 and leave stock's results)."""
-        with backend.jax_mode(), attention.use(settings or attention.SAFE), \
-                gpu_script_calls.native_attention_dispatch(), jax.default_device(self.home_device), \
-                jax.default_matmul_precision(self.config.matmul_precision), compat.mesh_of_traces(mesh or self.mesh):
+        with (
+            backend.jax_mode(),
+            attention.use(settings or attention.SAFE),
+            gpu_script_calls.native_attention_dispatch(),
+            jax.default_device(self.home_device),
+            jax.default_matmul_precision(self.config.matmul_precision),
+            compat.mesh_of_traces(mesh or self.mesh),
+        ):
             yield
 
     @contextlib.contextmanager
@@ -165,8 +194,10 @@ class PipelineRuntime:
         for name, module in list(self.pipe.components.items()):
             original = getattr(module, "_orig_mod", None)
             if isinstance(module, torch.nn.Module) and sharding.is_placed(original or module) and original is not None:
-                gpu_script_calls.warn_once(f"torch.compile-{name}", f"pipe.{name} was torch.compile'd on JAX: XLA "
-                                           "compiles it already, so the original module runs.")
+                gpu_script_calls.warn_once(
+                    f"torch.compile-{name}",
+                    f"pipe.{name} was torch.compile'd on JAX: XLA compiles it already, so the original module runs.",
+                )
                 setattr(self.pipe, name, original)
 
     @contextlib.contextmanager
@@ -225,8 +256,11 @@ class PipelineRuntime:
             elif name == "vae" and family.vae_install is not None:
                 family.vae_install(module, self, state, self._width_input)
             elif name == "vae" or _autoencoder_parts(module):  # a second autoencoder too (LTX-2's audio VAE)
-                methods, place_input = ((family.vae_methods, self._width_input) if name == "vae"
-                                        else (_autoencoder_parts(module), lambda array: array))
+                methods, place_input = (
+                    (family.vae_methods, self._width_input)
+                    if name == "vae"
+                    else (_autoencoder_parts(module), lambda array: array)
+                )
                 for spec in methods:
                     path, _, method = spec.rpartition(".")
                     owner = module.get_submodule(path) if path else module
@@ -261,8 +295,11 @@ class PipelineRuntime:
             postprocess.install(processor)
             self.overrides.add_undo(functools.partial(postprocess.uninstall, processor))
         image_processor = getattr(pipe, "image_processor", None)
-        if self.config.postprocess_on_device and image_processor is not None and postprocess.install_image(
-                image_processor):
+        if (
+            self.config.postprocess_on_device
+            and image_processor is not None
+            and postprocess.install_image(image_processor)
+        ):
             self.overrides.add_undo(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
@@ -304,8 +341,7 @@ class PipelineRuntime:
         reference, attribute = found
         stock = getattr(reference, attribute)
         setattr(reference, attribute, forward)
-        self.overrides.add_undo(lambda: setattr(reference, attribute, stock),
-                                f"{type(reference).__name__}.{attribute}")
+        self.overrides.add_undo(lambda: setattr(reference, attribute, stock), f"{type(reference).__name__}.{attribute}")
 
     def enter_public_vae_methods(self, vae) -> None:
         """``vae.encode`` / ``vae.decode`` do tensor math around the compiled parts (slicing, tiling, the latent
@@ -315,7 +351,8 @@ class PipelineRuntime:
                 method = getattr(vae, name)
                 if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``sharding.onto_mesh``)
                     method = functools.wraps(method)(
-                        lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh))
+                        lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh)
+                    )
                 self.overrides.set(vae, name, self.user_entry(method))
 
     def vae_program_options(self) -> dict:
@@ -325,8 +362,11 @@ class PipelineRuntime:
         program, CogVideoX's decoder with its carried conv cache: every device decoding everything; ``plan`` found
         both), or split a small cache entry over part of the mesh, which JAX then refuses."""
         spatially = functools.partial(sharding.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
-        return dict(activate=functools.partial(self.active, None, self.vae_mesh), place_input=self._width_input,
-                    place_output=spatially)
+        return dict(
+            activate=functools.partial(self.active, None, self.vae_mesh),
+            place_input=self._width_input,
+            place_output=spatially,
+        )
 
     def compiled_vae_method(self, owner, method: str, state):
         """A VAE method (``Family.vae_methods``) compiled as every VAE program is (``vae_program_options``)."""
@@ -360,8 +400,11 @@ class _EagerIfUntraceable:
             except TRACE_ERRORS as error:
                 forget_unfinished(self.compiled)
                 self._eager = True
-                logger.warning("%s cannot be traced by JAX (%s); it now runs eagerly: the same results, slower.",
-                               self._name, type(error).__name__)
+                logger.warning(
+                    "%s cannot be traced by JAX (%s); it now runs eagerly: the same results, slower.",
+                    self._name,
+                    type(error).__name__,
+                )
         with self._activate():
             return self._stock(*user_tensors.to_device(args), **user_tensors.to_device(kwargs))
 
@@ -370,7 +413,7 @@ class _EagerIfUntraceable:
 
 
 def _state(slots, prefix: str = "") -> dict:
-    return {slot.qualified[len(prefix):]: sharding._get(slot).jax() for slot in slots}
+    return {slot.qualified[len(prefix) :]: sharding._get(slot).jax() for slot in slots}
 
 
 to_host = user_tensors.to_host  # callers' shorthand
@@ -478,8 +521,13 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
         runtime.undo()
         raise
     vars(pipe)[_ATTR] = runtime
-    logger.info("%s on %s, mesh %s, attention %s", type(pipe).__name__, target.platform, mesh_shape,
-                runtime.attention.implementation)
+    logger.info(
+        "%s on %s, mesh %s, attention %s",
+        type(pipe).__name__,
+        target.platform,
+        mesh_shape,
+        runtime.attention.implementation,
+    )
     return pipe
 
 
