@@ -9,15 +9,13 @@ import re
 import diffusers
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import torch
 
 import diffusers_tpu
 from diffusers_tpu.families import unet as unet_family
-from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import attention
 from diffusers_tpu.testing import tiny_unet
-from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
+from tests.conftest import assert_np_matches
 
 
 def run(pipe, call, output_type, flags=None):
@@ -25,34 +23,6 @@ def run(pipe, call, output_type, flags=None):
     if flags is not None:  # Stable Diffusion's safety checker's verdicts
         flags.append(getattr(out, "nsfw_content_detected", None))
     return out.frames if hasattr(out, "frames") else out.images
-
-
-# SVD and AnimateDiff: compared on the mesh in test_mesh_families and on 1 device by the parity sweep
-@pytest.mark.parametrize("name", [n for n in tiny_unet.PIPELINES if n not in ("svd", "animatediff")])
-def test_unet_pipeline_matches_stock(name, caplog, monkeypatch):
-    monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "cpu")  # "tpu" rehearses on the CPU
-    caplog.set_level(logging.WARNING, logger="diffusers_tpu")
-    ref, call = tiny_unet.pipeline(name)
-    flags = []
-    expected = run(ref, call, "np", flags)
-    expected_pil = stock_pil(expected)
-    pipe, _ = tiny_unet.pipeline(name)
-    pipe.to("tpu" if name == "sd" else "jax")  # the one-string swap of a CUDA script
-    runtime = pipe._diffusers_tpu_runtime
-    assert runtime.family.name == "unet" and list(runtime.denoisers) == ["unet"]
-    assert "has not been compared with stock" not in caplog.text  # a verified class: no warning
-    assert diffusers_tpu.supported_pipelines()[type(pipe).__name__] == "verified"
-    assert_np_matches(run(pipe, call, "np", flags), expected)
-    assert_pil_matches(run(pipe, call, "pil"), expected_pil)
-    if name == "sd":  # its safety checker reads its scores with numpy: that module runs eagerly, with stock's flags
-        assert "StableDiffusionSafetyChecker.forward cannot be traced" in caplog.text
-        assert flags[0] == flags[1] and len(flags[0]) == 2
-    with jit.compile_log() as log:
-        run(pipe, call, "np")
-    assert log.compilations == 0
-    pipe.to("cpu")  # back on torch with the very same weights
-    theirs = ref.unet.state_dict()
-    assert all(torch.equal(value, theirs[key]) for key, value in pipe.unet.state_dict().items())
 
 
 def test_an_unverified_unet_pipeline_runs_with_a_warning_and_matches_stock(caplog):
