@@ -35,7 +35,8 @@ LATE_IMPORT = '"""A module."""\n\n\ndef late():\n    import json\n\n    return j
     [
         ("diffusers_tpu/runtime/late.py", True),
         ("kernels/late.py", True),
-        ("diffusers_tpu/commands/late.py", False),
+        ("diffusers_tpu/commands/late.py", True),
+        ("diffusers_tpu/commands/cli.py", False),
         ("tests/test_late.py", False),
     ],
 )

@@ -19,14 +19,22 @@ import datetime
 import json
 import time
 
+import jax
 import numpy as np
 import torch
+from diffusers import FirstBlockCacheConfig, MagCacheConfig
+from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
 from ..interop import backend
 from ..interop.jit import compile_log
-from ..runtime import pipeline_runtime
+from ..planner import architectures
+from ..runtime import outputs, pipeline_runtime
+from ..runtime.config import TPUConfig
+from ..runtime.denoiser import active_hooks, hook_reference
 from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
+from ..runtime.stages import _defaults
+from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import peak_memory as _peak_memory
 from .measures import versions as _versions
@@ -83,8 +91,6 @@ class StageTimer:
 
     def _count_hooked_blocks(self, module):
         """On torch: count executions of the forward inside each hook chain below the denoiser."""
-        from ..runtime.denoiser import active_hooks, hook_reference
-
         count = [0]
         for sub in active_hooks(module):
             if sub is module:
@@ -229,8 +235,6 @@ def measure(
     pipe, call: dict, runs: int = 3, warmup: int = 1, trace_dir: str | None = None, seed: int = 0
 ) -> tuple[dict, np.ndarray]:
     """Warm-up and timed calls of ``pipe(**call)`` (``output_type="pil"``); returns the report and the frames."""
-    from .arguments import call_arguments
-
     streaming = hasattr(pipe, "block_timings")  # a causal pipeline: time each transformer pass and block
     call = call_arguments(pipe, dict(call, timing=True) if streaming else call)
     timer = StageTimer(pipe)
@@ -276,8 +280,6 @@ def measure(
 
 @contextlib.contextmanager
 def _trace(directory):
-    import jax
-
     with jax.profiler.trace(directory):
         yield
 
@@ -307,10 +309,6 @@ def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: 
 
 def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
-    from ..planner import architectures
-    from ..runtime.config import TPUConfig
-    from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
-
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)  # a bad platform fails before any weight is built
     config = TPUConfig(
@@ -413,8 +411,6 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
     interpolated to the step count (a stand-in: real runs calibrate ratios for their model)."""
     if not spec:
         return
-    from diffusers import FirstBlockCacheConfig, MagCacheConfig
-    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
     name, _, threshold = spec.partition(":")
     threshold = float(threshold) if threshold else CACHES[name]
@@ -439,8 +435,6 @@ def disable_cache(pipe, spec: str | None) -> None:
 
 
 def _defaults_of(pipe) -> dict:
-    from ..runtime.stages import _defaults
-
     return _defaults(pipe)
 
 
@@ -537,14 +531,10 @@ def _block_lines(blocks: dict | None, torch_blocks: dict | None) -> list[str]:
 
 
 def main(args) -> int:
-    from ..runtime import outputs
-
     if args.json:
         outputs.check_destination(args.json, what="--json")  # before minutes of benchmarking
     report = run(args)
     print(format_table(report), flush=True)
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(report, indent=2))
     return 0

@@ -11,44 +11,39 @@ its assumptions printed: never a measurement.
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import time
 
+import torch
+
+from ..planner import architectures, hlo_stats, plan, tpu_compiler
 from ..planner.chips import CHIPS
+from ..runtime import outputs
+from ..runtime.config import TPUConfig
+from ..runtime.registry import family_of
+from .arguments import load_pipeline
 
 GIB = 1 << 30
 
 
 def check_arguments(args) -> None:
     """Mistakes named before anything loads."""
-    from ..planner import tpu_compiler
-
     tpu_compiler.require("diffusers-tpu cost")  # --chips, --arch/--model: checked before loading (``parser.check``)
 
 
 def analyse(lowered) -> dict:
     """Compile ``lowered`` and read the program back (``hlo_stats.summary``, with the compile seconds)."""
-    from ..planner import hlo_stats
-
     start = time.perf_counter()
     compiled = lowered.compile()
     return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
 
 
 def main(args) -> int:
-    import os
-
-    import torch
-
-    from ..planner import architectures, plan, tpu_compiler
-    from ..runtime.config import TPUConfig
-    from ..runtime.registry import family_of
-    from .arguments import load_pipeline
 
     check_arguments(args)
     if args.json:
-        from ..runtime import outputs
-
         outputs.check_destination(args.json, what="--json")
     chip = CHIPS[args.chips]
     devices = tpu_compiler.devices(chip)
@@ -60,8 +55,6 @@ def main(args) -> int:
     else:
         pipe = load_pipeline(args.model)
     if args.max_sequence_length is None:
-        import inspect
-
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None
     config = TPUConfig(mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host")
@@ -97,8 +90,6 @@ def main(args) -> int:
         result["estimate"] = roofline(report["passes"][0], chip, args.attention_efficiency)
     print(render(result))
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(result, indent=1, default=str))
     return 0
 

@@ -22,15 +22,19 @@ import sys
 import tempfile
 import time
 
+import jax
+import torch
+
+import diffusers_tpu
+from diffusers_tpu.interop import jit
+
+from ..runtime import outputs
+
 # ``-m`` imports the package (torch, JAX, diffusers) before this module runs: the first phase includes it
 PHASES = ("python start and imports", "load onto devices", "call to first step dispatched")
 
 
 def child(folder: str, height: int, width: int, frames: int, device: str, scan_blocks: bool = True) -> dict:
-    import torch
-
-    import diffusers_tpu
-    from diffusers_tpu.interop import jit
 
     marks = {"started": time.time()}
     pipe = diffusers_tpu.from_pretrained(
@@ -136,14 +140,11 @@ def main(argv=None) -> int:
         child(args.folder, args.height, args.width, args.frames, args.device, not args.unrolled)
         return 1
     if args.json:
-        from ..runtime import outputs
-
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
     with tempfile.TemporaryDirectory() as fresh:
         runs = measure(
             args.folder, args.height, args.width, args.frames, args.device, args.cache_dir or fresh, not args.unrolled
         )
-    import jax
 
     for run in runs:
         print(

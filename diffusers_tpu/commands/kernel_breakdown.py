@@ -15,6 +15,8 @@ import gzip
 import json
 import os
 
+from torch.autograd import DeviceType
+
 CATEGORIES = ("attention", "matmul", "copy/transpose", "cast", "norm/reduce", "elementwise", "other")
 
 # (category, substrings of the lower-cased kernel or op name), first match wins: attention before matmul (flash
@@ -165,8 +167,6 @@ def _kernel_lines(device: list, threads: dict) -> list:
 def torch_kernels(profile) -> dict[str, tuple[float, int]]:
     """{kernel: (seconds, calls)} from a finished ``torch.profiler.profile``: CUDA kernels when it recorded any,
     else the CPU ops' self time (a CPU run)."""
-    from torch.autograd import DeviceType
-
     table: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in profile.events():
         if event.device_type == DeviceType.CUDA:  # kernels, memcpy, memset: each once, with its own duration

@@ -19,14 +19,18 @@ import sys
 import threading
 import time
 
+import diffusers
+import jax
+import torch
+
+import diffusers_tpu
+
+from ..planner import architectures
+from ..testing import tiny
+
 
 def write(folder: str, arch: str, shard_size: str) -> None:
     """The real-size denoiser of ``arch`` with random bfloat16 weights, with the tiny Wan text encoder and VAE."""
-    import diffusers
-    import torch
-
-    from ..planner import architectures
-    from ..testing import tiny
 
     spec = architectures.ARCHITECTURES[arch]
     transformer = architectures._empty(lambda: diffusers.WanTransformer3DModel(**spec["transformer"]))
@@ -41,11 +45,6 @@ def _rss() -> int:
 
 
 def measure(folder: str, route: str, mesh: dict) -> dict:
-    import diffusers
-    import jax
-    import torch
-
-    import diffusers_tpu
 
     config = diffusers_tpu.TPUConfig(mesh=mesh)
     baseline, peak, running = _rss(), [0], [True]

@@ -5,6 +5,8 @@ Shared by ``bench`` and ``profile``; imports nothing from the commands beside it
 
 from __future__ import annotations
 
+import importlib.metadata as metadata
+
 import torch
 
 from ..runtime import pipeline_runtime
@@ -31,8 +33,6 @@ def peak_tflops(device_kind: str) -> float | None:
 
 
 def versions() -> dict:
-    import importlib.metadata as metadata
-
     names = ("jax", "jaxlib", "torch", "torchax", "diffusers", "transformers", "diffusers-tpu")
     found = {}
     for name in names:

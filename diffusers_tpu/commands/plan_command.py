@@ -3,15 +3,27 @@ devices and a memory-minimizing schedule, the report, and ``--check`` on an acce
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
+import jax
 import torch
 
-from ..planner import tpu_compiler
+from ..interop import backend
+from ..planner import architectures, tpu_compiler
+from ..planner import plan as plan_module
 from ..planner.chips import CHIPS, GIB
 from ..planner.plan import candidate_meshes, folder_pipeline, plan_all
+from ..runtime import outputs, pipeline_runtime, placement
+from ..runtime.config import TPUConfig
+from ..runtime.registry import family_of
+from .arguments import load_pipeline
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
 # over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
@@ -27,17 +39,12 @@ def cpu_device_flag(count: int) -> str:
 
 def cpu_devices(count: int) -> list | None:
     """``count`` simulated CPU devices, or None when JAX started with fewer (the flag must precede its start)."""
-    import jax
-
     devices = jax.devices("cpu")
     return devices[:count] if len(devices) >= count else None
 
 
 def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
     """The same command in a process whose XLA starts with ``count`` CPU devices (and the memory flags)."""
-    import subprocess
-    import sys
-
     flags = [os.environ.get("XLA_FLAGS", ""), cpu_device_flag(count), *(CPU_MEMORY_FLAGS if memory_flags else ())]
     env = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags if f), JAX_PLATFORMS="cpu")
     result = subprocess.run(
@@ -51,15 +58,8 @@ def _rerun(argv: list[str], count: int, memory_flags: bool) -> int:
 
 
 def main(args, argv: list[str] | None = None) -> int:
-    import json
-
-    from ..planner import architectures
-    from ..runtime.config import TPUConfig
-    from .arguments import load_pipeline
 
     if args.json:
-        from ..runtime import outputs
-
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
     # its target and model were checked before anything loaded (``parser.check``)
     chip = CHIPS.get(args.chips)
@@ -91,7 +91,6 @@ def main(args, argv: list[str] | None = None) -> int:
         pipe = folder_pipeline(args.model, dtype)
     else:
         pipe = load_pipeline(args.model)
-    from ..runtime.registry import family_of
 
     heads = family_of(pipe).num_heads(pipe)
     if args.max_sequence_length is None:  # HunyuanVideo-1.5 has fixed text lengths instead
@@ -207,8 +206,6 @@ def main(args, argv: list[str] | None = None) -> int:
             )
         )
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(report, indent=1, default=str))
     return 0
 
@@ -255,10 +252,6 @@ def _estimate_beside(estimate: dict, row: dict) -> dict:
 def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
     """``config`` with the text encoders where ``TPUConfig(text_encoder="auto")`` puts them on the target: the rule
     of ``runtime.placement`` on the weights per device, against the memory JAX can allocate there."""
-    import dataclasses
-
-    from ..interop import backend
-    from ..runtime import pipeline_runtime, placement
 
     mesh_shape = config.mesh or backend.default_mesh_shape(count, heads, pair_batch=True)
     platform = "gpu" if chip is not None and chip.gpu else "tpu"
@@ -316,17 +309,6 @@ def _estimate_line(estimate: dict) -> str:
 def check(args, argv: list[str] | None, count: int) -> int:
     """``plan --check``: the plan (in a CPU process), then its recommended configuration run here on the
     accelerator for 2 steps, the measured peak device memory beside the estimate."""
-    import json
-    import tempfile
-
-    import jax
-
-    from ..planner import architectures
-    from ..planner import plan as plan_module
-    from ..runtime import pipeline_runtime
-    from ..runtime.config import TPUConfig
-    from ..runtime.registry import family_of
-    from .arguments import load_pipeline
 
     platform = jax.default_backend()
     if platform == "cpu" or argv is None:
@@ -381,7 +363,5 @@ def check(args, argv: list[str] | None, count: int) -> int:
         else "check: the platform reports no peak"
     )
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(report, indent=1, default=str))
     return 0

@@ -10,16 +10,27 @@ conditional and the unconditional pass).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
 import time
 
+import jax
 import torch
 import torch.utils._pytree as pytree
+from torch.profiler import ProfilerActivity, profile
 
+from ..interop import backend, user_tensors
+from ..interop.jit import compile_log
+from ..planner import architectures
+from ..runtime import outputs, pipeline_runtime
+from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
+from ..runtime.stages import _defaults
 from . import kernel_breakdown
+from .arguments import call_sizes, device_for, load_pipeline, sequence_length
+from .measures import peak_memory, peak_tflops, versions
 
 
 def _host_copy(value):
@@ -61,8 +72,6 @@ def _timed(step, sync, runs: int, warmup: int) -> dict:
 
 def torch_step(module, calls: list, device: str, runs: int, compiled: bool = False) -> dict:
     """Stock torch (eager, or ``torch.compile``) on the recorded inputs: timing, one profiled step, peak memory."""
-    from torch.profiler import ProfilerActivity, profile
-
     module.to(device)
     moved = [pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, c) for c in calls]
     target = torch.compile(module) if compiled else module
@@ -90,14 +99,6 @@ def torch_step(module, calls: list, device: str, runs: int, compiled: bool = Fal
 def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) -> dict:
     """The runtime's compiled denoiser program on the recorded inputs (the pipeline must be attached); ``trace``:
     keep the profiled step's ``jax.profiler`` trace in this folder (else a temporary one)."""
-    import contextlib
-
-    import jax
-
-    from ..interop import backend, user_tensors
-    from ..interop.jit import compile_log
-    from ..runtime import pipeline_runtime
-    from .measures import peak_memory
 
     runtime = pipeline_runtime.runtime_of(pipe)
     module = getattr(pipe, name)
@@ -146,13 +147,6 @@ def _step_flops(pipe, call: dict, calls: list) -> int | None:
 
 
 def run(args) -> dict:
-    from ..planner import architectures
-    from ..runtime import pipeline_runtime
-    from ..runtime.config import TPUConfig
-    from ..runtime.stages import _defaults
-    from .arguments import call_sizes, device_for, load_pipeline, sequence_length
-    from .measures import peak_tflops, versions
-
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)
     config = TPUConfig(
@@ -276,8 +270,6 @@ def check_arguments(args) -> None:
 
 
 def main(args) -> int:
-    from ..runtime import outputs
-
     check_arguments(args)
     if args.json:
         outputs.check_destination(args.json, what="--json")

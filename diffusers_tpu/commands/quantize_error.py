@@ -12,16 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 
+import diffusers
+import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import quantize
+from ..families import wan
+from ..interop.sharding import _keep_in_fp32
+from ..planner import architectures
+from ..runtime import outputs, quantize
+from ..runtime.config import TPUConfig
+from ..testing import tiny
 
 
 def weight_bytes(module: torch.nn.Module, fmt: str | None, dtype=torch.bfloat16) -> int:
     """Bytes of ``module``'s parameters on the devices in ``dtype`` (float32 modules kept), quantized or not."""
-    from ..interop.sharding import _keep_in_fp32
-
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     names = quantize.targets(module) if fmt else set()
     total = 0
@@ -40,8 +45,6 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 def layer_errors(block: torch.nn.Module, fmt: str, tokens: int = 256, seed: int = 0) -> dict:
     """Per linear layer of ``block``: relative error of the weights and of ``x @ W.T`` (random ``x``), for the
     quantized weight and for plain bfloat16 rounding, both against float32."""
-    import jax.numpy as jnp
-
     rng = np.random.default_rng(seed)
     errors = {}
     for name, module in block.named_modules():
@@ -65,12 +68,6 @@ def stack_errors(
     layers: int = 4, fmt: str = "int8", frames: int = 3, size: int = 16, text: int = 64, seed: int = 0
 ) -> dict:
     """Relative L2 error of a real-width Wan2.1-1.3B stack of ``layers`` blocks on JAX vs stock torch float32."""
-    import diffusers
-
-    from ..families import wan
-    from ..planner import architectures
-    from ..runtime.config import TPUConfig
-    from ..testing import tiny
 
     config = dict(wan.WAN21_1_3B, num_layers=layers)
     generator = torch.Generator().manual_seed(seed)
@@ -115,21 +112,16 @@ def stack_errors(
 
 
 def main(argv=None) -> int:
-    from ..planner import architectures
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=quantize.FORMATS, default="int8")
     parser.add_argument("--layers", type=int, default=4, help="blocks in the real-width stack")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
     if args.json:
-        from ..runtime import outputs
-
         outputs.check_destination(args.json, what="--json")
     report = {"format": args.format, "weight_bytes": {}}
     for name in ("Wan2.1-1.3B", "Wan2.1-14B", "CogVideoX1.5-5B"):
         spec = architectures.ARCHITECTURES[name]
-        import diffusers
 
         cls = diffusers.WanTransformer3DModel if spec["family"] == "wan" else diffusers.CogVideoXTransformer3DModel
         model = architectures._empty(lambda: cls(**spec["transformer"]))
@@ -137,9 +129,6 @@ def main(argv=None) -> int:
             "bf16": weight_bytes(model, None),
             args.format: weight_bytes(model, args.format),
         }
-    import diffusers
-
-    from ..families import wan
 
     block = architectures._empty(lambda: diffusers.WanTransformer3DModel(**dict(wan.WAN21_1_3B, num_layers=1)))
     architectures._fill(block, torch.float32, torch.Generator().manual_seed(0))
@@ -147,8 +136,6 @@ def main(argv=None) -> int:
     report["stack"] = stack_errors(args.layers, args.format)
     print(json.dumps(report, indent=1))
     if args.json:
-        from ..runtime import outputs
-
         outputs.write_text(args.json, json.dumps(report, indent=1))
     return 0
 

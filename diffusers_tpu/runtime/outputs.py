@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import imageio_ffmpeg
 import PIL.Image
-from diffusers.utils import export_to_video
 
 
 class DestinationError(ValueError):
@@ -202,7 +201,10 @@ def write_video(frames, path: str, fps: int) -> None:
     """Frames (PIL images or uint8 arrays) as a video with diffusers' ``export_to_video``, verified by counting the
     frames ffmpeg reads back."""
 
-    def write(temp):  # ffmpeg starts through subprocess: JAX's fork warning is silenced for that (``patches``)
+    def write(temp):  # ffmpeg starts through subprocess: JAX's fork warning is silenced for that (``startup``)
+        # late: the command line checks outputs before torch loads; diffusers' writer as patched at call time
+        from diffusers.utils import export_to_video  # noqa: PLC0415
+
         export_to_video(list(frames), temp, fps=fps)
 
     def verify(temp):
