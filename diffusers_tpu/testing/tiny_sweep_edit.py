@@ -11,7 +11,7 @@ import importlib
 import diffusers
 import torch
 import transformers
-from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va as module
+from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va
 
 from . import tiny_families, tiny_images
 from .tiny import WAN_VAE, PassThroughGuardrail, char_tokenizer, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
@@ -253,7 +253,7 @@ def _short_kandinsky6_template():
     """Stock wraps each prompt in a 7-line system template and crops its first 129 Qwen tokens (module constants):
     with the character tokenizer that is ~700 tokens a prompt. The recipe sets a short template and crop in the
     module (test harness only, for stock and JAX alike)."""
-    module._PROMPT_TEMPLATE, module._QWEN_CROP_START = "<s>{}<e>", 3
+    pipeline_kandinsky6_ti2va._PROMPT_TEMPLATE, pipeline_kandinsky6_ti2va._QWEN_CROP_START = "<s>{}<e>", 3
 
 
 def kandinsky6(seed: int = 0):

@@ -236,6 +236,7 @@ def _frames(entry):
     return np.frombuffer(base64.b64decode(entry["frames"]), dtype=np.float32).reshape(entry["shape"])
 
 
+@pytest.mark.mesh_slow  # two 4-device processes start JAX and run four pipelines: ~2 minutes
 def test_two_processes_form_one_mesh_and_match_one_process(report, pod):
     """2 processes x 4 devices = 1 process x 8 devices = torch, for Wan T2V and LTX-Video on both layouts; each
     process ends with the whole video; processes given different seeds get an error, not a mixed video."""
