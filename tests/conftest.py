@@ -1,7 +1,11 @@
 """Shared fixtures: offline, a throwaway JAX compilation cache, and stock-vs-JAX comparison helpers."""
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DIFFUSERS_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="diffusers-tpu-test-cache-"))
@@ -88,3 +92,27 @@ def pytest_collection_modifyitems(config, items):
     """The 8-device mesh and the 2-process pod (minutes, in subprocesses) first: under ``pytest -n 2`` one worker
     runs them while the other takes the rest."""
     items.sort(key=lambda item: 0 if item.path.name == "test_mesh.py" else 1)
+
+
+def run_fresh(code: str) -> dict:
+    """``code`` in a fresh interpreter (no DIFFUSERS_TPU_ variables, this checkout first on the path): the JSON its
+    last printed line holds. What a process has imported is then the thing under test."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**env, "PYTHONPATH": root},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def compiled_method(method):
+    """The compiled method under the wrappers a patched method gets (it holds ``programs``)."""
+    while not hasattr(method, "programs"):
+        method = method.__wrapped__
+    return method

@@ -3,33 +3,14 @@
 Each case runs in a fresh interpreter: what a process has imported is the thing under test. Imports are counted,
 not timed, so the tests hold on a busy machine (the timings are in README)."""
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 
 from diffusers_tpu.interop import import_hooks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(code: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        env={**env, "PYTHONPATH": ROOT},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+from tests.conftest import run_fresh
 
 
 def test_import_without_torch_loads_nothing_heavy_and_switches_on_with_diffusers_pipelines():
-    found = _run("""
+    found = run_fresh("""
         import json, sys
         import diffusers_tpu
         before = sorted(m for m in ("torch", "jax", "diffusers", "torchax") if m in sys.modules)
@@ -43,7 +24,7 @@ def test_import_without_torch_loads_nothing_heavy_and_switches_on_with_diffusers
 
 
 def test_import_after_torch_and_diffusers_defers_the_model_classes_and_families():
-    found = _run("""
+    found = run_fresh("""
         import json, sys
         import torch, diffusers
         import diffusers_tpu

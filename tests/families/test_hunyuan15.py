@@ -14,7 +14,7 @@ from diffusers_tpu.families import hunyuan_video15
 from diffusers_tpu.interop import backend, jit
 from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
-from tests.conftest import all_equations, assert_np_matches, stock_pil
+from tests.conftest import all_equations, assert_np_matches, compiled_method, stock_pil
 
 # A CFG pair of different padded lengths; the prompt's quoted text goes through ByT5, the negative has none (all
 # its ByT5 tokens are padding). Guidance is on (scale 6).
@@ -32,12 +32,6 @@ def generate(pipe, seed=0, **overrides):
     return pipe(**dict(CALL, **overrides), generator=torch.Generator().manual_seed(seed)).frames
 
 
-def unwrap(method):
-    while not hasattr(method, "programs"):
-        method = method.__wrapped__
-    return method
-
-
 @pytest.fixture(scope="module")
 def stock():
     pipe = tiny.hunyuan15_pipeline()
@@ -47,7 +41,7 @@ def stock():
 
 def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
-    compiled = unwrap(pipe.transformer.forward)
+    compiled = compiled_method(pipe.transformer.forward)
     calls, call = [], jit._Program.__call__
     jit._Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
         calls.append((self, state, dynamic)) or call(self, state, dynamic, extra, carried)
@@ -73,7 +67,7 @@ def test_no_dense_attention_mask_in_the_traced_program(stock):
         blocks = pipe.transformer.transformer_blocks
         for block in blocks:
             vars(block.attn)["processor"] = HunyuanVideo15AttnProcessor2_0()
-        unwrap(pipe.transformer.forward).programs.clear()
+        compiled_method(pipe.transformer.forward).programs.clear()
         assert (1, 1, seq, seq) in _traced_shapes(pipe)
     finally:
         pipe.to("cpu")

@@ -21,7 +21,7 @@ import torch
 import diffusers_tpu
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_unet
-from tests.conftest import CALL, assert_np_matches, assert_pil_matches, stock_pil
+from tests.conftest import CALL, assert_np_matches, assert_pil_matches, compiled_method, stock_pil
 
 
 @dataclasses.dataclass
@@ -85,22 +85,16 @@ HUNYUAN15_CALL = dict(  # the negative prompt has no quoted text: all its ByT5 t
 )
 
 
-def compiled(method):
-    while not hasattr(method, "programs"):
-        method = method.__wrapped__
-    return method
-
-
 def on_jax_device(run):
     assert run.pipe.device == torch.device("jax", 0)
 
 
 def cogvideox_vae_programs(run):  # the conv cache: first chunk, later chunks, whatever the frame count
-    assert len(compiled(run.pipe.vae.decoder.forward).programs) == 2
+    assert len(compiled_method(run.pipe.vae.decoder.forward).programs) == 2
 
 
 def one_hunyuan15_program(run):  # cond and uncond (different padded lengths) share one program
-    assert np.isfinite(run.moved.frames).all() and len(compiled(run.pipe.transformer.forward).programs) == 1
+    assert np.isfinite(run.moved.frames).all() and len(compiled_method(run.pipe.transformer.forward).programs) == 1
 
 
 def ltx2_soundtrack(run):  # the soundtrack too, as a host tensor

@@ -1,38 +1,20 @@
 """The patches of torch itself (``torch_compat``): torchax importable on torch 2.13, whoever imports it first."""
 
-import json
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
 from diffusers_tpu.interop import import_hooks, patching, torch_compat
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _fresh(code: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        env={**env, "PYTHONPATH": ROOT},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+from tests.conftest import run_fresh
 
 
 @pytest.mark.parametrize("first", ["", "import torch", "import torch, diffusers"])
 def test_torchax_imports_after_the_package_whatever_was_imported_before(first):
     """A user's ``import torchax`` (and its default environment, which loads ``torchax.decompositions``) works after
     ``import diffusers_tpu``, with or without torch loaded first; on torch 2.13 only through the tolerance."""
-    found = _fresh(f"""
+    found = run_fresh(f"""
         import json
         {first}
         import diffusers_tpu
