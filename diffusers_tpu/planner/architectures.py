@@ -164,10 +164,34 @@ ARCHITECTURES = {
 }
 
 
+_POOL_SIZE = (1 << 24) + 17  # odd: rows of power-of-two widths do not line up with the pool's period
+
+
+def _normal_pool(generator: torch.Generator) -> torch.Tensor:
+    """normal(0, 0.02) values drawn once per fill: parameters are filled by copying runs of them. Drawing every value
+    with one generator is single-threaded (90 s for Wan2.1-1.3B with UMT5-XXL); copies take seconds."""
+    return torch.empty(_POOL_SIZE, dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
+
+
+def _fill_from(value: torch.Tensor, pool: torch.Tensor, offset: int) -> int:
+    """``value`` filled with the pool's values from ``offset`` on (wrapping round); returns the next offset."""
+    flat, size, start = value.view(-1), pool.numel(), 0
+    while start < flat.numel():
+        run = min(flat.numel() - start, size - offset)
+        flat[start : start + run].copy_(pool[offset : offset + run])
+        start, offset = start + run, (offset + run) % size
+    return offset
+
+
 def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
-    """``generator=None``: parameters stay on ``meta``, only their dtypes are set (as ``from_pretrained`` would)."""
+    """Random weights: matrices normal(0, 0.02) (runs of one pool of values, drawn from ``generator``), vectors
+    zeros (biases) or ones (norm scales). ``generator=None``: parameters stay on ``meta``, only their dtypes are set
+    (as ``from_pretrained`` would)."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     filled = {}  # tied parameters (a text encoder's input embedding and its shared table) stay one tensor
+    pool = _normal_pool(generator) if generator is not None else None
+    # each module starts at its own place in the pool (the generator's next draw), so two fills differ
+    offset = int(torch.randint(_POOL_SIZE, (1,), generator=generator)) if generator is not None else 0
     for prefix, owner in module.named_modules(remove_duplicate=False):
         for name, param in list(owner._parameters.items()):
             if param is not None and id(param) in filled:
@@ -182,7 +206,7 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
                 device="cpu" if generator is not None else "meta",
             )
             if generator is not None and param.ndim >= 2:
-                value.normal_(0.0, 0.02, generator=generator)
+                offset = _fill_from(value, pool, offset)
             elif generator is not None:
                 value.fill_(0.0 if name == "bias" else 1.0)
             owner._parameters[name] = filled[id(param)] = torch.nn.Parameter(value, requires_grad=False)

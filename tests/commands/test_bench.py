@@ -159,6 +159,22 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     assert tied[1].weight is tied[0].weight and not tied[0].weight.is_meta
 
 
+def test_random_fill_copies_runs_of_one_pool_and_wraps_round():
+    import torch
+
+    from diffusers_tpu.planner import architectures
+
+    pool = torch.arange(10, dtype=torch.float32)
+    value = torch.empty(3, 5, dtype=torch.bfloat16)
+    assert architectures._fill_from(value, pool, 7) == 2  # 15 values from 7: 7, 8, 9, 0, ..., 9, 0, 1
+    assert value.flatten().tolist() == [7, 8, 9, *range(10), 0, 1]
+    one, two = (architectures._empty(lambda: torch.nn.Linear(64, 64)) for _ in range(2))
+    architectures._fill(one, torch.float32, torch.Generator().manual_seed(0))
+    architectures._fill(two, torch.float32, torch.Generator().manual_seed(1))
+    assert not torch.equal(one.weight, two.weight)  # another seed, other weights
+    assert len(one.weight.unique()) == 64 * 64  # no repeats inside a tensor smaller than the pool
+
+
 def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     """The --arch path (random weights, no download) end to end, on a small registered architecture; the real
     ones differ only in their configs (too large for a CI machine's RAM)."""
