@@ -235,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import cost as cost_module
 
             return cost_module.main(args)
+        if args.command == "ready":
+            from . import ready
+
+            return ready.main(args)
         status = generate(args) if args.command == "generate" else stage(args)
         say(
             f"done in {time.perf_counter() - STARTED:.1f} s, start to finish (imports, loading, compiling, running, "

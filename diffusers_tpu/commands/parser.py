@@ -313,7 +313,7 @@ def _model_of(args) -> str | None:
     """The model a command will load (None: a stage's model comes from its stage directory)."""
     if getattr(args, "arch", None):
         return args.arch
-    if args.command in ("plan", "cost"):
+    if args.command in ("plan", "cost", "ready"):
         return args.model
     if args.command in ("encode", "denoise", "decode"):
         return args.model
@@ -357,8 +357,8 @@ def no_encode_stage(stage_dir: str) -> str:
 
 
 def _check_targets(args) -> None:
-    """``plan`` and ``cost``: what to plan (one of --arch, --model) and for what (a named target)."""
-    if args.command not in ("plan", "cost"):
+    """``plan``, ``cost`` and ``ready``: what to plan (one of --arch, --model) and for what (a named target)."""
+    if args.command not in ("plan", "cost", "ready"):
         return
     if bool(args.arch) == bool(args.model):
         raise ValueError(f"{args.command} needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
@@ -367,11 +367,12 @@ def _check_targets(args) -> None:
             "plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
             % ", ".join(sorted(CHIPS))
         )
-    if args.command == "cost":
+    if args.command in ("cost", "ready"):
         slices = [name for name, chip in CHIPS.items() if chip.topology]
         if args.chips not in slices:
             raise ValueError(
-                f"cost --chips {args.chips}: not a TPU slice the TPU compiler knows; choose one of {', '.join(slices)}."
+                f"{args.command} --chips {args.chips}: not a TPU slice the TPU compiler knows; "
+                f"choose one of {', '.join(slices)}."
             )
         if not 0 < args.attention_efficiency <= 1:
             raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")

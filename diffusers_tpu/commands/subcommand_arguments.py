@@ -192,6 +192,25 @@ def _cost(parser) -> None:
     parser.add_argument("--json", help="write the report to this file")
 
 
+def _ready(parser) -> None:
+    _cost(parser)
+    parser.add_argument(
+        "--vae-compile",
+        choices=("auto", "quick", "full", "tiered"),
+        default="auto",
+        help="how the VAE's programs are built (TPUConfig.vae_compile; auto: quick on TPU)",
+    )
+    parser.add_argument(
+        "--text-encoder",
+        choices=("host", "jax"),
+        default="host",
+        help="jax: the text encoders' programs too (as TPUConfig(text_encoder='jax') runs them)",
+    )
+    parser.add_argument(
+        "--workers", type=positive("--workers"), help="programs compiled at once (default: cores, <= 8)"
+    )
+
+
 def _generate(parser) -> None:
     for add in (add_runtime_args, add_prompt_args, add_size_args, add_output_args):
         add(parser)
@@ -224,6 +243,12 @@ def add_all(commands) -> None:
         commands.add_parser(
             "cost",
             help="what the TPU compiler makes of the step and VAE programs, per layer, for a TPU slice (no TPU needed)",
+        )
+    )
+    _ready(
+        commands.add_parser(
+            "ready",
+            help="time to ready: every program of a first call compiled for a TPU slice, timed (no TPU needed)",
         )
     )
     for name, help_text in STAGES.items():

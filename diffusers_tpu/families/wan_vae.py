@@ -4,13 +4,17 @@ The stock ``_decode`` loops over latent frames in Python, carrying a feature cac
 every causal conv). Its entries are ``None``, the marker ``"Rep"`` (no temporal upsampling yet) or 1-frame tensors
 while the first two latent frames go through; from then on every entry is a 2-frame tensor. So:
 
-- program A decodes latent frames 0 and 1 exactly as stock does (``first_chunk`` for frame 0);
-- program B decodes ``vae_decode_chunk`` frames given the now uniform cache, with ``lax.scan`` over the frames
-  (the cache is the carry), calling the stock decoder once per frame as stock does;
+- program A decodes latent frame 0 exactly as stock does (``first_chunk``), and hands on its cache in the form every
+  later frame's takes: a 1-frame entry with a zero frame before it, a ``"Rep"`` marker as two zero frames. That is
+  what the causal convolutions compute with on frame 1 anyway (they pad missing past frames with zeros; a ``"Rep"``
+  upsampler runs its time conv on zero padding), so frame 1 decodes with stock's numbers in program B;
+- program B decodes ``vae_decode_chunk`` frames given the uniform cache, with ``lax.scan`` over the frames (the
+  cache is the carry), calling the stock decoder once per frame as stock does;
 - the remaining frames are zero-padded to a chunk multiple and the extra output trimmed (the decoder is causal:
   trailing padding cannot change earlier frames).
 
-Two programs serve every frame count at a resolution, results are the stock decode's, and the program memory
+Two programs serve every frame count at a resolution (the decoder traced twice, not three times: compile time is
+the TPU compiler's minutes per 3-D convolution), results are the stock decode's, and the program memory
 does not depend on the frame count (one frame's activations at a time). Encoding mirrors it: the encoder's first
 two calls (frame 0, then frames 1-4) in program A, then chunks of ``vae_encode_chunk`` latent frames (4 input
 frames each) in program B.
@@ -18,13 +22,14 @@ frames each) in program B.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_wan import patchify, unpatchify
+from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T, WanResample, patchify, unpatchify
 from diffusers.models.autoencoders.vae import DecoderOutput
 
 from ..interop import backend
@@ -71,6 +76,55 @@ def _decode_first(vae, z, cache=None, start: int = 0):
     return torch.cat(outs, 2), cache
 
 
+FIRST_FRAMES = 1  # latent frames program A decodes; every later one runs in the chunk program
+
+
+@contextlib.contextmanager
+def _first_frame_repeats(decoder, repeats: dict):
+    """While frame 0 is decoded: each temporal upsampler that marks its cache slot ``"Rep"`` (skipping its time conv
+    on the first frame) records the shape and dtype of its input in ``repeats[slot]``."""
+    upsamplers = [m for m in decoder.modules() if isinstance(m, WanResample) and m.mode == "upsample3d"]
+
+    def recording(module, x, feat_cache=None, feat_idx=(0,)):
+        if feat_cache is not None and feat_cache[feat_idx[0]] is None:
+            repeats[feat_idx[0]] = (tuple(x.shape), x.dtype)
+        return type(module).forward(module, x, feat_cache=feat_cache, feat_idx=feat_idx)
+
+    for module in upsamplers:
+        module.forward = functools.partial(recording, module)
+    try:
+        yield
+    finally:
+        for module in upsamplers:
+            del module.forward
+
+
+def _steady(cache: list, repeats: dict) -> list:
+    """The cache after frame 0 in the form every later frame's takes (module docstring): same numbers."""
+    steady, like = [], next(entry for entry in cache if isinstance(entry, torch.Tensor))
+    for slot, entry in enumerate(cache):
+        if isinstance(entry, str):  # "Rep": on frame 1 the upsampler's time conv pads with zeros
+            (batch, channels, _, height, width), dtype = repeats[slot]
+            entry = like.new_zeros((batch, channels, CACHE_T, height, width), dtype=dtype)
+        elif isinstance(entry, torch.Tensor) and entry.shape[2] < CACHE_T:
+            missing = list(entry.shape)
+            missing[2] = CACHE_T - entry.shape[2]
+            entry = torch.cat([entry.new_zeros(missing), entry], 2)  # the zero padding its conv would add
+        steady.append(entry)
+    return steady
+
+
+def _decode_head(vae, z):
+    """Program A: latent frame 0 as stock decodes it, and the cache in its steady form."""
+    if z.shape[2] != FIRST_FRAMES:
+        raise ValueError(f"the first decode program takes latent frame 0 alone, got {z.shape[2]} frames")
+    x = vae.post_quant_conv(z)
+    cache, repeats = [None] * vae._cached_conv_counts["decoder"], {}
+    with _first_frame_repeats(vae.decoder, repeats):
+        out = vae.decoder(x, feat_cache=cache, feat_idx=[0], first_chunk=True)
+    return out, _steady(cache, repeats)
+
+
 def _decode_chunk(vae, z, cache):
     def frame(cache_, x):
         cache_ = list(cache_)
@@ -97,17 +151,19 @@ def _encode_chunk(vae, x, cache):
     return vae.quant_conv(out), cache
 
 
-def _chunks(first, chunk_program, head, tail, per_chunk_frames: int, keep: int):
-    """Run program A on ``head`` then program B over ``tail`` zero-padded to ``chunk`` calls; trim to ``keep``
-    outputs of the tail."""
-    out, cache = first(head)
+def _chunks(first, chunk_program, frames, head: int, end: int, per_chunk_frames: int, keep: int):
+    """Run program A on ``frames[:, :, :head]``, then program B over ``frames[:, :, head:end]`` in calls of
+    ``per_chunk_frames`` (the last zero-padded); trim to ``keep`` outputs of B. Every call's input is a slice of one
+    array: the head and the chunks, when equal in length, share one slicing program."""
+    array = backend.to_jax_array(frames)
+    out, cache = first(backend.wrap(array[:, :, :head]))
     pieces = [out]
-    if tail is not None:
-        array = backend.to_jax_array(tail)
-        padded = math.ceil(array.shape[2] / per_chunk_frames) * per_chunk_frames
-        array = jnp.pad(array, ((0, 0), (0, 0), (0, padded - array.shape[2]), (0, 0), (0, 0)))
+    if end > head:
+        padded = head + math.ceil((end - head) / per_chunk_frames) * per_chunk_frames
+        if padded > array.shape[2]:
+            array = jnp.pad(array, ((0, 0), (0, 0), (0, padded - array.shape[2]), (0, 0), (0, 0)))
         produced = 0
-        for start in range(0, padded, per_chunk_frames):
+        for start in range(head, padded, per_chunk_frames):
             out, cache = chunk_program(backend.wrap(array[:, :, start : start + per_chunk_frames]), cache)
             pieces.append(out)
             produced += out.shape[2]
@@ -132,10 +188,9 @@ class StreamingDecoder:
     """Decodes a video block by block, carrying the causal feature cache: the concatenated outputs equal one
     stock ``vae.decode`` of all the latents (a causal conv only ever looks at its cached past frames).
 
-    On JAX it reuses the VAE's compiled programs: latent frames 0 and 1 (whose cache entries are still uneven)
-    in program A, every later frame in the chunk program (cache carried, donated). The first block also runs the
-    programs the next blocks need on zeros (on copies of the cache; once per block shape), so no block after the
-    first compiles.
+    On JAX it reuses the VAE's compiled programs: latent frame 0 in program A, every later frame in the chunk program
+    (cache carried, donated). The first block also runs the programs the next blocks need on zeros (on copies of the
+    cache; once per block shape), so no block after the first compiles.
     """
 
     def __init__(self, vae):
@@ -146,10 +201,10 @@ class StreamingDecoder:
     def _run(self, z, cache, start: int):
         if self.programs is None:  # plain torch: the stock per-frame loop
             return _decode_first(self.vae, z, cache, start)
-        early = max(0, min(2 - start, z.shape[2]))
+        early = max(0, min(FIRST_FRAMES - start, z.shape[2]))
         pieces = []
         if early:
-            out, cache = self.programs["decode_first"](z[:, :, :early], cache, start)
+            out, cache = self.programs["decode_first"](z[:, :, :early])
             pieces.append(out)
         if z.shape[2] > early:
             out, cache = self.programs["decode_chunk"](z[:, :, early:], cache)
@@ -166,10 +221,10 @@ class StreamingDecoder:
         if first and rehearsed is not None and (tuple(z.shape), z.dtype) not in rehearsed:
             rehearsed.add((tuple(z.shape), z.dtype))  # once per block shape: later calls find the programs built
             cache, start, zeros = _copy(self.cache), self.start, torch.zeros_like(z)
-            while True:  # the next block's programs; one more when that block still holds frame 1
+            while True:  # the next block's programs; one more when that block still holds a first frame
                 rehearsed, cache = self._run(zeros, cache, start)
                 start += z.shape[2]
-                if start - z.shape[2] >= 2:
+                if start - z.shape[2] >= FIRST_FRAMES:
                     break
             self.rehearsal = _finish(self.vae, rehearsed)  # also compiles the tail ops at the later blocks' shape
         return _finish(self.vae, out)
@@ -254,7 +309,7 @@ def install(vae, runtime, state, place_input) -> None:
     dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
     options = dict(runtime.vae_program_options(), place_input=place_input)
     compile_ = functools.partial(compiled_function, vae, state=state, compute_dtype=dtype, **options)
-    decode_first = compile_(functools.partial(_decode_first, vae))
+    decode_first = compile_(functools.partial(_decode_head, vae))
     # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
     # never reads it again.
     decode_chunk = compile_(functools.partial(_decode_chunk, vae), donate=1)
@@ -264,21 +319,21 @@ def install(vae, runtime, state, place_input) -> None:
 
     def decode_frames(z):  # stock's per-frame decoder loop (one cache), before unpatchify and clamp
         frames = z.shape[2]
-        head, tail = z[:, :, : min(frames, 2)], z[:, :, 2:] if frames > 2 else None
         return _chunks(
             decode_first,
             decode_chunk,
-            head,
-            tail,
+            z,
+            FIRST_FRAMES,
+            frames,
             config.vae_decode_chunk,
-            keep=vae.config.scale_factor_temporal * max(frames - 2, 0),
+            keep=vae.config.scale_factor_temporal * max(frames - FIRST_FRAMES, 0),
         )
 
     def encode_frames(x):  # stock's encoder loop (1 frame, then 4 at a time; one cache), quant_conv applied
         calls = 1 + (x.shape[2] - 1) // 4  # stock ignores frames past 1 + 4 * (calls - 1)
-        head = x[:, :, : min(x.shape[2], 5) if calls > 1 else 1]
-        tail = x[:, :, 5 : 1 + 4 * (calls - 1)] if calls > 2 else None
-        return _chunks(encode_first, encode_chunk, head, tail, 4 * config.vae_encode_chunk, keep=max(calls - 2, 0))
+        head = min(x.shape[2], 5) if calls > 1 else 1
+        end = 1 + 4 * (calls - 1) if calls > 2 else head
+        return _chunks(encode_first, encode_chunk, x, head, end, 4 * config.vae_encode_chunk, keep=max(calls - 2, 0))
 
     def _decode(z, return_dict: bool = True):
         _, _, frames, height, width = z.shape

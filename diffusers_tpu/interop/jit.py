@@ -11,10 +11,13 @@ Over 400 lines on purpose: the compiled method, its cache key and its compile ac
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
+import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 
 import jax
 import jax.numpy as jnp
@@ -136,20 +139,35 @@ class CompileLog:
 
     ``compilations``: XLA programs obtained for new shapes or code (built, or loaded from the persistent
     cache — ``cache_hits`` of them); a warm call has none. ``seconds``: tracing, lowering and compiling.
+    ``background``: programs built meanwhile on a background thread (``background_compiles``: a tiered program's
+    full build), not counted in the others.
     """
 
     compilations: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
+    background: int = 0
 
 
 _open_logs: list[CompileLog] = []
 _listener_lock = threading.Lock()
 _listening = False
+_this_thread = threading.local()
+
+
+@contextlib.contextmanager
+def background_compiles():
+    """Compilations on this thread inside the block count as ``CompileLog.background``: builds that run beside the
+    calls (a tiered program's full build) are not a call's compilations."""
+    _this_thread.background = True
+    try:
+        yield
+    finally:
+        _this_thread.background = False
 
 
 def _on_event(event: str, **_) -> None:
-    if event == _CACHE_HIT:
+    if event == _CACHE_HIT and not getattr(_this_thread, "background", False):
         for log in list(_open_logs):
             log.cache_hits += 1
 
@@ -157,7 +175,11 @@ def _on_event(event: str, **_) -> None:
 def _on_duration(event: str, duration: float, **_) -> None:
     if event not in _COMPILE_PHASES:
         return
+    background = getattr(_this_thread, "background", False)
     for log in list(_open_logs):
+        if background:
+            log.background += event == _BACKEND_COMPILE
+            continue
         log.seconds += duration
         if event == _BACKEND_COMPILE:
             log.compilations += 1
@@ -178,6 +200,42 @@ def compile_log():
         yield log
     finally:
         _open_logs.remove(log)
+
+
+def compile_now(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+    """The default program builder: XLA's compile with its default options (the persistent cache applies)."""
+    return lowered.compile()
+
+
+_compile_only = contextvars.ContextVar("compile_only", default=None)  # None: run; True or a pool: build only
+# what ``jax.stages.Compiled`` raises when called with arguments it was not built for
+_ARGUMENTS_CHANGED = re.compile(r"compiled for input shardings|Argument types differ|input pytree does not match")
+
+
+@contextlib.contextmanager
+def compile_only(pool: Executor | None = None):
+    """Inside: every compiled method builds its program for the call's arguments but does not run it; zeros of its
+    outputs' shapes, dtypes and shardings stand for them (a warm-up that compiles without executing).
+
+    ``pool``: programs are lowered here and built in the pool, concurrently, and the zeros take no sharding (it is
+    not known before the build): walk the call again without a pool once the builds are done, so the operations
+    between programs compile for the shardings a real call has."""
+    token = _compile_only.set(pool if pool is not None else True)
+    try:
+        yield
+    finally:
+        _compile_only.reset(token)
+
+
+def compiling_only() -> bool:
+    return _compile_only.get() is not None
+
+
+def _zeros_of(out_info, sharded: bool = True) -> list:
+    return [
+        jnp.zeros(info.shape, info.dtype, device=info.sharding if sharded else None)
+        for info in jax.tree_util.tree_leaves(out_info)
+    ]
 
 
 class _TensorSlot:
@@ -212,8 +270,15 @@ class _Program:
         carried: tuple = (),
         carried_key: tuple = (),
         place_output=None,
+        build=None,
     ):
         self.out_spec = None
+        # how the lowered program becomes the executable the calls run (``compile_now``, or the runtime's program
+        # builder: compile effort, tiers, stored executables); ``executable``: None until the first call
+        self.build = build or compile_now
+        self.executable = None
+        self.out_info = None  # the outputs' shapes and dtypes, from the lowering
+        self.varying = False  # called with arguments laid out unlike the built program's: jit dispatches
         self.out_static = None
         self.donate = donate
         self.trace_hook = trace_hook
@@ -308,13 +373,41 @@ class _Program:
 
         # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
         self.traced = traced
-        self.jitted = jax.jit(traced, donate_argnums=(2,) if donate is not None else ())
+        self.jitted = jax.jit(
+            traced,
+            donate_argnums=(2,) if donate is not None else (),
+            compiler_options=getattr(self.build, "compiler_options", None),  # the build's XLA options, if it has any
+        )
 
     def __call__(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
-        return self.without_hook_if_needed(
-            self.jitted, state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in)
-        )
+        arguments = (state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in))
+        mode = _compile_only.get()
+        if self.executable is None:
+            lowered = self.without_hook_if_needed(self.jitted.lower, *arguments)
+            self.out_info = lowered.out_info
+            if isinstance(mode, Executor):  # built concurrently; unsharded zeros meanwhile
+                self.executable = mode.submit(self.build, lowered)
+                return _zeros_of(self.out_info, sharded=False)
+            self.executable = self.build(lowered)
+        if isinstance(self.executable, Future):
+            if isinstance(mode, Executor):
+                return _zeros_of(self.out_info, sharded=False)
+            self.executable = self.executable.result()
+        if mode is not None:  # ``compile_only()``: built, not run; zeros stand for the outputs
+            return _zeros_of(self.executable.out_info)
+        if self.varying:
+            return self.without_hook_if_needed(self.jitted, *arguments)
+        try:
+            return self.executable(*arguments)
+        except (TypeError, ValueError) as error:
+            if not _ARGUMENTS_CHANGED.search(str(error)):
+                raise
+            # arguments unlike the built program's (inputs sharded otherwise by what made them, weights placed anew):
+            # from now on jit's own dispatch, one program per argument layout, as before the build
+            logger.info("a compiled program got arguments laid out otherwise: jit keeps one program per layout")
+            self.varying = True
+            return self.without_hook_if_needed(self.jitted, *arguments)
 
     def state_dependence(self, pairs: list, state: dict, dynamic: list, extra: list, carried_in: list) -> list[bool]:
         """Per attribute of ``pairs`` (assigned by the method, found in a trace), from one more trace: a tensor (or
@@ -391,6 +484,7 @@ def compiled_function(
     extras=None,
     trace_hook=None,
     place_output=None,
+    build=None,
 ) -> Callable:
     """A compiled version of ``method``, which runs torch code using ``module``'s weights.
 
@@ -402,6 +496,7 @@ def compiled_function(
     compiled per structure of non-tensor arguments and input shapes. ``extras`` feeds module state that is not a
     weight into the program: ``extras.key()`` (hashable: part of the program key), ``extras.values()`` (arrays:
     program inputs) and ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
+    ``build(lowered)`` makes each program's executable (default ``compile_now``).
     """
     name = getattr(method, "__name__", "function")
     programs: dict = {}
@@ -444,7 +539,18 @@ def compiled_function(
             ) from None
         if program is None:
             program = programs[key] = _Program(
-                module, method, spec, static, compute_dtype, donate, extras, trace_hook, live, carried_key, place_output
+                module,
+                method,
+                spec,
+                static,
+                compute_dtype,
+                donate,
+                extras,
+                trace_hook,
+                live,
+                carried_key,
+                place_output,
+                build,
             )
         program.carried = live  # the objects now at the carried places
         dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
@@ -502,6 +608,7 @@ def compiled_function(
     compiled.module, compiled.state, compiled.activate = module, state, activate
     compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
     compiled.extras, compiled.trace_hook, compiled.place_output = extras, trace_hook, place_output
+    compiled.build = build
     compiled.carried, compiled.eager, compiled.held, compiled.hooked = carried, eager, held, False
     return compiled
 
@@ -580,6 +687,7 @@ def _lowered(compiled, args, kwargs):
         live,
         key[-2],
         compiled.place_output,
+        compiled.build,
     )
     program.carried = live
     carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]

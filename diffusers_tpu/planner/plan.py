@@ -180,8 +180,8 @@ def start_denoiser_memory(
         lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         pending = [submit(program) for program, _ in lowered]
         if vae and config.text_encoder == "jax":
-            extra["text_encoders"] = program_memory.text_encoder_memory(
-                pipe, config, runtime, size, text_tokens, reported
+            extra["text_encoders"] = program_memory.text_encoder_started(
+                pipe, config, runtime, size, text_tokens, reported, submit
             )
         if vae and family.vae_install is None and family.decode_latents is not None:
             # one video's latents as the loop leaves them (the denoiser's output shape)
@@ -191,7 +191,9 @@ def start_denoiser_memory(
             extra["vae_decode"] = _analysed_once(
                 shared,
                 (*key, "whole"),
-                lambda: program_memory.vae_method_started(pipe, config, runtime, latents, size, submit),
+                lambda: program_memory.vae_method_started(
+                    pipe, config, runtime, latents, size, program_memory.vae_submit(submit, config, runtime)
+                ),
             )
             if tile_above is not None and hasattr(pipe.vae, "enable_tiling") and not pipe.vae.use_tiling:
                 tiling = (key, latents)  # decided once the step's argument bytes are known
@@ -203,7 +205,9 @@ def start_denoiser_memory(
             extra["vae_decode"] = _analysed_once(
                 shared,
                 _vae_key(config, devices, shape, chunk),
-                lambda: program_memory.vae_decode_started(pipe, config, runtime, shape, chunk, submit),
+                lambda: program_memory.vae_decode_started(
+                    pipe, config, runtime, shape, chunk, program_memory.vae_submit(submit, config, runtime)
+                ),
             )
         facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided, attention=runtime.attention.implementation)
 

@@ -11,17 +11,18 @@ from concurrent.futures import Future
 import torch
 from torch.utils import _pytree as pytree
 
+from ..families import wan_vae
 from ..interop import jit
-from ..runtime import placement
+from ..runtime import placement, program_builds
 from ..runtime.pipeline_runtime import component_dtype
 from . import call_probe, lowering
 
 
 def vae_decode_memory(pipe, config, runtime, latent_shape: tuple, chunk: int) -> dict | None:
     """XLA's memory analysis (bytes per device) of the Wan VAE's decode programs as the runtime compiles them for
-    ``latent_shape`` ``[1, C, frames, H, W]``: the first two latent frames, and the chunk program (``chunk`` latent
+    ``latent_shape`` ``[1, C, frames, H, W]``: the first latent frame, and the chunk program (``chunk`` latent
     frames) the rest run in (its carried cache from the first). None for a VAE without such programs."""
-    return vae_decode_started(pipe, config, runtime, latent_shape, chunk, compiled_now)()
+    return vae_decode_started(pipe, config, runtime, latent_shape, chunk, vae_submit(compiled_now, config, runtime))()
 
 
 def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, submit):
@@ -33,10 +34,10 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     runtime.family.vae_install(vae, runtime, lambda: state, runtime._width_input)
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
-    head = torch.zeros(batch, channels, min(frames, 2), height, width)
+    head = torch.zeros(batch, channels, min(frames, wan_vae.FIRST_FRAMES), height, width)
     first, (_, cache) = jit.lowered_output_shapes(programs["decode_first"], head)
     pending = {"decode_first": submit(first)}
-    if frames > 2:
+    if frames > wan_vae.FIRST_FRAMES:
         body = torch.zeros(batch, channels, chunk, height, width)
         pending["decode_chunk"] = submit(jit.lower(programs["decode_chunk"], body, cache))
 
@@ -45,6 +46,28 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
         return dict(report, peak_bytes=max(analysis["peak_bytes"] for analysis in report.values()))
 
     return functools.cache(finish)
+
+
+def vae_submit(submit, config, runtime):
+    """``submit`` for the VAE's programs: each analysed as the runtime builds it (``TPUConfig.vae_compile``); a
+    tiered program reports the larger peak of its two builds (either may be the one running)."""
+
+    def submitted(lowered):
+        futures = [
+            submit(built) for built in program_builds.builds(lowered, config.vae_compile, runtime.target.platform)
+        ]
+        return futures[0] if len(futures) == 1 else _Larger(futures)
+
+    return submitted
+
+
+class _Larger:
+    def __init__(self, futures: list):
+        self.futures = futures
+
+    def result(self):
+        reports = [future.result() for future in self.futures]
+        return dict(max(reports, key=lambda report: report["peak_bytes"]), tiers=reports)
 
 
 def compiled_now(lowered, analyse=None) -> Future:
@@ -60,7 +83,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
     the host around them, each program answering with zeros of its outputs (``compile.lowered_zero_outputs``);
     ``latents``: one video's, as the denoising loop leaves them."""
-    return vae_method_started(pipe, config, runtime, latents, size, compiled_now)()
+    return vae_method_started(pipe, config, runtime, latents, size, vae_submit(compiled_now, config, runtime))()
 
 
 def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
@@ -121,9 +144,14 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
     """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
     prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
     tokenizer (a folder planned without its text encoders)."""
+    return text_encoder_started(pipe, config, runtime, size, text_tokens, dtype, compiled_now)()
+
+
+def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dtype: torch.dtype, submit):
+    """``text_encoder_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
     names = placement.text_encoder_names(pipe)
     if not names or getattr(pipe, "tokenizer", None) is None:
-        return None
+        return lambda: None
     programs, weights, stand_ins = {}, 0, {}
     for name in names:
         module = getattr(pipe, name)
@@ -133,8 +161,12 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
         )
         weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
-        stand_ins[(module, "forward")] = _zero_answers(compiled, programs)
+        stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submit)
     with _standing_in(stand_ins):
         call_probe.probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=call_probe.PLAN_PROMPT)
-    analyses = [future.result() for future, _ in programs.values()]
-    return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
+
+    def finish() -> dict:
+        analyses = [future.result() for future, _ in programs.values()]
+        return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses), "weight_bytes": weights}
+
+    return functools.cache(finish)

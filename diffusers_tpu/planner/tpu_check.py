@@ -135,6 +135,8 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         except denoiser.TRACE_ERRORS as error:  # the runtime runs such a forward eagerly, its parts as units
             results["denoiser_step"] = {"eager": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         vae = getattr(pipe, "vae", None) if vae else None
+        # each VAE program analysed as the runtime builds it (TPUConfig.vae_compile)
+        submit = program_memory.vae_submit(lambda low: program_memory.compiled_now(low, analyse), config, runtime)
         if vae is not None and family.vae_install is not None:
             for _, (recorded_args, _) in seen.values():
                 latents = recorded_args[0]
@@ -144,7 +146,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                     runtime,
                     (1, *latents.shape[1:]),
                     config.vae_decode_chunk,
-                    lambda low: program_memory.compiled_now(low, analyse),
+                    submit,
                 )()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
@@ -155,9 +157,9 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                 prefix = f"{prefix}." if prefix else ""
                 owned = {n[len(prefix) :]: v for n, v in weights.items() if n.startswith(prefix)}
                 compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
-                results[f"vae_{prefix}{method}_{number}"] = analyse(
+                results[f"vae_{prefix}{method}_{number}"] = submit(
                     jit.lower(compiled, *recorded_args, **recorded_kwargs)
-                )
+                ).result()
     return results
 
 

@@ -143,7 +143,8 @@ def remembered(analyse, devices, directory: str | None):
     identity = _identity(devices) + " " + getattr(analyse, "__qualname__", repr(analyse))
 
     def cached(lowered) -> dict:
-        digest = hashlib.sha256((identity + "\n" + lowered.as_text()).encode()).hexdigest()[:32]
+        options = json.dumps(getattr(lowered, "options", {}), sort_keys=True)  # a build's compile options
+        digest = hashlib.sha256((identity + options + "\n" + lowered.as_text()).encode()).hexdigest()[:32]
         path = os.path.join(directory, "tpu-analyses", f"{digest}.json")
         try:
             with open(path) as handle:

@@ -33,6 +33,7 @@ from . import (
     oversized_calls,
     placement,
     postprocess,
+    program_builds,
     quantize,
     schedulers,
     stacked_weights,
@@ -360,12 +361,15 @@ class PipelineRuntime:
         sharded, and on several devices every video it returns or leaves in a feature cache too
         (``sharding.spatially``). Left free, XLA's partitioner may replicate a whole VAE program (Wan's first decode
         program, CogVideoX's decoder with its carried conv cache: every device decoding everything; ``plan`` found
-        both), or split a small cache entry over part of the mesh, which JAX then refuses."""
+        both), or split a small cache entry over part of the mesh, which JAX then refuses. Built as
+        ``TPUConfig.vae_compile`` says (``program_builds``)."""
         spatially = functools.partial(sharding.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
+        config = self.config
         return dict(
             activate=functools.partial(self.active, None, self.vae_mesh),
             place_input=self._width_input,
             place_output=spatially,
+            build=program_builds.builder(config.vae_compile, self.target.platform, config.resolved_cache_dir()),
         )
 
     def compiled_vae_method(self, owner, method: str, state):

@@ -1,10 +1,19 @@
 """Compile ahead: a service runs ``warm_up`` for the sizes it will serve before taking requests, so no request pays
-compilation (and, with JAX's persistent cache on — ``TPUConfig.cache_dir`` — later processes load the programs
-instead of compiling them)."""
+compilation (and, with JAX's persistent cache on — ``TPUConfig.compile_cache_dir`` — later processes load the
+programs instead of compiling them).
+
+By default the model does not run (maxdiffusion's "zero-execution warm-up"): the call walks through the pipeline with
+every compiled program answering zeros of its outputs (``jit.compile_only``). A first walk lowers each program and
+builds them all at once on a thread pool (XLA compiles without the GIL; a TPU host has many cores); a second walk,
+the programs built, lets what runs between them (scheduler steps, guidance, postprocessing) compile for the
+shardings a real call has. Ready in compile time alone: no denoising step, no VAE decode runs.
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -12,23 +21,40 @@ from ..interop import jit
 from .pipeline_runtime import is_attached
 
 
-def warm_up(pipe, sizes: list[dict], **call) -> dict:
-    """One call of ``pipe`` per size (``{"height": ..., "width": ..., "num_frames": ...}``; an image pipeline
-    without ``num_frames``) with ``call``'s other arguments, outputs discarded. Give what you will serve: the step
-    count (a few small programs depend on the length of the timestep schedule), negative prompt, guidance and
-    ``output_type``; prompts are padded to a fixed length, so any prompt will do. Returns what it compiled:
-    ``{"programs": n, "seconds": s}``; a later request of a warmed size and step count compiles nothing."""
+def warm_up(pipe, sizes: list[dict], execute: bool = False, workers: int | None = None, **call) -> dict:
+    """Compile every program a call of ``pipe`` runs, for each size (``{"height": ..., "width": ...,
+    "num_frames": ...}``; an image pipeline without ``num_frames``), with ``call``'s other arguments. Give what you
+    will serve: the step count (a few small programs depend on the length of the timestep schedule), negative prompt,
+    guidance and ``output_type``; prompts are padded to a fixed length, so any prompt will do.
+
+    ``execute=False`` (default): nothing runs on the devices but zeros (module docstring); text encoders kept on the
+    host still encode the prompt. ``execute=True``: one real call per size, outputs discarded. ``workers``: programs
+    built at once (default: the host's cores, at most 8; each big compile takes host memory).
+
+    Returns ``{"programs": n, "seconds": s}``; a later request of a warmed size and step count compiles nothing."""
     if not is_attached(pipe):
         raise ValueError(
             "warm_up compiles the JAX programs of a placed pipeline: call pipe.to('tpu') (or 'jax') first."
         )
     if not sizes or not all(isinstance(size, dict) for size in sizes):
         raise ValueError("warm_up needs a list of sizes, e.g. [dict(height=480, width=832, num_frames=81)].")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"warm_up(workers={workers!r}) must be a positive number of concurrent builds.")
 
-    start = time.perf_counter()
-    with jit.compile_log() as log:
+    def walk():
         for size in sizes:
             arguments = {**call, **size}
             arguments.setdefault("generator", torch.Generator().manual_seed(0))
             pipe(**arguments)
+
+    start = time.perf_counter()
+    with jit.compile_log() as log:
+        if execute:
+            walk()
+        else:
+            with ThreadPoolExecutor(max_workers=workers or min(os.cpu_count() or 1, 8)) as pool:
+                with jit.compile_only(pool):
+                    walk()  # every program lowered, built in the pool
+            with jit.compile_only():
+                walk()  # the programs built: what runs between them compiles at the real shardings
     return {"programs": log.compilations, "seconds": round(time.perf_counter() - start, 2)}

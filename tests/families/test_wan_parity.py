@@ -86,9 +86,9 @@ def test_cfg_pair_runs_as_one_batch():
     generate(pipe, output_type="np")  # compile
     batches = []
     for program in _compiled(pipe.transformer).programs.values():
-        jitted = program.jitted
-        program.jitted = lambda state, dynamic, donated, extra, *carried, _j=jitted: (
-            batches.append(dynamic[0].shape[0]) or _j(state, dynamic, donated, extra, *carried)
+        executable = program.executable
+        program.executable = lambda state, dynamic, donated, extra, *carried, _e=executable: (
+            batches.append(dynamic[0].shape[0]) or _e(state, dynamic, donated, extra, *carried)
         )
     out = generate(pipe, output_type="np")
     batch = len(CALL["prompt"])

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # Programs per first call, measured 2026-11-24 in one process, in the worker's order (later families reuse earlier
 # ones' eager programs of the same shapes). Before host-side glue: 52, 135, 41, 46, 25; cold, one process per family,
 # 52, 141, 53, 67, 38 -> now 20, 19, 16, 28, 18 (BENCHMARKS.md "First call"). A count above its figure is a
@@ -90,10 +92,13 @@ def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
         assert run["to_first_step_s"] >= sum(run["phases"].values()) - 0.05
 
 
-def test_warm_up_compiles_ahead_for_the_served_sizes():
+@pytest.mark.parametrize("execute", [False, True], ids=["zero-execution", "executing"])
+def test_warm_up_compiles_ahead_for_the_served_sizes(execute):
     """``diffusers_tpu.warm_up``: after it, a request of a warmed size and step count compiles nothing (another
-    prompt and seed; a multistep scheduler: UniPC); another size still compiles (the count is real)."""
-    import pytest
+    prompt and seed; a multistep scheduler: UniPC) and gives what a pipeline warmed by nothing gives; another size
+    still compiles (the count is real). By default no program runs during it: zeros stand for their outputs."""
+    import jax
+    import numpy as np
     import torch
 
     import diffusers_tpu
@@ -104,19 +109,25 @@ def test_warm_up_compiles_ahead_for_the_served_sizes():
     served = dict(negative_prompt="blurry", output_type="np", num_inference_steps=4)
     with pytest.raises(ValueError, match=r"pipe.to\('tpu'\)"):
         diffusers_tpu.warm_up(pipe, [dict(height=32, width=32, num_frames=9)], prompt="a cat", **served)
+    request = dict(served, prompt="a red fox jumps over a sleeping dog", height=32, width=32, num_frames=9)
+    unwarmed = tiny.wan_pipeline("wan", scheduler="unipc").to("jax")
+    expected = unwarmed(**request, generator=torch.Generator().manual_seed(1)).frames
+    unwarmed.to("cpu")
     pipe.to("jax")
-    warmed = diffusers_tpu.warm_up(pipe, [dict(height=32, width=32, num_frames=9)], prompt="a cat", **served)
+    runs, call = [], jax.stages.Compiled.__call__
+    jax.stages.Compiled.__call__ = lambda self, *a, **k: runs.append(self) or call(self, *a, **k)
+    try:
+        warmed = diffusers_tpu.warm_up(
+            pipe, [dict(height=32, width=32, num_frames=9)], execute=execute, prompt="a cat", **served
+        )
+    finally:
+        jax.stages.Compiled.__call__ = call
     assert warmed["programs"] > 0
+    assert bool(runs) == execute  # zero-execution: the programs were built and never run
     with jit.compile_log() as log:
-        frames = pipe(
-            **served,
-            prompt="a red fox jumps over a sleeping dog",
-            height=32,
-            width=32,
-            num_frames=9,
-            generator=torch.Generator().manual_seed(1),
-        ).frames
+        frames = pipe(**request, generator=torch.Generator().manual_seed(1)).frames
     assert log.compilations == 0 and frames.shape == (1, 9, 32, 32, 3)
+    assert np.array_equal(frames, expected)  # the walk left nothing behind (scheduler state, caches)
     with jit.compile_log() as log:
         pipe(**served, prompt="a cat", height=32, width=48, num_frames=9)
     assert log.compilations > 0

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
+from diffusers_tpu.families import wan_vae
 from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import call_probe, chips, plan
 from diffusers_tpu.testing import tiny, tiny_unet
@@ -221,7 +222,7 @@ def test_plan_reports_the_runtime_vae_decode_programs():
     pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
     programs = pipe.vae._diffusers_tpu_programs
     frames = (SIZE["num_frames"] - 1) // 4 + 1  # latent frames of the call
-    head = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
+    head = torch.zeros(1, 16, wan_vae.FIRST_FRAMES, SIZE["height"] // 8, SIZE["width"] // 8)
     with pipeline_runtime.runtime_of(pipe).active():
         _, cache = programs["decode_first"](head)
     chunk = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)

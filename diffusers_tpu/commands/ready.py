@@ -1,0 +1,136 @@
+"""``diffusers-tpu ready``: how long a first call waits for its programs — every program compiled for a TPU slice by
+the TPU compiler, on this machine, no TPU attached.
+
+The programs are the runtime's own, lowered as ``plan`` lowers them (abstract weights, the mesh ``pipe.to`` builds):
+the denoiser step (every pass a guided call makes), every VAE decode program, built as ``TPUConfig.vae_compile`` says
+(a tiered program: both builds), and the text encoders when they run on the devices. They compile at once on
+``--workers`` threads (XLA compiles without the GIL), as ``warm_up`` builds them. Each row: compile seconds, generated
+code, temporaries per device; then their sum and the wall time. Not compiled here: the small eager programs between
+them (scheduler steps, guidance, postprocessing; tens of them, milliseconds each, BENCHMARKS.md "First call").
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from ..planner import architectures, hlo_stats, plan, tpu_compiler
+from ..planner.chips import CHIPS
+from ..runtime import outputs
+from ..runtime.config import TPUConfig
+from .arguments import load_pipeline
+from .cost import check_arguments
+
+GIB = 1 << 30
+
+
+def timed(lowered) -> dict:
+    """Compile ``lowered`` (as its build says: a ``program_builds.BuildOf`` carries its options) and read it back."""
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    report = hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
+    report["tier"] = getattr(lowered, "tier", "full")
+    return report
+
+
+def programs_of(report: dict) -> list[tuple[str, dict]]:
+    """``(name, analysis)`` of every program compiled for a ``plan.start_denoiser_memory`` report."""
+    rows = [
+        (f"denoiser step{f' (pass {n + 1})' if len(report['passes']) > 1 else ''}", step)
+        for n, step in enumerate(report["passes"])
+    ]
+    for group in ("vae_decode", "text_encoders"):
+        found = report.get(group) or {}
+        named = {f"program {n + 1}": a for n, a in enumerate(found.get("programs", []))}
+        named.update({name: a for name, a in found.items() if isinstance(a, dict) and "temp_bytes" in a})
+        for name, analysis in named.items():
+            label = f"{group.replace('_', ' ')}: {name}"
+            for build in analysis.get("tiers", [analysis]):  # a tiered program: both builds
+                rows.append((f"{label} [{build.get('tier', 'full')}]", build))
+    return rows
+
+
+def main(args) -> int:
+    check_arguments(args)
+    if args.json:
+        outputs.check_destination(args.json, what="--json")
+    chip = CHIPS[args.chips]
+    devices = tpu_compiler.devices(chip)
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    if args.arch:
+        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
+    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
+        pipe = plan.folder_pipeline(args.model, dtype)
+    else:
+        pipe = load_pipeline(args.model)
+    config = TPUConfig(
+        mesh=args.mesh,
+        dtype=dtype,
+        text_encoder=args.text_encoder,
+        vae_compile=args.vae_compile,
+        compile_cache_dir=False,  # cold: nothing remembered
+    )
+    size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
+    default = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+    tokens = args.max_sequence_length or (default.default if default is not None else None)
+    workers = args.workers or min(os.cpu_count() or 1, 8)
+    print(
+        f"compiling every program of a first call for {args.chips} ({devices[0].device_kind}) with the TPU compiler, "
+        f"{workers} at a time ...",
+        flush=True,
+    )
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        report = plan.start_denoiser_memory(
+            pipe, size, config, devices, tokens, vae=True, compiler=pool, analyse=timed
+        )()
+    wall = time.perf_counter() - start
+    rows = programs_of(report)
+    result = {
+        "model": args.arch or args.model,
+        "chips": args.chips,
+        "device_kind": devices[0].device_kind,
+        "size": dict(size, text_tokens=tokens),
+        "mesh": report["mesh"],
+        "vae_compile": args.vae_compile,
+        "workers": workers,
+        "programs": [
+            {
+                "program": name,
+                "compile_seconds": analysis.get("compile_seconds"),
+                "generated_code_bytes": analysis["generated_code_bytes"],
+                "temp_bytes": analysis["temp_bytes"],
+            }
+            for name, analysis in rows
+        ],
+        "compile_seconds_sum": round(sum(a.get("compile_seconds") or 0 for _, a in rows), 1),
+        "wall_seconds": round(wall, 1),
+    }
+    print(render(result))
+    if args.json:
+        outputs.write_text(args.json, json.dumps(result, indent=1))
+    return 0
+
+
+def render(result: dict) -> str:
+    size = result["size"]
+    lines = [
+        f"{result['model']} {size['height']}x{size['width']}x{size['num_frames']} on {result['chips']} "
+        f"({result['device_kind']}), mesh {result['mesh']}, VAE compile {result['vae_compile']}:",
+        f"  {'program':<44}{'compile s':>10}{'code MB':>10}{'temp GiB':>10}",
+    ]
+    for row in result["programs"]:
+        lines.append(
+            f"  {row['program']:<44}{row['compile_seconds'] or 0:>10.1f}{row['generated_code_bytes'] / 1e6:>10.1f}"
+            f"{row['temp_bytes'] / GIB:>10.2f}"
+        )
+    lines.append(
+        f"  sum of compile seconds {result['compile_seconds_sum']} s; ready after {result['wall_seconds']} s "
+        f"({result['workers']} at a time; tracing and lowering included; the small eager programs between them not)"
+    )
+    return "\n".join(lines)
