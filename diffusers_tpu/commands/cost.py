@@ -57,7 +57,9 @@ def main(args) -> int:
     if args.max_sequence_length is None:
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None
-    config = TPUConfig(mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host")
+    config = TPUConfig(
+        mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host", vae_compile=args.vae_compile
+    )
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     start = time.perf_counter()
     print(

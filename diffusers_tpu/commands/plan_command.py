@@ -20,7 +20,7 @@ from ..planner import architectures, tpu_compiler
 from ..planner import plan as plan_module
 from ..planner.chips import CHIPS, GIB
 from ..planner.plan import candidate_meshes, folder_pipeline, plan_all
-from ..runtime import outputs, pipeline_runtime, placement
+from ..runtime import decision, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
 from .arguments import load_pipeline
@@ -109,24 +109,39 @@ def main(args, argv: list[str] | None = None) -> int:
         and decoder is not None
         and any(isinstance(m, torch.nn.Conv3d) for m in decoder.modules())
     ):
+        slow = args.vae_compile in ("full", "tiered")  # XLA's full effort on float32 3-D convolutions
         print(
-            "the VAE decode programs are compiled for TPU too: a video VAE's float32 3-D convolutions take the TPU "
-            "compiler minutes the first time (Wan2.1 720p on v6e-8: ~15 min on 2 cores); the analysis is remembered "
-            "on disk, so later plans of this size skip it; --no-vae plans the denoiser steps alone",
+            "the VAE decode programs are compiled for TPU too, as the runtime builds them (--vae-compile "
+            f"{args.vae_compile}): "
+            + (
+                "at XLA's full effort a video VAE's float32 3-D convolutions take the TPU compiler minutes the first "
+                "time (Wan2.1 720p on v6e-8: ~15 min on 2 cores)"
+                if slow
+                else "at XLA's quick effort, about half a minute each for Wan2.1 720p on 2 cores"
+            )
+            + "; the analysis is remembered on disk, so later plans of this size skip it; --no-vae plans the denoiser "
+            "steps alone",
             flush=True,
         )
     rows, recommended, start = [], None, time.perf_counter()
     for fmt, full in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1
         configs = [
-            TPUConfig(mesh=mesh, dtype=dtype, quantize=fmt, text_encoder=args.text_encoder, fully_sharded_weights=full)
+            TPUConfig(
+                mesh=mesh,
+                dtype=dtype,
+                quantize=fmt,
+                text_encoder=args.text_encoder,
+                fully_sharded_weights=full,
+                vae_compile=args.vae_compile,
+            )
             for mesh in meshes
             if not full or mesh.get("dp", 1) * mesh.get("sp", 1) > 1
         ]
         if not configs:
             continue
         if args.text_encoder == "auto":
-            configs = [_encoders_as_placed(pipe, c, count, heads, chip, args.hbm_gb) for c in configs]
+            configs = [_encoders_as_placed(pipe, c, devices, chip, args.hbm_gb) for c in configs]
         print(
             f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''}"
             f"{', weights fully sharded' if full else ''} ...",
@@ -249,17 +264,13 @@ def _estimate_beside(estimate: dict, row: dict) -> dict:
     return found
 
 
-def _encoders_as_placed(pipe, config, count: int, heads, chip, hbm_gib):
-    """``config`` with the text encoders where ``TPUConfig(text_encoder="auto")`` puts them on the target: the rule
-    of ``runtime.placement`` on the weights per device, against the memory JAX can allocate there."""
-
-    mesh_shape = config.mesh or backend.default_mesh_shape(count, heads, pair_batch=True)
+def _encoders_as_placed(pipe, config, devices, chip, hbm_gib):
+    """``config`` with the text encoders where ``TPUConfig(text_encoder="auto")`` puts them on the target: the same
+    decision ``pipe.to`` makes (``runtime.decision``), against the memory JAX can allocate on the target's chips."""
     platform = "gpu" if chip is not None and chip.gpu else "tpu"
     limit = (chip.usable_gib() if chip else hbm_gib) * GIB
-    choice = "host"
-    if placement.text_encoder_names(pipe):
-        choice = placement.choose(pipeline_runtime.weights_per_device(pipe, config, platform, mesh_shape), limit)
-    return dataclasses.replace(config, text_encoder=choice)
+    decided = decision.decide(pipe, config, backend.Target("tpu", platform), devices, memory_limit=limit)
+    return dataclasses.replace(config, text_encoder=decided.text_encoders)
 
 
 def _layout(row: dict) -> str:
@@ -339,6 +350,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
         quantize=chosen["quantize"],
         text_encoder=chosen["text_encoder"],
         fully_sharded_weights=chosen.get("fully_sharded_weights", False),
+        vae_compile=args.vae_compile,
     )
     pipe.to("jax", config=config)
     # the planned call (zero text embeddings, 2 steps) up to the latents: the denoiser steps, not the VAE decode

@@ -24,7 +24,6 @@ from ..planner.chips import CHIPS
 from ..runtime import outputs
 from ..runtime.config import TPUConfig
 from .arguments import load_pipeline
-from .cost import check_arguments
 
 GIB = 1 << 30
 
@@ -56,7 +55,7 @@ def programs_of(report: dict) -> list[tuple[str, dict]]:
 
 
 def main(args) -> int:
-    check_arguments(args)
+    tpu_compiler.require("diffusers-tpu ready")  # --chips, --arch/--model: checked before loading (``parser.check``)
     if args.json:
         outputs.check_destination(args.json, what="--json")
     chip = CHIPS[args.chips]

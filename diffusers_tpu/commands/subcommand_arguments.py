@@ -107,6 +107,13 @@ def _plan(parser) -> None:
         + ". On a GPU, JAX allocates from a pool of XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of "
         "the memory: the plan uses that, read from the environment",
     )
+    parser.add_argument(
+        "--vae-compile",
+        choices=("auto", "quick", "full", "tiered"),
+        default="auto",
+        help="how the VAE's programs are built (TPUConfig.vae_compile; auto: XLA's quick effort on TPU): what is "
+        "compiled and planned",
+    )
     parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp to plan (default: try every candidate)")
     parser.add_argument("--hbm-gb", type=float, help="HBM per device in GiB (with --mesh, instead of --chips)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -180,6 +187,13 @@ def _cost(parser) -> None:
     parser.add_argument("--quantize", choices=("int8", "fp8"))
     parser.add_argument("--no-vae", action="store_true", help="the denoiser step only")
     parser.add_argument(
+        "--vae-compile",
+        choices=("auto", "quick", "full", "tiered"),
+        default="auto",
+        help="how the VAE's programs are built (TPUConfig.vae_compile; auto: XLA's quick effort on TPU): what is "
+        "compiled and planned",
+    )
+    parser.add_argument(
         "--estimate", action="store_true", help="also a roofline estimate of the step (labelled, with its assumptions)"
     )
     parser.add_argument(
@@ -194,12 +208,6 @@ def _cost(parser) -> None:
 
 def _ready(parser) -> None:
     _cost(parser)
-    parser.add_argument(
-        "--vae-compile",
-        choices=("auto", "quick", "full", "tiered"),
-        default="auto",
-        help="how the VAE's programs are built (TPUConfig.vae_compile; auto: quick on TPU)",
-    )
     parser.add_argument(
         "--text-encoder",
         choices=("host", "jax"),

@@ -343,6 +343,7 @@ FAMILY = register(
         activation_rules=wan.ACTIVATION_RULES,
         vae_methods=(),
         vae_install=wan_vae.install,
+        vae_programs=wan_vae.PROGRAMS,
         check_call=_check_call,
         plan_call=_plan_call,
         # the clean block's cache-writing pass is a second program (it returns the cache)

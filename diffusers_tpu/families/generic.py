@@ -141,6 +141,7 @@ def family_for(pipe) -> Family | None:
         activation_rules=tuple(r for d in denoisers for r in activation_rules(getattr(pipe, d))),
         vae_methods=() if wan_like else vae_methods(vae),
         vae_install=wan_vae.install if wan_like else None,
+        vae_programs=wan_vae.PROGRAMS if wan_like else (),
     )
 
 

@@ -158,6 +158,7 @@ FAMILY = register(
         num_heads=_num_heads,
         vae_methods=(),
         vae_install=wan_vae.install,
+        vae_programs=wan_vae.PROGRAMS,
         cfg=CFGBatching(
             negative=lambda encoded: encoded[1],
             batched_args=(

@@ -77,6 +77,7 @@ def _decode_first(vae, z, cache=None, start: int = 0):
 
 
 FIRST_FRAMES = 1  # latent frames program A decodes; every later one runs in the chunk program
+PROGRAMS = ("decode_first", "decode_chunk", "encode_first", "encode_chunk")  # what ``install`` compiles
 
 
 @contextlib.contextmanager

@@ -27,7 +27,12 @@ def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:
 
 def abstract_state(module: torch.nn.Module, mesh, rules=(), dtype: torch.dtype | None = None, keep_fp32=()) -> dict:
     """The module's weights as ShapeDtypeStructs carrying their planned sharding (works on ``meta`` modules)."""
-    slots = sharding.plan(module, dict(mesh.shape), rules, dtype, keep_fp32)
+    return abstract_slots(sharding.plan(module, dict(mesh.shape), rules, dtype, keep_fp32), mesh)
+
+
+def abstract_slots(slots, mesh) -> dict:
+    """Planned slots (``sharding.plan``; a ``decision.ComponentPlan``'s) as ShapeDtypeStructs with their shardings
+    on ``mesh``: the weights a program takes, without their values."""
     specs = {}
     for slot in slots:  # shared tensors: the first slot carries the spec
         specs.setdefault(id(sharding._get(slot)), slot.spec or P())

@@ -31,10 +31,10 @@ import torch
 from torch.utils import _pytree as pytree
 from torchax.ops import mappings
 
-from ..interop import backend, jit, sharding
+from ..interop import backend, jit
 from ..interop.backend import jax_dtype
 from ..interop.jit import Gathered, LayerOf, expand_stacked
-from ..runtime import loading, quantize, stacked_weights
+from ..runtime import decision, loading, quantize, stacked_weights
 from ..runtime.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
 from . import call_probe, lowering, program_memory, tpu_compiler
@@ -57,18 +57,24 @@ def reported_dtype(module, state: dict) -> torch.dtype:
     return torch.float32
 
 
-def abstract_weights(
-    module, mesh, rules, dtype, quantize_format=None, stacked: bool = True, fully_sharded: bool = False
-) -> dict:
-    """The denoiser's weights as the runtime would hold them: ShapeDtypeStructs with their shardings; ``stacked``
-    (``TPUConfig.scan_blocks``): repeated blocks' weights stacked (``runtime.stacked_weights``), ``fully_sharded``
-    over every mesh axis (``TPUConfig.fully_sharded_weights``)."""
-    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-    state = lowering.abstract_state(module, mesh, rules, dtype, keep)
+def abstract_component(component, mesh, config) -> dict:
+    """A decided component's weights (``decision.ComponentPlan``) as the runtime holds them on ``mesh``."""
+    return _as_held(
+        component.module,
+        list(component.slots),
+        mesh,
+        config.quantize if component.role == "denoiser" else None,
+        config.scan_blocks and component.role == "denoiser",
+        config.fully_sharded_weights,
+        component.dtype,
+    )
+
+
+def _as_held(module, slots, mesh, quantize_format, stacked, fully_sharded, dtype) -> dict:
+    state = lowering.abstract_slots(slots, mesh)
     for name in quantize.targets(module) if quantize_format else ():
         state[name] = quantize.abstract(state[name], quantize_format, jax_dtype(dtype or torch.float32))
     if stacked:
-        slots = sharding.plan(module, dict(mesh.shape), rules, dtype, keep)
         state = stacked_weights.abstract(module, slots, state, mesh, fully_sharded)
     return state
 
@@ -107,27 +113,11 @@ def denoiser_memory(
     return start_denoiser_memory(pipe, size, config, devices, text_tokens, vae, tile_above, shared)()
 
 
-def _mesh_shape(config, devices, pipe) -> dict:
-    """The mesh ``pipe.to`` builds for ``config`` on ``devices``."""
-    heads = family_of(pipe).num_heads(pipe)
-    return (
-        backend.validate_mesh_shape(config.mesh, len(devices), heads)
-        if config.mesh is not None
-        else backend.default_mesh_shape(len(devices), heads, pair_batch=True)
-    )
-
-
 @contextlib.contextmanager
 def attached(pipe, config, devices):
-    """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (mesh built, nothing placed), undone after."""
-    runtime = PipelineRuntime(
-        pipe,
-        family_of(pipe),
-        config,
-        backend.Target("tpu", devices[0].platform),
-        backend.build_mesh(_mesh_shape(config, devices, pipe), devices),
-        None,
-    )
+    """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (its ``decision``: mesh built, nothing
+    placed), undone after."""
+    runtime = PipelineRuntime(pipe, _decided(pipe, config, devices), None)
     if tpu_compiler.is_tpu(devices) and not tpu_compiler.is_attached(devices):
         # compiling for a TPU slice without one: no default device (nothing can be placed on a described device;
         # an array committed to one, or to this host, does not mix with the program's sharded values)
@@ -166,11 +156,9 @@ def start_denoiser_memory(
     extra, tiling = {}, None
     with attached(pipe, config, devices) as runtime:
         family, mesh = runtime.family, runtime.mesh
-        module = getattr(pipe, family.denoisers[0])
-        rules = family.rules(module, dict(mesh.shape))
-        state = abstract_weights(
-            module, mesh, rules, config.dtype, config.quantize, config.scan_blocks, config.fully_sharded_weights
-        )
+        denoiser = runtime.decision.component(family.denoisers[0])  # as pipe.to places it
+        module, rules = denoiser.module, denoiser.rules
+        state = abstract_component(denoiser, mesh, config)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = reported_dtype(module, state)
         args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
@@ -232,6 +220,12 @@ def start_denoiser_memory(
         return dict(report, **facts)
 
     return finish
+
+
+def _decided(pipe, config, devices) -> decision.Decision:
+    """What ``pipe.to`` decides for ``config`` on ``devices`` (text encoders as ``config`` says: ``plan_command``
+    resolves "auto" against its chip first)."""
+    return decision.decide(pipe, config, backend.Target("tpu", devices[0].platform), devices, memory_limit=None)
 
 
 def weight_bytes(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
@@ -332,7 +326,7 @@ def start_plan(
             if reason is None:
                 raise
             return {
-                "memory_per_device": {"mesh": _mesh_shape(config, devices, pipe)},
+                "memory_per_device": {"mesh": _decided(pipe, config, devices).mesh_shape},
                 "refused": reason,
                 "fits": False,
                 "steps_fit": False,

@@ -14,7 +14,6 @@ from torch.utils import _pytree as pytree
 from ..families import wan_vae
 from ..interop import jit
 from ..runtime import placement, program_builds
-from ..runtime.pipeline_runtime import component_dtype
 from . import call_probe, lowering
 
 
@@ -30,7 +29,7 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     vae = getattr(pipe, "vae", None)
     if vae is None or runtime.family.vae_install is None:
         return lambda: None
-    state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+    state = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
     runtime.family.vae_install(vae, runtime, lambda: state, runtime._width_input)
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
@@ -89,7 +88,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
 def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
     """``vae_method_memory`` walked here, its programs compiled by ``submit``: returns the function giving it."""
     vae, family = pipe.vae, runtime.family
-    state = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+    state = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
     programs, stand_ins = {}, {}
     for spec in family.vae_methods:
         path, _, method = spec.rpartition(".")
@@ -154,11 +153,9 @@ def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dt
         return lambda: None
     programs, weights, stand_ins = {}, 0, {}
     for name in names:
-        module = getattr(pipe, name)
-        keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-        state = lowering.abstract_state(
-            module, runtime.mesh, (), component_dtype(runtime.family, config, runtime.target, name, None), keep
-        )
+        component = runtime.decision.component(name)  # on the devices, as pipe.to places it
+        module = component.module
+        state = lowering.abstract_slots(component.slots, runtime.mesh)
         weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
         stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submit)

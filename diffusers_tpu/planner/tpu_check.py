@@ -25,7 +25,6 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..interop import jit
-from ..runtime import denoiser
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
 from . import call_probe, lowering, plan, program_memory, tpu_compiler
@@ -105,11 +104,9 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         pipe(**keywords, generator=torch.Generator().manual_seed(0))
     results = {}
     with plan.attached(pipe, config, devices) as runtime:
-        module = getattr(pipe, family.denoisers[0])
-        rules = family.rules(module, dict(runtime.mesh.shape))
-        state = plan.abstract_weights(
-            module, runtime.mesh, rules, config.dtype, config.quantize, config.scan_blocks, config.fully_sharded_weights
-        )
+        denoiser = runtime.decision.component(family.denoisers[0])  # as pipe.to places it
+        module, rules = denoiser.module, denoiser.rules
+        state = plan.abstract_component(denoiser, runtime.mesh, config)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
         args, kwargs, guided = call_probe.probe_denoiser_call(
             pipe,
@@ -150,7 +147,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                 )()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
-            weights = lowering.abstract_state(vae, runtime.vae_mesh, (), config.vae_weights_dtype)
+            weights = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
             for number, ((owner_id, method), (recorded_args, recorded_kwargs)) in enumerate(seen.values()):
                 owner = next(m for m in vae.modules() if id(m) == owner_id)
                 prefix = next(n for n, m in vae.named_modules() if m is owner)

@@ -29,6 +29,7 @@ from ..interop import backend, compat, distributed, jit, sharding, user_tensors
 from . import (
     attention,
     cfg,
+    decision,
     gpu_script_calls,
     oversized_calls,
     placement,
@@ -45,14 +46,12 @@ from .config import TPUConfig
 from .denoiser import (
     TRACE_ERRORS,
     Denoiser,
-    active_hooks,
-    check_hooks,
     forget_unfinished,
     hook_reference,
     innermost_forward,
 )
 from .overrides import Overrides
-from .registry import Family, family_of, vae_methods
+from .registry import family_of, vae_methods
 
 logger = logging.getLogger(__name__)
 _ATTR = "_diffusers_tpu_runtime"
@@ -67,12 +66,18 @@ def is_attached(pipe) -> bool:
 
 
 class PipelineRuntime:
-    def __init__(self, pipe, family: Family, config: TPUConfig, target: backend.Target, mesh, user_dtype):
-        self.pipe, self.family, self.config, self.target, self.mesh = pipe, family, config, target, mesh
+    """A moved pipeline's runtime: carries out a ``decision.Decision`` (what was decided for ``pipe.to``) and holds
+    the call context and what it changed."""
+
+    def __init__(self, pipe, decided: decision.Decision, user_dtype):
+        self.pipe, self.decision = pipe, decided
+        self.family, self.config, self.target = decided.family, decided.config, decided.target
+        family, config, target = self.family, self.config, self.target
+        self.mesh = mesh = backend.build_mesh(decided.mesh_shape, list(decided.devices))
         # Eager ops' arrays: on this process's first mesh device (a multi-host run cannot hold another host's).
         self.home_device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
         # The VAE runs on its own mesh over the same devices: a redundant batch axis x a spatial axis.
-        self.vae_mesh = backend.build_mesh({"batch": 1, "spatial": mesh.size}, list(mesh.devices.flat))
+        self.vae_mesh = backend.build_mesh(decided.vae_mesh_shape, list(mesh.devices.flat))
         self.user_dtype = user_dtype
         self.attention = attention.AttentionSettings(
             mesh,
@@ -94,8 +99,7 @@ class PipelineRuntime:
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
         # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
         self._encoding_on_host = 0
-        # "host" or "jax" (``attach`` resolves TPUConfig(text_encoder="auto") with ``placement``)
-        self.text_encoder_placement = "host" if config.text_encoder == "auto" else config.text_encoder
+        self.text_encoder_placement = decided.text_encoders  # "host" or "jax"
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -432,48 +436,6 @@ def _autoencoder_parts(module) -> tuple[str, ...]:
     return vae_methods(module)
 
 
-def _runs_on_jax(modules: dict, names: list[str]) -> bool:
-    try:
-        for name in names:
-            check_hooks(modules[name], "pipe.to('tpu')")
-    except ValueError:
-        return False
-    return True
-
-
-def _encoder_placement(pipe, config, target, mesh_shape, dtype, devices) -> str:
-    """``"host"`` or ``"jax"``: the config's, or for ``"auto"`` the rule of ``placement`` on the weights as
-    ``_plans`` would place them (nothing moves)."""
-    if config.text_encoder != "auto":
-        return config.text_encoder
-    limit = placement.device_memory_limit(devices)
-    if limit is None or not placement.text_encoder_names(pipe):
-        return "host"
-    return placement.choose(weights_per_device(pipe, config, target.platform, mesh_shape, dtype), limit)
-
-
-def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict, dtype=None) -> int:
-    """Bytes of every component's weights that one device holds as ``pipe.to`` places them on ``platform``, text
-    encoders included: the figure ``TPUConfig(text_encoder="auto")`` decides on (``plan`` asks it too)."""
-    family = family_of(pipe)
-    modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-    target = backend.Target("tpu", platform)
-    total = 0
-    for name, (module, slots, _) in _plans(pipe, family, config, target, modules, mesh_shape, dtype).items():
-        one_byte = frozenset(quantize.targets(module)) if config.quantize and name in family.denoisers else frozenset()
-        total += placement.per_device_bytes(slots, mesh_shape, one_byte)
-    return total
-
-
-def component_dtype(family: Family, config: TPUConfig, target: backend.Target, name: str, default):
-    """A component's dtype on the devices: ``TPUConfig.component_dtypes``, else the family's TPU default on TPU."""
-    if config.component_dtypes is not None:
-        return config.component_dtypes.get(name, default)
-    if target.platform == "tpu":
-        return family.tpu_dtypes.get(name, default)
-    return default
-
-
 def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype | None = None):
     """Validate, then place ``pipe`` on JAX. Raises before anything moves when something is wrong."""
     if config is not None and not isinstance(config, TPUConfig):
@@ -486,69 +448,30 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     if current is not None and current.config == config and current.target == target and dtype is None:
         return pipe
     devices = backend.devices_for(target)
-    heads = family.num_heads(pipe)
     if current is not None:
         detach(pipe)  # re-placing with another config starts from the torch pipeline
     # offload hooks, torch.compile wrappers (undone on failure/detach)
     prepared = gpu_script_calls.prepare_components(pipe)
     try:
-        modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-        text_encoders = placement.text_encoder_names(pipe)
-        for name, module in modules.items():
-            if name not in text_encoders or config.text_encoder == "jax":
-                check_hooks(module, "pipe.to('tpu')")
-        hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
-        if config.mesh is None:
-            mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
-        else:
-            mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
-        encoders = _encoder_placement(pipe, config, target, mesh_shape, dtype, devices)
-        if encoders == "jax" and config.text_encoder == "auto" and not _runs_on_jax(modules, text_encoders):
-            encoders = "host"  # a hook JAX refuses on an encoder: "auto" keeps it where stock runs it
-        if encoders == "host":
-            modules = {n: m for n, m in modules.items() if n not in text_encoders}
-        plans = _plans(pipe, family, config, target, modules, mesh_shape, dtype)
+        decided = decision.decide(pipe, config, target, devices, dtype, family=family)
     except BaseException:
         for step in reversed(prepared):
             step()
         raise
     backend.enable_compile_cache(config.resolved_cache_dir())
-    mesh = backend.build_mesh(mesh_shape, devices)
-    runtime = PipelineRuntime(pipe, family, config, target, mesh, dtype)
-    runtime.text_encoder_placement = encoders
+    runtime = PipelineRuntime(pipe, decided, dtype)
     for step in prepared:
         runtime.overrides.add_undo(step)
-    gpu_script_calls.check_dtype(runtime, {n: m for n, m in modules.items() if n in family.denoisers})
+    denoisers = {c.name: c.module for c in decided.components if c.role == "denoiser"}
+    gpu_script_calls.check_dtype(runtime, denoisers)
     try:
-        runtime.place(plans)
+        runtime.place(decided.plans)
     except BaseException:
         runtime.undo()
         raise
     vars(pipe)[_ATTR] = runtime
-    logger.info(
-        "%s on %s, mesh %s, attention %s",
-        type(pipe).__name__,
-        target.platform,
-        mesh_shape,
-        runtime.attention.implementation,
-    )
+    logger.info("%s, attention %s", decided, runtime.attention.implementation)
     return pipe
-
-
-def _plans(pipe, family, config, target, modules, mesh_shape, dtype) -> dict:
-    """Every placed tensor's sharding and dtype, validated before anything moves."""
-    plans = {}
-    for name, module in modules.items():
-        denoiser = name in family.denoisers
-        rules = family.rules(module, mesh_shape) if denoiser else ()
-        module_dtype = dtype if dtype is not None else (config.dtype if denoiser else None)
-        if name == "vae" and config.vae_weights_dtype is not None:
-            module_dtype = config.vae_weights_dtype
-        if dtype is None:
-            module_dtype = component_dtype(family, config, target, name, module_dtype)
-        keep = (getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype is None else ()
-        plans[name] = (module, sharding.plan(module, mesh_shape, rules, module_dtype, keep), rules)
-    return plans
 
 
 def detach(pipe) -> None:

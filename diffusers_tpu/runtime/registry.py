@@ -88,6 +88,8 @@ class Family:
     # ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE (instead of compiling
     # ``vae_methods``), e.g. Wan's temporal chunks.
     vae_install: Callable[..., None] | None = None
+    # the names of the programs ``vae_install`` compiles (what ``runtime.decision`` lists).
+    vae_programs: tuple[str, ...] = ()
     # a jit-safe replacement for the denoiser's ``forward`` (same keywords), bound to the module and compiled in place
     # of the stock one.
     denoiser_forward: Callable | None = None

@@ -12,7 +12,7 @@ import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import hunyuan_video15
 from diffusers_tpu.interop import backend, jit
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime import decision, pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import all_equations, assert_np_matches, compiled_method, stock_pil
 
@@ -255,11 +255,11 @@ def test_text_encoders_on_jax_and_bf16_byt5(stock):
 def test_byt5_bf16_is_the_tpu_default_only():
     family = hunyuan_video15.FAMILY
     tpu, cpu = backend.Target("tpu", "tpu"), backend.Target("jax", "cpu")
-    assert pipeline_runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder_2", None) is torch.bfloat16
-    assert pipeline_runtime.component_dtype(family, TPUConfig(), tpu, "text_encoder", None) is None
-    assert pipeline_runtime.component_dtype(family, TPUConfig(), cpu, "text_encoder_2", None) is None
+    assert decision.component_dtype(family, TPUConfig(), tpu, "text_encoder_2", None) is torch.bfloat16
+    assert decision.component_dtype(family, TPUConfig(), tpu, "text_encoder", None) is None
+    assert decision.component_dtype(family, TPUConfig(), cpu, "text_encoder_2", None) is None
     chosen = TPUConfig(component_dtypes={"text_encoder_2": torch.float32})
-    assert pipeline_runtime.component_dtype(family, chosen, tpu, "text_encoder_2", None) is torch.float32
+    assert decision.component_dtype(family, chosen, tpu, "text_encoder_2", None) is torch.float32
     with pytest.raises(ValueError, match="component_dtypes"):
         TPUConfig(component_dtypes={"text_encoder_2": "bf16"})
     with pytest.raises(ValueError, match="text_padding"):

@@ -145,12 +145,10 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
     import json
 
     from diffusers_tpu.commands import cli
-    from diffusers_tpu.runtime import pipeline_runtime, placement
+    from diffusers_tpu.runtime import decision, pipeline_runtime, placement
 
     config = TPUConfig(dtype=torch.bfloat16)  # plan's --dtype default
-    weights = pipeline_runtime.weights_per_device(
-        tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1}
-    )
+    weights = decision.weights_per_device(tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1})
     rows = {}
     for label, hbm_bytes in (
         ("room", weights / placement.WEIGHT_SHARE * 1.01),

@@ -154,19 +154,22 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     """Compiled for v6e 2x2 (dp2·tp2): the stacked weights take half the bytes per device or less (the
     other weights shrink too) (the compiled step's
     arguments shrink), and the layer loop gathers each layer's weights (all-gathers in its body)."""
-    from diffusers_tpu.interop.backend import build_mesh
+    from diffusers_tpu.interop.backend import Target, build_mesh
     from diffusers_tpu.interop.jit import Gathered, Stacked
     from diffusers_tpu.planner import plan
-    from diffusers_tpu.runtime.registry import family_of
+    from diffusers_tpu.runtime import decision
 
     pipe = tiny.wan_pipeline("wan-4head")
     size = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
     devices = tpu_compiler.devices("v6e-4")
     mesh = build_mesh({"dp": 2, "sp": 1, "tp": 2}, devices)
-    rules = family_of(pipe).rules(pipe.transformer, dict(mesh.shape))
 
     def per_device_bytes(full, kinds):
-        state = plan.abstract_weights(pipe.transformer, mesh, rules, None, stacked=True, fully_sharded=full)
+        config = TPUConfig(mesh=dict(mesh.shape), fully_sharded_weights=full)
+        denoiser = decision.decide(pipe, config, Target("tpu", "tpu"), devices, memory_limit=None).component(
+            "transformer"
+        )
+        state = plan.abstract_component(denoiser, mesh, config)
         arrays = [v.array if isinstance(v, (Stacked, Gathered)) else v for v in state.values() if isinstance(v, kinds)]
         return sum(np.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in arrays)
 

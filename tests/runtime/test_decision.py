@@ -1,0 +1,58 @@
+"""``runtime.decision``: what ``pipe.to`` does is decided once, as a printable record that ``pipe.to`` carries out and
+``plan`` (``cost``, ``ready``) read for described devices."""
+
+import jax
+import torch
+
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import backend, sharding
+from diffusers_tpu.planner import plan
+from diffusers_tpu.runtime import decision, pipeline_runtime
+from diffusers_tpu.testing import tiny
+
+SIZE = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
+
+
+def test_the_record_says_what_pipe_to_does_and_pipe_to_carries_it_out():
+    pipe = tiny.wan_pipeline("wan")
+    target = backend.Target("jax", "cpu")
+    decided = decision.decide(pipe, TPUConfig(), target, jax.devices()[:1])
+    text = str(decided)
+    assert "mesh {'dp': 1, 'sp': 1, 'tp': 1}" in text and "text encoders on the host" in text
+    assert "transformer: denoiser" in text and "vae: vae" in text and "transformer step" in text
+    assert [c.name for c in decided.components] == ["vae", "transformer"]  # host text encoders: not placed
+    pipe.to("jax")
+    try:
+        runtime = pipeline_runtime.runtime_of(pipe)
+        assert runtime.decision == decided and dict(runtime.mesh.shape) == decided.mesh_shape
+        placed = {slot.qualified: slot.dtype for slot in pipe.transformer._diffusers_tpu_placement}
+        assert placed == {slot.qualified: slot.dtype for slot in decided.component("transformer").slots}
+    finally:
+        pipe.to("cpu")
+
+
+def test_one_decision_changed_moves_pipe_to_and_plan_alike(monkeypatch):
+    """The denoiser's dtype on the devices decided otherwise (one function): the weights ``pipe.to`` places and the
+    weights ``plan`` compiles the step with change together."""
+
+    def step_argument_bytes():
+        report = plan.denoiser_memory(tiny.wan_pipeline("wan"), SIZE, TPUConfig(), jax.devices()[:1], 24)
+        return report["argument_bytes"]
+
+    def placed_dtypes():
+        pipe = tiny.wan_pipeline("wan").to("jax")
+        try:
+            return {sharding._get(slot).dtype for slot in pipe.transformer._diffusers_tpu_placement}
+        finally:
+            pipe.to("cpu")
+
+    before = (step_argument_bytes(), placed_dtypes())
+    stock = decision.component_dtype
+
+    def bfloat16_denoiser(family, config, target, name, default):
+        return torch.bfloat16 if name == "transformer" else stock(family, config, target, name, default)
+
+    monkeypatch.setattr(decision, "component_dtype", bfloat16_denoiser)
+    after = (step_argument_bytes(), placed_dtypes())
+    assert before[1] == {torch.float32} and torch.bfloat16 in after[1]  # pipe.to placed what was decided
+    assert after[0] < 0.7 * before[0]  # plan compiled the step with the weights pipe.to placed
