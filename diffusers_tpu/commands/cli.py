@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import ready
 
             return ready.main(args)
+        if args.command == "compile":
+            from . import compile_ahead
+
+            return compile_ahead.main(args)
         status = generate(args) if args.command == "generate" else stage(args)
         say(
             f"done in {time.perf_counter() - STARTED:.1f} s, start to finish (imports, loading, compiling, running, "

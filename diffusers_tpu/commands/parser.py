@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import importlib.util
 import json
 import os
 
@@ -313,7 +315,7 @@ def _model_of(args) -> str | None:
     """The model a command will load (None: a stage's model comes from its stage directory)."""
     if getattr(args, "arch", None):
         return args.arch
-    if args.command in ("plan", "cost", "ready"):
+    if args.command in ("plan", "cost", "ready", "compile"):
         return args.model
     if args.command in ("encode", "denoise", "decode"):
         return args.model
@@ -357,8 +359,9 @@ def no_encode_stage(stage_dir: str) -> str:
 
 
 def _check_targets(args) -> None:
-    """``plan``, ``cost`` and ``ready``: what to plan (one of --arch, --model) and for what (a named target)."""
-    if args.command not in ("plan", "cost", "ready"):
+    """``plan``, ``cost``, ``ready`` and ``compile``: what to plan (one of --arch, --model) and for what (a named
+    target)."""
+    if args.command not in ("plan", "cost", "ready", "compile"):
         return
     if bool(args.arch) == bool(args.model):
         raise ValueError(f"{args.command} needs exactly one of --arch NAME or --model FOLDER|tiny:NAME.")
@@ -367,14 +370,22 @@ def _check_targets(args) -> None:
             "plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
             % ", ".join(sorted(CHIPS))
         )
-    if args.command in ("cost", "ready"):
+    if args.command == "compile" and os.path.isfile(args.output):
+        raise ValueError(f"--output {args.output}: a file; name a folder for the programs (created if missing).")
+    if args.command == "compile" and args.chips is not None and importlib.util.find_spec("libtpu") is None:
+        version = importlib.metadata.version("jax")
+        raise ValueError(
+            f"compile --chips {args.chips} needs the TPU compiler (libtpu, ~700 MB; no TPU needed), which is not "
+            f'installed: pip install "jax[tpu]=={version}" (or pip install -e ".[tpu]" in a checkout).'
+        )
+    if args.command in ("cost", "ready") or (args.command == "compile" and args.chips is not None):
         slices = [name for name, chip in CHIPS.items() if chip.topology]
         if args.chips not in slices:
             raise ValueError(
                 f"{args.command} --chips {args.chips}: not a TPU slice the TPU compiler knows; "
                 f"choose one of {', '.join(slices)}."
             )
-        if not 0 < args.attention_efficiency <= 1:
+        if args.command == "cost" and not 0 < args.attention_efficiency <= 1:
             raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
 
 

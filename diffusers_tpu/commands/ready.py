@@ -11,7 +11,6 @@ them (scheduler steps, guidance, postprocessing; tens of them, milliseconds each
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -24,34 +23,25 @@ from ..planner.chips import CHIPS
 from ..runtime import outputs
 from ..runtime.config import TPUConfig
 from .arguments import load_pipeline
-
-GIB = 1 << 30
+from .program_table import programs_of, render, text_tokens
 
 
 def timed(lowered) -> dict:
-    """Compile ``lowered`` (as its build says: a ``program_builds.BuildOf`` carries its options) and read it back."""
+    """Compile ``lowered`` (as its build says: a ``program_builds.BuildOf`` carries its options) and read it back; a
+    program the TPU compiler refuses (over the chip's memory) is a row saying so."""
     start = time.perf_counter()
-    compiled = lowered.compile()
+    try:
+        compiled = lowered.compile()
+    except Exception as error:  # noqa: BLE001 (a refusal is this row's verdict; anything else raises)
+        reason = tpu_compiler.refusal(error)
+        if reason is None:
+            raise
+        seconds = round(time.perf_counter() - start, 1)
+        empty = dict(peak_bytes=0, temp_bytes=0, generated_code_bytes=0, argument_bytes=0, output_bytes=0)
+        return dict(empty, compile_seconds=seconds, refused=reason, tier=getattr(lowered, "tier", "full"))
     report = hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
     report["tier"] = getattr(lowered, "tier", "full")
     return report
-
-
-def programs_of(report: dict) -> list[tuple[str, dict]]:
-    """``(name, analysis)`` of every program compiled for a ``plan.start_denoiser_memory`` report."""
-    rows = [
-        (f"denoiser step{f' (pass {n + 1})' if len(report['passes']) > 1 else ''}", step)
-        for n, step in enumerate(report["passes"])
-    ]
-    for group in ("vae_decode", "text_encoders"):
-        found = report.get(group) or {}
-        named = {f"program {n + 1}": a for n, a in enumerate(found.get("programs", []))}
-        named.update({name: a for name, a in found.items() if isinstance(a, dict) and "temp_bytes" in a})
-        for name, analysis in named.items():
-            label = f"{group.replace('_', ' ')}: {name}"
-            for build in analysis.get("tiers", [analysis]):  # a tiered program: both builds
-                rows.append((f"{label} [{build.get('tier', 'full')}]", build))
-    return rows
 
 
 def main(args) -> int:
@@ -67,6 +57,8 @@ def main(args) -> int:
         pipe = plan.folder_pipeline(args.model, dtype)
     else:
         pipe = load_pipeline(args.model)
+    if args.vae_tiling:
+        pipe.vae.enable_tiling()  # the decode a call runs after pipe.vae.enable_tiling(): per tile
     config = TPUConfig(
         mesh=args.mesh,
         dtype=dtype,
@@ -75,8 +67,7 @@ def main(args) -> int:
         compile_cache_dir=False,  # cold: nothing remembered
     )
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
-    default = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
-    tokens = args.max_sequence_length or (default.default if default is not None else None)
+    tokens = args.max_sequence_length or text_tokens(pipe)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     print(
         f"compiling every program of a first call for {args.chips} ({devices[0].device_kind}) with the TPU compiler, "
@@ -104,6 +95,7 @@ def main(args) -> int:
                 "compile_seconds": analysis.get("compile_seconds"),
                 "generated_code_bytes": analysis["generated_code_bytes"],
                 "temp_bytes": analysis["temp_bytes"],
+                "refused": analysis.get("refused"),
             }
             for name, analysis in rows
         ],
@@ -114,22 +106,3 @@ def main(args) -> int:
     if args.json:
         outputs.write_text(args.json, json.dumps(result, indent=1))
     return 0
-
-
-def render(result: dict) -> str:
-    size = result["size"]
-    lines = [
-        f"{result['model']} {size['height']}x{size['width']}x{size['num_frames']} on {result['chips']} "
-        f"({result['device_kind']}), mesh {result['mesh']}, VAE compile {result['vae_compile']}:",
-        f"  {'program':<44}{'compile s':>10}{'code MB':>10}{'temp GiB':>10}",
-    ]
-    for row in result["programs"]:
-        lines.append(
-            f"  {row['program']:<44}{row['compile_seconds'] or 0:>10.1f}{row['generated_code_bytes'] / 1e6:>10.1f}"
-            f"{row['temp_bytes'] / GIB:>10.2f}"
-        )
-    lines.append(
-        f"  sum of compile seconds {result['compile_seconds_sum']} s; ready after {result['wall_seconds']} s "
-        f"({result['workers']} at a time; tracing and lowering included; the small eager programs between them not)"
-    )
-    return "\n".join(lines)

@@ -217,6 +217,44 @@ def _ready(parser) -> None:
     parser.add_argument(
         "--workers", type=positive("--workers"), help="programs compiled at once (default: cores, <= 8)"
     )
+    parser.add_argument(
+        "--vae-tiling", action="store_true", help="the VAE decode as pipe.vae.enable_tiling() runs it (tile by tile)"
+    )
+
+
+def _compile(parser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--chips",
+        metavar="NAME",
+        help="build for this TPU slice, on any machine: " + ", ".join(n for n, c in CHIPS.items() if c.topology),
+    )
+    where.add_argument("--local", action="store_true", help="build for this machine's own devices (CPU or GPU)")
+    parser.add_argument(
+        "--arch",
+        help="a real-size architecture (--chips: no weights; --local: random ones): Wan2.1-1.3B, Wan2.1-14B, "
+        "CogVideoX1.5-5B, HunyuanVideo-1.5-8.3B",
+    )
+    parser.add_argument("--model", help="a local pipeline folder, or a tiny model")
+    parser.add_argument("--output", required=True, help="the programs folder (created if missing)")
+    parser.add_argument("--mesh", type=mesh_arg, help="dp,sp,tp (default: the mesh pipe.to would build)")
+    parser.add_argument("--height", type=positive("--height"), default=480)
+    parser.add_argument("--width", type=positive("--width"), default=832)
+    parser.add_argument("--frames", type=positive("--frames"), default=81)
+    parser.add_argument("--steps", type=positive("--steps"), default=50, help="--local: the step count you will serve")
+    parser.add_argument("--max-sequence-length", type=int, help="text tokens (default: the pipeline's own)")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument(
+        "--vae-compile",
+        choices=("auto", "quick", "full", "tiered"),
+        default="auto",
+        help="how the VAE's programs are built (TPUConfig.vae_compile): the runtime must use the same",
+    )
+    parser.add_argument(
+        "--workers", type=positive("--workers"), help="programs compiled at once (default: cores, <= 8)"
+    )
+    parser.add_argument("--json", help="write the report to this file")
 
 
 def _generate(parser) -> None:
@@ -257,6 +295,12 @@ def add_all(commands) -> None:
         commands.add_parser(
             "ready",
             help="time to ready: every program of a first call compiled for a TPU slice, timed (no TPU needed)",
+        )
+    )
+    _compile(
+        commands.add_parser(
+            "compile",
+            help="build every program of a call ahead into a folder (TPU slices on any machine, or this machine)",
         )
     )
     for name, help_text in STAGES.items():

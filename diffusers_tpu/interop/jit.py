@@ -167,9 +167,20 @@ def background_compiles():
 
 
 def _on_event(event: str, **_) -> None:
+    if event == _CACHE_HIT:
+        _this_thread.cache_hits = getattr(_this_thread, "cache_hits", 0) + 1
     if event == _CACHE_HIT and not getattr(_this_thread, "background", False):
         for log in list(_open_logs):
             log.cache_hits += 1
+
+
+def from_persistent_cache(compile_: Callable):
+    """``(compile_(), whether JAX loaded it from its persistent cache)``: an executable loaded from that cache cannot
+    be serialized again (XLA:CPU's lacks its compiled functions: it fails when run)."""
+    _listen()
+    before = getattr(_this_thread, "cache_hits", 0)
+    compiled = compile_()
+    return compiled, getattr(_this_thread, "cache_hits", 0) > before
 
 
 def _on_duration(event: str, duration: float, **_) -> None:
@@ -185,15 +196,19 @@ def _on_duration(event: str, duration: float, **_) -> None:
             log.compilations += 1
 
 
-@contextlib.contextmanager
-def compile_log():
-    """Count compilations inside the block (nested logs all count)."""
+def _listen() -> None:
     global _listening
     with _listener_lock:
         if not _listening:
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
             jax.monitoring.register_event_listener(_on_event)
             _listening = True
+
+
+@contextlib.contextmanager
+def compile_log():
+    """Count compilations inside the block (nested logs all count)."""
+    _listen()
     log = CompileLog()
     _open_logs.append(log)
     try:
@@ -705,12 +720,12 @@ def memory_analysis(compiled, *args, **kwargs) -> dict:
     """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
     bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
     (arguments + outputs - aliased + temporaries)."""
-    return _memory_report(lower(compiled, *args, **kwargs).compile())
+    return memory_report(lower(compiled, *args, **kwargs).compile())
 
 
 def compiled_memory(lowered: jax.stages.Lowered) -> dict:
     """``memory_analysis`` of a program lowered already (``lower``): compiling needs no GIL, so a thread can."""
-    return _memory_report(lowered.compile())
+    return memory_report(lowered.compile())
 
 
 def lowered_zero_outputs(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered, object]:
@@ -721,7 +736,7 @@ def lowered_zero_outputs(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered,
     return lowered, _zeros(lowered, program)
 
 
-def _memory_report(executable) -> dict:
+def memory_report(executable) -> dict:
     stats = executable.memory_analysis()
     report = {
         "argument_bytes": stats.argument_size_in_bytes,

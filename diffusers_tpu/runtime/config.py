@@ -62,6 +62,10 @@ class TPUConfig:
     # JAX persistent compilation cache directory; ``None`` means the default user cache dir (or
     # ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
     compile_cache_dir: str | bool | None = None
+    # a folder of programs built ahead (``diffusers-tpu compile``, or an earlier run with this setting): each program is
+    # loaded from it when one was built for exactly this program, versions, devices and flags, else compiled — and
+    # written there (``runtime.program_store``). Load only folders you built: a stored program is code.
+    programs: str | None = None
     # latent frames per compiled VAE chunk (Wan): one program serves every frame count; larger chunks mean fewer calls
     # but up to ``chunk - 1`` frames of padding.
     vae_decode_chunk: int = 1
@@ -193,6 +197,15 @@ class TPUConfig:
             )
 
         quantize.check_format(self.quantize)
+        if self.programs is not None and not isinstance(self.programs, (str, os.PathLike)):
+            raise ValueError(f"TPUConfig(programs={self.programs!r}) must be a folder path or None.")
+        if self.programs is not None:
+            object.__setattr__(self, "programs", os.fspath(self.programs))
+            if os.path.exists(self.programs) and not os.path.isdir(self.programs):
+                raise ValueError(
+                    f"TPUConfig(programs={self.programs!r}) is a file, not a folder: name a folder (created if "
+                    "missing) for the programs built ahead."
+                )
         if self.compile_cache_dir not in (None, False) and not isinstance(self.compile_cache_dir, (str, os.PathLike)):
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."

@@ -126,6 +126,7 @@ class Denoiser:
             place_input=place_input,
             extras=self.scalings,
             trace_hook=scan,
+            build=runtime.program_build,
         )
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
         self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
@@ -260,7 +261,12 @@ class Denoiser:
         if getattr(stock, "_diffusers_tpu_unit", False):
             return id(module)  # installed before (a hook registered on top of it keeps it innermost)
         compiled = compiled_function(
-            module, stock, state=self._state(f"{name}."), activate=self._activate, extras=lora.Scalings(module)
+            module,
+            stock,
+            state=self._state(f"{name}."),
+            activate=self._activate,
+            extras=lora.Scalings(module),
+            build=self.runtime.program_build,
         )
         entry, key = self, id(module)
 

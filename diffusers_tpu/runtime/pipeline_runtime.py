@@ -35,6 +35,7 @@ from . import (
     placement,
     postprocess,
     program_builds,
+    program_store,
     quantize,
     schedulers,
     stacked_weights,
@@ -100,6 +101,10 @@ class PipelineRuntime:
         # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
         self._encoding_on_host = 0
         self.text_encoder_placement = decided.text_encoders  # "host" or "jax"
+        # programs built ahead (``TPUConfig.programs``): loaded instead of compiled, what compiles written there
+        self.store = program_store.ProgramStore(config.programs) if config.programs is not None else None
+        # how every program but the VAE's is built (full effort; through the store when there is one)
+        self.program_build = program_builds.builder("full", target.platform, store=self.store)
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -373,7 +378,9 @@ class PipelineRuntime:
             activate=functools.partial(self.active, None, self.vae_mesh),
             place_input=self._width_input,
             place_output=spatially,
-            build=program_builds.builder(config.vae_compile, self.target.platform, config.resolved_cache_dir()),
+            build=program_builds.builder(
+                config.vae_compile, self.target.platform, config.resolved_cache_dir(), self.store
+            ),
         )
 
     def compiled_vae_method(self, owner, method: str, state):
@@ -383,7 +390,9 @@ class PipelineRuntime:
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
         stock = getattr(module, method)
-        compiled = jit.compiled_method(module, method, state=state, activate=activate, place_input=place_input)
+        compiled = jit.compiled_method(
+            module, method, state=state, activate=activate, place_input=place_input, build=self.program_build
+        )
         self.overrides.set(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
 
     def undo(self) -> None:

@@ -42,15 +42,33 @@ def resolve(mode: str, platform: str) -> str:
     return mode
 
 
-def builder(mode: str, platform: str, cache_dir: str | None = None) -> Callable:
-    """The ``jit.compiled_function(build=...)`` for a resolved mode; ``cache_dir``: where tiered programs note that
-    their full build is in the persistent cache (None: not noted, each process starts quick)."""
+def builder(mode: str, platform: str, cache_dir: str | None = None, store=None) -> Callable:
+    """The ``jit.compiled_function(build=...)`` for a mode; ``cache_dir``: where tiered programs note that their full
+    build is in the persistent cache (None: not noted, each process starts quick); ``store``: a
+    ``program_store.ProgramStore`` programs load from (and what compiles is saved to)."""
     mode = resolve(mode, platform)
-    if mode == "full":
-        return jit.compile_now
-    if mode == "quick":
-        return quick
-    return lambda lowered: Tiered(lowered, cache_dir)
+    if mode == "tiered":
+        return lambda lowered: Tiered(lowered, cache_dir, store)
+    options = QUICK if mode == "quick" else {}
+    if store is None:
+        return quick if options else jit.compile_now
+
+    def build(lowered):
+        return _stored_build(lowered, options, store)
+
+    build.compiler_options = options or None
+    return build
+
+
+def _stored_build(lowered, options: dict, store):
+    """The program from ``store``, or compiled with ``options`` (and saved there)."""
+    loaded = store.load(lowered, options) if store is not None else None
+    if loaded is not None:
+        return loaded
+    compiled, cached = jit.from_persistent_cache(lambda: lowered.compile(options or None))
+    if store is not None and not cached:  # (JAX's cache keeps it; its copy cannot be written again)
+        store.save(lowered, options, compiled)
+    return compiled
 
 
 def quick(lowered) -> jax.stages.Compiled:
@@ -84,14 +102,16 @@ def builds(lowered, mode: str, platform: str) -> list[BuildOf]:
 class Tiered:
     """An executable that starts as the quick build of a program and becomes its full build (module docstring)."""
 
-    def __init__(self, lowered, cache_dir: str | None = None):
+    def __init__(self, lowered, cache_dir: str | None = None, store=None):
         self.full = self.error = None
-        self._note = _note_path(lowered, cache_dir)
-        if self._note is not None and os.path.exists(self._note):  # built in full before: a persistent-cache load
-            self.full = self.current = lowered.compile()
+        self._note, self._store = _note_path(lowered, cache_dir), store
+        stored = store.load(lowered, {}) if store is not None else None
+        if stored is not None or (self._note is not None and os.path.exists(self._note)):
+            # built in full before: from the programs folder, or a persistent-cache load
+            self.full = self.current = stored if stored is not None else lowered.compile()
             self._thread = None
             return
-        self.current = quick(lowered)
+        self.current = _stored_build(lowered, QUICK, store)
         self._thread = threading.Thread(target=self._build_full, args=(lowered,), daemon=True)
         self._thread.name = "diffusers-tpu-full-build"
         with _pending_lock:
@@ -101,9 +121,11 @@ class Tiered:
     def _build_full(self, lowered) -> None:
         try:
             with jit.background_compiles():
-                self.full = lowered.compile()
+                self.full, cached = jit.from_persistent_cache(lowered.compile)
             if self._note is not None:
                 _write_note(self._note)
+            if self._store is not None and not cached:
+                self._store.save(lowered, {}, self.full)
         except Exception as error:  # noqa: BLE001 (the quick program keeps serving; say why once)
             self.error = error
             logger.warning("the full-effort build of a VAE program failed; its quick build keeps serving: %s", error)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from diffusers_tpu.commands import cli, ready
+from diffusers_tpu.commands import cli, program_table
 from diffusers_tpu.planner import tpu_compiler
 
 
@@ -16,7 +16,7 @@ def test_rows_name_every_program_and_each_build_of_a_tiered_one():
         "vae_decode": {"decode_first": dict(full, tiers=[quick, full]), "peak_bytes": 1},
         "text_encoders": {"programs": [step], "peak_bytes": 1, "weight_bytes": 1},
     }
-    rows = ready.programs_of(report)
+    rows = program_table.programs_of(report)
     assert [name for name, _ in rows] == [
         "denoiser step",
         "vae decode: decode_first [quick]",
@@ -38,7 +38,7 @@ def test_rows_name_every_program_and_each_build_of_a_tiered_one():
         compile_seconds_sum=105.0,
         wall_seconds=70.0,
     )
-    text = ready.render(result)
+    text = program_table.render(result)
     assert (
         "vae decode: decode_first [quick]" in text
         and "ready after 70.0 s" in text

@@ -1,0 +1,52 @@
+"""The table ``ready`` and ``compile`` print: every program of a first call, a row each."""
+
+from __future__ import annotations
+
+import inspect
+
+GIB = 1 << 30
+
+
+def text_tokens(pipe) -> int | None:
+    """The text length a call pads prompts to: the pipeline's own ``max_sequence_length`` default."""
+    default = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+    return default.default if default is not None else None
+
+
+def programs_of(report: dict) -> list[tuple[str, dict]]:
+    """``(name, analysis)`` of every program compiled for a ``plan.start_denoiser_memory`` report."""
+    rows = [
+        (f"denoiser step{f' (pass {n + 1})' if len(report['passes']) > 1 else ''}", step)
+        for n, step in enumerate(report["passes"])
+    ]
+    for group in ("vae_decode", "text_encoders"):
+        found = report.get(group) or {}
+        named = {f"program {n + 1}": a for n, a in enumerate(found.get("programs", []))}
+        named.update({name: a for name, a in found.items() if isinstance(a, dict) and "temp_bytes" in a})
+        for name, analysis in named.items():
+            label = f"{group.replace('_', ' ')}: {name}"
+            for build in analysis.get("tiers", [analysis]):  # a tiered program: both builds
+                rows.append((f"{label} [{build.get('tier', 'full')}]", build))
+    return rows
+
+
+def render(result: dict) -> str:
+    size = result["size"]
+    lines = [
+        f"{result['model']} {size['height']}x{size['width']}x{size['num_frames']} on {result['chips']} "
+        f"({result['device_kind']}), mesh {result['mesh']}, VAE compile {result['vae_compile']}:",
+        f"  {'program':<44}{'compile s':>10}{'code MB':>10}{'temp GiB':>10}",
+    ]
+    for row in result["programs"]:
+        if row.get("refused"):
+            lines.append(f"  {row['program']:<44}{row['compile_seconds'] or 0:>10.1f}  refused: {row['refused']}")
+            continue
+        lines.append(
+            f"  {row['program']:<44}{row['compile_seconds'] or 0:>10.1f}{row['generated_code_bytes'] / 1e6:>10.1f}"
+            f"{row['temp_bytes'] / GIB:>10.2f}"
+        )
+    lines.append(
+        f"  sum of compile seconds {result['compile_seconds_sum']} s; ready after {result['wall_seconds']} s "
+        f"({result['workers']} at a time; tracing and lowering included; the small eager programs between them not)"
+    )
+    return "\n".join(lines)
