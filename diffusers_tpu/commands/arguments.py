@@ -151,9 +151,9 @@ def call_arguments(pipe, call: dict) -> dict:
 
 def call_sizes(pipe, args, model: str) -> dict:
     """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
-    from ..runtime.stages import _defaults
+    from ..runtime.stages import call_defaults
 
-    defaults = _defaults(pipe)
+    defaults = call_defaults(pipe)
     config = pipe.transformer.config
     sample = {name: getattr(config, f"sample_{name}", None) for name in ("height", "width", "frames")}
     fallback = {

@@ -33,7 +33,7 @@ from ..runtime.config import TPUConfig
 from ..runtime.denoiser import active_hooks, hook_reference
 from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
-from ..runtime.stages import _defaults
+from ..runtime.stages import call_defaults
 from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import peak_memory as _peak_memory
@@ -332,7 +332,7 @@ def run(args) -> dict:
         num_inference_steps=sizes["steps"],
         guidance_scale=args.guidance,
         output_type="pil",
-        max_sequence_length=sequence or _defaults_of(pipe).get("max_sequence_length"),
+        max_sequence_length=sequence or call_defaults(pipe).get("max_sequence_length"),
     )
     if args.blocks is not None:
         call["num_blocks"] = args.blocks
@@ -432,10 +432,6 @@ def disable_cache(pipe, spec: str | None) -> None:
             module = getattr(pipe, denoiser, None)
             if module is not None:
                 module.disable_cache()
-
-
-def _defaults_of(pipe) -> dict:
-    return _defaults(pipe)
 
 
 def format_table(report: dict) -> str:

@@ -33,8 +33,8 @@ def write(folder: str, arch: str, shard_size: str) -> None:
     """The real-size denoiser of ``arch`` with random bfloat16 weights, with the tiny Wan text encoder and VAE."""
 
     spec = architectures.ARCHITECTURES[arch]
-    transformer = architectures._empty(lambda: diffusers.WanTransformer3DModel(**spec["transformer"]))
-    architectures._fill(transformer, torch.bfloat16, torch.Generator().manual_seed(0))
+    transformer = architectures.empty(lambda: diffusers.WanTransformer3DModel(**spec["transformer"]))
+    architectures.fill_random(transformer, torch.bfloat16, torch.Generator().manual_seed(0))
     components = dict(tiny.wan_pipeline("wan").components, transformer=transformer.eval())
     diffusers.WanPipeline(**components).save_pretrained(folder, max_shard_size=shard_size)
 

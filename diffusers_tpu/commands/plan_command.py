@@ -237,7 +237,14 @@ def _compilers(choice: str, chip) -> tuple[str, ...]:
         tpu_compiler.require(f"plan --compiler {choice}")
         return ("tpu", "cpu") if choice == "both" else ("tpu",)
     if choice == "auto" and tpu_slice and tpu_compiler.available():
-        return ("tpu",)
+        failure = tpu_compiler.load_failure()
+        if failure is None:
+            return ("tpu",)
+        print(  # libtpu there but broken: the CPU estimate, as without it, and how to mend it
+            f"the TPU compiler (libtpu) is installed but does not load ({failure}); planning with the CPU estimate "
+            f"instead. To mend it: {tpu_compiler.install_hint()}",
+            flush=True,
+        )
     return ("cpu",)
 
 
@@ -359,7 +366,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
         tokens = report["size"]["text_tokens"]
         keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
         prompt = plan_module.PLAN_PROMPT if chosen["text_encoder"] == "jax" else None  # as planned: encoders too
-        pipe(**plan_module._call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
+        pipe(**plan_module.call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
     stats = [d.memory_stats() or {} for d in pipeline_runtime.runtime_of(pipe).mesh.devices.flat]
     measured = max((s.get("peak_bytes_in_use", 0) for s in stats), default=0) or None
     report["check"] = {

@@ -27,7 +27,7 @@ from ..planner import architectures
 from ..runtime import outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
-from ..runtime.stages import _defaults
+from ..runtime.stages import call_defaults
 from . import kernel_breakdown
 from .arguments import call_sizes, device_for, load_pipeline, sequence_length
 from .measures import peak_memory, peak_tflops, versions
@@ -166,7 +166,7 @@ def run(args) -> dict:
         width=sizes["width"],
         num_frames=sizes["frames"],
         guidance_scale=args.guidance,
-        max_sequence_length=sequence_length(pipe, model) or _defaults(pipe).get("max_sequence_length"),
+        max_sequence_length=sequence_length(pipe, model) or call_defaults(pipe).get("max_sequence_length"),
     )
     torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     name, calls = capture_step(pipe, call, torch_device)

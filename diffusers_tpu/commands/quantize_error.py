@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..families import wan
-from ..interop.sharding import _keep_in_fp32
+from ..interop.sharding import keep_in_fp32
 from ..planner import architectures
 from ..runtime import outputs, quantize
 from ..runtime.config import TPUConfig
@@ -34,7 +34,7 @@ def weight_bytes(module: torch.nn.Module, fmt: str | None, dtype=torch.bfloat16)
         if name in names:
             total += param.numel() + 4 * param.shape[0]  # 1-byte values + a float32 scale per output channel
         else:
-            total += param.numel() * (4 if _keep_in_fp32(name, keep) else torch.finfo(dtype).bits // 8)
+            total += param.numel() * (4 if keep_in_fp32(name, keep) else torch.finfo(dtype).bits // 8)
     return total
 
 
@@ -79,8 +79,8 @@ def stack_errors(
     )
 
     def fresh():
-        transformer = architectures._empty(lambda: diffusers.WanTransformer3DModel(**config))
-        architectures._fill(transformer, torch.float32, torch.Generator().manual_seed(seed))
+        transformer = architectures.empty(lambda: diffusers.WanTransformer3DModel(**config))
+        architectures.fill_random(transformer, torch.float32, torch.Generator().manual_seed(seed))
         pipe = tiny.wan_pipeline("wan")
         return diffusers.WanPipeline(
             transformer=transformer.eval(),
@@ -124,14 +124,14 @@ def main(argv=None) -> int:
         spec = architectures.ARCHITECTURES[name]
 
         cls = diffusers.WanTransformer3DModel if spec["family"] == "wan" else diffusers.CogVideoXTransformer3DModel
-        model = architectures._empty(lambda: cls(**spec["transformer"]))
+        model = architectures.empty(lambda: cls(**spec["transformer"]))
         report["weight_bytes"][name] = {
             "bf16": weight_bytes(model, None),
             args.format: weight_bytes(model, args.format),
         }
 
-    block = architectures._empty(lambda: diffusers.WanTransformer3DModel(**dict(wan.WAN21_1_3B, num_layers=1)))
-    architectures._fill(block, torch.float32, torch.Generator().manual_seed(0))
+    block = architectures.empty(lambda: diffusers.WanTransformer3DModel(**dict(wan.WAN21_1_3B, num_layers=1)))
+    architectures.fill_random(block, torch.float32, torch.Generator().manual_seed(0))
     report["layers_Wan2.1-1.3B_block0"] = layer_errors(block.blocks[0], args.format)
     report["stack"] = stack_errors(args.layers, args.format)
     print(json.dumps(report, indent=1))

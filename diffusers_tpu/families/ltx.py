@@ -48,7 +48,7 @@ def forward_flops(config, latent_frames: int, latent_height: int, latent_width: 
     return config.num_layers * block + edges
 
 
-def _latent_size(pipe, height: int, width: int, frames: int):
+def latent_size(pipe, height: int, width: int, frames: int):
     return (
         (frames - 1) // pipe.vae_temporal_compression_ratio + 1,
         height // pipe.vae_spatial_compression_ratio,
@@ -64,7 +64,7 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+            pipe.transformer.config, *latent_size(pipe, h, w, f), text
         ),
     )
 )

@@ -17,7 +17,7 @@ import math
 import diffusers
 
 from ..runtime.registry import Family, register
-from .ltx import _latent_size  # same VAE compression attributes as LTX-Video
+from .ltx import latent_size  # same VAE compression attributes as LTX-Video
 
 _ATTENTION = (
     r"^transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)\."
@@ -72,7 +72,7 @@ FAMILY = register(
         activation_rules=ACTIVATION_RULES,
         num_heads=num_heads,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+            pipe.transformer.config, *latent_size(pipe, h, w, f), text
         ),
     )
 )

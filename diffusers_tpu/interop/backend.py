@@ -261,6 +261,7 @@ def build_mesh(shape: Mapping[str, int], devices: Sequence) -> Mesh:
 
 
 _cache_dir_we_set: str | None = None
+_unusable_cache_dirs: set = set()  # said once each
 
 
 _JAX_MIN_COMPILE_TIME = 1.0  # jax_persistent_cache_min_compile_time_secs's default
@@ -278,7 +279,22 @@ def enable_compile_cache(directory: str | None) -> None:
     elif current == directory:
         return
     else:
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK):
+                raise PermissionError("not writable")
+        except OSError as error:  # the run goes on without a persistent cache, said once
+            if directory not in _unusable_cache_dirs:
+                _unusable_cache_dirs.add(directory)
+                logger.warning(
+                    "the compilation cache %s cannot be used (%s): running without one; set "
+                    "TPUConfig(compile_cache_dir=...) or DIFFUSERS_TPU_CACHE_DIR to a folder you can write",
+                    directory,
+                    error,
+                )
+            directory = None
+            if current is None or current != _cache_dir_we_set:
+                return
     if current is not None and directory is not None:
         logger.info("JAX compilation cache moves from %s to %s", current, directory)
     jax.config.update("jax_compilation_cache_dir", directory)

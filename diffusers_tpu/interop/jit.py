@@ -257,7 +257,7 @@ class _TensorSlot:
     """Marks where a tensor sits among flattened arguments or outputs."""
 
 
-_TENSOR = _TensorSlot()
+TENSOR = _TensorSlot()
 _CARRIED_TENSOR = _TensorSlot()  # a carried attribute left holding a tensor: the program's next output
 HOOKED = (
     "%s.%s has forward hooks on its modules (registered by the pipeline or by you): stock runs them at every "
@@ -269,7 +269,7 @@ EAGER = (
 )
 
 
-class _Program:
+class Program:
     """One jitted program for one structure of non-tensor arguments."""
 
     def __init__(
@@ -320,7 +320,7 @@ class _Program:
             if compute_dtype is not None:
                 dynamic = [x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in dynamic]
             arrays = iter(dynamic)
-            leaves = [wrap(next(arrays)) if s is _TENSOR else s for s in static]
+            leaves = [wrap(next(arrays)) if s is TENSOR else s for s in static]
             args, kwargs = pytree.tree_unflatten(leaves, spec)
             lists = _argument_lists(args, kwargs)
             before = {key: list(value) for key, value in lists.items()}
@@ -380,7 +380,7 @@ class _Program:
                 if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))
             }
             out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
-            self.out_static = [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
+            self.out_static = [TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
             placed = place_output or (lambda tensor: tensor)
             return [to_jax_array(placed(x)) for x in out_leaves if isinstance(x, torch.Tensor)] + [
                 to_jax_array(placed(value)) for value in post if isinstance(value, torch.Tensor)
@@ -457,7 +457,7 @@ class _Program:
 
     def rebuild(self, arrays, args=(), kwargs=None):
         it = iter(arrays)
-        leaves = [wrap(next(it)) if s is _TENSOR else s for s in self.out_static]
+        leaves = [wrap(next(it)) if s is TENSOR else s for s in self.out_static]
         out, changed = pytree.tree_unflatten(leaves, self.out_spec)
         callers = _argument_lists(args, kwargs or {})
         for key, contents in changed.items():
@@ -472,7 +472,7 @@ class _Program:
 
 def _by_value(static: tuple) -> tuple:
     """The non-tensor arguments as a program key: registered types by their contents (``static_keys``)."""
-    return tuple(x if x is _TENSOR else static_keys.key_of(x) for x in static)
+    return tuple(x if x is TENSOR else static_keys.key_of(x) for x in static)
 
 
 def _argument_lists(args, kwargs) -> dict:
@@ -550,10 +550,10 @@ def compiled_function(
         except TypeError:
             raise TypeError(
                 f"{type(module).__name__}.{name} on JAX takes tensors and hashable values (numbers, strings, "
-                f"None, tuples); got {[type(x).__name__ for x in static if x is not _TENSOR]}."
+                f"None, tuples); got {[type(x).__name__ for x in static if x is not TENSOR]}."
             ) from None
         if program is None:
-            program = programs[key] = _Program(
+            program = programs[key] = Program(
                 module,
                 method,
                 spec,
@@ -632,7 +632,7 @@ def _call_key(compiled, args, kwargs):
     """``(leaves, spec, static, key, live, values)`` of a call: the program key, the carried attributes at their
     places now (``live``: (owner, name)) and their values."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+    static = tuple(TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds "Rep"
     # markers or tensors depending on the frame count), and each program keeps its own.
     shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
@@ -673,7 +673,7 @@ def _zeros(lowered, program, device="cpu"):
             for info in jax.tree_util.tree_leaves(lowered.out_info)
         ]
     )
-    out, _ = pytree.tree_unflatten([next(zeros) if s is _TENSOR else s for s in program.out_static], program.out_spec)
+    out, _ = pytree.tree_unflatten([next(zeros) if s is TENSOR else s for s in program.out_static], program.out_spec)
     return out
 
 
@@ -690,7 +690,7 @@ def _abstract(value) -> jax.ShapeDtypeStruct:
 def _lowered(compiled, args, kwargs):
     leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
     extras = compiled.extras
-    program = compiled.programs.get(key) or _Program(
+    program = compiled.programs.get(key) or Program(
         compiled.module,
         compiled.__wrapped__,
         spec,

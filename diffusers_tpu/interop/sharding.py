@@ -71,7 +71,7 @@ def axis_size(entry, mesh_shape: Mapping[str, int]) -> int:
     return size
 
 
-def _keep_in_fp32(qualified: str, patterns: Sequence[str]) -> bool:
+def keep_in_fp32(qualified: str, patterns: Sequence[str]) -> bool:
     # Same matching as diffusers' loader: a pattern names a module component of the qualified name.
     parts = qualified.split(".")
     return any(pattern in parts for pattern in patterns)
@@ -146,7 +146,7 @@ def plan(
                 slots.append(_Slot(owner, kind, name, qualified, spec, tensor.dtype, tensor.dtype, None))
                 continue
             device_dtype = tensor.dtype
-            if dtype is not None and tensor.is_floating_point() and not _keep_in_fp32(qualified, keep_fp32):
+            if dtype is not None and tensor.is_floating_point() and not keep_in_fp32(qualified, keep_fp32):
                 device_dtype = dtype
             restore_dtype = device_dtype
             if device_dtype == torch.float64:
@@ -196,10 +196,10 @@ def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
     """Re-plan a placed module after it changed on the host: placed tensors keep their sharding (and how they are
     restored), new host tensors are placed by the rules (adapters like the layer they adapt), tensors that left
     the module are forgotten."""
-    previous = {id(_get(slot)): slot for slot in slots_of(module)}
+    previous = {id(tensor_of(slot)): slot for slot in slots_of(module)}
     slots = plan(module, dict(mesh.shape), rules, placed_ok=True)
     for slot in slots:
-        old = previous.get(id(_get(slot)))
+        old = previous.get(id(tensor_of(slot)))
         if old is not None:
             slot.restore_dtype, slot.keep_original = old.restore_dtype, old.keep_original
             slot.dtype, slot.scale, slot.host = old.dtype, old.scale, old.host  # a quantized weight stays quantized
@@ -238,7 +238,7 @@ def sharding_of(tensor: torch.Tensor):
 def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast placed floating tensors in place on the device (keeps their sharding)."""
     slots = getattr(module, _SAVED, ())
-    changes = {id(slot): _get(slot).is_floating_point() and _get(slot).dtype != dtype for slot in slots}
+    changes = {id(slot): tensor_of(slot).is_floating_point() and tensor_of(slot).dtype != dtype for slot in slots}
     replace(
         slots,
         lambda slot, tensor: (
@@ -293,7 +293,7 @@ def replace(slots: list[_Slot], new_value) -> None:
     one new tensor — one ``Parameter`` object, as before — so ties survive placing, casting and restoring."""
     done = {}
     for slot in slots:
-        tensor = _get(slot)
+        tensor = tensor_of(slot)
         if id(tensor) not in done:
             value = new_value(slot, tensor)
             if value is not None and slot.kind == "param" and not isinstance(value, torch.nn.Parameter):
@@ -301,10 +301,10 @@ def replace(slots: list[_Slot], new_value) -> None:
             done[id(tensor)] = (tensor, value)  # the old tensor held: its id is not reused meanwhile
         value = done[id(tensor)][1]
         if value is not None:
-            _set(slot, value)
+            set_tensor(slot, value)
 
 
-def _get(slot: _Slot) -> torch.Tensor:
+def tensor_of(slot: _Slot) -> torch.Tensor:
     if slot.kind == "param":
         return slot.owner._parameters[slot.name]
     if slot.kind == "buffer":
@@ -312,7 +312,7 @@ def _get(slot: _Slot) -> torch.Tensor:
     return vars(slot.owner)[slot.name]
 
 
-def _set(slot: _Slot, tensor: torch.Tensor) -> None:
+def set_tensor(slot: _Slot, tensor: torch.Tensor) -> None:
     if slot.kind == "param":
         slot.owner._parameters[slot.name] = (
             tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor, requires_grad=False)

@@ -31,7 +31,7 @@ from transformers import (
 from ..families import cogvideox, hunyuan_video15, wan
 from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
-from ..interop.sharding import _keep_in_fp32
+from ..interop.sharding import keep_in_fp32
 from . import standins
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
@@ -183,7 +183,7 @@ def _fill_from(value: torch.Tensor, pool: torch.Tensor, offset: int) -> int:
     return offset
 
 
-def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
+def fill_random(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generator | None) -> None:
     """Random weights: matrices normal(0, 0.02) (runs of one pool of values, drawn from ``generator``), vectors
     zeros (biases) or ones (norm scales). ``generator=None``: parameters stay on ``meta``, only their dtypes are set
     (as ``from_pretrained`` would)."""
@@ -202,7 +202,7 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
             qualified = f"{prefix}.{name}" if prefix else name
             value = torch.empty(
                 param.shape,
-                dtype=torch.float32 if _keep_in_fp32(qualified, keep) else dtype,
+                dtype=torch.float32 if keep_in_fp32(qualified, keep) else dtype,
                 device="cpu" if generator is not None else "meta",
             )
             if generator is not None and param.ndim >= 2:
@@ -212,7 +212,7 @@ def _fill(module: torch.nn.Module, dtype: torch.dtype, generator: torch.Generato
             owner._parameters[name] = filled[id(param)] = torch.nn.Parameter(value, requires_grad=False)
 
 
-def _empty(build):
+def empty(build):
     with init_empty_weights(include_buffers=False):
         return build()
 
@@ -235,7 +235,7 @@ def build(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, weights
             vae_dtype = spec.get("vae_dtype", dtype)
             if isinstance(module, transformers.PreTrainedModel):
                 module.tie_weights()  # as from_pretrained does: T5's input embedding is its shared table (1B values)
-            _fill(module, vae_dtype if component == "vae" else dtype, generator if weights else None)
+            fill_random(module, vae_dtype if component == "vae" else dtype, generator if weights else None)
             module.eval()
     return pipe
 
@@ -244,9 +244,9 @@ def _wan(spec, causal: bool = False):
 
     model = CausalWanTransformer3DModel if causal else diffusers.WanTransformer3DModel
     parts = dict(
-        transformer=_empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
-        vae=_empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"])),
-        text_encoder=_empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"]))),
+        transformer=empty(lambda: model(**spec["transformer"], **(CAUSAL_DEFAULTS if causal else {}))),
+        vae=empty(lambda: diffusers.AutoencoderKLWan(**spec["vae"])),
+        text_encoder=empty(lambda: UMT5EncoderModel(UMT5Config(**spec["text_encoder"]))),
         tokenizer=standins.char_tokenizer(),
     )
     if causal:
@@ -261,9 +261,9 @@ def _wan(spec, causal: bool = False):
 
 def _cogvideox(spec):
     return diffusers.CogVideoXPipeline(
-        transformer=_empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"])),
-        vae=_empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"])),
-        text_encoder=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder"]))),
+        transformer=empty(lambda: diffusers.CogVideoXTransformer3DModel(**spec["transformer"])),
+        vae=empty(lambda: diffusers.AutoencoderKLCogVideoX(**spec["vae"])),
+        text_encoder=empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder"]))),
         tokenizer=standins.char_tokenizer(),
         scheduler=diffusers.CogVideoXDPMScheduler(**standins.COGVIDEOX_SCHEDULER),
     )
@@ -271,11 +271,11 @@ def _cogvideox(spec):
 
 def _hunyuanvideo15(spec):
     return diffusers.HunyuanVideo15Pipeline(
-        transformer=_empty(lambda: diffusers.HunyuanVideo15Transformer3DModel(**spec["transformer"])),
-        vae=_empty(lambda: diffusers.AutoencoderKLHunyuanVideo15(**spec["vae"])),
-        text_encoder=_empty(lambda: Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**spec["text_encoder"]))),
+        transformer=empty(lambda: diffusers.HunyuanVideo15Transformer3DModel(**spec["transformer"])),
+        vae=empty(lambda: diffusers.AutoencoderKLHunyuanVideo15(**spec["vae"])),
+        text_encoder=empty(lambda: Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**spec["text_encoder"]))),
         tokenizer=standins.chat_tokenizer(),
-        text_encoder_2=_empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder_2"]))),
+        text_encoder_2=empty(lambda: T5EncoderModel(T5Config(**spec["text_encoder_2"]))),
         tokenizer_2=ByT5Tokenizer(),
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=spec["flow_shift"]),
         guider=diffusers.ClassifierFreeGuidance(guidance_scale=6.0),
@@ -284,10 +284,10 @@ def _hunyuanvideo15(spec):
 
 def _sdxl(spec):
     return diffusers.StableDiffusionXLPipeline(
-        unet=_empty(lambda: diffusers.UNet2DConditionModel(**spec["unet"])),
-        vae=_empty(lambda: diffusers.AutoencoderKL(**spec["vae"])),
-        text_encoder=_empty(lambda: CLIPTextModel(CLIPTextConfig(**spec["text_encoder"]))),
-        text_encoder_2=_empty(lambda: CLIPTextModelWithProjection(CLIPTextConfig(**spec["text_encoder_2"]))),
+        unet=empty(lambda: diffusers.UNet2DConditionModel(**spec["unet"])),
+        vae=empty(lambda: diffusers.AutoencoderKL(**spec["vae"])),
+        text_encoder=empty(lambda: CLIPTextModel(CLIPTextConfig(**spec["text_encoder"]))),
+        text_encoder_2=empty(lambda: CLIPTextModelWithProjection(CLIPTextConfig(**spec["text_encoder_2"]))),
         tokenizer=standins.char_tokenizer(77),
         tokenizer_2=standins.char_tokenizer(77),
         scheduler=diffusers.EulerDiscreteScheduler(

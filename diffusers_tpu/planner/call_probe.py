@@ -78,7 +78,7 @@ def probe_denoiser_call(
                 call = (
                     keywords
                     if keywords is not None
-                    else _call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
+                    else call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
                 )
                 pipe(**call, output_type="latent")
             except _FirstCall:
@@ -93,7 +93,7 @@ def probe_denoiser_call(
     return (*seen["call"], guided)
 
 
-def _call_keywords(pipe, keywords: dict, text_tokens: int | None, prompt: str | None) -> dict:
+def call_keywords(pipe, keywords: dict, text_tokens: int | None, prompt: str | None) -> dict:
     """``plan_call``'s keywords, or with ``prompt``: its text embeddings replaced by the prompt (the text
     encoders' inputs padded to ``text_tokens`` where the pipeline takes ``max_sequence_length``)."""
     if prompt is None:

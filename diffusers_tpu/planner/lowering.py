@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from torchax.ops import mappings
 
 from ..interop import backend, sharding
-from ..interop.jit import _TENSOR, _Program
+from ..interop.jit import TENSOR, Program
 from ..runtime import attention, postprocess, repeated_blocks
 
 
@@ -35,12 +35,12 @@ def abstract_slots(slots, mesh) -> dict:
     on ``mesh``: the weights a program takes, without their values."""
     specs = {}
     for slot in slots:  # shared tensors: the first slot carries the spec
-        specs.setdefault(id(sharding._get(slot)), slot.spec or P())
+        specs.setdefault(id(sharding.tensor_of(slot)), slot.spec or P())
     return {
         slot.qualified: jax.ShapeDtypeStruct(
-            tuple(sharding._get(slot).shape),
+            tuple(sharding.tensor_of(slot).shape),
             mappings.t2j_dtype(slot.dtype),
-            sharding=NamedSharding(mesh, specs[id(sharding._get(slot))]),
+            sharding=NamedSharding(mesh, specs[id(sharding.tensor_of(slot))]),
         )
         for slot in slots
     }
@@ -69,12 +69,12 @@ def export_method(
     ``TPUConfig``."""
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     is_array = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
-    static = tuple(_TENSOR if a else x for a, x in zip(is_array, leaves))
+    static = tuple(TENSOR if a else x for a, x in zip(is_array, leaves))
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
     state = abstract_state(module, mesh, rules, dtype, keep)
     method = getattr(module, name)
     scan = repeated_blocks.scanning if scan_blocks and attention_impl is not None else None  # as a denoiser runs
-    program = _Program(module, method, spec, static, trace_hook=scan)
+    program = Program(module, method, spec, static, trace_hook=scan)
     settings = attention.SAFE
     if attention_impl is not None:
         settings = attention.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)

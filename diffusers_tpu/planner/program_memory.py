@@ -30,7 +30,7 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     if vae is None or runtime.family.vae_install is None:
         return lambda: None
     state = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
-    runtime.family.vae_install(vae, runtime, lambda: state, runtime._width_input)
+    runtime.family.vae_install(vae, runtime, lambda: state, runtime.place_vae_input)
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
     head = torch.zeros(batch, channels, min(frames, wan_vae.FIRST_FRAMES), height, width)

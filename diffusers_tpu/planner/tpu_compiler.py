@@ -42,9 +42,30 @@ def install_hint() -> str:
     )
 
 
+@functools.cache
+def load_failure() -> str | None:
+    """Why libtpu, though installed, cannot describe a TPU slice here (a damaged install, one mismatched with jax), in
+    one line; None when it can (or is not installed: ``available`` says that)."""
+    if not available():
+        return None
+    try:
+        _devices("v6e:2x2")
+    except Exception as error:  # noqa: BLE001 (any failure to load is this answer, never a bare JAX message)
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+    return None
+
+
+def usable() -> bool:
+    """Whether the TPU compiler can compile here: libtpu installed and loading."""
+    return available() and load_failure() is None
+
+
 def require(what: str = "a TPU compile") -> None:
     if not available():
         raise Unavailable(f"{what} needs libtpu, which is not installed: {install_hint()}.")
+    failure = load_failure()
+    if failure is not None:
+        raise Unavailable(f"{what} needs libtpu, which is installed but does not load ({failure}): {install_hint()}.")
 
 
 def chip_of(target: str | Chip) -> Chip:
@@ -84,7 +105,12 @@ def devices(target: str | Chip) -> list:
     if chip.topology is None:
         raise Unavailable(f"libtpu has no topology for this target ({chip}); it is planned by the CPU estimate.")
     require(f"compiling for {chip.topology}")
-    found = list(_devices(chip.topology))
+    try:
+        found = list(_devices(chip.topology))
+    except Exception as error:  # noqa: BLE001 (a topology libtpu cannot describe: the same advice as a broken install)
+        raise Unavailable(
+            f"libtpu could not describe {chip.topology} ({type(error).__name__}: {error}): {install_hint()}."
+        )
     if len(found) != chip.devices:
         raise RuntimeError(f"libtpu's {chip.topology} has {len(found)} devices, expected {chip.devices}.")
     return found

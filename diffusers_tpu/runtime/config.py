@@ -210,6 +210,11 @@ class TPUConfig:
             raise ValueError(
                 f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) must be a path, None (default) or False."
             )
+        if self.compile_cache_dir not in (None, False) and os.path.isfile(self.compile_cache_dir):
+            raise ValueError(
+                f"TPUConfig(compile_cache_dir={self.compile_cache_dir!r}) is a file, not a folder: name a folder "
+                "(created if missing), or False for no cache."
+            )
 
     def attention_for(self, platform: str) -> str:
         """The denoiser attention on a JAX platform; raises when the choice cannot run there."""

@@ -153,7 +153,8 @@ class Denoiser:
             if not prefix:  # the whole forward: stacked weights as one argument each
                 return stacked_weights.program_state(cache["mine"], quantize.program_value)
             return {
-                s.qualified[len(prefix) :]: quantize.program_value(s, sharding._get(s).jax()) for s in cache["mine"]
+                s.qualified[len(prefix) :]: quantize.program_value(s, sharding.tensor_of(s).jax())
+                for s in cache["mine"]
             }
 
         return state

@@ -233,7 +233,7 @@ class PipelineRuntime:
             return distributed.place(array, NamedSharding(self.mesh, P("dp")))
         return distributed.place(array, NamedSharding(self.mesh, P()))
 
-    def _width_input(self, array):
+    def place_vae_input(self, array):
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
         return distributed.place(array, NamedSharding(mesh, P(*sharding.spatial_spec(array.shape, mesh.size))))
@@ -253,7 +253,7 @@ class PipelineRuntime:
             quantized = self.config.quantize is not None and name in family.denoisers
             if quantized:  # the host tensors, for an exact restore
                 names = quantize.targets(module)
-                originals = {slot.qualified: sharding._get(slot) for slot in slots if slot.qualified in names}
+                originals = {slot.qualified: sharding.tensor_of(slot) for slot in slots if slot.qualified in names}
             sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
@@ -264,10 +264,10 @@ class PipelineRuntime:
             if name in family.denoisers:
                 self._place_denoiser(name, module, rules)
             elif name == "vae" and family.vae_install is not None:
-                family.vae_install(module, self, state, self._width_input)
+                family.vae_install(module, self, state, self.place_vae_input)
             elif name == "vae" or _autoencoder_parts(module):  # a second autoencoder too (LTX-2's audio VAE)
                 methods, place_input = (
-                    (family.vae_methods, self._width_input)
+                    (family.vae_methods, self.place_vae_input)
                     if name == "vae"
                     else (_autoencoder_parts(module), lambda array: array)
                 )
@@ -376,7 +376,7 @@ class PipelineRuntime:
         config = self.config
         return dict(
             activate=functools.partial(self.active, None, self.vae_mesh),
-            place_input=self._width_input,
+            place_input=self.place_vae_input,
             place_output=spatially,
             build=program_builds.builder(
                 config.vae_compile, self.target.platform, config.resolved_cache_dir(), self.store
@@ -430,7 +430,7 @@ class _EagerIfUntraceable:
 
 
 def _state(slots, prefix: str = "") -> dict:
-    return {slot.qualified[len(prefix) :]: sharding._get(slot).jax() for slot in slots}
+    return {slot.qualified[len(prefix) :]: sharding.tensor_of(slot).jax() for slot in slots}
 
 
 to_host = user_tensors.to_host  # callers' shorthand

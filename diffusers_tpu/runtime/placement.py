@@ -40,7 +40,7 @@ def per_device_bytes(slots: list, mesh_shape: dict, one_byte_names: frozenset = 
     for slot in slots:
         if slot.spec is None:  # a tensor tied to one counted already
             continue
-        tensor = sharding._get(slot)
+        tensor = sharding.tensor_of(slot)
         itemsize = 1 if slot.qualified in one_byte_names else slot.dtype.itemsize
         split = math.prod(sharding.axis_size(entry, mesh_shape) for entry in slot.spec if entry is not None)
         total += tensor.numel() * itemsize // split

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..interop import sharding
 from ..interop.backend import jax_dtype, jax_to_host, wrap
 from ..interop.jit import Rebuilt
-from ..interop.sharding import _keep_in_fp32
+from ..interop.sharding import keep_in_fp32
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def targets(module: torch.nn.Module) -> set[str]:
             and owner.weight is not None
             and owner.weight.ndim == 2
             and owner.weight.is_floating_point()
-            and not _keep_in_fp32(name, keep)
+            and not keep_in_fp32(name, keep)
         ):
             names.add(name)
     return names
@@ -120,7 +120,7 @@ def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: 
     for slot in slots:
         if slot.qualified not in originals:
             continue
-        tensor = sharding._get(slot)
+        tensor = sharding.tensor_of(slot)
         if id(tensor) not in done:  # a tied weight's places share one quantized Parameter (the tensor held)
             values, scale = quantize_array(tensor.jax(), fmt)
             done[id(tensor)] = (tensor, torch.nn.Parameter(wrap(values), requires_grad=False), scale)
@@ -129,7 +129,7 @@ def quantize_placed(module: torch.nn.Module, slots: list, originals: dict, fmt: 
         original = originals[slot.qualified]
         if original.device.type != "meta":  # what restore would have returned unquantized
             slot.keep_original = original if original.dtype == slot.restore_dtype else original.to(slot.restore_dtype)
-        sharding._set(slot, values)
+        sharding.set_tensor(slot, values)
 
 
 def host_weight(slot) -> torch.Tensor:
@@ -140,7 +140,9 @@ def host_weight(slot) -> torch.Tensor:
     logger.warning(
         "%s was loaded straight to the devices and quantized: it returns to the host dequantized", slot.qualified
     )
-    return jax_to_host(dequantize(sharding._get(slot).jax(), slot.scale, jax_dtype(slot.dtype)), slot.restore_dtype)
+    return jax_to_host(
+        dequantize(sharding.tensor_of(slot).jax(), slot.scale, jax_dtype(slot.dtype)), slot.restore_dtype
+    )
 
 
 def program_value(slot, array: jax.Array):

@@ -147,7 +147,7 @@ def _install(slot, view) -> None:
         view._is_param = True
         slot.owner._parameters[slot.name] = view
     else:
-        sharding._set(slot, view)
+        sharding.set_tensor(slot, view)
 
 
 def _cpu_bf16(dtype, mesh) -> bool:
@@ -165,7 +165,7 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
     by_name = {slot.qualified: slot for slot in slots}
     counts: dict[int, int] = {}
     for slot in slots:
-        counts[id(sharding._get(slot))] = counts.get(id(sharding._get(slot)), 0) + 1
+        counts[id(sharding.tensor_of(slot))] = counts.get(id(sharding.tensor_of(slot)), 0) + 1
     found = []
     for path, blocks in repeated_blocks.block_lists(module):
         template = blocks[0]
@@ -178,7 +178,7 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
                 or m.scale is not None
                 or m.keep_original is not None
                 or m.host is not None
-                or counts[id(sharding._get(m))] > 1
+                or counts[id(sharding.tensor_of(m))] > 1
                 for m in members
             ):
                 continue
@@ -188,7 +188,7 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
             if any(
                 m.dtype != first.dtype
                 or tuple(m.spec or ()) != tuple(first.spec or ())
-                or tuple(sharding._get(m).shape) != tuple(sharding._get(first).shape)
+                or tuple(sharding.tensor_of(m).shape) != tuple(sharding.tensor_of(first).shape)
                 for m in members
             ):
                 continue
@@ -207,7 +207,7 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
     slots = sharding.slots_of(module)
     made = 0
     for key, members in groups(module, slots, mesh):
-        tensors = [sharding._get(m) for m in members]
+        tensors = [sharding.tensor_of(m) for m in members]
         if not all(is_jax_tensor(t) and not is_view(t) for t in tensors):
             continue
         spec = members[0].spec or PartitionSpec()
@@ -237,7 +237,7 @@ def _shard_the_rest(slots: list, mesh) -> None:
 
     sharding.replace(slots, stored)
     for slot in slots:
-        tensor = sharding._get(slot)
+        tensor = sharding.tensor_of(slot)
         if slot.stack is None and is_jax_tensor(tensor) and not is_view(tensor):
             spec = slot.spec or PartitionSpec()
             if tensor.jax().sharding.spec != NamedSharding(mesh, spec).spec:
@@ -253,7 +253,7 @@ def program_state(slots: list, value) -> dict:
         entry = getattr(slot, "stack", None)
         if entry is not None:
             stack_, index = entry
-            tensor = sharding._get(slot)
+            tensor = sharding.tensor_of(slot)
             if not _is_view_of(tensor, stack_, index):
                 if is_jax_tensor(tensor) and tuple(tensor.shape) == tuple(stack_.array.shape[1:]):
                     stack_.write(index, tensor.jax())
@@ -264,7 +264,7 @@ def program_state(slots: list, value) -> dict:
                     continue
             stacks.setdefault(id(stack_), (stack_, {}))[1][index] = slot.qualified
             continue
-        array = value(slot, sharding._get(slot).jax())
+        array = value(slot, sharding.tensor_of(slot).jax())
         gather = getattr(slot, "gather", None)
         state[slot.qualified] = Gathered(array, gather) if gather is not None and slot.scale is None else array
     for stack_, names in stacks.values():

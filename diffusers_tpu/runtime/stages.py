@@ -146,7 +146,7 @@ def _staged_family(pipe):
     return family
 
 
-def _defaults(pipe) -> dict:
+def call_defaults(pipe) -> dict:
     return {
         name: p.default
         for name, p in inspect.signature(type(pipe).__call__).parameters.items()
@@ -179,7 +179,7 @@ def encode(
     force: bool = False,
 ) -> dict:
     """Prompt -> ``{"prompt_embeds", "negative_prompt_embeds"}`` (host tensors), saved in ``stage_dir``."""
-    defaults, stages, family = _defaults(pipe), StageDir(stage_dir), _staged_family(pipe)
+    defaults, stages, family = call_defaults(pipe), StageDir(stage_dir), _staged_family(pipe)
     default_scale = defaults.get("guidance_scale", getattr(getattr(pipe, "guider", None), "guidance_scale", None))
     settings = dict(
         model=model,
@@ -227,7 +227,7 @@ def denoise(
     stages = StageDir(stage_dir)
     embeddings = stages.load("encode")
     encoded = stages.settings("encode")
-    defaults = _defaults(pipe)
+    defaults = call_defaults(pipe)
     pick = lambda value, name: defaults.get(name) if value is None else value  # noqa: E731
     settings = dict(
         height=pick(height, "height"),

@@ -86,7 +86,7 @@ def _flow(shift: float = 7.0):
     return FlowMatchEulerDiscreteScheduler(shift=shift)
 
 
-def _unipc():
+def unipc():
     return UniPCMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
 
 
@@ -165,14 +165,14 @@ def wan_animate(seed: int = 0):
 def skyreels_v2(seed: int = 0):
     torch.manual_seed(seed)
     transformer = SkyReelsV2Transformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
-    pipe = SkyReelsV2Pipeline(transformer=transformer, scheduler=_unipc(), **_wan_parts(seed))
+    pipe = SkyReelsV2Pipeline(transformer=transformer, scheduler=unipc(), **_wan_parts(seed))
     return pipe, dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2, max_sequence_length=16)
 
 
 def skyreels_v2_df(seed: int = 0):
     torch.manual_seed(seed)
     transformer = SkyReelsV2Transformer3DModel(**WAN_TRANSFORMERS["wan-4head"]).eval()
-    pipe = SkyReelsV2DiffusionForcingPipeline(transformer=transformer, scheduler=_unipc(), **_wan_parts(seed))
+    pipe = SkyReelsV2DiffusionForcingPipeline(transformer=transformer, scheduler=unipc(), **_wan_parts(seed))
     # diffusion forcing: frames one block behind each other (ar_step), a block-causal mask per frame
     return pipe, dict(
         prompt="a cat walks on the grass",

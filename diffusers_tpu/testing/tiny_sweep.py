@@ -87,7 +87,7 @@ from .tiny import (
     tiny_umt5,
     wan_components,
 )
-from .tiny_families import _unipc, hunyuan_video, test_frames
+from .tiny_families import hunyuan_video, test_frames, unipc
 from .tiny_unet import animatediff
 
 PROMPTS = dict(
@@ -605,7 +605,7 @@ def cogvideox_i2v(seed: int = 0, cls_name: str = "CogVideoXImageToVideoPipeline"
 def skyreels_i2v(seed: int = 0, cls_name: str = "SkyReelsV2ImageToVideoPipeline"):
 
     components = wan_components("wan-4head", seed)
-    components["scheduler"] = _unipc()
+    components["scheduler"] = unipc()
     forcing = "DiffusionForcing" in cls_name
     config = dict(WAN_TRANSFORMERS["wan-4head"], in_channels=16) if forcing else WAN_I2V_TRANSFORMER
     components["transformer"] = seeded(seed, lambda: SkyReelsV2Transformer3DModel(**config))

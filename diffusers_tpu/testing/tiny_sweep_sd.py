@@ -33,7 +33,7 @@ from .tiny import (
     tiny_prior,
 )
 from .tiny_families import PROMPTS
-from .tiny_sweep_unet import UNET_2D, _movq
+from .tiny_sweep_unet import UNET_2D, movq
 
 PROMPT_PAIR = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
@@ -248,7 +248,7 @@ def ldm_text_to_image(seed: int = 0):
     """LDM text-to-image: LDM's own BERT encoder, a VQ autoencoder."""
 
     parts = dict(
-        vqvae=_movq(seed + 1),
+        vqvae=movq(seed + 1),
         tokenizer=char_tokenizer(77),
         bert=seeded(
             seed + 2,

@@ -47,7 +47,7 @@ def unconditional(seed: int = 0, cls_name: str = "DDPMPipeline"):
     parts = dict(scheduler=schedulers[cls_name]())
     unet = dict(UNET_2D)
     if cls_name == "LDMPipeline":
-        parts["vqvae"] = _movq(seed + 1)
+        parts["vqvae"] = movq(seed + 1)
         unet.update(in_channels=4, out_channels=4, sample_size=8)
     parts["unet"] = seeded(seed, lambda: diffusers.UNet2DModel(**unet))
     call = dict(batch_size=2, num_inference_steps=5 if cls_name == "PNDMPipeline" else 2)  # PNDM: 4 warm-up steps
@@ -56,7 +56,7 @@ def unconditional(seed: int = 0, cls_name: str = "DDPMPipeline"):
     return fit(cls_name, parts, call)
 
 
-def _movq(seed):
+def movq(seed):
     return seeded(
         seed,
         lambda: diffusers.VQModel(
@@ -103,7 +103,7 @@ def kandinsky22(seed: int = 0, cls_name: str = "KandinskyV22Pipeline"):
     )
     parts = dict(
         unet=unet,
-        movq=_movq(seed + 1),
+        movq=movq(seed + 1),
         scheduler=diffusers.DDPMScheduler(
             beta_schedule="linear",
             beta_start=0.00085,
@@ -228,7 +228,7 @@ def kandinsky3(seed: int = 0, cls_name: str = "Kandinsky3Pipeline"):
         tokenizer=char_tokenizer(),
         text_encoder=tiny_t5(seed + 2),
         unet=unet,
-        movq=_movq(seed + 1),
+        movq=movq(seed + 1),
         scheduler=diffusers.DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=True, thresholding=False),
     )
     call = dict(
@@ -322,7 +322,7 @@ def kandinsky21(seed: int = 0, cls_name: str = "KandinskyPipeline"):
     )
     parts = dict(
         unet=unet,
-        movq=_movq(seed + 1),
+        movq=movq(seed + 1),
         text_encoder=text_encoder,
         tokenizer=char_tokenizer(77),
         scheduler=diffusers.DDIMScheduler(

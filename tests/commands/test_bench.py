@@ -139,9 +139,9 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     from diffusers_tpu.planner import architectures
     from diffusers_tpu.testing import tiny
 
-    model = architectures._empty(lambda: diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]))
+    model = architectures.empty(lambda: diffusers.WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"]))
     assert any(p.is_meta for p in model.parameters()) and not model.rope.freqs_cos.is_meta
-    architectures._fill(model, torch.bfloat16, torch.Generator().manual_seed(0))
+    architectures.fill_random(model, torch.bfloat16, torch.Generator().manual_seed(0))
     assert not any(p.is_meta for p in model.parameters())
     block = model.blocks[0]
     assert block.attn1.to_q.weight.dtype == torch.bfloat16 and 0.01 < block.attn1.to_q.weight.float().std() < 0.03
@@ -153,9 +153,9 @@ def test_random_weights_fill_parameters_and_keep_real_buffers():
     encoder = architectures.build("Wan2.1-1.3B", torch.bfloat16, weights=False).text_encoder
     assert encoder.encoder.embed_tokens.weight is encoder.shared.weight
     assert 5.6e9 < sum(p.numel() for p in encoder.parameters()) < 5.8e9  # UMT5-XXL's encoder, 5.7B (not 6.7B)
-    tied = architectures._empty(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
+    tied = architectures.empty(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
     tied[1].weight = tied[0].weight
-    architectures._fill(tied, torch.float32, torch.Generator().manual_seed(0))
+    architectures.fill_random(tied, torch.float32, torch.Generator().manual_seed(0))
     assert tied[1].weight is tied[0].weight and not tied[0].weight.is_meta
 
 
@@ -168,9 +168,9 @@ def test_random_fill_copies_runs_of_one_pool_and_wraps_round():
     value = torch.empty(3, 5, dtype=torch.bfloat16)
     assert architectures._fill_from(value, pool, 7) == 2  # 15 values from 7: 7, 8, 9, 0, ..., 9, 0, 1
     assert value.flatten().tolist() == [7, 8, 9, *range(10), 0, 1]
-    one, two = (architectures._empty(lambda: torch.nn.Linear(64, 64)) for _ in range(2))
-    architectures._fill(one, torch.float32, torch.Generator().manual_seed(0))
-    architectures._fill(two, torch.float32, torch.Generator().manual_seed(1))
+    one, two = (architectures.empty(lambda: torch.nn.Linear(64, 64)) for _ in range(2))
+    architectures.fill_random(one, torch.float32, torch.Generator().manual_seed(0))
+    architectures.fill_random(two, torch.float32, torch.Generator().manual_seed(1))
     assert not torch.equal(one.weight, two.weight)  # another seed, other weights
     assert len(one.weight.unique()) == 64 * 64  # no repeats inside a tensor smaller than the pool
 

@@ -31,9 +31,9 @@ def unchunked(pipe, method):
     return jit.compiled_function(
         vae,
         functools.partial(getattr(type(vae), method), vae),
-        state=lambda: {s.qualified: sharding._get(s).jax() for s in vae._diffusers_tpu_placement},
+        state=lambda: {s.qualified: sharding.tensor_of(s).jax() for s in vae._diffusers_tpu_placement},
         activate=attached.active,
-        place_input=attached._width_input,
+        place_input=attached.place_vae_input,
     )
 
 

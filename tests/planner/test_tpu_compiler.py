@@ -24,6 +24,29 @@ def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch):
         tpu_compiler.devices("v6e-8")
 
 
+def test_a_libtpu_that_does_not_load_gets_the_same_advice_and_plan_its_cpu_estimate(monkeypatch, capsys):
+    """libtpu installed but broken (damaged, mismatched with jax): ``require`` names the failure and the install
+    command; ``plan`` falls back to the CPU estimate and says why, never a bare JAX error."""
+    from diffusers_tpu.commands import plan_command
+
+    def broken(topology):
+        raise RuntimeError("UNKNOWN: TPU initialization failed: libtpu version mismatch")
+
+    monkeypatch.setattr(tpu_compiler, "available", lambda: True)
+    monkeypatch.setattr(tpu_compiler, "_devices", broken)
+    tpu_compiler.load_failure.cache_clear()
+    try:
+        assert not tpu_compiler.usable()
+        with pytest.raises(tpu_compiler.Unavailable, match=r"installed but does not load \(RuntimeError: UNKNOWN"):
+            tpu_compiler.devices("v6e-8")
+        with pytest.raises(tpu_compiler.Unavailable, match=r'pip install "jax\[tpu\]=='):
+            tpu_compiler.require("diffusers-tpu ready")
+        assert plan_command._compilers("auto", tpu_compiler.chip_of("v6e-8")) == ("cpu",)
+        assert "installed but does not load" in capsys.readouterr().out
+    finally:
+        tpu_compiler.load_failure.cache_clear()
+
+
 def test_a_slice_libtpu_does_not_know_is_refused_by_name():
     with pytest.raises(tpu_compiler.Unavailable, match="CPU estimate"):
         tpu_compiler.devices("v7x-8")

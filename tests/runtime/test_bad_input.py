@@ -209,3 +209,31 @@ def test_late_cluster_start_says_to_import_first(monkeypatch):
     jax.devices()
     with pytest.raises(RuntimeError, match="import diffusers_tpu first"):
         distributed.initialize_from_env()
+
+
+def test_a_cache_path_that_cannot_be_used_is_refused_or_run_without(tmp_path, monkeypatch, caplog):
+    """A compilation-cache path that is a file: ``TPUConfig`` refuses it with the fix before anything moves; one from
+    ``DIFFUSERS_TPU_CACHE_DIR`` (read only at the move) leaves the run without a cache, said once."""
+    import logging
+
+    import pytest
+
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.interop import backend
+    from diffusers_tpu.testing import tiny
+
+    path = tmp_path / "cache"
+    path.write_text("a file")
+    with pytest.raises(ValueError, match="is a file, not a folder: name a folder"):
+        TPUConfig(compile_cache_dir=str(path))
+    monkeypatch.setenv("DIFFUSERS_TPU_CACHE_DIR", str(path))
+    monkeypatch.setattr(backend, "_unusable_cache_dirs", set())
+    pipe = tiny.wan_pipeline("wan")
+    with caplog.at_level(logging.WARNING):
+        pipe.to("jax")
+        out = pipe(prompt="a cat", height=32, width=32, num_frames=9, num_inference_steps=2, output_type="np")
+        pipe.to("cpu")
+        pipe.to("jax")
+    assert out.frames.shape == (1, 9, 32, 32, 3)
+    assert caplog.text.count("cannot be used") == 1 and "DIFFUSERS_TPU_CACHE_DIR" in caplog.text
+    pipe.to("cpu")

@@ -42,7 +42,7 @@ def test_one_decision_changed_moves_pipe_to_and_plan_alike(monkeypatch):
     def placed_dtypes():
         pipe = tiny.wan_pipeline("wan").to("jax")
         try:
-            return {sharding._get(slot).dtype for slot in pipe.transformer._diffusers_tpu_placement}
+            return {sharding.tensor_of(slot).dtype for slot in pipe.transformer._diffusers_tpu_placement}
         finally:
             pipe.to("cpu")
 

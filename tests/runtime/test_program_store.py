@@ -177,3 +177,26 @@ def test_programs_built_for_a_tpu_slice_carry_its_key_and_are_not_run_here(tmp_p
     )
     loading = run_fresh(RUN.format(programs=str(folder), out=str(tmp_path / "cpu.npy")))
     assert loading["builds"] == 3  # not one of them runs on the CPU
+
+
+@pytest.mark.mesh_slow
+def test_on_the_eight_device_mesh_a_second_process_loads_every_program(tmp_path):
+    """dp2·sp1·tp4 over 8 simulated devices: process A runs a call with the folder (writing what it compiles),
+    process B loads every program in the mesh's device order and makes the same frames, bit for bit."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = RUN.replace('tiny.wan_pipeline("wan")', 'tiny.wan_pipeline("wan-4head")').replace(
+        "TPUConfig(compile_cache_dir=False,", 'TPUConfig(mesh={{"dp": 2, "sp": 1, "tp": 4}}, compile_cache_dir=False,'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_TPU_")}
+    env.update(PYTHONPATH=root, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    runs = []
+    for name in ("a", "b"):
+        source = code.format(programs=str(tmp_path / "programs"), out=str(tmp_path / f"{name}.npy"))
+        result = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert runs[0]["builds"] == 3 and runs[1]["builds"] == 0
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))

@@ -40,10 +40,10 @@ def test_blocks_are_stacked_once_and_the_video_is_stock():
     # every placed weight of the transformer is stored once: the stacks replace the layers' own arrays
     slots = sharding.slots_of(pipe.transformer)
     expected_bytes = sum(
-        np.prod(sharding._get(s).shape, dtype=int) * torch.empty((), dtype=s.dtype).element_size() for s in slots
+        np.prod(sharding.tensor_of(s).shape, dtype=int) * torch.empty((), dtype=s.dtype).element_size() for s in slots
     )
     stored = {id(s.stack[0]): s.stack[0].array.nbytes for s in sharding.slots_of(pipe.transformer) if s.stack}
-    plain = sum(sharding._get(s).jax().nbytes for s in sharding.slots_of(pipe.transformer) if not s.stack)
+    plain = sum(sharding.tensor_of(s).jax().nbytes for s in sharding.slots_of(pipe.transformer) if not s.stack)
     assert sum(stored.values()) + plain == expected_bytes and len(stored) >= 20
     assert_np_matches(run(pipe), expected)
     with jit.compile_log() as log:

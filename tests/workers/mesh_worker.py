@@ -202,7 +202,7 @@ def cogvideox_runs():
         out, pil_out = generate(pipe, output_type="np", **call), generate(pipe, output_type="pil", **call)
         weight = pipe.transformer.transformer_blocks[0].attn1.to_q.weight
         latent = jax.numpy.zeros((2, 4, 3, 4, 8))  # [B, C, T, H, W=8] as the VAE decoder receives it
-        vae_spec = pipe._diffusers_tpu_runtime._width_input(latent).sharding.spec
+        vae_spec = pipe._diffusers_tpu_runtime.place_vae_input(latent).sharding.spec
         runs[name] = dict(
             compare(out, ref, pil_out, pil_ref),
             q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
