@@ -12,7 +12,9 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.runtime import support
-from diffusers_tpu.testing import sweep, sweep_recipes, tiny
+from diffusers_tpu.testing import tiny
+from tests.sweep import recipes as sweep_recipes
+from tests.sweep import run as sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_row_has_a_recipe_and_the_generated_pages_are_current():
     rows = support.measured()
     assert set(rows) <= set(sweep_recipes.RECIPES)
-    assert set(sweep_recipes.RECIPES) <= set(rows), "run: python -m diffusers_tpu.testing.sweep --write"
+    assert set(sweep_recipes.RECIPES) <= set(rows), "run: python -m tests.sweep.run --write"
     assert (ROOT / "docs" / "verified-pipelines.md").read_text() == support.support_page(), (
-        "run: python -m diffusers_tpu.testing.sweep --write"
+        "run: python -m tests.sweep.run --write"
     )
     readme = (ROOT / "README.md").read_text()
-    assert support.readme_table() in readme, "run: python -m diffusers_tpu.testing.sweep --write"
+    assert support.readme_table() in readme, "run: python -m tests.sweep.run --write"
 
 
 def test_statuses_follow_the_measurements():

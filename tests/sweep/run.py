@@ -7,7 +7,7 @@ and each row how many guided steps ran the CFG pair as one batch on the mesh.
 One command measures and rewrites the table that ``diffusers_tpu.supported_pipelines()`` reads and the generated
 page ``docs/verified-pipelines.md``::
 
-    python -m diffusers_tpu.testing.sweep --write
+    python -m tests.sweep.run --write
 
 The 1-device runs are two processes taking classes from one queue, slowest first, and the mesh runs two more
 beside them (the mesh's 8 simulated CPU devices must be set before JAX starts); ``--only NAME ...`` runs
@@ -39,16 +39,17 @@ import numpy as np
 import torch
 from diffusers.image_processor import VaeImageProcessor
 
-from .. import TPUConfig
-from ..interop import jit
-from ..runtime import registry, support
-from .sweep_recipes import RECIPES
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import jit
+from diffusers_tpu.runtime import registry, support
+
+from .recipes import RECIPES
 
 TOLERANCE = 1e-4
 MESH = {"dp": 2, "sp": 2, "tp": 2}
 MESH_NAME = "dp2·sp2·tp2"
 ROOT = Path(__file__).resolve().parents[2]
-TABLE = Path(__file__).resolve().parents[1] / "runtime" / "verified_pipelines.json"
+TABLE = ROOT / "diffusers_tpu" / "runtime" / "verified_pipelines.json"
 PAGE = ROOT / "docs" / "verified-pipelines.md"
 
 
@@ -283,12 +284,13 @@ def spawn(names: list[str], devices: int, out_file: str, claims: str | None = No
         flags += f" --xla_force_host_platform_device_count={devices}"
     env["XLA_FLAGS"] = flags.strip()
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))  # tests.sweep, run anywhere
     claimed = ["--claims", claims] if claims else []
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "diffusers_tpu.testing.sweep",
+            "tests.sweep.run",
             "--devices",
             str(devices),
             "--out",

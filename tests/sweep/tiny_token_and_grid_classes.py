@@ -16,9 +16,19 @@ from transformers import (
     Qwen3Model,
 )
 
-from . import tiny_images
-from .tiny import char_tokenizer, fit, kl_vae, rebuilt, seeded, test_image, test_mask, tiny_clip, tiny_t5
-from .tiny_families import PROMPTS
+from diffusers_tpu.testing import tiny_images
+from diffusers_tpu.testing.tiny import (
+    char_tokenizer,
+    fit,
+    kl_vae,
+    rebuilt,
+    seeded,
+    test_image,
+    test_mask,
+    tiny_clip,
+    tiny_t5,
+)
+from diffusers_tpu.testing.tiny_families import PROMPTS
 
 
 def amused(seed: int = 0, cls_name: str = "AmusedPipeline"):

@@ -1,4 +1,4 @@
-"""Tiny recipes for the parity sweep (``testing.sweep``): pipeline class name -> a function returning ``(pipe,
+"""Tiny recipes for the parity sweep (``tests.sweep.run``): pipeline class name -> a function returning ``(pipe,
 call arguments)``, components built offline from the class's own model classes (2+ layers, prompts of different
 lengths, guidance on).
 
@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import diffusers
 
+from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_unet
+from diffusers_tpu.testing.tiny_families import PROMPTS, test_frames
+
 from . import (
-    tiny,
-    tiny_families,
-    tiny_generic,
-    tiny_images,
-    tiny_sweep,
-    tiny_sweep_edit,
-    tiny_sweep_more,
-    tiny_sweep_sd,
-    tiny_sweep_unet,
-    tiny_sweep_variants,
-    tiny_sweep_video,
-    tiny_sweep_video_more,
-    tiny_unet,
+    tiny_conditioned_video_classes,
+    tiny_family_variants,
+    tiny_qwen_vl_processor_classes,
+    tiny_sd15_relatives,
+    tiny_token_and_grid_classes,
+    tiny_transformer_classes,
+    tiny_unet_samplers,
+    tiny_video_classes,
 )
-from .tiny_families import PROMPTS, test_frames
 
 VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_steps=2)
 
@@ -192,46 +189,62 @@ def _sweep(build, cls_name=None, **extra):
     return recipe
 
 
-# pipelines only the sweep builds (testing/tiny_sweep.py)
+# pipelines only the sweep builds (testing/tiny_transformer_classes.py)
 RECIPES.update(
     {
-        "StableDiffusion3Pipeline": _sweep(tiny_sweep.sd3),
+        "StableDiffusion3Pipeline": _sweep(tiny_transformer_classes.sd3),
         "StableDiffusion3Img2ImgPipeline": _sweep(
-            tiny_sweep.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(), strength=0.8
+            tiny_transformer_classes.sd3, "StableDiffusion3Img2ImgPipeline", image=_image(), strength=0.8
         ),
         "StableDiffusion3InpaintPipeline": _sweep(
-            tiny_sweep.sd3, "StableDiffusion3InpaintPipeline", image=_image(), mask_image=tiny.test_mask(), strength=0.8
+            tiny_transformer_classes.sd3,
+            "StableDiffusion3InpaintPipeline",
+            image=_image(),
+            mask_image=tiny.test_mask(),
+            strength=0.8,
         ),
-        "StableDiffusion3PAGPipeline": _sweep(tiny_sweep.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0),
+        "StableDiffusion3PAGPipeline": _sweep(
+            tiny_transformer_classes.sd3, "StableDiffusion3PAGPipeline", pag_scale=2.0
+        ),
         "StableDiffusion3PAGImg2ImgPipeline": _sweep(
-            tiny_sweep.sd3, "StableDiffusion3PAGImg2ImgPipeline", image=_image(), strength=0.8, pag_scale=2.0
+            tiny_transformer_classes.sd3,
+            "StableDiffusion3PAGImg2ImgPipeline",
+            image=_image(),
+            strength=0.8,
+            pag_scale=2.0,
         ),
-        "PixArtAlphaPipeline": _sweep(tiny_sweep.pixart, "PixArtAlphaPipeline"),
-        "PixArtSigmaPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPipeline"),
-        "PixArtSigmaPAGPipeline": _sweep(tiny_sweep.pixart, "PixArtSigmaPAGPipeline", pag_scale=2.0),
-        "AuraFlowPipeline": _sweep(tiny_sweep.auraflow),
-        "SanaPipeline": _sweep(tiny_sweep.sana, "SanaPipeline"),
-        "SanaPAGPipeline": _sweep(tiny_sweep.sana, "SanaPAGPipeline", pag_scale=2.0),
-        "AllegroPipeline": _sweep(tiny_sweep.allegro),
-        "CogView3PlusPipeline": _sweep(tiny_sweep.cogview3),
-        "ChromaPipeline": _sweep(tiny_sweep.chroma, "ChromaPipeline"),
-        "ChromaImg2ImgPipeline": _sweep(tiny_sweep.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8),
-        "Lumina2Pipeline": _sweep(tiny_sweep.lumina2),
-        "HeliosPipeline": _sweep(tiny_sweep.helios),
-        "LucyEditPipeline": _sweep(tiny_sweep.lucy_edit),
-        "HunyuanDiTPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPipeline"),
-        "HunyuanDiTPAGPipeline": _sweep(tiny_sweep.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
-        "CogView4Pipeline": _sweep(tiny_sweep.cogview4),
+        "PixArtAlphaPipeline": _sweep(tiny_transformer_classes.pixart, "PixArtAlphaPipeline"),
+        "PixArtSigmaPipeline": _sweep(tiny_transformer_classes.pixart, "PixArtSigmaPipeline"),
+        "PixArtSigmaPAGPipeline": _sweep(tiny_transformer_classes.pixart, "PixArtSigmaPAGPipeline", pag_scale=2.0),
+        "AuraFlowPipeline": _sweep(tiny_transformer_classes.auraflow),
+        "SanaPipeline": _sweep(tiny_transformer_classes.sana, "SanaPipeline"),
+        "SanaPAGPipeline": _sweep(tiny_transformer_classes.sana, "SanaPAGPipeline", pag_scale=2.0),
+        "AllegroPipeline": _sweep(tiny_transformer_classes.allegro),
+        "CogView3PlusPipeline": _sweep(tiny_transformer_classes.cogview3),
+        "ChromaPipeline": _sweep(tiny_transformer_classes.chroma, "ChromaPipeline"),
+        "ChromaImg2ImgPipeline": _sweep(
+            tiny_transformer_classes.chroma, "ChromaImg2ImgPipeline", image=_image(), strength=0.8
+        ),
+        "Lumina2Pipeline": _sweep(tiny_transformer_classes.lumina2),
+        "HeliosPipeline": _sweep(tiny_transformer_classes.helios),
+        "LucyEditPipeline": _sweep(tiny_transformer_classes.lucy_edit),
+        "HunyuanDiTPipeline": _sweep(tiny_transformer_classes.hunyuan_dit, "HunyuanDiTPipeline"),
+        "HunyuanDiTPAGPipeline": _sweep(tiny_transformer_classes.hunyuan_dit, "HunyuanDiTPAGPipeline", pag_scale=2.0),
+        "CogView4Pipeline": _sweep(tiny_transformer_classes.cogview4),
         "LTXConditionPipeline": _as("LTXConditionPipeline", _named(tiny_families, "ltx")),
-        "CogVideoXImageToVideoPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXImageToVideoPipeline"),
-        "CogVideoXFunControlPipeline": _sweep(tiny_sweep.cogvideox_i2v, "CogVideoXFunControlPipeline"),
-        "SkyReelsV2ImageToVideoPipeline": _sweep(tiny_sweep.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"),
-        "SkyReelsV2DiffusionForcingImageToVideoPipeline": _sweep(
-            tiny_sweep.skyreels_i2v, "SkyReelsV2DiffusionForcingImageToVideoPipeline"
+        "CogVideoXImageToVideoPipeline": _sweep(
+            tiny_transformer_classes.cogvideox_i2v, "CogVideoXImageToVideoPipeline"
         ),
-        "TextToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "TextToVideoSDPipeline"),
-        "VideoToVideoSDPipeline": _sweep(tiny_sweep.text_to_video_sd, "VideoToVideoSDPipeline"),
-        "AnimateDiffVideoToVideoPipeline": _sweep(tiny_sweep.animatediff_v2v),
+        "CogVideoXFunControlPipeline": _sweep(tiny_transformer_classes.cogvideox_i2v, "CogVideoXFunControlPipeline"),
+        "SkyReelsV2ImageToVideoPipeline": _sweep(
+            tiny_transformer_classes.skyreels_i2v, "SkyReelsV2ImageToVideoPipeline"
+        ),
+        "SkyReelsV2DiffusionForcingImageToVideoPipeline": _sweep(
+            tiny_transformer_classes.skyreels_i2v, "SkyReelsV2DiffusionForcingImageToVideoPipeline"
+        ),
+        "TextToVideoSDPipeline": _sweep(tiny_transformer_classes.text_to_video_sd, "TextToVideoSDPipeline"),
+        "VideoToVideoSDPipeline": _sweep(tiny_transformer_classes.text_to_video_sd, "VideoToVideoSDPipeline"),
+        "AnimateDiffVideoToVideoPipeline": _sweep(tiny_transformer_classes.animatediff_v2v),
     }
 )
 
@@ -265,38 +278,38 @@ RECIPES.update(
             "StableDiffusionControlNetInpaintPipeline", mask_image=tiny.test_mask(), strength=0.8
         ),
         "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
-        "AnyFlowPipeline": _sweep(tiny_sweep.anyflow),
-        "AnyFlowFARPipeline": _sweep(tiny_sweep.anyflow_far),
-        "ChronoEditPipeline": _sweep(tiny_sweep.chrono_edit),
-        "SanaVideoPipeline": _sweep(tiny_sweep.sana_video),
-        "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_sweep.hunyuan_skyreels_i2v),
+        "AnyFlowPipeline": _sweep(tiny_transformer_classes.anyflow),
+        "AnyFlowFARPipeline": _sweep(tiny_transformer_classes.anyflow_far),
+        "ChronoEditPipeline": _sweep(tiny_transformer_classes.chrono_edit),
+        "SanaVideoPipeline": _sweep(tiny_transformer_classes.sana_video),
+        "HunyuanSkyreelsImageToVideoPipeline": _sweep(tiny_transformer_classes.hunyuan_skyreels_i2v),
         "AnimateDiffPAGPipeline": _as("AnimateDiffPAGPipeline", _named(tiny_unet, "animatediff"), pag_scale=2.0),
     }
 )
 
-# video pipelines only the sweep builds (testing/tiny_sweep_video.py)
+# video pipelines only the sweep builds (testing/tiny_video_classes.py)
 RECIPES.update(
     {
         "AnimateDiffControlNetPipeline": _sweep(
-            tiny_sweep_video.animatediff_controlnet, "AnimateDiffControlNetPipeline"
+            tiny_video_classes.animatediff_controlnet, "AnimateDiffControlNetPipeline"
         ),
         "AnimateDiffVideoToVideoControlNetPipeline": _sweep(
-            tiny_sweep_video.animatediff_controlnet, "AnimateDiffVideoToVideoControlNetPipeline"
+            tiny_video_classes.animatediff_controlnet, "AnimateDiffVideoToVideoControlNetPipeline"
         ),
-        "AnimateDiffSparseControlNetPipeline": _sweep(tiny_sweep_video.animatediff_sparse),
-        "AnimateDiffSDXLPipeline": _sweep(tiny_sweep_video.animatediff_sdxl),
-        "PIAPipeline": _sweep(tiny_sweep_video.pia),
-        "I2VGenXLPipeline": _sweep(tiny_sweep_video.i2vgen_xl),
-        "TextToVideoZeroPipeline": _sweep(tiny_sweep_video.text_to_video_zero),
-        "TextToVideoZeroSDXLPipeline": _sweep(tiny_sweep_video.text_to_video_zero_sdxl),
-        "EasyAnimateInpaintPipeline": _sweep(tiny_sweep_video.easyanimate_inpaint),
-        "EasyAnimateControlPipeline": _sweep(tiny_sweep_video.easyanimate_control),
+        "AnimateDiffSparseControlNetPipeline": _sweep(tiny_video_classes.animatediff_sparse),
+        "AnimateDiffSDXLPipeline": _sweep(tiny_video_classes.animatediff_sdxl),
+        "PIAPipeline": _sweep(tiny_video_classes.pia),
+        "I2VGenXLPipeline": _sweep(tiny_video_classes.i2vgen_xl),
+        "TextToVideoZeroPipeline": _sweep(tiny_video_classes.text_to_video_zero),
+        "TextToVideoZeroSDXLPipeline": _sweep(tiny_video_classes.text_to_video_zero_sdxl),
+        "EasyAnimateInpaintPipeline": _sweep(tiny_video_classes.easyanimate_inpaint),
+        "EasyAnimateControlPipeline": _sweep(tiny_video_classes.easyanimate_control),
     }
 )
 
-# a family's components under its other classes (testing/tiny_sweep_variants.py)
+# a family's components under its other classes (testing/tiny_family_variants.py)
 _VARIANTS = {
-    tiny_sweep_variants.sd_variant: (
+    tiny_family_variants.sd_variant: (
         "StableDiffusionPAGPipeline",
         "StableDiffusionPAGImg2ImgPipeline",
         "StableDiffusionPAGInpaintPipeline",
@@ -313,7 +326,7 @@ _VARIANTS = {
         "CycleDiffusionPipeline",
         "StableDiffusionAttendAndExcitePipeline",
     ),
-    tiny_sweep_variants.sdxl_variant: (
+    tiny_family_variants.sdxl_variant: (
         "StableDiffusionXLPAGPipeline",
         "StableDiffusionXLPAGImg2ImgPipeline",
         "StableDiffusionXLPAGInpaintPipeline",
@@ -328,7 +341,7 @@ _VARIANTS = {
         "StableDiffusionXLInstructPix2PixPipeline",
         "StableDiffusionXLAdapterPipeline",
     ),
-    tiny_sweep_variants.flux_variant: (
+    tiny_family_variants.flux_variant: (
         "FluxControlPipeline",
         "FluxControlImg2ImgPipeline",
         "FluxControlInpaintPipeline",
@@ -340,7 +353,7 @@ _VARIANTS = {
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS.items() for cls in classes})
 _VARIANTS2 = {
-    tiny_sweep_variants.sd_conditioned: (
+    tiny_family_variants.sd_conditioned: (
         "StableDiffusionImageVariationPipeline",
         "StableDiffusionAdapterPipeline",
         "StableDiffusionLDM3DPipeline",
@@ -350,7 +363,7 @@ _VARIANTS2 = {
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS2.items() for cls in classes})
 
 
-def _variant_of(base, cls_name, variant=tiny_sweep_variants.other_variant):
+def _variant_of(base, cls_name, variant=tiny_family_variants.other_variant):
     """A class built from another recipe's tiny ``(pipe, call)`` (``base``, built with that class's own name)."""
     return lambda: variant(base(), cls_name)
 
@@ -358,55 +371,58 @@ def _variant_of(base, cls_name, variant=tiny_sweep_variants.other_variant):
 RECIPES.update(
     {
         "ChromaInpaintPipeline": _variant_of(
-            lambda: tiny_sweep.chroma(0, "ChromaInpaintPipeline"), "ChromaInpaintPipeline"
+            lambda: tiny_transformer_classes.chroma(0, "ChromaInpaintPipeline"), "ChromaInpaintPipeline"
         ),
-        "StableDiffusion3ControlNetPipeline": _variant_of(tiny_sweep.sd3, "StableDiffusion3ControlNetPipeline"),
+        "StableDiffusion3ControlNetPipeline": _variant_of(
+            tiny_transformer_classes.sd3, "StableDiffusion3ControlNetPipeline"
+        ),
         "StableDiffusion3ControlNetInpaintingPipeline": _variant_of(
-            lambda: tiny_sweep.sd3(0, "StableDiffusion3InpaintPipeline"), "StableDiffusion3ControlNetInpaintingPipeline"
+            lambda: tiny_transformer_classes.sd3(0, "StableDiffusion3InpaintPipeline"),
+            "StableDiffusion3ControlNetInpaintingPipeline",
         ),
-        "CogView4ControlPipeline": _variant_of(tiny_sweep.cogview4, "CogView4ControlPipeline"),
-        "SanaSprintPipeline": _variant_of(tiny_sweep.sana, "SanaSprintPipeline"),
-        "SanaSprintImg2ImgPipeline": _variant_of(tiny_sweep.sana, "SanaSprintImg2ImgPipeline"),
-        "FluxKontextInpaintPipeline": _sweep(tiny_sweep_variants.flux_kontext_inpaint),
-        "HeliosPyramidPipeline": lambda: tiny_sweep_video.helios_pyramid(tiny_sweep.helios()),
-        "SanaImageToVideoPipeline": lambda: tiny_sweep_video.sana_i2v(tiny_sweep.sana_video()),
+        "CogView4ControlPipeline": _variant_of(tiny_transformer_classes.cogview4, "CogView4ControlPipeline"),
+        "SanaSprintPipeline": _variant_of(tiny_transformer_classes.sana, "SanaSprintPipeline"),
+        "SanaSprintImg2ImgPipeline": _variant_of(tiny_transformer_classes.sana, "SanaSprintImg2ImgPipeline"),
+        "FluxKontextInpaintPipeline": _sweep(tiny_family_variants.flux_kontext_inpaint),
+        "HeliosPyramidPipeline": lambda: tiny_video_classes.helios_pyramid(tiny_transformer_classes.helios()),
+        "SanaImageToVideoPipeline": lambda: tiny_video_classes.sana_i2v(tiny_transformer_classes.sana_video()),
     }
 )
-RECIPES["DiTPipeline"] = _sweep(tiny_sweep_variants.dit)
+RECIPES["DiTPipeline"] = _sweep(tiny_family_variants.dit)
 RECIPES.update(
     {
-        "LTX2InContextPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2InContextPipeline"),
-        "LTX2HDRPipeline": _sweep(tiny_sweep_video.ltx2_reference, "LTX2HDRPipeline"),
-        "LTXI2VLongMultiPromptPipeline": _sweep(tiny_sweep_video.ltx_long_multi_prompt),
+        "LTX2InContextPipeline": _sweep(tiny_video_classes.ltx2_reference, "LTX2InContextPipeline"),
+        "LTX2HDRPipeline": _sweep(tiny_video_classes.ltx2_reference, "LTX2HDRPipeline"),
+        "LTXI2VLongMultiPromptPipeline": _sweep(tiny_video_classes.ltx_long_multi_prompt),
     }
 )
 RECIPES.update(
     {
-        cls: _sweep(tiny_sweep_video.cosmos2, cls)
+        cls: _sweep(tiny_video_classes.cosmos2, cls)
         for cls in ("Cosmos2TextToImagePipeline", "Cosmos2VideoToWorldPipeline")
     }
 )
 _VARIANTS3 = {
-    tiny_sweep_unet.unconditional: (
+    tiny_unet_samplers.unconditional: (
         "DDPMPipeline",
         "DDIMPipeline",
         "PNDMPipeline",
         "LDMPipeline",
         "ConsistencyModelPipeline",
     ),
-    tiny_sweep_unet.kandinsky22: (
+    tiny_unet_samplers.kandinsky22: (
         "KandinskyV22Pipeline",
         "KandinskyV22Img2ImgPipeline",
         "KandinskyV22InpaintPipeline",
         "KandinskyV22ControlnetPipeline",
         "KandinskyV22ControlnetImg2ImgPipeline",
     ),
-    tiny_sweep_unet.kandinsky22_combined: (
+    tiny_unet_samplers.kandinsky22_combined: (
         "KandinskyV22CombinedPipeline",
         "KandinskyV22Img2ImgCombinedPipeline",
         "KandinskyV22InpaintCombinedPipeline",
     ),
-    tiny_sweep_unet.kandinsky21: (
+    tiny_unet_samplers.kandinsky21: (
         "KandinskyPipeline",
         "KandinskyImg2ImgPipeline",
         "KandinskyInpaintPipeline",
@@ -414,7 +430,7 @@ _VARIANTS3 = {
         "KandinskyImg2ImgCombinedPipeline",
         "KandinskyInpaintCombinedPipeline",
     ),
-    tiny_sweep_unet.deepfloyd_if: (
+    tiny_unet_samplers.deepfloyd_if: (
         "IFPipeline",
         "IFImg2ImgPipeline",
         "IFInpaintingPipeline",
@@ -425,20 +441,23 @@ _VARIANTS3 = {
 }
 RECIPES.update({cls: _sweep(build, cls) for build, classes in _VARIANTS3.items() for cls in classes})
 RECIPES.update(
-    {cls: _sweep(tiny_sweep_video.cosmos1, cls) for cls in ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline")}
+    {
+        cls: _sweep(tiny_video_classes.cosmos1, cls)
+        for cls in ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline")
+    }
 )
-RECIPES["HunyuanVideoFramepackPipeline"] = _sweep(tiny_sweep_video.hunyuan_framepack)
+RECIPES["HunyuanVideoFramepackPipeline"] = _sweep(tiny_video_classes.hunyuan_framepack)
 RECIPES.update(
-    {cls: _sweep(tiny_sweep_video.motif, cls) for cls in ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")}
+    {cls: _sweep(tiny_video_classes.motif, cls) for cls in ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")}
 )
 RECIPES.update(
-    {cls: _sweep(tiny_sweep_unet.kandinsky3, cls) for cls in ("Kandinsky3Pipeline", "Kandinsky3Img2ImgPipeline")}
+    {cls: _sweep(tiny_unet_samplers.kandinsky3, cls) for cls in ("Kandinsky3Pipeline", "Kandinsky3Img2ImgPipeline")}
 )
 RECIPES.update(
     {
         "QwenImageControlNetPipeline": _variant_of(lambda: tiny_images.qwen_image(0), "QwenImageControlNetPipeline"),
         **{
-            cls: _sweep(tiny_sweep_variants.marigold, cls)
+            cls: _sweep(tiny_family_variants.marigold, cls)
             for cls in ("MarigoldDepthPipeline", "MarigoldNormalsPipeline", "MarigoldIntrinsicsPipeline")
         },
     }
@@ -446,9 +465,9 @@ RECIPES.update(
 RECIPES.update(
     {
         "HunyuanDiTControlNetPipeline": _variant_of(
-            lambda: tiny_sweep.hunyuan_dit(0, "HunyuanDiTPipeline"), "HunyuanDiTControlNetPipeline"
+            lambda: tiny_transformer_classes.hunyuan_dit(0, "HunyuanDiTPipeline"), "HunyuanDiTControlNetPipeline"
         ),
-        "SanaControlNetPipeline": _variant_of(tiny_sweep.sana, "SanaControlNetPipeline"),
+        "SanaControlNetPipeline": _variant_of(tiny_transformer_classes.sana, "SanaControlNetPipeline"),
     }
 )
 RECIPES.update(
@@ -463,25 +482,27 @@ RECIPES["QwenImageControlNetInpaintPipeline"] = _variant_of(
 RECIPES.update(
     {
         cls: _sweep(build, cls) if len(classes) > 1 else _sweep(build)
-        for build, classes in tiny_sweep_sd.BUILDERS.items()
+        for build, classes in tiny_sd15_relatives.BUILDERS.items()
         for cls in classes
     }
 )
 RECIPES.update(
     {
-        cls: _sweep(tiny_sweep_edit.qwen_image_edit, cls)
+        cls: _sweep(tiny_qwen_vl_processor_classes.qwen_image_edit, cls)
         for cls in ("QwenImageEditPipeline", "QwenImageEditPlusPipeline", "QwenImageEditInpaintPipeline")
     }
 )
-RECIPES.update({cls: _sweep(build, cls) for build, classes in tiny_sweep_more.BUILDERS.items() for cls in classes})
-RECIPES.update(tiny_sweep_more.RECIPES)
+RECIPES.update(
+    {cls: _sweep(build, cls) for build, classes in tiny_token_and_grid_classes.BUILDERS.items() for cls in classes}
+)
+RECIPES.update(tiny_token_and_grid_classes.RECIPES)
 RECIPES.update(
     {
-        cls: _sweep(tiny_sweep_edit.kandinsky5, cls)
+        cls: _sweep(tiny_qwen_vl_processor_classes.kandinsky5, cls)
         for cls in ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")
     }
 )
-RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_sweep_edit.cosmos25)
-RECIPES["Kandinsky6TI2VAPipeline"] = tiny_sweep_edit.kandinsky6
-RECIPES["Cosmos2_5_TransferPipeline"] = tiny_sweep_edit.cosmos25_transfer
-RECIPES.update(tiny_sweep_video_more.RECIPES)
+RECIPES["Cosmos2_5_PredictBasePipeline"] = _sweep(tiny_qwen_vl_processor_classes.cosmos25)
+RECIPES["Kandinsky6TI2VAPipeline"] = tiny_qwen_vl_processor_classes.kandinsky6
+RECIPES["Cosmos2_5_TransferPipeline"] = tiny_qwen_vl_processor_classes.cosmos25_transfer
+RECIPES.update(tiny_conditioned_video_classes.RECIPES)

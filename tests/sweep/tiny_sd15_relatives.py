@@ -19,8 +19,8 @@ from diffusers.pipelines.stable_diffusion import CLIPImageProjection
 from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
 from transformers import CLIPProcessor, CLIPVisionConfig, DPTConfig, DPTForDepthEstimation
 
-from . import tiny_unet
-from .tiny import (
+from diffusers_tpu.testing import tiny_unet
+from diffusers_tpu.testing.tiny import (
     char_tokenizer,
     clip_image_processor,
     fit,
@@ -32,8 +32,9 @@ from .tiny import (
     tiny_clip_vision,
     tiny_prior,
 )
-from .tiny_families import PROMPTS
-from .tiny_sweep_unet import UNET_2D, movq
+from diffusers_tpu.testing.tiny_families import PROMPTS
+
+from .tiny_unet_samplers import UNET_2D, movq
 
 PROMPT_PAIR = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],

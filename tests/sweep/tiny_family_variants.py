@@ -11,8 +11,17 @@ import torch
 from diffusers import DiTPipeline, DiTTransformer2DModel
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from . import tiny_images, tiny_unet
-from .tiny import CLIP_VISION, clip_image_processor, fit, kl_vae, rebuilt, seeded, test_image, test_mask
+from diffusers_tpu.testing import tiny_images, tiny_unet
+from diffusers_tpu.testing.tiny import (
+    CLIP_VISION,
+    clip_image_processor,
+    fit,
+    kl_vae,
+    rebuilt,
+    seeded,
+    test_image,
+    test_mask,
+)
 
 PROMPTS = tiny_unet.PROMPTS
 
@@ -204,8 +213,9 @@ def flux_variant(seed: int = 0, cls_name: str = "FluxControlPipeline"):
 
 
 def other_variant(base, cls_name: str):
-    """The sweep's own image families (``base``: their ``(pipe, call)`` from ``tiny_sweep``) under their other
-    classes: Chroma inpaint, SD3 ControlNet (and its inpainting), CogView4 control, Sana Sprint (and img2img)."""
+    """The sweep's own image families (``base``: their ``(pipe, call)`` from ``tiny_transformer_classes``) under
+    their other classes: Chroma inpaint, SD3 ControlNet (and its inpainting), CogView4 control, Sana Sprint (and
+    img2img)."""
     pipe, call = base
     image = test_image()
     if cls_name == "ChromaInpaintPipeline":
@@ -238,7 +248,9 @@ def other_variant(base, cls_name: str):
         return fit(cls_name, parts, dict(call, control_image=test_image(seed=5)))
     if cls_name.startswith("SanaSprint"):
         transformer = rebuilt(0, pipe.transformer, guidance_embeds=True, qk_norm="rms_norm_across_heads")
-        with torch.no_grad():  # the linear attention's denominator kept away from 0 (see ``tiny_sweep.sana``)
+        with (
+            torch.no_grad()
+        ):  # the linear attention's denominator kept away from 0 (see ``tiny_transformer_classes.sana``)
             for block in transformer.transformer_blocks:
                 block.attn1.to_q.bias.fill_(1.0)
                 block.attn1.to_k.bias.fill_(1.0)
@@ -294,7 +306,9 @@ def other_variant(base, cls_name: str):
                 attention_bias=True,
             ),
         )
-        with torch.no_grad():  # the linear attention's denominator kept away from 0 (see ``tiny_sweep.sana``)
+        with (
+            torch.no_grad()
+        ):  # the linear attention's denominator kept away from 0 (see ``tiny_transformer_classes.sana``)
             for block in controlnet.transformer_blocks:
                 block.attn1.to_q.bias.fill_(1.0)
                 block.attn1.to_k.bias.fill_(1.0)

@@ -13,8 +13,18 @@ import torch
 import transformers
 from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va
 
-from . import tiny_families, tiny_images
-from .tiny import WAN_VAE, PassThroughGuardrail, char_tokenizer, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
+from diffusers_tpu.testing import tiny_families, tiny_images
+from diffusers_tpu.testing.tiny import (
+    WAN_VAE,
+    PassThroughGuardrail,
+    char_tokenizer,
+    fit,
+    kl_vae,
+    seeded,
+    test_image,
+    test_mask,
+    tiny_clip,
+)
 
 VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 

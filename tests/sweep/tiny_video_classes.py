@@ -42,8 +42,8 @@ from transformers import (
 )
 from transformers.models.t5gemma2 import T5Gemma2Encoder, T5Gemma2EncoderConfig
 
-from . import tiny_unet
-from .tiny import (
+from diffusers_tpu.testing import tiny_unet
+from diffusers_tpu.testing.tiny import (
     CLIP_VISION,
     WAN_VAE,
     PassThroughGuardrail,
@@ -56,8 +56,8 @@ from .tiny import (
     tiny_clip,
     tiny_t5,
 )
-from .tiny_families import hunyuan_video, pipeline, test_frames
-from .tiny_generic import easyanimate_pipeline
+from diffusers_tpu.testing.tiny_families import hunyuan_video, pipeline, test_frames
+from diffusers_tpu.testing.tiny_generic import easyanimate_pipeline
 
 ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
 

@@ -9,7 +9,7 @@ import diffusers
 import torch
 from diffusers.pipelines.kandinsky.text_encoder import MCLIPConfig, MultilingualCLIP
 
-from .tiny import (
+from diffusers_tpu.testing.tiny import (
     char_tokenizer,
     clip_image_processor,
     fit,

@@ -70,7 +70,7 @@ from transformers import (
     T5EncoderModel,
 )
 
-from .tiny import (
+from diffusers_tpu.testing.tiny import (
     CLIP_VISION,
     COGVIDEOX_TRANSFORMERS,
     WAN_I2V_TRANSFORMER,
@@ -87,8 +87,8 @@ from .tiny import (
     tiny_umt5,
     wan_components,
 )
-from .tiny_families import hunyuan_video, test_frames, unipc
-from .tiny_unet import animatediff
+from diffusers_tpu.testing.tiny_families import hunyuan_video, test_frames, unipc
+from diffusers_tpu.testing.tiny_unet import animatediff
 
 PROMPTS = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
