@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom to top; a module may import its own layer (without a circle) and the layers below it.
 LAYERS = ("kernels", "interop", "runtime", "families", "api", "planner", "testing", "demo", "commands")
 ONLY_IMPORTED_BY = {"testing": {"testing", "commands"}}  # test models stay out of the product's import graph
-SHIMS = {"diffusers_tpu.quantize_error": "commands"}  # old module paths README uses (-m), kept as one-line entries
+SHIMS: dict = {}  # old module paths kept as one-line entries (none now: benchmarks live in benchmarks/)
 
 
 def _modules() -> dict[str, str]:

@@ -53,9 +53,9 @@ def test_a_second_process_loads_every_program_from_the_persistent_cache(tmp_path
 
 
 def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
-    """``python -m diffusers_tpu.commands.first_step``: two fresh processes on one new cache; the second loads the
+    """``python benchmarks/first_step.py``: two fresh processes on one new cache; the second loads the
     denoiser's program instead of compiling it, and both stop at the first step's dispatch."""
-    from diffusers_tpu.commands import first_step
+    from benchmarks import first_step
     from diffusers_tpu.testing import tiny
 
     folder = tiny.save_wan_pipeline(tmp_path / "wan")
@@ -64,8 +64,7 @@ def test_first_step_measures_a_cold_and_a_warm_process(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "diffusers_tpu.commands.first_step",
+            first_step.__file__,
             folder,
             "--height",
             "32",

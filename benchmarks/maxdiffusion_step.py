@@ -9,7 +9,7 @@ tensorboard and Google Cloud imports are stubbed here: nothing is written or upl
     pip install --target ~/mdlibs -c keep.txt flax optax orbax-checkpoint chex aqtp einops pyyaml
     # this environment's own stay in use:
     rm -rf ~/mdlibs/{jax,jaxlib,numpy,scipy,ml_dtypes,opt_einsum,typing_extensions}*
-    PYTHONPATH=~/mdlibs python -m diffusers_tpu.commands.maxdiffusion_compare --maxdiffusion ~/maxdiffusion \\
+    PYTHONPATH=~/mdlibs python benchmarks/maxdiffusion_step.py --maxdiffusion ~/maxdiffusion \\
         --arch Wan2.1-1.3B --chips v6e-4 --height 480 --width 832 --frames 81 --fully-sharded-weights
 
 Both programs are one guided denoising step (the CFG pair as a batch of 2) of every transformer block, bf16, compiled
@@ -55,7 +55,7 @@ def _stub_unneeded_imports() -> None:
 
 
 def _summarise(compiled, seconds: float) -> dict:
-    from ..planner import hlo_stats
+    from diffusers_tpu.planner import hlo_stats
 
     report = hlo_stats.summary(compiled, seconds=seconds)
     loop = max(report["hlo"]["loops"], key=lambda entry: entry["instructions"], default=None)
@@ -66,8 +66,8 @@ def _summarise(compiled, seconds: float) -> dict:
 def ours(arch: str, chip: str, size: dict, mesh: dict | None, fully_sharded: bool = False) -> dict:
     import torch
 
-    from ..planner import architectures, plan, tpu_compiler
-    from ..runtime.config import TPUConfig
+    from diffusers_tpu.planner import architectures, plan, tpu_compiler
+    from diffusers_tpu.runtime.config import TPUConfig
 
     pipe = architectures.build(arch, torch.bfloat16, weights=False)
     config = TPUConfig(dtype=torch.bfloat16, mesh=mesh, compile_cache_dir=False, fully_sharded_weights=fully_sharded)
@@ -88,7 +88,7 @@ def theirs(checkout: str, arch: str, chip: str, size: dict, overrides: list[str]
     import jax
     import jax.numpy as jnp
 
-    from ..planner import tpu_compiler
+    from diffusers_tpu.planner import tpu_compiler
 
     sys.path.insert(0, os.path.join(checkout, "src"))
     _stub_unneeded_imports()
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--maxdiffusion {args.maxdiffusion}: not a maxdiffusion checkout (no src/maxdiffusion); "
             "git clone https://github.com/AI-Hypercomputer/maxdiffusion"
         )
-    from ..planner import tpu_compiler
+    from diffusers_tpu.planner import tpu_compiler
 
     tpu_compiler.require("maxdiffusion_compare")
     size = dict(height=args.height, width=args.width, num_frames=args.frames)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     columns["maxdiffusion"] = theirs(args.maxdiffusion, args.arch, args.chips, size, args.theirs)
     print(table(columns))
     if args.json:
-        from ..runtime import outputs
+        from diffusers_tpu.runtime import outputs
 
         outputs.write_text(args.json, json.dumps(columns, indent=1, default=str))
     return 0

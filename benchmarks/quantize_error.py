@@ -1,4 +1,4 @@
-"""What ``TPUConfig(quantize=...)`` costs and saves, measured: ``python -m diffusers_tpu.quantize_error``.
+"""What ``TPUConfig(quantize=...)`` costs and saves, measured: ``python benchmarks/quantize_error.py``.
 
 - weight bytes of a real-size denoiser on the devices, bfloat16 vs quantized (counted on the ``meta`` device);
 - per-layer relative error of a real-size Wan block's linear layers (random normal(0, 0.02) weights, as
@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..families import wan
-from ..interop.sharding import keep_in_fp32
-from ..planner import architectures
-from ..runtime import outputs, quantize
-from ..runtime.config import TPUConfig
-from ..testing import tiny
+from diffusers_tpu.families import wan
+from diffusers_tpu.interop.sharding import keep_in_fp32
+from diffusers_tpu.planner import architectures
+from diffusers_tpu.runtime import outputs, quantize
+from diffusers_tpu.runtime.config import TPUConfig
+from diffusers_tpu.testing import tiny
 
 
 def weight_bytes(module: torch.nn.Module, fmt: str | None, dtype=torch.bfloat16) -> int:

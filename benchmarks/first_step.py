@@ -1,8 +1,8 @@
 """How long a new process waits before its first denoising step computes: cold, then with JAX's persistent
 compilation cache warm (what a restarted service pays). Figures in BENCHMARKS.md.
 
-    python -m diffusers_tpu.commands.load_memory write DIR --arch Wan2.1-1.3B   # real-size denoiser, random weights
-    python -m diffusers_tpu.commands.first_step DIR --height 480 --width 832 --frames 81
+    python benchmarks/load_memory.py write DIR --arch Wan2.1-1.3B   # real-size denoiser, random weights
+    python benchmarks/first_step.py DIR --height 480 --width 832 --frames 81
 
 The same child runs twice, each a fresh process sharing one new cache folder. A child imports, loads the
 checkpoint onto the devices (``diffusers_tpu.from_pretrained``, bfloat16), calls the pipeline, and stops the moment
@@ -27,8 +27,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import jit
-
-from ..runtime import outputs
+from diffusers_tpu.runtime import outputs
 
 # ``-m`` imports the package (torch, JAX, diffusers) before this module runs: the first phase includes it
 PHASES = ("python start and imports", "load onto devices", "call to first step dispatched")
@@ -80,8 +79,7 @@ def measure(
         result = subprocess.run(
             [
                 sys.executable,
-                "-m",
-                "diffusers_tpu.commands.first_step",
+                __file__,
                 folder,
                 "--child",
                 "--height",
@@ -121,8 +119,8 @@ def measure(
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.commands.first_step")
-    parser.add_argument("folder", help="a pipeline folder (python -m diffusers_tpu.commands.load_memory write DIR)")
+    parser = argparse.ArgumentParser(prog="python benchmarks/first_step.py")
+    parser.add_argument("folder", help="a pipeline folder (python benchmarks/load_memory.py write DIR)")
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--frames", type=int, default=81)

@@ -1,8 +1,8 @@
 """Host memory while loading a checkpoint onto the devices: the stock route (``from_pretrained`` then ``.to``) against
 sharded loading (``diffusers_tpu.from_pretrained``). Figures in BENCHMARKS.md.
 
-    python -m diffusers_tpu.commands.load_memory write DIR --arch Wan2.1-1.3B   # a real-size random-weight checkpoint
-    python -m diffusers_tpu.commands.load_memory compare DIR                    # both routes, each in a fresh process
+    python benchmarks/load_memory.py write DIR --arch Wan2.1-1.3B   # a real-size random-weight checkpoint
+    python benchmarks/load_memory.py compare DIR                    # both routes, each in a fresh process
 
 On CPU the simulated devices' buffers live in host memory too, so each route reports its peak RSS minus the RSS
 before loading minus the bytes the device arrays hold at the end (``host overhead``): what a TPU host would need
@@ -24,9 +24,8 @@ import jax
 import torch
 
 import diffusers_tpu
-
-from ..planner import architectures
-from ..testing import tiny
+from diffusers_tpu.planner import architectures
+from diffusers_tpu.testing import tiny
 
 
 def write(folder: str, arch: str, shard_size: str) -> None:
@@ -82,7 +81,7 @@ def measure(folder: str, route: str, mesh: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffusers_tpu.commands.load_memory")
+    parser = argparse.ArgumentParser(prog="python benchmarks/load_memory.py")
     parser.add_argument("command", choices=("write", "compare", "measure"))
     parser.add_argument("folder")
     parser.add_argument("--arch", default="Wan2.1-1.3B")
@@ -101,8 +100,7 @@ def main(argv=None) -> int:
             out = subprocess.run(
                 [
                     sys.executable,
-                    "-m",
-                    "diffusers_tpu.commands.load_memory",
+                    __file__,
                     "measure",
                     args.folder,
                     "--route",
