@@ -111,8 +111,8 @@ def run_fresh(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def compiled_method(method):
-    """The compiled method under the wrappers a patched method gets (it holds ``programs``)."""
-    while not hasattr(method, "programs"):
-        method = method.__wrapped__
-    return method
+def compiled_method(pipe, module, method: str = "forward"):
+    """The compiled method ``pipe.to`` installed for ``module.<method>`` (it holds ``programs``), found by name."""
+    from diffusers_tpu.runtime import pipeline_runtime
+
+    return pipeline_runtime.runtime_of(pipe).compiled_of(module, method)

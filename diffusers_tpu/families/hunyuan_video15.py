@@ -251,7 +251,7 @@ def _prepare(pipe, runtime) -> None:
     for module in transformer.modules():
         if isinstance(getattr(module, "processor", None), HunyuanVideo15AttnProcessor2_0):
             runtime.overrides.set(module, "processor", processor)
-    runtime.overrides.set(transformer, "forward", with_token_order(transformer.forward))
+    runtime.chain_of(transformer).add("family", with_token_order)
     for module in pipe.vae.modules():
         if isinstance(module, HunyuanVideo15AttnBlock):
             runtime.overrides.set(module, "prepare_causal_attention_mask", frame_causal_mask)

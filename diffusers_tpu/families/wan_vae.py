@@ -33,7 +33,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T, WanResampl
 from diffusers.models.autoencoders.vae import DecoderOutput
 
 from ..interop import backend
-from ..interop.jit import compiled_function
+from ..interop.jit import CompiledFunction
 
 
 def _scan(step, cache: list, frames, per_call: int):
@@ -239,7 +239,7 @@ class _Tiles:
     def __init__(self, vae, runtime, decode_frames, encode_frames):
         self.vae, self.runtime = vae, runtime
         self.decode_frames, self.encode_frames = decode_frames, encode_frames
-        self.assemble = compiled_function(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
+        self.assemble = CompiledFunction(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
 
     def decode(self, z, return_dict: bool = True):
         vae, ratio, patch = self.vae, self.vae.spatial_compression_ratio, self.vae.config.patch_size or 1
@@ -309,7 +309,7 @@ def install(vae, runtime, state, place_input) -> None:
     config = runtime.config
     dtype = None if config.vae_dtype is None else backend.jax_dtype(config.vae_dtype)
     options = dict(runtime.vae_program_options(), place_input=place_input)
-    compile_ = functools.partial(compiled_function, vae, state=state, compute_dtype=dtype, **options)
+    compile_ = functools.partial(CompiledFunction, vae, state=state, compute_dtype=dtype, **options)
     decode_first = compile_(functools.partial(_decode_head, vae))
     # The chunk programs update the carried cache (tensor arguments after the chunk itself) in place: the caller
     # never reads it again.

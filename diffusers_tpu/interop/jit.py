@@ -28,95 +28,9 @@ from torchax.ops import mappings
 
 from . import module_state, static_keys, torch_compat
 from .backend import is_jax_tensor, to_jax_array, wrap
+from .weights import Rebuilt, expand_stacked, materialized
 
 logger = logging.getLogger(__name__)
-
-
-class Rebuilt:
-    """A program argument standing for a weight that the program rebuilds next to its use (``rebuild()``, traced):
-    a layer above stores weights in a compact form (``runtime.quantize``: int8 values and scales) and subclasses
-    this, so XLA fuses the rebuild into the matmul that reads it."""
-
-    def rebuild(self) -> jax.Array:
-        raise NotImplementedError
-
-
-def rebuild_weights(state: dict) -> dict:
-    """Inside a traced program: every ``Rebuilt`` weight of ``state`` as the array it stands for."""
-    return {k: v.rebuild() if isinstance(v, Rebuilt) else v for k, v in state.items()}
-
-
-@jax.tree_util.register_pytree_node_class
-class Stacked:
-    """One program argument standing for the same weight of several layers, stored as one array ``[L, ...]``
-    (``runtime.stacked_weights``): ``names[i]`` is layer i's qualified name. Inside the program each layer's weight is
-    ``array[i]`` (XLA drops the ones nothing reads); a ``trace_hook`` finds ``LayerOf`` markers in its raw state and
-    may index the array itself (a loop over the layers: one dynamic slice per iteration, no per-layer copies).
-    ``layer_sharding``: when the stack is stored sharded further than a layer is used (fully sharded weights), the
-    sharding each layer is gathered to where it is read; None: a layer is used as stored."""
-
-    def __init__(self, array, names: tuple[str, ...], layer_sharding=None):
-        self.array, self.names, self.layer_sharding = array, tuple(names), layer_sharding
-
-    def tree_flatten(self):
-        return (self.array,), (self.names, self.layer_sharding)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerOf:
-    """In a trace hook's raw state: this weight is layer ``index`` of the stacked (traced) ``array``, used with
-    ``sharding`` (``Stacked.layer_sharding``)."""
-
-    array: object
-    index: int
-    sharding: object = None
-
-    def value(self):
-        return gathered(self.array[self.index], self.sharding)
-
-
-@jax.tree_util.register_pytree_node_class
-class Gathered:
-    """A program argument stored sharded further than it is used (fully sharded weights): inside the program it is
-    ``array`` constrained to ``sharding``, the layout the model's rules give it."""
-
-    def __init__(self, array, sharding):
-        self.array, self.sharding = array, sharding
-
-    def tree_flatten(self):
-        return (self.array,), self.sharding
-
-    @classmethod
-    def tree_unflatten(cls, sharding, children):
-        return cls(children[0], sharding)
-
-    def value(self):
-        return gathered(self.array, self.sharding)
-
-
-def materialized(raw):
-    """A raw state entry as the array the program computes with (a stacked layer sliced, a stored one gathered)."""
-    return raw.value() if isinstance(raw, (LayerOf, Gathered)) else raw
-
-
-def gathered(layer, sharding):
-    """A layer sliced out of a stack, constrained to the sharding it is used with (None: as stored)."""
-    return layer if sharding is None else jax.lax.with_sharding_constraint(layer, sharding)
-
-
-def expand_stacked(state: dict) -> dict:
-    """``state`` with every ``Stacked`` entry replaced by its layers, each a ``LayerOf`` (raw, for trace hooks)."""
-    expanded = {}
-    for key, value in state.items():
-        if isinstance(value, Stacked):
-            expanded.update({name: LayerOf(value.array, i, value.layer_sharding) for i, name in enumerate(value.names)})
-        else:
-            expanded[key] = value
-    return expanded
 
 
 class Retrace(Exception):
@@ -482,26 +396,14 @@ def _argument_lists(args, kwargs) -> dict:
     return found
 
 
-def compiled_method(module: torch.nn.Module, name: str, **options) -> Callable:
+def compiled_method(module: torch.nn.Module, name: str, **options) -> CompiledFunction:
     """A compiled version of ``module.<name>``, meant to be installed as an instance attribute."""
-    return compiled_function(module, getattr(module, name), **options)
+    return CompiledFunction(module, getattr(module, name), **options)
 
 
-def compiled_function(
-    module: torch.nn.Module,
-    method: Callable,
-    *,
-    state: Callable[[], dict],
-    activate: Callable[[], contextlib.AbstractContextManager],
-    place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
-    compute_dtype=None,
-    donate: int | None = None,
-    extras=None,
-    trace_hook=None,
-    place_output=None,
-    build=None,
-) -> Callable:
-    """A compiled version of ``method``, which runs torch code using ``module``'s weights.
+class CompiledFunction:
+    """A compiled version of ``method``, which runs torch code using ``module``'s weights: one object that owns its
+    programs (``Program``, one per call key), the key that picks them, their lowering and the state found to carry.
 
     ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
     arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
@@ -513,156 +415,195 @@ def compiled_function(
     program inputs) and ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
     ``build(lowered)`` makes each program's executable (default ``compile_now``).
     """
-    name = getattr(method, "__name__", "function")
-    programs: dict = {}
-    carried: list = []  # (owner, attribute) found to carry state from one call to the next (``module_state``); a
-    # held object's owner is its ``Place``
-    held: list = []  # [places holding plain objects (attention processors), every module]: at the first call
-    caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
-    eager: list = []  # the reason, once state was found that no program can carry: the method then runs eagerly
-    traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture): the program's own
 
-    def compiled(*args, **kwargs):
-        with activate():
-            if eager:
-                return method(*args, **kwargs)
-            if not held:  # the module's structure, found at the first call
-                held.append(module_state.places(module))
-                held.append(list(module.modules()))
-            hooks = module_state.hooks(held[1])
-            if hooks - traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
-                if not compiled.hooked:
-                    compiled.hooked = True
-                    logger.warning(HOOKED, type(module).__name__, name)
-                return method(*args, **kwargs)
-            traces = len(programs)
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        method: Callable,
+        *,
+        state: Callable[[], dict],
+        activate: Callable[[], contextlib.AbstractContextManager],
+        place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
+        compute_dtype=None,
+        donate: int | None = None,
+        extras=None,
+        trace_hook=None,
+        place_output=None,
+        build=None,
+    ):
+        self.module, self.state, self.activate = module, state, activate
+        self.place_input, self.compute_dtype, self.donate = place_input, compute_dtype, donate
+        self.extras, self.trace_hook, self.place_output, self.build = extras, trace_hook, place_output, build
+        self.__wrapped__ = method  # what it compiles (``inspect.signature`` and unwrapping see through)
+        self.__name__ = self.name = getattr(method, "__name__", "function")
+        self.programs: dict = {}
+        # (owner, attribute) found to carry state from one call to the next (``module_state``); a held object's
+        # owner is its ``Place``
+        self.carried: list = []
+        self.held: list = []  # [places holding plain objects (attention processors), every module]: at the first call
+        self.caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
+        self.eager: list = []  # the reason, once state was found that no program can carry: then it runs eagerly
+        self.traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture)
+        self.hooked = False  # warned that registered hooks make it run eagerly
+
+    def __repr__(self) -> str:
+        return f"<compiled {type(self.module).__name__}.{self.name}: {len(self.programs)} programs>"
+
+    def __call__(self, *args, **kwargs):
+        with self.activate():
+            if self.eager:
+                return self.__wrapped__(*args, **kwargs)
+            if not self.held:  # the module's structure, found at the first call
+                self.held.append(module_state.places(self.module))
+                self.held.append(list(self.module.modules()))
+            hooks = module_state.hooks(self.held[1])
+            if hooks - self.traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
+                if not self.hooked:
+                    self.hooked = True
+                    logger.warning(HOOKED, type(self.module).__name__, self.name)
+                return self.__wrapped__(*args, **kwargs)
+            traces = len(self.programs)
             try:
-                return _compiled_call(args, kwargs)
+                return self._compiled_call(args, kwargs)
             finally:
-                if len(programs) != traces:  # only a trace registers hooks of its own
-                    traced_hooks.update(module_state.hooks(held[1]) - hooks)
+                if len(self.programs) != traces:  # only a trace registers hooks of its own
+                    self.traced_hooks.update(module_state.hooks(self.held[1]) - hooks)
 
-    def _compiled_call(args, kwargs):
-        leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
-        carried_key = key[-2]
+    def _new_program(self, spec, static, live, carried_key) -> Program:
+        return Program(
+            self.module,
+            self.__wrapped__,
+            spec,
+            static,
+            self.compute_dtype,
+            self.donate,
+            self.extras,
+            self.trace_hook,
+            live,
+            carried_key,
+            self.place_output,
+            self.build,
+        )
+
+    def _compiled_call(self, args, kwargs):
+        leaves, spec, static, key, live, values = self.call_key(args, kwargs)
         try:
-            program = programs.get(key)
+            program = self.programs.get(key)
         except TypeError:
             raise TypeError(
-                f"{type(module).__name__}.{name} on JAX takes tensors and hashable values (numbers, strings, "
-                f"None, tuples); got {[type(x).__name__ for x in static if x is not TENSOR]}."
+                f"{type(self.module).__name__}.{self.name} on JAX takes tensors and hashable values (numbers, "
+                f"strings, None, tuples); got {[type(x).__name__ for x in static if x is not TENSOR]}."
             ) from None
         if program is None:
-            program = programs[key] = Program(
-                module,
-                method,
-                spec,
-                static,
-                compute_dtype,
-                donate,
-                extras,
-                trace_hook,
-                live,
-                carried_key,
-                place_output,
-                build,
-            )
+            program = self.programs[key] = self._new_program(spec, static, live, key[-2])
         program.carried = live  # the objects now at the carried places
-        dynamic = [place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+        dynamic = [self.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
         carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
-        extra = extras.values() if extras is not None else []
-        weights = state()
+        extra = self.extras.values() if self.extras is not None else []
+        weights = self.state()
         try:
             arrays = program(weights, dynamic, extra, carried_in)
         except module_state.Uncarriable as reason:
-            del programs[key]
-            return run_eagerly(f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs)
-        found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in caches]
+            del self.programs[key]
+            return self._run_eagerly(
+                f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs
+            )
+        found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in self.caches]
         program.discovered = None
-        if found and donate is None:
-            pairs = [(owner, attribute) for owner, attribute, *_ in found]
-            is_state = program.state_dependence(pairs, weights, dynamic, extra, carried_in)
-            new_state = [
-                (owner, attribute)
-                for (owner, attribute, kind, _), yes in zip(found, is_state)
-                if yes and kind == "tensor"
-            ]
-            eager_state = [
-                (owner, attribute, kind, before)
-                for (owner, attribute, kind, before), yes in zip(found, is_state)
-                if yes and kind != "tensor"
-            ]
-            caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
-            if eager_state:  # changed on every call, or tensors in a container: no program carries that
-                what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
-                if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
-                    eager.append(what)  # this call's result and its plain values are stock's; eager from now on
-                    logger.warning(EAGER, type(module).__name__, name, what)
-                    return program.rebuild(arrays, args, kwargs)
-                module_state.restore([(o, a, before) for o, a, _, before in eager_state])
-                return run_eagerly(what, args, kwargs)
-            if new_state:  # this run could not leave the state behind: run the call again, carrying it
-                logger.info(
-                    "%s.%s keeps state between calls (%s): carried through its programs",
-                    type(module).__name__,
-                    name,
-                    ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state),
-                )
-                carried.extend((module_state.where(owner, held[0]), attribute) for owner, attribute in new_state)
-                del programs[key]
-                return compiled(*args, **kwargs)
+        if found and self.donate is None:
+            return self._state_found(program, key, found, (weights, dynamic, extra, carried_in), arrays, args, kwargs)
         return program.rebuild(arrays, args, kwargs)
 
-    def run_eagerly(reason: str, args, kwargs):
-        eager.append(reason)
-        logger.warning(EAGER, type(module).__name__, name, reason)
-        return method(*args, **kwargs)
+    def _state_found(self, program, key, found, inputs, arrays, args, kwargs):
+        """Attributes a trace assigned: caches (dropped), state a program carries (the call runs again carrying
+        it), or state no program can carry (eager from now on)."""
+        pairs = [(owner, attribute) for owner, attribute, *_ in found]
+        is_state = program.state_dependence(pairs, *inputs)
+        new_state = [
+            (owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state) if yes and kind == "tensor"
+        ]
+        eager_state = [
+            (owner, attribute, kind, before)
+            for (owner, attribute, kind, before), yes in zip(found, is_state)
+            if yes and kind != "tensor"
+        ]
+        self.caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
+        if eager_state:  # changed on every call, or tensors in a container: no program carries that
+            what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
+            if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
+                self.eager.append(what)  # this call's result and its plain values are stock's; eager from now on
+                logger.warning(EAGER, type(self.module).__name__, self.name, what)
+                return program.rebuild(arrays, args, kwargs)
+            module_state.restore([(o, a, before) for o, a, _, before in eager_state])
+            return self._run_eagerly(what, args, kwargs)
+        if new_state:  # this run could not leave the state behind: run the call again, carrying it
+            logger.info(
+                "%s.%s keeps state between calls (%s): carried through its programs",
+                type(self.module).__name__,
+                self.name,
+                ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state),
+            )
+            held = self.held[0]
+            self.carried.extend((module_state.where(owner, held), attribute) for owner, attribute in new_state)
+            del self.programs[key]
+            return self(*args, **kwargs)
+        return program.rebuild(arrays, args, kwargs)
 
-    compiled.__wrapped__ = method
-    compiled.programs = programs
-    compiled.module, compiled.state, compiled.activate = module, state, activate
-    compiled.place_input, compiled.compute_dtype, compiled.donate = place_input, compute_dtype, donate
-    compiled.extras, compiled.trace_hook, compiled.place_output = extras, trace_hook, place_output
-    compiled.build = build
-    compiled.carried, compiled.eager, compiled.held, compiled.hooked = carried, eager, held, False
-    return compiled
+    def _run_eagerly(self, reason: str, args, kwargs):
+        self.eager.append(reason)
+        logger.warning(EAGER, type(self.module).__name__, self.name, reason)
+        return self.__wrapped__(*args, **kwargs)
+
+    def call_key(self, args, kwargs):
+        """``(leaves, spec, static, key, live, values)`` of a call: the program key, the carried attributes at their
+        places now (``live``: (owner, name)) and their values."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        static = tuple(TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+        # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds
+        # "Rep" markers or tensors depending on the frame count), and each program keeps its own.
+        shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
+        if not self.held:
+            self.held.extend((module_state.places(self.module), list(self.module.modules())))
+        live = tuple((module_state.current(owner), attribute) for owner, attribute in self.carried)
+        values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
+        carried_key = tuple(module_state.signature(value) for value in values)
+        key = (
+            spec,
+            _by_value(static),
+            shapes,
+            self.extras.key() if self.extras is not None else None,
+            carried_key,
+            module_state.held_key(self.held[0]),
+        )
+        return leaves, spec, static, key, live, values
+
+    def lowered(self, args, kwargs) -> tuple[jax.stages.Lowered, Program]:
+        """The program this call runs, lowered in its context (the runtime's exact program: same weights, placement
+        and settings), not compiled; tensor arguments taken abstractly (no data moves)."""
+        leaves, spec, static, key, live, values = self.call_key(args, kwargs)
+        program = self.programs.get(key) or self._new_program(spec, static, live, key[-2])
+        program.carried = live
+        carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
+        # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
+        dynamic = [self.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
+        cut = len(dynamic) if program.donate is None else program.donate
+        extra = self.extras.values() if self.extras is not None else []
+        with self.activate():
+            lowered = program.without_hook_if_needed(
+                program.jitted.lower, self.state(), dynamic[:cut], dynamic[cut:], extra, carried_in
+            )
+        return lowered, program
 
 
-def _call_key(compiled, args, kwargs):
-    """``(leaves, spec, static, key, live, values)`` of a call: the program key, the carried attributes at their
-    places now (``live``: (owner, name)) and their values."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    static = tuple(TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-    # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds "Rep"
-    # markers or tensors depending on the frame count), and each program keeps its own.
-    shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-    if not compiled.held:
-        compiled.held.extend((module_state.places(compiled.module), list(compiled.module.modules())))
-    live = tuple((module_state.current(owner), attribute) for owner, attribute in compiled.carried)
-    values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
-    carried_key = tuple(module_state.signature(value) for value in values)
-    extras = compiled.extras
-    key = (
-        spec,
-        _by_value(static),
-        shapes,
-        extras.key() if extras is not None else None,
-        carried_key,
-        module_state.held_key(compiled.held[0]),
-    )
-    return leaves, spec, static, key, live, values
+def lower(compiled: CompiledFunction, *args, **kwargs) -> jax.stages.Lowered:
+    """The program ``compiled`` runs for these arguments, lowered in its context, not compiled."""
+    return compiled.lowered(args, kwargs)[0]
 
 
-def lower(compiled, *args, **kwargs) -> jax.stages.Lowered:
-    """The program ``compiled`` (from ``compiled_function``) runs for these arguments, lowered in its context
-    (the runtime's exact program: same weights, placement and settings), not compiled."""
-    return _lowered(compiled, args, kwargs)[0]
-
-
-def lowered_output_shapes(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered, object]:
+def lowered_output_shapes(compiled: CompiledFunction, *args, **kwargs) -> tuple[jax.stages.Lowered, object]:
     """The program ``compiled(*args, **kwargs)`` runs, lowered, and what it would return as ``meta`` tensors (shapes
     and dtypes, no data), without running it: ``plan`` lowers the next program with them (a carried cache)."""
-    lowered, program = _lowered(compiled, args, kwargs)
+    lowered, program = compiled.lowered(args, kwargs)
     return lowered, _zeros(lowered, program, device="meta")
 
 
@@ -687,37 +628,8 @@ def _abstract(value) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(value.shape), jax.dtypes.canonicalize_dtype(mappings.t2j_dtype(value.dtype)))
 
 
-def _lowered(compiled, args, kwargs):
-    leaves, spec, static, key, live, values = _call_key(compiled, args, kwargs)
-    extras = compiled.extras
-    program = compiled.programs.get(key) or Program(
-        compiled.module,
-        compiled.__wrapped__,
-        spec,
-        static,
-        compiled.compute_dtype,
-        compiled.donate,
-        extras,
-        compiled.trace_hook,
-        live,
-        key[-2],
-        compiled.place_output,
-        compiled.build,
-    )
-    program.carried = live
-    carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
-    # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
-    dynamic = [compiled.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
-    cut = len(dynamic) if program.donate is None else program.donate
-    extra = extras.values() if extras is not None else []
-    with compiled.activate():
-        return program.without_hook_if_needed(
-            program.jitted.lower, compiled.state(), dynamic[:cut], dynamic[cut:], extra, carried_in
-        ), program
-
-
 def memory_analysis(compiled, *args, **kwargs) -> dict:
-    """XLA's memory analysis of the program ``compiled`` (from ``compiled_function``) runs for these arguments:
+    """XLA's memory analysis of the program ``compiled`` (from ``CompiledFunction``) runs for these arguments:
     bytes of arguments, outputs, outputs aliasing donated arguments, temporaries, and the resulting peak
     (arguments + outputs - aliased + temporaries)."""
     return memory_report(lower(compiled, *args, **kwargs).compile())
@@ -732,7 +644,7 @@ def lowered_zero_outputs(compiled, *args, **kwargs) -> tuple[jax.stages.Lowered,
     """The program ``compiled(*args, **kwargs)`` runs, lowered (``compiled_memory`` analyses it), and what it would
     return with host zeros for every tensor (arguments it edits in place left as they are), with no device
     allocation: ``plan`` walks stock decode code through compiled methods with them."""
-    lowered, program = _lowered(compiled, args, kwargs)
+    lowered, program = compiled.lowered(args, kwargs)
     return lowered, _zeros(lowered, program)
 
 

@@ -33,7 +33,7 @@ from torchax.ops import mappings
 
 from ..interop import backend, jit
 from ..interop.backend import jax_dtype
-from ..interop.jit import Gathered, LayerOf, expand_stacked
+from ..interop.weights import Gathered, LayerOf, expand_stacked
 from ..runtime import decision, loading, quantize, stacked_weights
 from ..runtime.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of

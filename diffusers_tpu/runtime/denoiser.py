@@ -35,7 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
-from ..interop.jit import compiled_function
+from ..interop.jit import CompiledFunction
 from . import lora, quantize, repeated_blocks, stacked_weights
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Denoiser:
         self.settings, self.place_input = settings, place_input
         self.scalings = lora.Scalings(module)
         scan = repeated_blocks.scanning if runtime.config.scan_blocks else None
-        self.whole = compiled_function(
+        self.whole = CompiledFunction(
             module,
             forward,
             state=state or self._state(""),
@@ -261,7 +261,7 @@ class Denoiser:
             stock = module.forward
         if getattr(stock, "_diffusers_tpu_unit", False):
             return id(module)  # installed before (a hook registered on top of it keeps it innermost)
-        compiled = compiled_function(
+        compiled = CompiledFunction(
             module,
             stock,
             state=self._state(f"{name}."),

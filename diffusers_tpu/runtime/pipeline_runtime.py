@@ -30,6 +30,7 @@ from . import (
     attention,
     cfg,
     decision,
+    forward_chain,
     gpu_script_calls,
     oversized_calls,
     placement,
@@ -94,6 +95,8 @@ class PipelineRuntime:
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
+        self.chains: dict[str, forward_chain.ForwardChain] = {}  # the layers around each denoiser's forward
+        self._compiled: dict = {}  # (id(module), method name) -> its CompiledFunction (``compiled_of``)
         self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
         self._last_output = None
         self._log: jit.CompileLog | None = None
@@ -313,13 +316,14 @@ class PipelineRuntime:
             self.overrides.add_undo(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
-        for entry in self.denoisers.values():
-            module = entry.module
+        for name, entry in self.denoisers.items():
+            module, chain = entry.module, self.chains[name]
             if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
-                self.overrides.set(module, "forward", self.pairing.wrap_denoiser(module, module.forward, entry.hooked))
+                chain.add(
+                    "cfg_pairing", lambda inner, m=module, e=entry: self.pairing.wrap_denoiser(m, inner, e.hooked)
+                )
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
-            # outermost: direct calls get host tensors
-            self.overrides.set(module, "forward", self.user_entry(module.forward))
+            chain.add("user_entry", self.user_entry)  # outermost: direct calls get host tensors
 
     def denoiser_entry(self, module, rules, state=None) -> Denoiser:
         """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
@@ -338,8 +342,13 @@ class PipelineRuntime:
             stacked_weights.stack(module, self.mesh, fully_shard=self.config.fully_sharded_weights)
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
-        self._install_forward(module, entry)
-        self.overrides.set(module, "forward", self._recording_output(module.forward))
+        chain = self.chains[name] = forward_chain.ForwardChain(module, self.overrides)
+        chain.add("program", lambda inner: entry, install=functools.partial(self._install_forward, module))
+        chain.add("recording", self._recording_output)
+
+    def chain_of(self, module) -> forward_chain.ForwardChain:
+        """The declared layers around a placed denoiser's ``forward`` (``forward_chain``)."""
+        return next(self.chains[name] for name, entry in self.denoisers.items() if entry.module is module)
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
@@ -366,7 +375,7 @@ class PipelineRuntime:
                 self.overrides.set(vae, name, self.user_entry(method))
 
     def vae_program_options(self) -> dict:
-        """How every VAE program compiles (``jit.compiled_function`` options): on the VAE mesh, video inputs spatially
+        """How every VAE program compiles (``jit.CompiledFunction`` options): on the VAE mesh, video inputs spatially
         sharded, and on several devices every video it returns or leaves in a feature cache too
         (``sharding.spatially``). Left free, XLA's partitioner may replicate a whole VAE program (Wan's first decode
         program, CogVideoX's decoder with its carried conv cache: every device decoding everything; ``plan`` found
@@ -385,7 +394,19 @@ class PipelineRuntime:
 
     def compiled_vae_method(self, owner, method: str, state):
         """A VAE method (``Family.vae_methods``) compiled as every VAE program is (``vae_program_options``)."""
-        return jit.compiled_function(owner, getattr(owner, method), state=state, **self.vae_program_options())
+        compiled = jit.CompiledFunction(owner, getattr(owner, method), state=state, **self.vae_program_options())
+        self._compiled[(id(owner), method)] = compiled
+        return compiled
+
+    def compiled_of(self, module, method: str = "forward") -> jit.CompiledFunction:
+        """The compiled method the runtime installed for ``module.<method>`` (a denoiser's: its whole-forward
+        program), found by name whatever wraps it."""
+        for entry in self.denoisers.values():
+            if entry.module is module and method == "forward":
+                return entry.whole
+        if (id(module), method) not in self._compiled:
+            raise KeyError(f"{type(module).__name__}.{method} is not compiled by this runtime")
+        return self._compiled[(id(module), method)]
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
         activate = functools.partial(self.active, settings)
@@ -393,6 +414,7 @@ class PipelineRuntime:
         compiled = jit.compiled_method(
             module, method, state=state, activate=activate, place_input=place_input, build=self.program_build
         )
+        self._compiled[(id(module), method)] = compiled
         self.overrides.set(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
 
     def undo(self) -> None:

@@ -43,7 +43,7 @@ def resolve(mode: str, platform: str) -> str:
 
 
 def builder(mode: str, platform: str, cache_dir: str | None = None, store=None) -> Callable:
-    """The ``jit.compiled_function(build=...)`` for a mode; ``cache_dir``: where tiered programs note that their full
+    """The ``jit.CompiledFunction(build=...)`` for a mode; ``cache_dir``: where tiered programs note that their full
     build is in the persistent cache (None: not noted, each process starts quick); ``store``: a
     ``program_store.ProgramStore`` programs load from (and what compiles is saved to)."""
     mode = resolve(mode, platform)

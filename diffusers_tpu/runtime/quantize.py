@@ -23,8 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..interop import sharding
 from ..interop.backend import jax_dtype, jax_to_host, wrap
-from ..interop.jit import Rebuilt
 from ..interop.sharding import keep_in_fp32
+from ..interop.weights import Rebuilt
 
 logger = logging.getLogger(__name__)
 

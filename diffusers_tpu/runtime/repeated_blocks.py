@@ -3,7 +3,7 @@
 A video transformer is a stack of identical blocks (Wan 30-40, CogVideoX 42, HunyuanVideo 54) that stock code
 calls in a Python loop (``for block in self.blocks: h = block(h, ...)``). Traced as it is, the program holds one copy
 of the block per layer and XLA compiles every copy: compile time grows with depth. Here the loop stays stock code;
-what changes is what the calls do while the whole forward is traced (``compile.compiled_function(trace_hook=...)``):
+what changes is what the calls do while the whole forward is traced (``compile.CompiledFunction(trace_hook=...)``):
 
 - block 0 runs as usual (it tells each output's shape);
 - blocks 1 .. N-2 return placeholders instead of computing, after checking that the call is a chain: every tensor
@@ -38,7 +38,8 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..interop.backend import to_jax_array, wrap
-from ..interop.jit import LayerOf, Retrace, gathered, materialized
+from ..interop.jit import Retrace
+from ..interop.weights import LayerOf, gathered, materialized
 
 logger = logging.getLogger(__name__)
 
@@ -420,7 +421,7 @@ def _deferring(cls: type) -> type:
 
 @contextlib.contextmanager
 def scanning(module: torch.nn.Module, raw_state: dict, prepare):
-    """``compile.compiled_function``'s ``trace_hook``: while the forward of ``module`` is traced, its block lists
+    """``jit.CompiledFunction``'s ``trace_hook``: while the forward of ``module`` is traced, its block lists
     run as described in the module docstring. Yields ``finish(out)``, which checks what the trace returns."""
     session = _Session(raw_state, prepare)
     installed = []

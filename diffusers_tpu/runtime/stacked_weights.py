@@ -31,7 +31,7 @@ from torchax.tensor import Tensor
 
 from ..interop import sharding
 from ..interop.backend import is_jax_tensor, wrap
-from ..interop.jit import Gathered, Stacked
+from ..interop.weights import Gathered, Stacked
 from . import repeated_blocks
 
 

@@ -78,7 +78,7 @@ def _on_jax(model, implementation="splash_exp2", dtype=None):
         stack.enter_context(attention.use(settings))
         return stack
 
-    return jit.compiled_function(
+    return jit.CompiledFunction(
         model,
         lambda x, t, e, cache, offset: model(x, t, e, kv_cache=cache, frame_offset=offset, write_cache=True),
         state=lambda: weights,
@@ -131,7 +131,7 @@ def test_bf16_cache_path():
         stack.enter_context(attention.use(attention.AttentionSettings(None, "xla")))
         return stack
 
-    full = jit.compiled_function(
+    full = jit.CompiledFunction(
         model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, activate=active
     )
     reference = pipeline_runtime.to_host(full(xb, t, textb)).float()

@@ -41,7 +41,7 @@ def stock():
 
 def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
-    compiled = compiled_method(pipe.transformer.forward)
+    compiled = compiled_method(pipe, pipe.transformer)
     calls, call = [], jit.Program.__call__
     jit.Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
         calls.append((self, state, dynamic)) or call(self, state, dynamic, extra, carried)
@@ -67,7 +67,7 @@ def test_no_dense_attention_mask_in_the_traced_program(stock):
         blocks = pipe.transformer.transformer_blocks
         for block in blocks:
             vars(block.attn)["processor"] = HunyuanVideo15AttnProcessor2_0()
-        compiled_method(pipe.transformer.forward).programs.clear()
+        compiled_method(pipe, pipe.transformer).programs.clear()
         assert (1, 1, seq, seq) in _traced_shapes(pipe)
     finally:
         pipe.to("cpu")
@@ -164,7 +164,7 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
 
     for mode in ("mask", "zero_kv"):
         processor = hunyuan_video15.KeyMaskProcessor(mode)
-        run = jit.compiled_function(
+        run = jit.CompiledFunction(
             attn, lambda h, e, m: processor(attn, h, e, attention_mask=m), state=lambda: weights, activate=active
         )
         got = pipeline_runtime.to_host(run(video, text, mask))

@@ -90,11 +90,11 @@ def on_jax_device(run):
 
 
 def cogvideox_vae_programs(run):  # the conv cache: first chunk, later chunks, whatever the frame count
-    assert len(compiled_method(run.pipe.vae.decoder.forward).programs) == 2
+    assert len(compiled_method(run.pipe, run.pipe.vae.decoder).programs) == 2
 
 
 def one_hunyuan15_program(run):  # cond and uncond (different padded lengths) share one program
-    assert np.isfinite(run.moved.frames).all() and len(compiled_method(run.pipe.transformer.forward).programs) == 1
+    assert np.isfinite(run.moved.frames).all() and len(compiled_method(run.pipe, run.pipe.transformer).programs) == 1
 
 
 def ltx2_soundtrack(run):  # the soundtrack too, as a host tensor

@@ -7,6 +7,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import jit
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, assert_np_matches, generate
 
@@ -21,7 +22,7 @@ def test_second_identical_call_compiles_nothing():
     assert diffusers_tpu.stats(pipe).compilations == 0
     np.testing.assert_array_equal(first, second)
     # the transformer program is shared by all steps: one program per input structure
-    assert len(_compiled(pipe.transformer).programs) == 1
+    assert len(_compiled(pipe).programs) == 1
 
 
 def test_weights_are_torchax_tensors_with_named_sharding():
@@ -72,11 +73,9 @@ def test_single_prompt_without_guidance_and_several_videos_per_prompt():
         assert_np_matches(generate(pipe, output_type="np", **call), ref)
 
 
-def _compiled(module):
-    forward = vars(module)["forward"]
-    while not hasattr(forward, "programs"):
-        forward = forward.__wrapped__
-    return forward
+def _compiled(pipe):
+    """A placed transformer's compiled program, found by its layer's name."""
+    return pipeline_runtime.runtime_of(pipe).chain_of(pipe.transformer).get("program").whole
 
 
 def test_cfg_pair_runs_as_one_batch():
@@ -85,7 +84,7 @@ def test_cfg_pair_runs_as_one_batch():
     pipe.to("jax", config=diffusers_tpu.TPUConfig(batch_cfg=True))
     generate(pipe, output_type="np")  # compile
     batches = []
-    for program in _compiled(pipe.transformer).programs.values():
+    for program in _compiled(pipe).programs.values():
         executable = program.executable
         program.executable = lambda state, dynamic, donated, extra, *carried, _e=executable: (
             batches.append(dynamic[0].shape[0]) or _e(state, dynamic, donated, extra, *carried)

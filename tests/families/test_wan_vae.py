@@ -28,7 +28,7 @@ def unchunked(pipe, method):
     """The stock ``_decode`` / ``_encode`` (frame loop in Python) compiled whole, on the same placed weights."""
     attached = pipeline_runtime.runtime_of(pipe)
     vae = pipe.vae
-    return jit.compiled_function(
+    return jit.CompiledFunction(
         vae,
         functools.partial(getattr(type(vae), method), vae),
         state=lambda: {s.qualified: sharding.tensor_of(s).jax() for s in vae._diffusers_tpu_placement},

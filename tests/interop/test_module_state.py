@@ -56,7 +56,7 @@ def active():
 
 def on_jax(module):
     weights = {name: backend.host_to_jax(value.detach()) for name, value in module.named_parameters()}
-    return jit.compiled_function(module, module.forward, state=lambda: weights, activate=active)
+    return jit.CompiledFunction(module, module.forward, state=lambda: weights, activate=active)
 
 
 def test_state_between_calls_is_carried_and_a_cache_is_not():
@@ -149,10 +149,8 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     weights.update({name: backend.host_to_jax(value.detach()) for name, value in vae.decoder.named_buffers()})
     post_weights = {name: backend.host_to_jax(value.detach()) for name, value in vae.post_quant_conv.named_parameters()}
 
-    vae.decoder.forward = jit.compiled_function(
-        vae.decoder, vae.decoder.forward, state=lambda: weights, activate=active
-    )
-    vae.post_quant_conv.forward = jit.compiled_function(
+    vae.decoder.forward = jit.CompiledFunction(vae.decoder, vae.decoder.forward, state=lambda: weights, activate=active)
+    vae.post_quant_conv.forward = jit.CompiledFunction(
         vae.post_quant_conv, vae.post_quant_conv.forward, state=lambda: post_weights, activate=active
     )
     with torch.no_grad(), backend.jax_mode():

@@ -8,6 +8,7 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
 from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import call_probe, chips, plan
+from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny, tiny_unet
 
 CALL = dict(
@@ -258,7 +259,8 @@ def runtime_decoder_memory(pipe, call) -> list[dict]:
     vars(decoder)["forward"] = recorded
     try:
         pipe(**call, generator=torch.Generator().manual_seed(0))
-        return [jit.memory_analysis(guarded.__wrapped__, *args, **kwargs) for args, kwargs in seen.values()]
+        compiled = pipeline_runtime.runtime_of(pipe).compiled_of(decoder)  # the decoder's program, found by name
+        return [jit.memory_analysis(compiled, *args, **kwargs) for args, kwargs in seen.values()]
     finally:
         vars(decoder)["forward"] = guarded
         pipe.to("cpu")
@@ -291,9 +293,7 @@ def test_plan_reports_the_runtime_text_encoder_programs():
     actual = []
     for name in ("text_encoder", "text_encoder_2"):
         module = getattr(pipe, name)
-        compiled, outer = module.forward, module.forward
-        while not hasattr(compiled, "programs"):  # the runtime's compiled program under its wrappers
-            compiled = compiled.__wrapped__
+        compiled, outer = pipeline_runtime.runtime_of(pipe).compiled_of(module), module.forward  # found by name
         calls = []
 
         def recorded(*args, _calls=calls, _outer=outer, **kwargs):

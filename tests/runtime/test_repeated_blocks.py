@@ -88,7 +88,7 @@ def on_jax(model, scan=True):
         stack.enter_context(attention.use(attention.SAFE))
         return stack
 
-    return jit.compiled_function(
+    return jit.CompiledFunction(
         model,
         model.forward,
         state=lambda: weights,

@@ -155,7 +155,7 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     other weights shrink too) (the compiled step's
     arguments shrink), and the layer loop gathers each layer's weights (all-gathers in its body)."""
     from diffusers_tpu.interop.backend import Target, build_mesh
-    from diffusers_tpu.interop.jit import Gathered, Stacked
+    from diffusers_tpu.interop.weights import Gathered, Stacked
     from diffusers_tpu.planner import plan
     from diffusers_tpu.runtime import decision
 
