@@ -147,6 +147,8 @@ def start_denoiser_memory(
     ``hlo_stats.summary``, which holds the same keys)."""
 
     analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
+    if tpu_compiler.is_tpu(devices):  # minutes for some programs: say which, and for how long
+        analyse = tpu_compiler.announced(analyse)
     submit = (
         (lambda lowered: compiler.submit(analyse, lowered))
         if compiler is not None
@@ -166,6 +168,8 @@ def start_denoiser_memory(
         args, kwargs = pytree.tree_map(lambda value: call_probe.concrete(value, batch), (args, kwargs))
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
         lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
+        for number, (program, _) in enumerate(lowered):
+            program.label = "the denoiser step" + (f" (pass {number + 1})" if len(lowered) > 1 else "")
         pending = [submit(program) for program, _ in lowered]
         if vae and config.text_encoder == "jax":
             extra["text_encoders"] = program_memory.text_encoder_started(

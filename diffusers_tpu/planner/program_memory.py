@@ -35,10 +35,13 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     batch, channels, frames, height, width = latent_shape
     head = torch.zeros(batch, channels, min(frames, wan_vae.FIRST_FRAMES), height, width)
     first, (_, cache) = jit.lowered_output_shapes(programs["decode_first"], head)
+    first.label = "the VAE decode of frame 0"
     pending = {"decode_first": submit(first)}
     if frames > wan_vae.FIRST_FRAMES:
         body = torch.zeros(batch, channels, chunk, height, width)
-        pending["decode_chunk"] = submit(jit.lower(programs["decode_chunk"], body, cache))
+        rest = jit.lower(programs["decode_chunk"], body, cache)
+        rest.label = "the VAE decode chunk"
+        pending["decode_chunk"] = submit(rest)
 
     def finish() -> dict:
         report = {name: future.result() for name, future in pending.items()}
@@ -133,6 +136,7 @@ def _zero_answers(compiled, programs: dict, submit=None):
         key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
         if key not in programs:
             lowered, out = jit.lowered_zero_outputs(compiled, *args, **kwargs)
+            lowered.label = f"{type(compiled.module).__name__}.{compiled.name}"
             programs[key] = ((submit or compiled_now)(lowered), out)
         return programs[key][1]
 

@@ -18,6 +18,8 @@ import importlib.util
 import json
 import os
 import re
+import threading
+import time
 
 import jax
 from jax.experimental import topologies
@@ -189,3 +191,29 @@ def remembered(analyse, devices, directory: str | None):
         return report
 
     return cached
+
+
+def announced(analyse, every: float = 30.0):
+    """``analyse`` saying what the TPU compiler is doing: a long compile (over ``every`` seconds) prints which
+    program it is (``lowered.label``, its build's tier) and for how long so far, then when it is done."""
+
+    def run(lowered):
+        label = getattr(lowered, "label", None) or "a program"
+        tier = getattr(lowered, "tier", None)
+        name = f"{label} [{tier}]" if tier else label
+        done, start = threading.Event(), time.perf_counter()
+
+        def beat():
+            while not done.wait(every):
+                print(f"  the TPU compiler is still compiling {name} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+        threading.Thread(target=beat, daemon=True).start()
+        try:
+            return analyse(lowered)
+        finally:
+            done.set()
+            seconds = time.perf_counter() - start
+            if seconds >= every:
+                print(f"  compiled {name} in {seconds:.0f} s", flush=True)
+
+    return run

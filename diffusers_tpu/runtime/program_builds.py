@@ -84,6 +84,7 @@ class BuildOf:
 
     def __init__(self, lowered, options: dict, tier: str):
         self.lowered, self.options, self.tier = lowered, dict(options), tier
+        self.label = getattr(lowered, "label", None)  # what it is, for progress lines
 
     def compile(self, compiler_options: dict | None = None):
         return self.lowered.compile({**self.options, **(compiler_options or {})} or None)

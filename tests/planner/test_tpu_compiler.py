@@ -295,3 +295,21 @@ def test_plan_step_through_the_tpu_compiler_and_its_refusal(tmp_path):
     finally:
         plan.start_denoiser_memory = original
     assert row["fits"] is False and row["refused"].startswith("RESOURCE_EXHAUSTED") and "\n" not in row["refused"]
+
+
+def test_a_long_compile_says_which_program_and_for_how_long(capsys):
+    import time
+    import types
+
+    def slow(lowered):
+        time.sleep(0.35)
+        return {"peak_bytes": 1}
+
+    lowered = types.SimpleNamespace(label="the VAE decode chunk", tier="quick")
+    assert tpu_compiler.announced(slow, every=0.1)(lowered) == {"peak_bytes": 1}
+    out = capsys.readouterr().out
+    assert (
+        "still compiling the VAE decode chunk [quick] (0 s)" in out
+        and "compiled the VAE decode chunk [quick] in" in out
+    )
+    assert tpu_compiler.announced(lambda lowered: 1, every=5)(lowered) == 1 and capsys.readouterr().out == ""
