@@ -347,8 +347,15 @@ class PipelineRuntime:
         chain.add("recording", self._recording_output)
 
     def chain_of(self, module) -> forward_chain.ForwardChain:
-        """The declared layers around a placed denoiser's ``forward`` (``forward_chain``)."""
-        return next(self.chains[name] for name, entry in self.denoisers.items() if entry.module is module)
+        """The declared layers around a denoiser's ``forward`` (``forward_chain``); for one the runtime has not
+        placed (``plan``'s probe of the stock call), a chain of its own from here on."""
+        for name, entry in self.denoisers.items():
+            if entry.module is module:
+                return self.chains[name]
+        key = f"unplaced {id(module)}"
+        if key not in self.chains:
+            self.chains[key] = forward_chain.ForwardChain(module, self.overrides)
+        return self.chains[key]
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
