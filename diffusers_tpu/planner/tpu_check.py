@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from ..interop import jit
 from ..runtime.config import TPUConfig
+from ..runtime.denoiser import TRACE_ERRORS
 from ..runtime.registry import family_of
 from . import call_probe, lowering, plan, program_memory, tpu_compiler
 
@@ -129,7 +130,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
         try:
             lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
             results["denoiser_step"] = analyse(lowered)
-        except denoiser.TRACE_ERRORS as error:  # the runtime runs such a forward eagerly, its parts as units
+        except TRACE_ERRORS as error:  # the runtime runs such a forward eagerly, its parts as units
             results["denoiser_step"] = {"eager": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         vae = getattr(pipe, "vae", None) if vae else None
         # each VAE program analysed as the runtime builds it (TPUConfig.vae_compile)
