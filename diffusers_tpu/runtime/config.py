@@ -18,6 +18,7 @@ TEXT_ENCODER_PLACEMENTS = ("auto", "host", "jax")
 TEXT_PADDING_MODES = ("mask", "zero_kv")
 MATMUL_PRECISIONS = ("highest", "high", "default")
 VAE_COMPILE_MODES = ("auto", "quick", "full", "tiered")  # (runtime.program_builds reads them)
+CONFIG_ENV = "DIFFUSERS_TPU_CONFIG"  # ``field=value,...``: the config of a ``pipe.to("tpu")`` that passes none
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "diffusers_tpu", "jax"
 )
@@ -240,3 +241,48 @@ class TPUConfig:
         if self.compile_cache_dir is None:
             return os.environ.get("DIFFUSERS_TPU_CACHE_DIR") or DEFAULT_CACHE_DIR
         return os.fspath(self.compile_cache_dir)
+
+    @classmethod
+    def from_environment(cls) -> TPUConfig:
+        """The config ``pipe.to("tpu")`` uses when the call passes none: the defaults, with the fields that
+        ``$DIFFUSERS_TPU_CONFIG`` sets (``text_encoder=jax,vae_compile=full``), so an unchanged script (or a test
+        suite) can be tuned from outside. Fields whose value is a word, a number or a bool only."""
+        text = os.environ.get(CONFIG_ENV, "").strip()
+        if not text:
+            return cls()
+        settings = _parse_settings(text)
+        try:
+            return cls(**settings)
+        except ValueError as error:
+            raise ValueError(f"{CONFIG_ENV}={text!r}: {error}") from None
+
+
+def _parse_settings(text: str) -> dict:
+    simple = {
+        f.name: f.default for f in dataclasses.fields(TPUConfig) if isinstance(f.default, (str, bool, int, type(None)))
+    }
+    simple = {name: default for name, default in simple.items() if name not in _NOT_FROM_TEXT}
+    settings = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or name not in simple:
+            raise ValueError(
+                f"{CONFIG_ENV}={text!r}: {item!r} is not field=value of a TPUConfig field that takes a word, number or "
+                f"bool ({', '.join(sorted(simple))}); set the others with pipe.to('tpu', config=TPUConfig(...))."
+            )
+        default = simple[name]
+        if value.lower() in ("none", "null") and not isinstance(default, bool):
+            settings[name] = None
+        elif isinstance(default, bool) or value.lower() in ("true", "false"):
+            settings[name] = {"true": True, "false": False}.get(value.lower(), value)
+        elif isinstance(default, int):
+            settings[name] = int(value) if value.lstrip("-").isdigit() else value
+        else:
+            settings[name] = value
+    return settings
+
+
+# fields a word cannot state (they take objects: a mesh, dtypes, block sizes)
+_NOT_FROM_TEXT = frozenset(
+    {"mesh", "attention_block_sizes", "dtype", "component_dtypes", "vae_dtype", "vae_weights_dtype", "scheduler_dtype"}
+)

@@ -87,10 +87,9 @@ def _pipeline_to(stock_to):
                 "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
                 "pipe.to('jax', config=...)."
             )
-        if pipeline_runtime.is_attached(self):
-            if _is_dtype_only(args, kwargs):
-                return pipeline_runtime.cast(self, _dtype_of(args, kwargs))
-            pipeline_runtime.detach(self)
+        if pipeline_runtime.is_attached(self) and _is_dtype_only(args, kwargs):
+            return pipeline_runtime.cast(self, _dtype_of(args, kwargs))
+        pipeline_runtime.leave_jax(self)
         return stock_to(self, *args, **kwargs)
 
     return to
@@ -110,7 +109,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
     def make(stock_call):
         @functools.wraps(stock_call)
         def __call__(self, *args, **kwargs):
-            attached = pipeline_runtime.runtime_of(self)
+            attached = pipeline_runtime.for_call(self)
             if attached is None:
                 return stock_call(self, *args, **kwargs)
             return attached.run_pipeline_call(stock_call, self, args, kwargs)

@@ -39,6 +39,7 @@ from . import (
     program_store,
     quantize,
     schedulers,
+    shared_components,
     stacked_weights,
     stock_on_host,
     support,
@@ -81,6 +82,7 @@ class PipelineRuntime:
         # The VAE runs on its own mesh over the same devices: a redundant batch axis x a spatial axis.
         self.vae_mesh = backend.build_mesh(decided.vae_mesh_shape, list(mesh.devices.flat))
         self.user_dtype = user_dtype
+        self.moved_with = (target.requested, config, user_dtype)  # how to move it again (``shared_components``)
         self.attention = attention.AttentionSettings(
             mesh,
             config.attention_for(target.platform),
@@ -261,6 +263,7 @@ class PipelineRuntime:
             if quantized:
                 quantize.quantize_placed(module, slots, originals, self.config.quantize)
             self.overrides.add_undo(functools.partial(sharding.restore, module))
+            self.overrides.add_undo(shared_components.claim(self, module))
             self.overrides.set(module, "state_dict", stock_on_host.host_state_dict(module.state_dict, module))
             gpu_script_calls.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
@@ -290,6 +293,7 @@ class PipelineRuntime:
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
+            self.overrides.add_undo(shared_components.claim(self, module))
             self.overrides.set(module, "forward", stock_on_host.on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
@@ -478,7 +482,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     """Validate, then place ``pipe`` on JAX. Raises before anything moves when something is wrong."""
     if config is not None and not isinstance(config, TPUConfig):
         raise ValueError(f"config must be a diffusers_tpu.TPUConfig, got {type(config).__name__}.")
-    config = config or TPUConfig()
+    config = config or TPUConfig.from_environment()
     family = family_of(pipe)
     support.check(pipe, family.name)
     target = backend.resolve_target(kind)
@@ -488,6 +492,9 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     devices = backend.devices_for(target)
     if current is not None:
         detach(pipe)  # re-placing with another config starts from the torch pipeline
+    for owner in shared_components.other_owners(pipe, current):
+        shared_components.hand_over(owner, pipe, detach)
+    shared_components.forget(pipe)
     # offload hooks, torch.compile wrappers (undone on failure/detach)
     prepared = gpu_script_calls.prepare_components(pipe)
     try:
@@ -516,6 +523,38 @@ def detach(pipe) -> None:
     runtime = vars(pipe).pop(_ATTR, None)
     if runtime is not None:
         runtime.undo()
+
+
+def for_call(pipe) -> PipelineRuntime | None:
+    """The runtime a call of ``pipe`` runs in: its own, or, when it handed its components to another pipeline
+    (``shared_components``), a new one that takes them back as it was moved."""
+    runtime = runtime_of(pipe)
+    how = shared_components.how_moved(pipe) if runtime is None else None
+    if how is None:
+        held = shared_components.held_elsewhere(pipe) if runtime is None else []
+        if held:
+            raise ValueError(
+                f"{', '.join(held)} of this {type(pipe).__name__} are on JAX for another pipeline that shares them, "
+                "so plain torch cannot run it: move this pipeline there too (pipe.to('tpu') or pipe.to('jax')), or "
+                "move the other one to 'cpu' first."
+            )
+        return runtime
+    kind, config, dtype = how
+    attach(pipe, kind, config=config, dtype=dtype)
+    return runtime_of(pipe)
+
+
+def leave_jax(pipe) -> None:
+    """``pipe.to("cpu")``: detach it; a pipeline whose components another pipeline holds on JAX cannot take them
+    to the host under that one: a clear error first."""
+    detach(pipe)
+    shared_components.forget(pipe)
+    held = shared_components.held_elsewhere(pipe)
+    if held:
+        raise ValueError(
+            f"{', '.join(held)} of this {type(pipe).__name__} are on JAX for another pipeline that shares them; move "
+            "that pipeline to 'cpu' first (or call this one, which takes them back on JAX)."
+        )
 
 
 def cast(pipe, dtype: torch.dtype):

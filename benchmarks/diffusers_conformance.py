@@ -1,0 +1,174 @@
+"""diffusers' own pipeline tests, run where they are (a diffusers checkout), on stock torch CPU and on the JAX
+device: per test, the stock result, the JAX result and the reason. The table in docs/conformance.md comes from it.
+
+    git clone --depth 1 -b v0.40.0 https://github.com/huggingface/diffusers /tmp/diffusers
+    python benchmarks/diffusers_conformance.py /tmp/diffusers                    # every supported family's files
+    python benchmarks/diffusers_conformance.py /tmp/diffusers --files wan/test_wan.py --devices cpu jax jax-mesh
+
+Offline: Hub-only test models are answered by ``benchmarks/diffusers_standins.py`` (a pytest plugin). The tests run
+against the *installed* diffusers unless the checkout has ``src/diffusers`` (its ``tests/conftest.py`` puts ``src``
+first on the path); the header names the version each run imported. ``jax-mesh`` is the JAX device with 8 simulated
+host devices (``pipe.to("jax")`` shards over all of them). Each (file, device) runs in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# the pipeline test folders of every family the project supports (tests/pipelines/<folder>)
+FAMILIES = (
+    "wan",
+    "cogvideo",
+    "hunyuan_video",
+    "hunyuan_video1_5",
+    "ltx",
+    "ltx2",
+    "skyreels_v2",
+    "flux",
+    "qwenimage",
+    "z_image",
+    "latte",
+    "mochi",
+    "easyanimate",
+    "stable_diffusion",
+    "stable_diffusion_xl",
+    "stable_video_diffusion",
+    "animatediff",
+)
+DEVICES = {
+    "cpu": dict(DIFFUSERS_TEST_DEVICE="cpu", DIFFUSERS_CONFORMANCE_BACKEND="cpu"),
+    "jax": dict(DIFFUSERS_TEST_DEVICE="jax", DIFFUSERS_CONFORMANCE_BACKEND="jax"),
+    "jax-mesh": dict(
+        DIFFUSERS_TEST_DEVICE="jax",
+        DIFFUSERS_CONFORMANCE_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    ),
+}
+
+
+def test_files(checkout: Path, chosen: list[str] | None) -> list[Path]:
+    pipelines = checkout / "tests" / "pipelines"
+    if not pipelines.is_dir():
+        raise SystemExit(f"{checkout} is not a diffusers checkout: no tests/pipelines folder")
+    if chosen:
+        files = [pipelines / name for name in chosen]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise SystemExit(f"no such test file: {', '.join(missing)}")
+        return files
+    return [f for family in FAMILIES for f in sorted((pipelines / family).glob("test_*.py"))]
+
+
+def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: float) -> dict:
+    """``{test id: (outcome, reason)}`` of one file on one device, from pytest's JUnit report."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.xml"
+        env = {
+            **os.environ,
+            **DEVICES[device],
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(file.relative_to(checkout)),
+            "-p",
+            "benchmarks.diffusers_standins",
+        ]
+        command += ["-p", "no:cacheprovider", "-o", "addopts=", "-q", f"--junitxml={report}", *extra]
+        print(f"  {file.relative_to(checkout / 'tests' / 'pipelines')} on {device} ...", flush=True)
+        try:
+            done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"(file)": ("error", f"timed out after {timeout:.0f} s")}
+        if not report.exists():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+            return {"(file)": ("error", f"pytest exited {done.returncode}: {tail[0][:200]}")}
+        return parse(report)
+
+
+def parse(report: Path) -> dict:
+    results = {}
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        outcome, reason = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                reason = (found.get("message") or found.text or "").strip().splitlines()
+                reason = reason[0][:240] if reason else ""
+                break
+        results[name] = (outcome, reason)
+    return results
+
+
+def table(per_file: dict, devices: list[str]) -> list[str]:
+    lines = ["| test | " + " | ".join(devices) + " | reason (first device that differs from cpu) |"]
+    lines.append("|---|" + "---|" * len(devices) + "---|")
+    for file, results in per_file.items():
+        names = sorted({name for result in results.values() for name in result})
+        for name in names:
+            outcomes = [results[d].get(name, ("—", "")) for d in devices]
+            stock = outcomes[0][0]
+            reason = next(
+                (r for (o, r) in outcomes[1:] if o != stock and r), outcomes[0][1] if stock != "passed" else ""
+            )
+            cells = " | ".join(o for o, _ in outcomes)
+            lines.append(f"| {file}::{name} | {cells} | {reason.replace('|', '/')} |")
+    return lines
+
+
+def summary(per_file: dict, devices: list[str]) -> list[str]:
+    """Per JAX device: the tests that pass on stock cpu and not there, and the tests stock skips on cpu (they need an
+    accelerator) that do not pass there."""
+    lines = []
+    for device in devices[1:]:
+        for label, stock_outcome in (("pass on stock cpu", "passed"), ("stock skips on cpu", "skipped")):
+            missing = [
+                f"{file}::{name}: {results[device].get(name, ('missing', ''))[1]}"
+                for file, results in per_file.items()
+                for name, (outcome, _) in results["cpu"].items()
+                if outcome == stock_outcome and results[device].get(name, ("missing", ""))[0] != "passed"
+            ]
+            lines.append(f"{device}: {len(missing)} tests that {label} do not pass here")
+            lines += [f"  {line}" for line in missing]
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", type=Path, help="a diffusers checkout (its tests/ folder is what runs)")
+    parser.add_argument("--files", nargs="*", help="test files under tests/pipelines (default: every supported family)")
+    parser.add_argument("--devices", nargs="*", default=["cpu", "jax"], choices=list(DEVICES))
+    parser.add_argument("--markdown", type=Path, help="also write the table here (atomically)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per (file, device) run")
+    parser.add_argument("-k", dest="keyword", help="only the tests pytest's -k expression selects")
+    args = parser.parse_args(argv)
+    devices = ["cpu", *[d for d in args.devices if d != "cpu"]]
+    checkout = args.checkout.resolve()
+    per_file = {}
+    for file in test_files(checkout, args.files):
+        label = str(file.relative_to(checkout / "tests" / "pipelines"))
+        extra = ["-k", args.keyword] if args.keyword else []
+        per_file[label] = {device: run(checkout, file, device, extra, args.timeout) for device in devices}
+    lines = table(per_file, devices)
+    print("\n".join(lines))
+    print("\n".join(summary(per_file, devices)))
+    if args.markdown:
+        temporary = args.markdown.with_suffix(".partial")
+        temporary.write_text("\n".join(lines) + "\n")
+        temporary.replace(args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""A pytest plugin for running diffusers' own tests offline, on stock torch or on the JAX device: Hub-only test
+models are answered by local stand-ins of the same shape, built by the project's code (no download, no remote
+code). Loaded by ``benchmarks/diffusers_conformance.py`` (``-p benchmarks.diffusers_standins``).
+
+``DIFFUSERS_CONFORMANCE_BACKEND=jax`` imports ``diffusers_tpu`` before any test (the JAX device then exists);
+anything else leaves diffusers stock. Stand-ins differ from the Hub files in values (a tiny random T5's weights,
+a character tokenizer): a test asserting the Hub model's exact outputs (``test_inference``'s expected slices) fails
+on both devices alike, which the conformance table shows as such.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKEND = os.environ.get("DIFFUSERS_CONFORMANCE_BACKEND", "cpu")
+
+# the configurations of the Hub's tiny test models, as published (values, not files)
+TINY_RANDOM_T5 = dict(
+    d_model=32,
+    d_ff=37,
+    d_kv=8,
+    num_heads=4,
+    num_layers=5,
+    num_decoder_layers=5,
+    vocab_size=1103,
+    relative_attention_num_buckets=8,
+    dropout_rate=0.1,
+    feed_forward_proj="relu",
+    is_encoder_decoder=True,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
+)
+TINY_RANDOM_SIGLIP = dict(
+    hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, image_size=30, patch_size=2
+)
+
+
+def _tokenizer(model_max_length: int):
+    from diffusers_tpu.planner.standins import char_tokenizer
+
+    return char_tokenizer(model_max_length=model_max_length)
+
+
+def _seeded(build):
+    """``build()`` under seed 0 without moving the caller's global RNG (tests seed around their loads)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return build()
+
+
+def _t5_config():
+    from transformers import T5Config
+
+    return T5Config(**TINY_RANDOM_T5)
+
+
+def _t5_model(cls):
+    config = _t5_config()
+    return _seeded(lambda: cls(config).eval())
+
+
+def _siglip(cls):
+    from transformers import SiglipVisionConfig
+
+    return _seeded(lambda: cls(SiglipVisionConfig(**TINY_RANDOM_SIGLIP)).eval())
+
+
+# repository -> what each kind of load answers with
+STANDINS = {
+    "hf-internal-testing/tiny-random-t5": {
+        "config": _t5_config,
+        "tokenizer": lambda: _tokenizer(512),
+        "model": _t5_model,
+    },
+    "hf-internal-testing/tiny-random-clip": {"tokenizer": lambda: _tokenizer(77)},
+    "hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration": {"tokenizer": lambda: _tokenizer(1024)},
+    "finetrainers/dummy-hunyaunvideo": {"tokenizer": lambda: _tokenizer(256)},
+    "hf-internal-testing/tiny-random-SiglipVisionModel": {"model": _siglip},
+}
+
+
+def _answer(kind: str, original, cls, name, args, kwargs):
+    standin = STANDINS.get(str(name), {}).get(kind)
+    if standin is None:
+        return original(cls, name, *args, **kwargs)
+    return standin(cls) if kind == "model" else standin()
+
+
+def _patch(owner, kind: str) -> None:
+    original = owner.from_pretrained.__func__
+
+    @functools.wraps(original)
+    def from_pretrained(cls, name, *args, **kwargs):
+        return _answer(kind, original, cls, name, args, kwargs)
+
+    owner.from_pretrained = classmethod(from_pretrained)
+
+
+if BACKEND == "jax":  # at import, before the checkout's conftest reads DIFFUSERS_TEST_DEVICE
+    import diffusers_tpu
+
+    diffusers_tpu.activate()
+
+
+def pytest_configure(config):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    _patch(transformers.AutoConfig, "config")
+    _patch(transformers.PretrainedConfig, "config")
+    _patch(transformers.AutoTokenizer, "tokenizer")
+    _patch(transformers.PreTrainedTokenizerBase, "tokenizer")
+    _patch(transformers.PreTrainedModel, "model")
+
+
+def pytest_report_header(config):
+    import diffusers
+
+    return f"diffusers {diffusers.__version__} from {os.path.dirname(diffusers.__file__)}; backend {BACKEND}"

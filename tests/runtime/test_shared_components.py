@@ -1,0 +1,87 @@
+"""Pipelines that share components on JAX (``runtime.shared_components``): diffusers' ``Other(**pipe.components)``
+idiom, and ``encode_prompt`` in a text-only pipeline beside a pipeline without text encoders (diffusers' own
+``test_encode_prompt_works_in_isolation``); and ``$DIFFUSERS_TPU_CONFIG``, the config of an unchanged script."""
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.interop import sharding
+from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.testing import tiny
+
+CALL = dict(num_inference_steps=2, height=32, width=32, num_frames=5, output_type="np")
+PROMPTS = dict(prompt=["a cat walks", "a red fox jumps over the dog"], negative_prompt=["blurry", "low quality"])
+
+
+def run(pipe, **extra):
+    return pipe(**CALL, **extra, generator=torch.Generator().manual_seed(0)).frames
+
+
+def test_pipelines_built_from_one_anothers_components_take_them_over_and_back():
+    stock = tiny.wan_pipeline()
+    reference = run(stock, **PROMPTS)
+    text_only = diffusers.WanPipeline(**{**stock.components, "transformer": None, "vae": None}).to("jax")
+    embeds, negative = text_only.encode_prompt(**PROMPTS)
+    with pytest.raises(ValueError, match="text_encoder of this WanPipeline are on JAX for another pipeline"):
+        run(stock, **PROMPTS)  # plain torch cannot run what JAX holds: said before anything runs
+    stock_embeds = run(
+        diffusers.WanPipeline(**{**stock.components, "text_encoder": None}),
+        prompt_embeds=embeds,
+        negative_prompt_embeds=negative,
+    )
+    no_text = diffusers.WanPipeline(**{**stock.components, "text_encoder": None, "tokenizer": None}).to("jax")
+    np.testing.assert_allclose(
+        run(no_text, prompt_embeds=embeds, negative_prompt_embeds=negative), stock_embeds, atol=1e-5
+    )
+
+    full = diffusers.WanPipeline(**stock.components).to("jax")  # holds what the other two placed
+    assert pipeline_runtime.runtime_of(no_text) is None and pipeline_runtime.runtime_of(text_only) is None
+    np.testing.assert_allclose(run(full, **PROMPTS), reference, atol=1e-5)
+
+    # the pipeline that gave its components away takes them back on its next call, as it was moved
+    np.testing.assert_allclose(
+        run(no_text, prompt_embeds=embeds, negative_prompt_embeds=negative), stock_embeds, atol=1e-5
+    )
+    assert pipeline_runtime.runtime_of(full) is None and sharding.is_placed(no_text.transformer)
+
+    # a pipeline cannot take to the host what another holds on JAX: the error says what to do, and doing it works
+    with pytest.raises(ValueError, match="move that pipeline to 'cpu' first") as refused:
+        full.to("cpu")
+    assert "transformer" in str(refused.value) and "vae" in str(refused.value)
+    no_text.to("cpu")
+    full.to("cpu")
+    assert all(p.device.type == "cpu" for p in stock.transformer.parameters())
+    np.testing.assert_array_equal(run(stock, **PROMPTS), reference)
+
+
+def test_the_environment_sets_the_config_of_a_move_that_passes_none(monkeypatch):
+    monkeypatch.setenv("DIFFUSERS_TPU_CONFIG", "text_encoder=jax, scan_blocks=false, vae_decode_chunk=2")
+    assert TPUConfig.from_environment() == TPUConfig(text_encoder="jax", scan_blocks=False, vae_decode_chunk=2)
+    pipe = tiny.wan_pipeline().to("jax")
+    try:
+        assert pipeline_runtime.runtime_of(pipe).config.text_encoder == "jax"
+        assert pipe.text_encoder.device.type == "jax" and pipe.transformer.device.type == "jax"
+        assert pipe.to("jax", config=TPUConfig()) is pipe  # a config in code wins
+        assert pipeline_runtime.runtime_of(pipe).config == TPUConfig()
+    finally:
+        pipe.to("cpu")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("mesh=2", "set the others with pipe.to('tpu', config=TPUConfig(...))"),
+        ("text_encoder", "is not field=value"),
+        ("text_encoder=gpu", "DIFFUSERS_TPU_CONFIG='text_encoder=gpu': TPUConfig(text_encoder='gpu') must be one of"),
+        ("scan_blocks=maybe", "must be a bool"),
+    ],
+)
+def test_a_bad_environment_config_is_refused_before_anything_moves(monkeypatch, text, message):
+    monkeypatch.setenv("DIFFUSERS_TPU_CONFIG", text)
+    pipe = tiny.wan_pipeline()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("...", r"\.\.\.")):
+        pipe.to("jax")
+    assert pipeline_runtime.runtime_of(pipe) is None and not sharding.is_placed(pipe.transformer)
