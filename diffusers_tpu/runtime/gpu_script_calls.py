@@ -1,7 +1,8 @@
 """GPU-script calls that mean something else on a TPU: each gets a defined behaviour (docs/porting.md).
 
-- ``enable_model_cpu_offload(device="tpu")`` / ``enable_sequential_cpu_offload(device="tpu")``: ``pipe.to("tpu")``
-  (weights sharded over the mesh instead of offloaded), one warning;
+- ``enable_model_cpu_offload(device="tpu")``: model offload on JAX (``model_offload``);
+- ``enable_sequential_cpu_offload(device="tpu")``: ``pipe.to("tpu")`` (weights sharded over the mesh instead of
+  offloaded layer by layer), one warning;
 - the same without a device, on a moved pipeline: ignored, one warning;
 - offload enabled before ``pipe.to("tpu")``: its hooks are removed (weights back on the host), then the move, one
   warning;
@@ -57,7 +58,7 @@ def pipeline_method(pipe, runtime, name: str, args, kwargs) -> tuple[bool, objec
     """(handled, result) for a ported ``DiffusionPipeline`` method; not handled: the stock method runs.
     ``runtime``: the pipeline's ``PipelineRuntime``, or None when it is not on JAX."""
     attached = runtime is not None
-    if name in ("enable_model_cpu_offload", "enable_sequential_cpu_offload"):
+    if name == "enable_sequential_cpu_offload":  # enable_model_cpu_offload: ``model_offload``
         device = _offload_device(args, kwargs)
         target = backend.parse_device(device) if device is not None else None
         if target is not None:

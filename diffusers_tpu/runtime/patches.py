@@ -17,7 +17,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
-from . import attention, gpu_script_calls, lora, pipeline_runtime, registry, support
+from . import attention, gpu_script_calls, lora, model_offload, pipeline_runtime, registry, support
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +204,8 @@ def _patch_ported_methods(pipeline_utils):
 def _ported(name, stock):
     @functools.wraps(stock)
     def ported(self, *args, **kwargs):
+        if name == "enable_model_cpu_offload" and model_offload.handles(self, args, kwargs):
+            return model_offload.enable(self, args, kwargs)
         handled, result = gpu_script_calls.pipeline_method(self, pipeline_runtime.runtime_of(self), name, args, kwargs)
         return result if handled else stock(self, *args, **kwargs)
 

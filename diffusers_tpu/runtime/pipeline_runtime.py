@@ -177,6 +177,7 @@ class PipelineRuntime:
             self.family.check_call(pipe, checked.arguments)
         self._host_callback(bound)
         self._unwrap_compiled_components()
+        self._weights_in_place()
         self._depth, self.last_call = 1, CallStats()
         if self.pairing:
             self.pairing.reset()
@@ -203,6 +204,13 @@ class PipelineRuntime:
         if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
             bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
         bound.arguments["callback_on_step_end"] = user_tensors.host_callback(callback, self.user_code_scope)
+
+    def _weights_in_place(self) -> None:
+        """Components whose weights went to the host with an offload hook that is gone (``pipe.remove_all_hooks()``)
+        come back to the devices; those a hook still manages move when they run (``model_offload``)."""
+        for name, (module, _, _) in self.decision.plans.items():
+            if not getattr(getattr(module, "_hf_hook", None), "places_on_use", False):
+                self.put_on_devices(name)
 
     def _unwrap_compiled_components(self) -> None:
         """``pipe.transformer = torch.compile(pipe.transformer)`` after the move: XLA compiles it already."""
@@ -255,13 +263,7 @@ class PipelineRuntime:
     def place(self, plans: dict) -> None:
         pipe, family = self.pipe, self.family
         for name, (module, slots, rules) in plans.items():
-            quantized = self.config.quantize is not None and name in family.denoisers
-            if quantized:  # the host tensors, for an exact restore
-                names = quantize.targets(module)
-                originals = {slot.qualified: sharding.tensor_of(slot) for slot in slots if slot.qualified in names}
-            sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
-            if quantized:
-                quantize.quantize_placed(module, slots, originals, self.config.quantize)
+            self.put_on_devices(name)
             self.overrides.add_undo(functools.partial(sharding.restore, module))
             self.overrides.add_undo(shared_components.claim(self, module))
             self.overrides.set(module, "state_dict", stock_on_host.host_state_dict(module.state_dict, module))
@@ -329,6 +331,23 @@ class PipelineRuntime:
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
             chain.add("user_entry", self.user_entry)  # outermost: direct calls get host tensors
 
+    def put_on_devices(self, name: str) -> None:
+        """Place component ``name``'s weights as decided (sharded, quantized, the denoiser's blocks stacked); on a
+        later call (``model_offload``) the same slots come back with the same shardings: no program recompiles."""
+        module, slots, _ = self.decision.plans[name]
+        if sharding.is_placed(module):
+            return
+        quantized = self.config.quantize is not None and name in self.family.denoisers
+        if quantized:  # the host tensors, for an exact restore
+            names = quantize.targets(module)
+            originals = {slot.qualified: sharding.tensor_of(slot) for slot in slots if slot.qualified in names}
+        sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
+        if quantized:
+            quantize.quantize_placed(module, slots, originals, self.config.quantize)
+        if name in self.family.denoisers and self.config.scan_blocks:
+            # repeated blocks' weights as one [N, ...] array each: the loop indexes them
+            stacked_weights.stack(module, self.mesh, fully_shard=self.config.fully_sharded_weights)
+
     def denoiser_entry(self, module, rules, state=None) -> Denoiser:
         """The compiled entry of a denoiser (its activation constraints installed, undone on detach). ``state``:
         where its weights come from (default: the placed tensors; ``plan`` passes abstract ones)."""
@@ -342,8 +361,6 @@ class PipelineRuntime:
         return Denoiser(self, module, forward, rules, self.attention, self._batch_input, state=state)
 
     def _place_denoiser(self, name: str, module, rules) -> None:
-        if self.config.scan_blocks:  # repeated blocks' weights as one [N, ...] array each: the loop indexes them
-            stacked_weights.stack(module, self.mesh, fully_shard=self.config.fully_sharded_weights)
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
         chain = self.chains[name] = forward_chain.ForwardChain(module, self.overrides)

@@ -274,3 +274,9 @@ def test_fully_sharded_weights_on_the_mesh(report):
     assert "tp" in run["layer_spec"] and not any("dp" in e for e in run["layer_spec"])
     assert any("dp" in e and "sp" in e for e in run["stack_spec"])
     assert run["embedder_shards"] == 8  # an unstacked weight (replicated by the rules) stored in eight pieces
+
+
+def test_model_offload_on_the_mesh(report):
+    run = report["model_offload"]
+    assert run["max_abs"] <= 1e-4 and run["repeat_equal"] and run["warm_compilations"] == 0
+    assert set(run["devices_after_call"].values()) == {"cpu"}  # every component back on the host after the call

@@ -10,7 +10,7 @@ import torch
 from diffusers.callbacks import PipelineCallback
 
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime import model_offload, pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, assert_np_matches, generate
 
@@ -155,10 +155,11 @@ def test_gpu_calls_get_their_tpu_meaning(stock, monkeypatch, caplog):
     monkeypatch.setenv("DIFFUSERS_TPU_PLATFORM", "cpu")  # "tpu" rehearses on this machine
     caplog.set_level(logging.WARNING, logger="diffusers_tpu")
     pipe = tiny.wan_pipeline("wan")
-    pipe.enable_model_cpu_offload(device="tpu")  # the GPU script's memory saver: maps to the move
-    assert pipeline_runtime.is_attached(pipe) and "offloading does not apply" in caplog.text
+    pipe.enable_model_cpu_offload(device="tpu")  # the GPU script's memory saver: model offload on JAX
+    assert pipeline_runtime.is_attached(pipe) and isinstance(pipe.transformer._hf_hook, model_offload.DeviceOffload)
+    assert pipe.transformer.device.type == "cpu"  # on the host until it runs (test_model_offload)
+    pipe.remove_all_hooks()
     for call in (
-        "enable_model_cpu_offload",
         "enable_sequential_cpu_offload",
         "enable_attention_slicing",
         "enable_xformers_memory_efficient_attention",

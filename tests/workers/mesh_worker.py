@@ -126,6 +126,7 @@ def main(part: str):
         ("caches", cache_runs),
         ("quantize", quantize_run),
         ("fully_sharded", fully_sharded_run),
+        ("model_offload", model_offload_run),
     ):
         began = time.perf_counter()
         report[name] = run()
@@ -368,6 +369,26 @@ def quantize_run():
         finite=bool(np.isfinite(out).all()),
         frames=base64.b64encode(np.ascontiguousarray(out, np.float32).tobytes()).decode(),
         shape=list(out.shape),
+    )
+
+
+def model_offload_run():
+    """``enable_model_cpu_offload(device="jax")`` on dp2-sp1-tp4: the output against stock, where the weights are
+    after a call, and what a second call compiles."""
+    pipe = tiny.wan_pipeline("wan-4head")
+    ref = generate(pipe, output_type="np")
+    pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}))
+    pipe.enable_model_cpu_offload(device="jax")
+    out = generate(pipe, output_type="np")
+    devices = {name: m.device.type for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    with jit.compile_log() as log:
+        again = generate(pipe, output_type="np")
+    pipe.to("cpu")
+    return dict(
+        max_abs=float(np.abs(out - ref).max()),
+        repeat_equal=bool(np.array_equal(out, again)),
+        devices_after_call=devices,
+        warm_compilations=log.compilations,
     )
 
 
