@@ -179,12 +179,22 @@ def to_jax_array(value) -> jax.Array:
     return host_to_jax(value)
 
 
+_FLOAT8 = {
+    getattr(torch, name): getattr(ml_dtypes, name)
+    for name in ("float8_e4m3fn", "float8_e5m2")
+    if hasattr(torch, name) and hasattr(ml_dtypes, name)
+}
+_FLOAT8_TORCH = {np.dtype(numpy_type): torch_type for torch_type, numpy_type in _FLOAT8.items()}
+
+
 def host_array(tensor: torch.Tensor) -> np.ndarray:
     """A CPU torch tensor as the numpy array JAX takes: bfloat16 without a float32 detour, 64-bit types as 32-bit
     (JAX runs with x64 off, as torchax does)."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if tensor.dtype in _FLOAT8:  # numpy has no float8: the same bits through uint8
+        return tensor.view(torch.uint8).numpy().view(_FLOAT8[tensor.dtype])
     array = tensor.numpy()
     if array.dtype == np.float64:
         return array.astype(np.float32)
@@ -206,6 +216,8 @@ def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Ten
     host = distributed.fetch(array)  # every process gets the whole array
     if host.dtype == jax.numpy.bfloat16:
         tensor = torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
+    elif host.dtype in _FLOAT8_TORCH:
+        tensor = torch.from_numpy(np.asarray(host).view(np.uint8).copy()).view(_FLOAT8_TORCH[host.dtype])
     else:
         tensor = torch.from_numpy(np.array(host))
     return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor

@@ -41,6 +41,7 @@ class _Slot:
     # (stack, layer index) when a layer above stores it stacked (``runtime.stacked_weights``)
     stack: tuple | None = None
     gather: NamedSharding | None = None  # stored sharded further (fully sharded weights): the sharding programs use
+    compute: torch.dtype | None = None  # stored as ``dtype``, computed in this (layerwise casting)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +243,9 @@ def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
     replace(
         slots,
         lambda slot, tensor: (
-            wrap(tensor.jax().astype(jax_dtype(dtype))) if slot.scale is None and changes[id(slot)] else None
+            wrap(tensor.jax().astype(jax_dtype(dtype)))
+            if slot.scale is None and slot.compute is None and changes[id(slot)]
+            else None
         ),
     )
     for slot in slots:

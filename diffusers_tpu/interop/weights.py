@@ -2,9 +2,10 @@
 
 A placed module's weights enter its compiled programs as arguments (``jit``): most as the placed array itself; some
 in a compact or shared form the program expands next to its use — int8 values with scales (``Rebuilt``, subclassed
-by ``runtime.quantize``), one stacked array for a run of identical layers (``Stacked``; inside a trace each layer is
-a ``LayerOf`` it), and weights stored sharded further than they are used (``Gathered``, fully sharded weights).
-``jit``, ``runtime.repeated_blocks``, ``runtime.stacked_weights`` and ``planner.plan`` read them here.
+by ``runtime.quantize``), a narrower storage dtype (``Cast``, layerwise casting), one stacked array for a run of
+identical layers (``Stacked``; inside a trace each layer is a ``LayerOf`` it), and weights stored sharded further
+than they are used (``Gathered``, fully sharded weights). ``jit``, ``runtime.repeated_blocks``,
+``runtime.stacked_weights`` and ``planner.plan`` read them here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ class Rebuilt:
 
     def rebuild(self) -> jax.Array:
         raise NotImplementedError
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cast(Rebuilt):
+    """A weight stored in a narrower dtype than it computes in (diffusers' layerwise casting: float8 storage,
+    bfloat16 compute): ``values`` cast to ``dtype`` where the program reads it."""
+
+    values: jax.Array
+    dtype: object = dataclasses.field(metadata=dict(static=True))
+
+    def rebuild(self) -> jax.Array:
+        return self.values.astype(self.dtype)
 
 
 def rebuild_weights(state: dict) -> dict:

@@ -17,7 +17,17 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
-from . import attention, gpu_script_calls, lora, model_offload, pipeline_runtime, registry, support
+from . import (
+    attention,
+    gpu_script_calls,
+    layerwise_casting,
+    lora,
+    model_offload,
+    pipeline_runtime,
+    registry,
+    shared_components,
+    support,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +296,28 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
     patching.record("Flux2KVCache as a pytree")
 
 
+# --- 9. enable_layerwise_casting on a denoiser that is on JAX ----------------------------------------------------
+# Reason: stock casts the module's weights with ``module.to(dtype)`` at once and around every layer's forward, which
+# torchax tensors outside its environment refuse (and which a compiled program cannot do to its arguments). On JAX
+# the chosen weights are stored in the storage dtype and cast inside the programs (``layerwise_casting``). Guard:
+# diffusers 0.42's ``ModelMixin.enable_layerwise_casting``; a module not on JAX takes the stock method.
+def _patch_layerwise_casting(modeling_utils) -> None:
+    cls = modeling_utils.ModelMixin
+    if getattr(cls, "enable_layerwise_casting", None) is not None:
+        patching.wrap(cls, "enable_layerwise_casting", _layerwise_on_jax, "ModelMixin.enable_layerwise_casting")
+
+
+def _layerwise_on_jax(stock):
+    @functools.wraps(stock)
+    def enable_layerwise_casting(self, *args, **kwargs):
+        runtime = shared_components.owner(self)
+        if runtime is None or not runtime.attached:
+            return stock(self, *args, **kwargs)
+        return layerwise_casting.enable(runtime, self, stock, args, kwargs)
+
+    return enable_layerwise_casting
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
@@ -299,6 +331,7 @@ def apply() -> None:
     compat.route_sdpa(attention.scaled_dot_product_attention)
     _patch_generator()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
+    import_hooks.when_imported("diffusers.models.modeling_utils", _patch_layerwise_casting)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
     import_hooks.when_imported("diffusers.models.transformers.transformer_flux2", _register_flux2_kv_cache)

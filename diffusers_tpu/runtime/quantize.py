@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..interop import sharding
 from ..interop.backend import jax_dtype, jax_to_host, wrap
 from ..interop.sharding import keep_in_fp32
-from ..interop.weights import Rebuilt
+from ..interop.weights import Cast, Rebuilt
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,10 @@ def host_weight(slot) -> torch.Tensor:
 
 
 def program_value(slot, array: jax.Array):
-    """What a compiled program receives for a slot: the array, or the quantized weight to rebuild."""
+    """What a compiled program receives for a slot: the array, or the quantized or narrower-stored weight to
+    rebuild."""
+    if slot.compute is not None:  # layerwise casting (``runtime.layerwise_casting``)
+        return Cast(array, jnp.dtype(jax_dtype(slot.compute)))
     if slot.scale is None:
         return array
     return Quantized(array, slot.scale, jnp.dtype(jax_dtype(slot.dtype)))

@@ -35,6 +35,11 @@ def claim(runtime, module: torch.nn.Module):
     return release
 
 
+def owner(module: torch.nn.Module):
+    """The runtime that placed ``module`` (None: not on JAX)."""
+    return _OWNERS.get(module)
+
+
 def other_owners(pipe, runtime) -> list:
     """The attached runtimes, other than ``runtime``, that hold one of ``pipe``'s components."""
     found = []

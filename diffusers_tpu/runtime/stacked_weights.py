@@ -176,6 +176,7 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
             if any(
                 m is None
                 or m.scale is not None
+                or m.compute is not None
                 or m.keep_original is not None
                 or m.host is not None
                 or counts[id(sharding.tensor_of(m))] > 1
@@ -266,7 +267,9 @@ def program_state(slots: list, value) -> dict:
             continue
         array = value(slot, sharding.tensor_of(slot).jax())
         gather = getattr(slot, "gather", None)
-        state[slot.qualified] = Gathered(array, gather) if gather is not None and slot.scale is None else array
+        state[slot.qualified] = (
+            Gathered(array, gather) if gather is not None and slot.scale is None and slot.compute is None else array
+        )
     for stack_, names in stacks.values():
         if sorted(names) != list(range(stack_.array.shape[0])):  # a layer left the stack: slice what remains
             state.update({name: stack_.layer(i) for i, name in names.items()})
