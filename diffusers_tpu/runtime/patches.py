@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 
 import diffusers
@@ -21,6 +22,7 @@ from . import (
     attention,
     gpu_script_calls,
     layerwise_casting,
+    loading,
     lora,
     model_offload,
     pipeline_runtime,
@@ -318,9 +320,35 @@ def _layerwise_on_jax(stock):
     return enable_layerwise_casting
 
 
+# --- 10. DiffusionPipeline.from_pretrained(..., device_map="tpu" / "jax") -------------------------------------------
+# Reason: diffusers' device maps are torch placements ("balanced", a device name); a JAX device name is refused
+# ("jax not supported"). On JAX it means what ``pipe.to`` means: a local folder loads through the sharded loader
+# (the denoisers' weights straight into their device shards, ``loading.from_pretrained``), anything else loads as
+# stock and moves. Guard: diffusers 0.42's ``DiffusionPipeline.from_pretrained`` classmethod; other device maps
+# take the stock path.
+def _patch_device_map(pipeline_utils) -> None:
+    cls = pipeline_utils.DiffusionPipeline
+    stock = cls.from_pretrained.__func__
+
+    @functools.wraps(stock)
+    def from_pretrained(pipeline_class, path, *args, **kwargs):
+        target = backend.parse_device(kwargs.get("device_map"))
+        if target is None:
+            return stock(pipeline_class, path, *args, **kwargs)
+        kwargs.pop("device_map")
+        if os.path.isdir(os.fspath(path)) and not args:
+            chosen = None if pipeline_class is cls else pipeline_class  # the base class: the folder's own
+            return loading.from_pretrained(os.fspath(path), device=target, pipeline_class=chosen, **kwargs)
+        return stock(pipeline_class, path, *args, **kwargs).to(target)
+
+    cls.from_pretrained = classmethod(from_pretrained)
+    patching.record("DiffusionPipeline.from_pretrained(device_map='tpu')")
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
+    _patch_device_map(pipeline_utils)
 
 
 def apply() -> None:

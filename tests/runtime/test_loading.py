@@ -104,3 +104,15 @@ def test_not_a_pipeline_folder_or_device(tmp_path):
         diffusers_tpu.from_pretrained(str(tmp_path), device="jax")
     with pytest.raises(ValueError, match="use device='tpu' or 'jax'"):
         diffusers_tpu.from_pretrained(str(tmp_path), device="cuda")
+
+
+@pytest.mark.parametrize("cls", [diffusers.WanPipeline, diffusers.DiffusionPipeline])
+def test_device_map_naming_a_jax_device_loads_onto_it(checkpoint, cls):
+    """diffusers' ``from_pretrained(..., device_map="jax")`` (its own pipeline tests load that way): the sharded
+    loader, the same video as stock loading; other device maps stay stock's."""
+    expected = generate(diffusers.WanPipeline.from_pretrained(checkpoint), output_type="np")
+    pipe = cls.from_pretrained(checkpoint, device_map="jax")
+    assert type(pipe) is diffusers.WanPipeline and pipe.transformer.device.type == "jax"
+    assert_np_matches(generate(pipe, output_type="np"), expected)
+    with pytest.raises(NotImplementedError, match="not supported"):
+        cls.from_pretrained(checkpoint, device_map="cuda:7")
