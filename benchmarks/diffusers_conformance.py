@@ -98,7 +98,8 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
 def parse(report: Path) -> dict:
     results = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        owner = case.get("classname", "").rsplit(".", 1)[-1]  # a test class, or the module of a plain function
+        name = f"{owner}::{case.get('name')}" if owner[:1].isupper() else case.get("name")
         outcome, reason = "passed", ""
         for tag in ("failure", "error", "skipped"):
             found = case.find(tag)
@@ -156,18 +157,22 @@ def main(argv=None) -> int:
     devices = ["cpu", *[d for d in args.devices if d != "cpu"]]
     checkout = args.checkout.resolve()
     per_file = {}
+    extra = ["-k", args.keyword] if args.keyword else []
     for file in test_files(checkout, args.files):
         label = str(file.relative_to(checkout / "tests" / "pipelines"))
-        extra = ["-k", args.keyword] if args.keyword else []
         per_file[label] = {device: run(checkout, file, device, extra, args.timeout) for device in devices}
-    lines = table(per_file, devices)
-    print("\n".join(lines))
+        print("\n".join(table({label: per_file[label]}, devices)[2:]), flush=True)  # each file as it finishes
+        if args.markdown:  # rewritten after each file: a long run's table is never lost
+            write(args.markdown, table(per_file, devices) + [""] + summary(per_file, devices))
+    print("\n".join(table(per_file, devices)))
     print("\n".join(summary(per_file, devices)))
-    if args.markdown:
-        temporary = args.markdown.with_suffix(".partial")
-        temporary.write_text("\n".join(lines) + "\n")
-        temporary.replace(args.markdown)
     return 0
+
+
+def write(path: Path, lines: list[str]) -> None:
+    temporary = path.with_suffix(".partial")
+    temporary.write_text("\n".join(lines) + "\n")
+    temporary.replace(path)
 
 
 if __name__ == "__main__":
