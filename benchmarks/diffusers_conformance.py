@@ -106,6 +106,9 @@ def parse(report: Path) -> dict:
             if found is not None:
                 outcome = {"failure": "failed"}.get(tag, tag)
                 reason = (found.get("message") or found.text or "").strip().splitlines()
+                raised = [line[1:].strip() for line in (found.text or "").splitlines() if line.startswith("E ")]
+                if reason == ["collection failure"] and raised:  # say why: a missing test dependency, say
+                    reason = raised[-1:]
                 reason = reason[0][:240] if reason else ""
                 break
         results[name] = (outcome, reason)
@@ -156,6 +159,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     devices = ["cpu", *[d for d in args.devices if d != "cpu"]]
     checkout = args.checkout.resolve()
+    if (checkout / "src" / "diffusers").is_dir():
+        print(
+            f"note: {checkout}/tests/conftest.py puts {checkout}/src first on the path: its diffusers, not the "
+            "installed one, is what runs (see each run's header; test only tests/ to run the installed one)"
+        )
     per_file = {}
     extra = ["-k", args.keyword] if args.keyword else []
     for file in test_files(checkout, args.files):
