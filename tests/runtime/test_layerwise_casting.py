@@ -8,21 +8,13 @@ import torch
 
 from diffusers_tpu.interop import jit
 from diffusers_tpu.testing import tiny
+from tests.conftest import generate
 
-CALL = dict(
-    prompt=["a cat walks", "a red fox jumps over the dog"],
-    negative_prompt=["blurry", "low quality"],
-    num_inference_steps=2,
-    height=32,
-    width=32,
-    num_frames=5,
-    output_type="np",
-)
 CASTING = dict(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
 
 
 def run(pipe):
-    return pipe(**CALL, generator=torch.Generator().manual_seed(0)).frames
+    return generate(pipe, output_type="np", num_inference_steps=2)
 
 
 def narrow(module):

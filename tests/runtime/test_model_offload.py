@@ -10,20 +10,11 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny
-
-CALL = dict(
-    prompt=["a cat walks", "a red fox jumps over the dog"],
-    negative_prompt=["blurry", "low quality"],
-    num_inference_steps=2,
-    height=32,
-    width=32,
-    num_frames=5,
-    output_type="np",
-)
+from tests.conftest import generate
 
 
 def run(pipe):
-    return pipe(**CALL, generator=torch.Generator().manual_seed(0)).frames
+    return generate(pipe, output_type="np", num_inference_steps=2)
 
 
 def modules(pipe):
