@@ -139,6 +139,22 @@ def wrap_pipeline_call(pipeline_cls) -> None:
 # compute on the weights: for a layer on JAX they run stock peft code on host copies of that layer's tensors,
 # which go back to the devices with their sharding. Guard: only layers whose base weight is a torchax tensor
 # take the new path (peft 0.17 - 0.21 method names); applied when peft's LoRA layers are imported, if ever.
+# ``add_adapter`` on a moved model goes through ``LoraModel._replace_module``, which moves the new layer's adapters to
+# the base weight's device itself: for a base on JAX they stay on the host the same way.
+def _patch_peft_model(lora_model):
+    def make(stock_replace):
+        @functools.wraps(stock_replace)
+        def replace_module(self, parent, child_name, new_module, child):
+            if not lora.base_on_jax(new_module):
+                return stock_replace(self, parent, child_name, new_module, child)
+            setattr(parent, child_name, new_module)  # stock's one other step; adapters stay on the host
+            return None
+
+        return replace_module
+
+    patching.wrap(lora_model.LoraModel, "_replace_module", make, "peft new adapter layers on JAX layers")
+
+
 def _patch_peft(lora_layer):
     from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: PLC0415 - optional (lora extra); loaded by now
 
@@ -361,6 +377,7 @@ def apply() -> None:
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("diffusers.models.modeling_utils", _patch_layerwise_casting)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
+    import_hooks.when_imported("peft.tuners.lora.model", _patch_peft_model)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
     import_hooks.when_imported("diffusers.models.transformers.transformer_flux2", _register_flux2_kv_cache)
 

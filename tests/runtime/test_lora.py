@@ -128,3 +128,20 @@ def test_peft_format_fused_move_and_saving(tmp_path):
         if hasattr(module, "lora_A") and "peft" in module.lora_A:
             original = ref.transformer.get_submodule(name)
             assert torch.equal(module.lora_A["peft"].weight, original.lora_A["peft"].weight)
+
+
+def test_an_adapter_added_to_a_moved_denoiser_matches_stock():
+    """``transformer.add_adapter(LoraConfig(...))`` after the move (diffusers' own LoRA tests do it): peft's new
+    layers keep their adapters on the host, the runtime shards them before the call; the same video as stock."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "proj_out"], init_lora_weights=False)
+    stock = tiny.wan_pipeline("wan")
+    torch.manual_seed(3)
+    stock.transformer.add_adapter(config)
+    expected = run(stock)
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    torch.manual_seed(3)
+    pipe.transformer.add_adapter(config)
+    assert_np_matches(run(pipe), expected)
+    assert not np.allclose(run(tiny.wan_pipeline("wan")), expected, atol=1e-3)  # the adapter changed the video
