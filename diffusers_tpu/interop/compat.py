@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -557,6 +558,43 @@ def _patch_eager_group_norm():
         )
 
 
+# --- 20. Math on a JAX tensor outside the environment names the fix ---------------------------------------------
+# Reason: outside a pipeline call (user code holding a moved module's weight, say) torchax refuses any op on its
+# tensors with "wrap your code with torchax.default_env()", advice about torchax's internals that is wrong for a
+# diffusers user, and even ``.cpu()`` was refused. A copy to the host now works (a transfer, as torch's ``.cpu()``);
+# any other op is refused with an error that says what the tensor is and the two ways that work. Guard:
+# torchax 0.0.13's class-level ``Tensor.__torch_dispatch__`` and its message.
+class JaxTensorOutsideCall(RuntimeError):
+    """An op on a tensor that lives on JAX, outside a pipeline call."""
+
+
+def _patch_outside_math():
+    def make(stock):
+        def dispatch(cls, func, types, args=(), kwargs=None):
+            try:
+                return stock.__func__(cls, func, types, args, kwargs)
+            except AssertionError as error:
+                if "can only do math within the torchax environment" not in str(error):
+                    raise
+                held = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)), None)
+                copy = func is torch.ops.aten._to_copy.default and held is args[0]
+                if copy and torch.device((kwargs or {}).get("device") or "jax").type == "cpu":  # .cpu(), .to("cpu")
+                    with warnings.catch_warnings():  # a read-only view of JAX's buffer: cloned at once
+                        warnings.simplefilter("ignore", UserWarning)
+                        host = mappings.j2t(held.jax()).clone()
+                    return host.to((kwargs or {}).get("dtype") or host.dtype)
+                what = f"a {tuple(held.shape)} {held.dtype} tensor" if held is not None else "a tensor"
+                raise JaxTensorOutsideCall(
+                    f"{func} on {what} that lives on JAX (a weight of a pipeline moved with pipe.to('tpu'), or one "
+                    "created on the 'jax' device), outside a pipeline call: torch cannot compute on it there. Take "
+                    "a host copy with .cpu() and compute on that, or move the pipeline back with pipe.to('cpu')."
+                ) from None
+
+        return classmethod(dispatch)
+
+    patching.wrap(Tensor, "__torch_dispatch__", make, "torchax math outside the environment names the fix")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     torchax.default_env()  # built once, before a patch reads its op table
@@ -572,6 +610,7 @@ def apply() -> None:
     _patch_convolution_inputs()
     _patch_eager_group_norm()
     _patch_missing_ops()
+    _patch_outside_math()
     _patch_dispatch()
 
 

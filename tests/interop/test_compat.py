@@ -441,3 +441,22 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
     assert log.compilations == 0
     for x, y in zip(xs, got):
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(y)), norm(x).detach().numpy(), atol=1e-5)
+
+
+def test_math_on_a_moved_weight_outside_a_call_names_the_fix_and_the_fix_works():
+    """diffusers' tests (and users) touch a moved pipeline's weights from plain torch: a host copy works, other math
+    is refused with the project's error naming the two ways that work."""
+    from diffusers_tpu.interop.compat import JaxTensorOutsideCall
+    from diffusers_tpu.testing import tiny
+
+    pipe = tiny.wan_pipeline("wan")
+    host = pipe.transformer.proj_out.weight.detach().clone()
+    pipe.to("jax")
+    weight = pipe.transformer.proj_out.weight
+    with pytest.raises(JaxTensorOutsideCall, match=r"lives on JAX .* Take a host copy with \.cpu\(\)"):
+        weight * 2
+    copy = weight.cpu()
+    assert type(copy) is torch.Tensor and torch.equal(copy * 2, host * 2)  # the fix, done
+    copy += 1  # a copy of its own, not a view of the device buffer
+    assert torch.equal(weight.cpu(), host) and torch.equal(weight.to("cpu", torch.float64), host.double())
+    pipe.to("cpu")
