@@ -39,10 +39,19 @@ TINY_RANDOM_SIGLIP = dict(
 )
 
 
-def _tokenizer(model_max_length: int):
+# the chat format of the Hub's tiny Qwen2-VL tokenizer (Z-Image formats its prompts with it)
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tokenizer(model_max_length: int, chat_template: str | None = None):
     from diffusers_tpu.planner.standins import char_tokenizer
 
-    return char_tokenizer(model_max_length=model_max_length)
+    tokenizer = char_tokenizer(model_max_length=model_max_length)
+    tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def _seeded(build):
@@ -77,7 +86,9 @@ STANDINS = {
         "model": _t5_model,
     },
     "hf-internal-testing/tiny-random-clip": {"tokenizer": lambda: _tokenizer(77)},
-    "hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration": {"tokenizer": lambda: _tokenizer(1024)},
+    "hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration": {
+        "tokenizer": lambda: _tokenizer(1024, QWEN_CHAT_TEMPLATE)
+    },
     "finetrainers/dummy-hunyaunvideo": {"tokenizer": lambda: _tokenizer(256)},
     "hf-internal-testing/tiny-random-SiglipVisionModel": {"model": _siglip},
 }
