@@ -21,10 +21,8 @@ from ..interop import backend, compat, import_hooks, patching, startup, torch_co
 from . import (
     attention,
     gpu_script_calls,
-    layerwise_casting,
     loading,
     lora,
-    model_offload,
     pipeline_runtime,
     registry,
     shared_components,
@@ -232,8 +230,11 @@ def _patch_ported_methods(pipeline_utils):
 def _ported(name, stock):
     @functools.wraps(stock)
     def ported(self, *args, **kwargs):
-        if name == "enable_model_cpu_offload" and model_offload.handles(self, args, kwargs):
-            return model_offload.enable(self, args, kwargs)
+        if name == "enable_model_cpu_offload":
+            from . import model_offload  # noqa: PLC0415 - accelerate's hooks: loaded when a script offloads
+
+            if model_offload.handles(self, args, kwargs):
+                return model_offload.enable(self, args, kwargs)
         handled, result = gpu_script_calls.pipeline_method(self, pipeline_runtime.runtime_of(self), name, args, kwargs)
         return result if handled else stock(self, *args, **kwargs)
 
@@ -331,6 +332,8 @@ def _layerwise_on_jax(stock):
         runtime = shared_components.owner(self)
         if runtime is None or not runtime.attached:
             return stock(self, *args, **kwargs)
+        from . import layerwise_casting  # noqa: PLC0415 - diffusers' casting hooks load peft: only when used here
+
         return layerwise_casting.enable(runtime, self, stock, args, kwargs)
 
     return enable_layerwise_casting
