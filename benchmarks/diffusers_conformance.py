@@ -42,6 +42,9 @@ FAMILIES = (
     "stable_video_diffusion",
     "animatediff",
 )
+# read by huggingface_hub and transformers when they are imported: a Hub id without a stand-in fails at once (no
+# retries against a network that is not there)
+OFFLINE = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 DEVICES = {
     "cpu": dict(DIFFUSERS_TEST_DEVICE="cpu", DIFFUSERS_CONFORMANCE_BACKEND="cpu"),
     "jax": dict(DIFFUSERS_TEST_DEVICE="jax", DIFFUSERS_CONFORMANCE_BACKEND="jax"),
@@ -73,6 +76,7 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
         env = {
             **os.environ,
             **DEVICES[device],
+            **OFFLINE,
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }
         command = [

@@ -72,6 +72,27 @@ def _t5_model(cls):
     return _seeded(lambda: cls(config).eval())
 
 
+def _qwen2_vl(cls):
+    """A Qwen2-VL of the Hub's tiny test model's text width (16: EasyAnimate's tests size their transformer to it)."""
+    from transformers import Qwen2VLConfig
+
+    text = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=1024,
+        rope_scaling=dict(type="mrope", mrope_section=[1, 1, 0]),
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    vision = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, patch_size=14, spatial_merge_size=2)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, vocab_size=1000, hidden_size=16)
+    return _seeded(lambda: cls(config).eval())
+
+
 def _siglip(cls):
     from transformers import SiglipVisionConfig
 
@@ -87,7 +108,8 @@ STANDINS = {
     },
     "hf-internal-testing/tiny-random-clip": {"tokenizer": lambda: _tokenizer(77)},
     "hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration": {
-        "tokenizer": lambda: _tokenizer(1024, QWEN_CHAT_TEMPLATE)
+        "tokenizer": lambda: _tokenizer(1024, QWEN_CHAT_TEMPLATE),
+        "model": _qwen2_vl,
     },
     "finetrainers/dummy-hunyaunvideo": {"tokenizer": lambda: _tokenizer(256)},
     "hf-internal-testing/tiny-random-SiglipVisionModel": {"model": _siglip},
@@ -118,7 +140,6 @@ if BACKEND == "jax":  # at import, before the checkout's conftest reads DIFFUSER
 
 
 def pytest_configure(config):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     _patch(transformers.AutoConfig, "config")
