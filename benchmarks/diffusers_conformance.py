@@ -136,19 +136,22 @@ def table(per_file: dict, devices: list[str]) -> list[str]:
 
 
 def summary(per_file: dict, devices: list[str]) -> list[str]:
-    """Per JAX device: the tests that pass on stock cpu and not there, and the tests stock skips on cpu (they need an
-    accelerator) that do not pass there."""
+    """Per JAX device: the tests that pass on stock cpu and not there; the tests stock skips on cpu (most need an
+    accelerator) that fail there; and how many of those it skips too (their own conditions: CUDA-only, nightly)."""
     lines = []
     for device in devices[1:]:
-        for label, stock_outcome in (("pass on stock cpu", "passed"), ("stock skips on cpu", "skipped")):
-            missing = [
-                f"{file}::{name}: {results[device].get(name, ('missing', ''))[1]}"
-                for file, results in per_file.items()
-                for name, (outcome, _) in results["cpu"].items()
-                if outcome == stock_outcome and results[device].get(name, ("missing", ""))[0] != "passed"
-            ]
-            lines.append(f"{device}: {len(missing)} tests that {label} do not pass here")
-            lines += [f"  {line}" for line in missing]
+        rows = [
+            (f"{file}::{name}", outcome, *results[device].get(name, ("missing", "")))
+            for file, results in per_file.items()
+            for name, (outcome, _) in results["cpu"].items()
+        ]
+        regressed = [(n, r) for n, stock, got, r in rows if stock == "passed" and got != "passed"]
+        failing = [(n, r) for n, stock, got, r in rows if stock == "skipped" and got in ("failed", "error", "missing")]
+        skipped = sum(stock == got == "skipped" for _, stock, got, _ in rows)
+        lines.append(f"{device}: {len(regressed)} tests that pass on stock cpu do not pass here")
+        lines += [f"  {name}: {reason}" for name, reason in regressed]
+        lines.append(f"{device}: {len(failing)} tests that stock skips on cpu fail here ({skipped} skipped here too)")
+        lines += [f"  {name}: {reason}" for name, reason in failing]
     return lines
 
 
