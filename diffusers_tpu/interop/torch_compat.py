@@ -140,7 +140,38 @@ def _patch_accelerator():
     patching.record("torch.accelerator")
 
 
+# --- 4. A tensor created on the 'jax' device outside a pipeline call ---------------------------------------------
+# Reason: torch's factories (``torch.randn(..., device="jax")``, ``zeros``, ``empty``) reach the 'jax' backend's
+# ``empty`` kernels when no torchax environment is active (user code between calls, diffusers' own tests), and torch
+# answers with a dispatcher dump ("Could not run 'aten::empty_strided' with arguments from the 'jax' backend").
+# Still refused — there is no device context outside a call — with the project's error naming what works. Guard:
+# registered once, on the PrivateUse1 key torchax renamed to 'jax', for the two ops every factory lowers to.
+class JaxDeviceOutsideCall(RuntimeError):
+    """A tensor created on the 'jax' device outside a pipeline call."""
+
+
+_FACTORY_KERNELS: list = []
+
+
+def _refuse_factory(*args, **kwargs):
+    raise JaxDeviceOutsideCall(
+        "A tensor created on the 'jax' device outside a pipeline call (torch.randn / zeros / empty(..., "
+        "device='jax')): torch has no 'jax' kernels there. Create it on the CPU (device='cpu'): a pipeline on JAX "
+        "takes CPU tensors (latents=, prompt_embeds=, ...) and moves them itself, as a GPU pipeline takes CPU inputs."
+    )
+
+
+def _patch_jax_factories() -> None:
+    if _FACTORY_KERNELS:
+        return
+    library = torch.library.Library("aten", "IMPL")  # a kernel for an existing op on one more key
+    for op in ("empty.memory_format", "empty_strided"):
+        library.impl(op, _refuse_factory, "PrivateUse1")
+    _FACTORY_KERNELS.append(library)  # held: the registrations last as long as the library object
+
+
 def apply() -> None:
     """Apply the patches of torch (idempotent); torchax must be imported."""
     _patch_accelerator()  # first: library code may ask torch for the accelerator as soon as torchax is in
     _patch_is_compiling()
+    _patch_jax_factories()

@@ -460,3 +460,22 @@ def test_math_on_a_moved_weight_outside_a_call_names_the_fix_and_the_fix_works()
     copy += 1  # a copy of its own, not a view of the device buffer
     assert torch.equal(weight.cpu(), host) and torch.equal(weight.to("cpu", torch.float64), host.double())
     pipe.to("cpu")
+
+
+def test_a_tensor_made_on_the_jax_device_outside_a_call_names_the_fix_and_the_fix_works():
+    """``torch.randn(..., device="jax")`` between calls (diffusers' tests do it): the project's error, not torch's
+    dispatcher dump; the fix it names (a CPU tensor) is what a pipeline on JAX takes."""
+    from diffusers_tpu.interop.torch_compat import JaxDeviceOutsideCall
+    from diffusers_tpu.testing import tiny
+
+    for make in (torch.randn, torch.zeros, torch.empty):
+        with pytest.raises(JaxDeviceOutsideCall, match="Create it on the CPU"):
+            make(1, 16, 32, device="jax")
+    stock = tiny.wan_pipeline("wan")
+    embeds = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(0))  # the fix: on the CPU
+    call = dict(prompt_embeds=embeds, negative_prompt_embeds=embeds, num_inference_steps=2, height=32, width=32)
+    expected = stock(**call, num_frames=5, output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    pipe = stock.to("jax")
+    got = pipe(**call, num_frames=5, output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    pipe.to("cpu")
