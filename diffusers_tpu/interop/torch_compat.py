@@ -147,7 +147,7 @@ def _patch_accelerator():
 # Still refused — there is no device context outside a call — with the project's error naming what works. Guard:
 # registered once, on the PrivateUse1 key torchax renamed to 'jax', for the two ops every factory lowers to.
 class JaxDeviceOutsideCall(RuntimeError):
-    """A tensor created on the 'jax' device outside a pipeline call."""
+    """A tensor made or moved onto the 'jax' device outside a pipeline call."""
 
 
 _FACTORY_KERNELS: list = []
@@ -155,9 +155,10 @@ _FACTORY_KERNELS: list = []
 
 def _refuse_factory(*args, **kwargs):
     raise JaxDeviceOutsideCall(
-        "A tensor created on the 'jax' device outside a pipeline call (torch.randn / zeros / empty(..., "
-        "device='jax')): torch has no 'jax' kernels there. Create it on the CPU (device='cpu'): a pipeline on JAX "
-        "takes CPU tensors (latents=, prompt_embeds=, ...) and moves them itself, as a GPU pipeline takes CPU inputs."
+        "A tensor made or moved onto the 'jax' device outside a pipeline call (torch.randn(..., device='jax'), "
+        "tensor.to('jax'), module.to('jax')): torch has no 'jax' kernels there. Create it on the CPU "
+        "(device='cpu'): a pipeline on JAX takes CPU tensors (latents=, prompt_embeds=, ...) and moves them itself; "
+        "move whole pipelines with pipe.to('jax')."
     )
 
 
