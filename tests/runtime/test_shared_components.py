@@ -85,3 +85,25 @@ def test_a_bad_environment_config_is_refused_before_anything_moves(monkeypatch, 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("...", r"\.\.\.")):
         pipe.to("jax")
     assert pipeline_runtime.runtime_of(pipe) is None and not sharding.is_placed(pipe.transformer)
+
+
+@pytest.mark.parametrize("name", ["unet:sd", "generic:easyanimate"])
+def test_a_text_only_pipeline_of_a_denoiser_class_moves_and_encodes_as_stock(name):
+    """diffusers' ``test_encode_prompt_works_in_isolation`` builds the pipeline class with only its text encoders and
+    tokenizers: it moves (nothing else to place) and ``encode_prompt`` gives stock's embeddings."""
+    from diffusers_tpu.testing import tiny_generic, tiny_unet
+
+    module, key = name.split(":")
+    pipe = tiny_unet.pipeline(key)[0] if module == "unet" else tiny_generic.PIPELINES[key]()
+    text_only = {k: (v if "text" in k or "tokenizer" in k else None) for k, v in pipe.components.items()}
+    prompt = dict(prompt=["a cat walks", "a red fox jumps"], negative_prompt=["blurry", "low quality"])
+    if module == "unet":
+        prompt.update(device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=True)
+    with torch.no_grad():
+        expected = type(pipe)(**text_only).encode_prompt(**prompt)
+        moved = type(pipe)(**text_only).to("jax")
+        got = moved.encode_prompt(**prompt)
+    assert pipeline_runtime.runtime_of(moved) is not None
+    for a, b in zip(got, expected):
+        if isinstance(b, torch.Tensor):
+            np.testing.assert_allclose(a.float().numpy(), b.float().numpy(), atol=1e-5)
