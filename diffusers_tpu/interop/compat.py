@@ -595,6 +595,48 @@ def _patch_outside_math():
     patching.wrap(Tensor, "__torch_dispatch__", make, "torchax math outside the environment names the fix")
 
 
+# --- 21. A zero-dim tensor does not widen a dimensioned operand -------------------------------------------------
+# Reason: torch promotes across dimensioned operands only: a bfloat16 latent times a 0-dim float32 tensor (DDIM's
+# ``alphas_cumprod[t] ** 0.5``) stays bfloat16. JAX promotes the two arrays to float32, so a bfloat16 pipeline whose
+# scheduler does not cast back (DDIM, PNDM; flow matching does) fed float32 latents to its next step: Latte in
+# bfloat16 failed ("Input type (float) and bias type (BFloat16)"), others silently left stock's dtype. The result of
+# those elementwise ops is cast to the dtype torch gives (``torch.result_type`` of the operands' dtypes and ranks).
+# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; acts only when a 0-dim and a dimensioned tensor meet.
+_TWO_OPERANDS = {
+    torch.ops.aten.add.Tensor,
+    torch.ops.aten.sub.Tensor,
+    torch.ops.aten.rsub.Tensor,
+    torch.ops.aten.mul.Tensor,
+    torch.ops.aten.div.Tensor,
+    torch.ops.aten.div.Tensor_mode,
+    torch.ops.aten.pow.Tensor_Tensor,
+    torch.ops.aten.maximum.default,
+    torch.ops.aten.minimum.default,
+}
+
+
+def _torch_result_dtype(operands):
+    """The dtype torch gives two operands when one is a 0-dim tensor and the other is not, else None."""
+    tensors = [x for x in operands if isinstance(x, torch.Tensor)]
+    if len(tensors) != 2 or (tensors[0].ndim == 0) == (tensors[1].ndim == 0):
+        return None
+    stand_ins = [torch.empty((1,) * x.ndim, dtype=x.dtype, device="meta") for x in tensors]
+    return torch.result_type(*stand_ins)
+
+
+def _zero_dim_promotion(stock):
+    def dispatch(self, func, types, args, kwargs):
+        out = stock(self, func, types, args, kwargs)
+        if func in _TWO_OPERANDS or func is torch.ops.aten.where.self:
+            operands = args[:2] if func in _TWO_OPERANDS else args[1:3]
+            expected = _torch_result_dtype(operands)
+            if expected is not None and isinstance(out, Tensor) and out.dtype != expected:
+                out = stock(self, torch.ops.aten._to_copy.default, types, (out,), {"dtype": expected})
+        return out
+
+    return dispatch
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     torchax.default_env()  # built once, before a patch reads its op table
@@ -618,6 +660,7 @@ def apply() -> None:
 # each sees what the layers after it pass down. The mesh retry is outermost (it reruns whatever the others do); the
 # host-scalar glue and the random draws never both answer a call (torch tags draws ``nondeterministic_seeded``).
 DISPATCH_LAYERS = (
+    ("zero-dim operands promote as in torch", _zero_dim_promotion),  # 21
     ("torchax in-place ops on views", _inplace_on_views),  # 9
     ("schedule glue on the host", _glue_on_host),  # 11
     ("random draws from torch's generators", _random_draws),  # 15

@@ -479,3 +479,37 @@ def test_a_tensor_made_on_the_jax_device_outside_a_call_names_the_fix_and_the_fi
     got = pipe(**call, num_frames=5, output_type="np", generator=torch.Generator().manual_seed(0)).frames
     np.testing.assert_allclose(got, expected, atol=1e-4)
     pipe.to("cpu")
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "where"])
+@pytest.mark.parametrize(
+    "big, small", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.int32, torch.float32)]
+)
+def test_a_zero_dim_tensor_promotes_as_in_torch(op, big, small):
+    """torch: a 0-dim tensor does not widen a dimensioned one of its category (bf16 x 0-dim f32 -> bf16); across
+    categories it does (int x 0-dim f32 -> f32). Both orders, the same dtype and values as torch on the CPU."""
+    x = (torch.arange(1, 7).reshape(2, 3) / 4).to(big) if big.is_floating_point else torch.arange(1, 7).reshape(2, 3)
+    x, s = x.to(big), torch.tensor(0.75, dtype=small)
+    ops = {
+        "where": lambda a, b: torch.where((a if a.ndim else b) > 1, a, b),
+        **{name: getattr(torch, name) for name in ("add", "sub", "mul", "div", "pow", "maximum")},
+    }
+    with torchax.default_env():
+        for a, b in ((x, s), (s, x)):
+            expected = ops[op](a, b)
+            got = ops[op](a.to("jax"), b.to("jax"))
+            assert got.dtype == expected.dtype, (op, a.dtype, b.dtype)
+            torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_bfloat16_ddim_pipeline_keeps_bfloat16_latents_on_jax():
+    """Latte in bfloat16 with DDIM (its step never casts back): the latents stay bfloat16 on JAX as on torch (they
+    became float32 and its patch embedding refused them)."""
+    from diffusers_tpu.testing import tiny_generic
+
+    pipe = tiny_generic.PIPELINES["latte"]().to("jax", dtype=torch.bfloat16)
+    dtypes, step = [], pipe.scheduler.step
+    pipe.scheduler.step = lambda *a, **k: dtypes.append((out := step(*a, **k))[0].dtype) or out
+    frames = pipe(**{**tiny_generic.CALLS["LattePipeline"], "return_dict": False})[0]
+    assert dtypes == [torch.bfloat16] * 2 and np.isfinite(frames).all()
+    pipe.to("cpu")
