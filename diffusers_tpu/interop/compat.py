@@ -630,6 +630,11 @@ def _zero_dim_promotion(stock):
         if func in _TWO_OPERANDS or func is torch.ops.aten.where.self:
             operands = args[:2] if func in _TWO_OPERANDS else args[1:3]
             expected = _torch_result_dtype(operands)
+            true_division = func is torch.ops.aten.div.Tensor or (
+                func is torch.ops.aten.div.Tensor_mode and (kwargs or {}).get("rounding_mode") is None
+            )
+            if expected is not None and true_division and not (expected.is_floating_point or expected.is_complex):
+                expected = torch.get_default_dtype()  # torch divides integers into floats
             if expected is not None and isinstance(out, Tensor) and out.dtype != expected:
                 out = stock(self, torch.ops.aten._to_copy.default, types, (out,), {"dtype": expected})
         return out

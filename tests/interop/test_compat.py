@@ -483,13 +483,20 @@ def test_a_tensor_made_on_the_jax_device_outside_a_call_names_the_fix_and_the_fi
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "where"])
 @pytest.mark.parametrize(
-    "big, small", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.int32, torch.float32)]
+    "big, small",
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.int32, torch.float32),
+        (torch.int32, torch.int64),  # integers divided: floats in torch
+        (torch.uint8, torch.int64),
+    ],
 )
 def test_a_zero_dim_tensor_promotes_as_in_torch(op, big, small):
     """torch: a 0-dim tensor does not widen a dimensioned one of its category (bf16 x 0-dim f32 -> bf16); across
     categories it does (int x 0-dim f32 -> f32). Both orders, the same dtype and values as torch on the CPU."""
     x = (torch.arange(1, 7).reshape(2, 3) / 4).to(big) if big.is_floating_point else torch.arange(1, 7).reshape(2, 3)
-    x, s = x.to(big), torch.tensor(0.75, dtype=small)
+    x, s = x.to(big), torch.tensor(0.75 if small.is_floating_point else 3, dtype=small)
     ops = {
         "where": lambda a, b: torch.where((a if a.ndim else b) > 1, a, b),
         **{name: getattr(torch, name) for name in ("add", "sub", "mul", "div", "pow", "maximum")},
