@@ -149,8 +149,8 @@ def family_for(pipe) -> Family | None:
 def _built_without_its_denoiser(pipe) -> bool:
     """A transformer or UNet pipeline class built with that component ``None`` (a text-only pipeline for
     ``encode_prompt``, as diffusers' own tests build one): its other components move as the generic path moves them."""
-    parameters = inspect.signature(type(pipe).__init__).parameters
-    return any(name.startswith(("transformer", "unet")) for name in parameters)
+    names = [n for n in inspect.signature(type(pipe).__init__).parameters if n.startswith(("transformer", "unet"))]
+    return bool(names) and all(getattr(pipe, name, None) is None for name in names)
 
 
 GENERIC = Family(name="generic", pipelines=(), rules_for=infer_rules)
