@@ -48,7 +48,8 @@ def generator_device(device):
     return "cpu" if kind in ("tpu", "jax", "privateuseone") else device
 
 
-def _offload_device(args, kwargs):
+def offload_device(args, kwargs):
+    """The ``device`` an ``enable_*_cpu_offload(gpu_id=None, device=None)`` call names (positional or keyword)."""
     if "device" in kwargs:
         return kwargs["device"]
     return args[1] if len(args) > 1 else None
@@ -59,7 +60,7 @@ def pipeline_method(pipe, runtime, name: str, args, kwargs) -> tuple[bool, objec
     ``runtime``: the pipeline's ``PipelineRuntime``, or None when it is not on JAX."""
     attached = runtime is not None
     if name == "enable_sequential_cpu_offload":  # enable_model_cpu_offload: ``model_offload``
-        device = _offload_device(args, kwargs)
+        device = offload_device(args, kwargs)
         target = backend.parse_device(device) if device is not None else None
         if target is not None:
             warn_once(

@@ -16,7 +16,7 @@ from accelerate.hooks import CpuOffload, UserCpuOffloadHook, add_hook_to_module,
 from diffusers.utils.torch_utils import get_device
 
 from ..interop import backend, sharding
-from . import pipeline_runtime
+from . import gpu_script_calls, pipeline_runtime
 
 
 class DeviceOffload(CpuOffload):
@@ -47,7 +47,7 @@ class DeviceOffload(CpuOffload):
 
 def requested_target(args, kwargs) -> str | None:
     """The JAX target an ``enable_model_cpu_offload`` call names (``device=``, or ``gpu_id`` then ``device``)."""
-    device = kwargs.get("device", args[1] if len(args) > 1 else None)
+    device = gpu_script_calls.offload_device(args, kwargs)
     return backend.parse_device(device) if device is not None else None
 
 
@@ -56,8 +56,7 @@ def handles(pipe, args, kwargs) -> bool:
     names none on a machine where stock finds no accelerator (stock would raise; JAX is the accelerator here)."""
     if requested_target(args, kwargs) is not None or pipeline_runtime.runtime_of(pipe) is not None:
         return True
-    device = kwargs.get("device", args[1] if len(args) > 1 else None)
-    return device is None and get_device() == "cpu"
+    return gpu_script_calls.offload_device(args, kwargs) is None and get_device() == "cpu"
 
 
 def enable(pipe, args, kwargs) -> None:
