@@ -141,17 +141,20 @@ def _kernel(
     causal_block: int | None,
     q_offset: int,
     has_mask: bool,
+    kv_padded: bool,
+    heads: int,
     use_exp2: bool,
     precision,
 ):
     if has_mask:
-        q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        chunks_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
     else:
         q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
         mask_ref = None
     bq, bkv, compute, compute_in = sizes.block_q, sizes.block_kv, sizes.block_kv_compute, sizes.block_kv_compute_in
     exp = jnp.exp2 if use_exp2 else jnp.exp
     q_block, kv_block = pl.program_id(1), pl.program_id(2)
+    batch_row = lax.div(pl.program_id(0), heads)  # (read here: interpret mode resolves program ids at the top level)
 
     @pl.when(kv_block == 0)
     def _init():
@@ -163,6 +166,35 @@ def _kernel(
     q_first = q_offset + q_block * bq
     q_pos = q_first + lax.broadcasted_iota(jnp.int32, (1, bq), 1)
 
+    def update(start, key_first, masked: bool):
+        """One chunk's online-softmax update; ``masked``: some key of the chunk may be invisible."""
+        scores = lax.dot_general(
+            k_ref[pl.ds(start, compute), :], q, _NT, precision=precision, preferred_element_type=jnp.float32
+        )
+        m, row_sum, acc = m_ref[...], l_ref[...], acc_ref[...]
+        for sub in range(compute // compute_in):  # the fine-grained inner loop
+            offset = start + sub * compute_in
+            s = scores[sub * compute_in : (sub + 1) * compute_in]
+            if masked:
+                key_pos = key_first + sub * compute_in + lax.broadcasted_iota(jnp.int32, (compute_in, 1), 0)
+                visible = key_pos < kv_len
+                if mask_ref is not None:
+                    visible = jnp.logical_and(visible, mask_ref[pl.ds(offset, compute_in), :] != 0)
+                if causal_block is not None:
+                    visible = jnp.logical_and(visible, lax.div(key_pos, causal_block) <= lax.div(q_pos, causal_block))
+                s = jnp.where(visible, s, MASK_VALUE)
+            m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
+            p = exp(s - m_next[0:1])
+            if masked:  # a query that has seen no visible key yet has m_next == MASK_VALUE: exp(0) must not count
+                p = jnp.where(visible, p, 0.0)
+            alpha = exp(m - m_next)
+            row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
+            v = v_ref[pl.ds(offset, compute_in), :]
+            pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision, preferred_element_type=jnp.float32)
+            acc = alpha[0:1] * acc + pv
+            m = m_next
+        m_ref[...], l_ref[...], acc_ref[...] = m, row_sum, acc
+
     def chunk(index, carry):
         start = index * compute
         key_first = kv_block * bkv + start
@@ -171,33 +203,21 @@ def _kernel(
             needed = jnp.logical_and(
                 needed, lax.div(key_first, causal_block) <= lax.div(q_first + bq - 1, causal_block)
             )
-
-        @pl.when(needed)
-        def _update():
-            scores = lax.dot_general(
-                k_ref[pl.ds(start, compute), :], q, _NT, precision=precision, preferred_element_type=jnp.float32
-            )
-            m, row_sum, acc = m_ref[...], l_ref[...], acc_ref[...]
-            for sub in range(compute // compute_in):  # the fine-grained inner loop
-                offset = start + sub * compute_in
-                s = scores[sub * compute_in : (sub + 1) * compute_in]
-                key_pos = key_first + sub * compute_in + lax.broadcasted_iota(jnp.int32, (compute_in, 1), 0)
-                visible = key_pos < kv_len
-                if mask_ref is not None:
-                    visible = jnp.logical_and(visible, mask_ref[pl.ds(offset, compute_in), :] != 0)
-                if causal_block is not None:
-                    visible = jnp.logical_and(visible, lax.div(key_pos, causal_block) <= lax.div(q_pos, causal_block))
-                s = jnp.where(visible, s, MASK_VALUE)
-                m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
-                p = jnp.where(visible, exp(s - m_next[0:1]), 0.0)
-                alpha = exp(m - m_next)
-                row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
-                v = v_ref[pl.ds(offset, compute_in), :]
-                pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision, preferred_element_type=jnp.float32)
-                acc = alpha[0:1] * acc + pv
-                m = m_next
-            m_ref[...], l_ref[...], acc_ref[...] = m, row_sum, acc
-
+        if mask_ref is not None:  # the chunk's keys per the key mask (padding included): none, some or all visible
+            visible = chunks_ref[batch_row, kv_block * (bkv // compute) + index]
+            if causal_block is not None:
+                pl.when(jnp.logical_and(needed, visible != _NO_KEY))(lambda: update(start, key_first, masked=True))
+            else:
+                pl.when(visible == _SOME_KEYS)(lambda: update(start, key_first, masked=True))
+                pl.when(visible == _ALL_KEYS)(lambda: update(start, key_first, masked=False))
+        elif causal_block is not None:
+            pl.when(needed)(lambda: update(start, key_first, masked=True))
+        elif kv_padded:  # only the chunk holding the end of the keys masks (padding); every other chunk is plain
+            whole = key_first + compute <= kv_len
+            pl.when(jnp.logical_and(needed, jnp.logical_not(whole)))(lambda: update(start, key_first, masked=True))
+            pl.when(whole)(lambda: update(start, key_first, masked=False))
+        else:  # no mask, no padding: no key is ever invisible, so no select is issued
+            update(start, key_first, masked=False)
         return carry
 
     lax.fori_loop(0, bkv // compute, chunk, None)
@@ -229,14 +249,16 @@ def _call(
     bq, bkv = sizes.block_q, sizes.block_kv
     grid = (batch_heads, q_pad // bq, k.shape[1] // bkv)
     in_specs = [
-        pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),
-        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),
-        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),
+        pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j, *_: (h, j, 0)),
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j, *_: (h, j, 0)),
     ]
     operands = [q, k, v]
+    prefetch = []
     if mask is not None:
-        in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j: (lax.div(h, heads), j, 0)))
+        in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j, *_: (lax.div(h, heads), j, 0)))
         operands.append(mask)
+        prefetch = [chunk_visibility(mask[..., 0], sizes.block_kv_compute)]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
     kernel = functools.partial(
         _kernel,
@@ -245,6 +267,8 @@ def _call(
         causal_block=causal_block,
         q_offset=q_offset,
         has_mask=mask is not None,
+        kv_padded=k.shape[1] > kv_len,
+        heads=heads,
         use_exp2=use_exp2,
         precision=precision,
     )
@@ -259,10 +283,10 @@ def _call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((batch_heads, head_dim, q_pad), q.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=0,
+            num_scalar_prefetch=len(prefetch),
             grid=grid,
             in_specs=in_specs,
-            out_specs=pl.BlockSpec((None, head_dim, bq), lambda h, i, j: (h, 0, i)),
+            out_specs=pl.BlockSpec((None, head_dim, bq), lambda h, i, j, *_: (h, 0, i)),
             scratch_shapes=[
                 pltpu.VMEM((_SUBLANES, bq), jnp.float32),
                 pltpu.VMEM((_SUBLANES, bq), jnp.float32),
@@ -272,7 +296,17 @@ def _call(
         compiler_params=params,
         interpret=interpret,
         name="diffusers_tpu_flash_attention",
-    )(*operands)
+    )(*prefetch, *operands)
+
+
+_NO_KEY, _SOME_KEYS, _ALL_KEYS = 0, 1, 2
+
+
+def chunk_visibility(mask, compute: int):
+    """Per batch row and chunk of ``compute`` keys: ``_NO_KEY`` visible (skipped), ``_SOME_KEYS`` (masked per key) or
+    ``_ALL_KEYS`` (no select issued). mask: int ``[B, Skv_pad]`` (padding already 0). Read from SMEM per chunk."""
+    chunks = mask.reshape(mask.shape[0], -1, compute) != 0
+    return jnp.where(chunks.all(-1), _ALL_KEYS, jnp.where(chunks.any(-1), _SOME_KEYS, _NO_KEY)).astype(jnp.int32)
 
 
 def smooth_keys(k, kv_mask=None):

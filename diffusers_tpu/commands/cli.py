@@ -216,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     args = subcommand_arguments.build().parse_args(argv)
     try:
         arguments_parser.check(args)  # the mistakes that can be named before torch, JAX and diffusers load
+        if args.command == "cost":  # before JAX's first device query starts libtpu, which reads its flags only then
+            from ..planner import kernel_work
+
+            kernel_work.start_dump()
         import diffusers_tpu
 
         diffusers_tpu.activate()

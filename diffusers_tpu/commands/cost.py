@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..planner import architectures, hlo_stats, plan, tpu_compiler
+from ..planner import architectures, hlo_stats, kernel_work, plan, step_estimate, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime import outputs
 from ..runtime.config import TPUConfig
@@ -33,15 +33,14 @@ def check_arguments(args) -> None:
     tpu_compiler.require("diffusers-tpu cost")  # --chips, --arch/--model: checked before loading (``parser.check``)
 
 
-def analyse(lowered) -> dict:
-    """Compile ``lowered`` and read the program back (``hlo_stats.summary``, with the compile seconds)."""
+def analyse_counting_kernels(lowered) -> dict:
+    """``analyse``, with the LLO work of each Pallas kernel the compile issued (``kernel_work.compile_counting``)."""
     start = time.perf_counter()
-    compiled = lowered.compile()
-    return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
+    compiled, kernels = kernel_work.compile_counting(lowered)
+    return dict(hlo_stats.summary(compiled, seconds=time.perf_counter() - start), kernels=kernels)
 
 
 def main(args) -> int:
-
     check_arguments(args)
     if args.json:
         outputs.check_destination(args.json, what="--json")
@@ -66,7 +65,13 @@ def main(args) -> int:
         f"compiling for {args.chips} ({chip.topology}, {devices[0].device_kind}) with the TPU compiler ...", flush=True
     )
     report = plan.start_denoiser_memory(
-        pipe, size, config, devices, args.max_sequence_length, vae=not args.no_vae, analyse=analyse
+        pipe,
+        size,
+        config,
+        devices,
+        args.max_sequence_length,
+        vae=not args.no_vae,
+        analyse=analyse_counting_kernels if kernel_work.counting() else plan.compiled_figures,
     )()
     family = family_of(pipe)
     analytic = (
@@ -89,32 +94,12 @@ def main(args) -> int:
         "seconds": round(time.perf_counter() - start, 1),
     }
     if args.estimate:
-        result["estimate"] = roofline(report["passes"][0], chip, args.attention_efficiency)
+        calls = 2 if report["guided"] and report["cfg_batch"] == 1 else 1  # an unbatched guidance pair: 2 calls
+        result["estimate"] = step_estimate.of_passes(report["passes"], chip, args.attention_efficiency, calls)
     print(render(result))
     if args.json:
         outputs.write_text(args.json, json.dumps(result, indent=1, default=str))
     return 0
-
-
-def roofline(step: dict, chip, attention_efficiency: float) -> dict:
-    """An ESTIMATE of one step per chip: matmuls at the chip's bf16 peak, the attention kernel at
-    ``attention_efficiency`` of it, every byte at the HBM bandwidth, the larger of compute and memory time."""
-    total = step["hlo"]["total"]
-    compute = total["flops"] / (chip.peak_tflops * 1e12) + total["attention_flops"] / (
-        chip.peak_tflops * 1e12 * attention_efficiency
-    )
-    memory = total["bytes"] / (chip.hbm_gbps * 1e9)
-    return {
-        "seconds": max(compute, memory),
-        "compute_seconds": compute,
-        "memory_seconds": memory,
-        "assumptions": {
-            "peak_tflops": chip.peak_tflops,
-            "hbm_gbps": chip.hbm_gbps,
-            "attention_efficiency": attention_efficiency,
-            "not modelled": "collectives, overlap, kernel launch, the VAE and text encoders",
-        },
-    }
 
 
 def _gib(n) -> str:
@@ -144,6 +129,15 @@ def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
         + f", {total['bytes'] / 1e9:.2f} GB read+written, {total['copies']} copies, {total['fusions']} fusions, "
         f"custom calls {total['custom_calls'] or 'none'}; collectives: {_collectives(total)}",
     ]
+    if "kernels" not in summary:
+        lines.append(f"{indent}  kernel work: not counted (libtpu started before cost asked for Mosaic's passes)")
+    for kernel in summary.get("kernels", []):
+        per_call = ", ".join(f"{unit} {n:,}" for unit, n in kernel["per_call"].items())
+        assumed = kernel["assumed_taken"]
+        lines.append(
+            f"{indent}  kernel {kernel['name']} (grid {'x'.join(map(str, kernel['grid']))}): LLO operations per call: "
+            f"{per_call}" + (f" ({assumed:,} branches read from memory counted as taken)" if assumed else "")
+        )
     loops = sorted(hlo["loops"], key=lambda loop: loop["instructions"], reverse=True)
     for loop in loops[:1]:
         lines.append(
@@ -178,11 +172,5 @@ def render(result: dict) -> str:
         lines.append("  VAE decode: not compiled (--no-vae, or this VAE has no planned programs)")
     estimate = result.get("estimate")
     if estimate:
-        a = estimate["assumptions"]
-        lines.append(
-            f"  ESTIMATE (roofline, not a measurement): {estimate['seconds']:.3f} s per step per chip "
-            f"(compute {estimate['compute_seconds']:.3f} s, memory {estimate['memory_seconds']:.3f} s), "
-            f"assuming {a['peak_tflops']:g} TFLOP/s bf16 peak, {a['hbm_gbps']:g} GB/s HBM, attention at "
-            f"{a['attention_efficiency']:.0%} of peak; not modelled: {a['not modelled']}"
-        )
+        lines.append(f"  {step_estimate.describe(estimate)}; not modelled: {estimate['assumptions']['not modelled']}")
     return "\n".join(lines)

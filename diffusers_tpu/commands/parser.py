@@ -370,6 +370,8 @@ def _check_targets(args) -> None:
             "plan needs a target: --chips NAME (one of %s), or --mesh dp,sp,tp with --hbm-gb N."
             % ", ".join(sorted(CHIPS))
         )
+    if args.command in ("plan", "cost") and not 0 < args.attention_efficiency <= 1:
+        raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1], e.g. 0.5.")
     if args.command == "compile" and os.path.isfile(args.output):
         raise ValueError(f"--output {args.output}: a file; name a folder for the programs (created if missing).")
     if args.command == "compile" and args.chips is not None and importlib.util.find_spec("libtpu") is None:
@@ -385,8 +387,6 @@ def _check_targets(args) -> None:
                 f"{args.command} --chips {args.chips}: not a TPU slice the TPU compiler knows; "
                 f"choose one of {', '.join(slices)}."
             )
-        if args.command == "cost" and not 0 < args.attention_efficiency <= 1:
-            raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1].")
 
 
 def check(args) -> None:

@@ -19,7 +19,8 @@ from ..interop import backend
 from ..planner import architectures, tpu_compiler
 from ..planner import plan as plan_module
 from ..planner.chips import CHIPS, GIB
-from ..planner.plan import candidate_meshes, folder_pipeline, plan_all
+from ..planner.plan import candidate_meshes, estimable, folder_pipeline, plan_all
+from ..planner.step_estimate import describe, rank
 from ..runtime import decision, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
@@ -124,6 +125,7 @@ def main(args, argv: list[str] | None = None) -> int:
             flush=True,
         )
     rows, recommended, start = [], None, time.perf_counter()
+    estimated = estimable(chip, devices)
     for fmt, full in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1
         configs = [
@@ -152,7 +154,11 @@ def main(args, argv: list[str] | None = None) -> int:
             if compared is not None
             else None
         )
-        narrow = compilers[0] == "tpu" and not args.all  # stop at the first candidate that fits
+        # rows the TPU compiler compiled for a known chip carry a step estimate: every candidate of the format is
+        # compiled and the fastest that fits is chosen; otherwise (or --first-fit) the first that fits, in order
+        ranking = estimated and not args.first_fit
+        narrow = compilers[0] == "tpu" and not args.all and not ranking
+        format_rows = []
         for number, row in enumerate(
             plan_all(
                 pipe,
@@ -164,6 +170,7 @@ def main(args, argv: list[str] | None = None) -> int:
                 args.max_sequence_length,
                 ahead=1 if narrow else None,
                 vae=not args.no_vae,
+                attention_efficiency=args.attention_efficiency,
             ),
             1,
         ):
@@ -171,13 +178,24 @@ def main(args, argv: list[str] | None = None) -> int:
             if estimates is not None:
                 row["cpu_estimate"] = _estimate_beside(next(estimates), row)
             rows.append(row)
+            format_rows.append(row)
             print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {_line(row)}", flush=True)
-            if row["fits"] and recommended is None:
-                recommended = row
-                if narrow and number < len(configs):
+            if row["fits"] and narrow:
+                if number < len(configs):
                     skipped = [c.mesh for c in configs[number:]]
                     print(f"not compiled: {len(skipped)} less preferred candidate(s) {skipped} (--all compiles them)")
-                    break
+                break
+        fitting = [row for row in format_rows if row["fits"]]
+        if fitting and recommended is None:
+            if ranking:
+                ranked, recommended, because = rank(fitting)
+                print("fitting candidates ranked by the step ESTIMATE (not a measurement):")
+                for place, row in enumerate(ranked, 1):
+                    print(f"  {place}. mesh {row['memory_per_device']['mesh']}: {describe(row['estimate'])}")
+                recommended["chosen_because"] = because
+            else:
+                recommended = fitting[0]
+                recommended["chosen_because"] = "the first candidate in order of preference that fits"
         if recommended is not None:
             break  # a format that fits: quantizing further would only cost quality
     report = {
@@ -203,6 +221,13 @@ def main(args, argv: list[str] | None = None) -> int:
             + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
             + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else "")
         )
+        print(f"chosen: {recommended['chosen_because']}")
+        if recommended.get("estimate"):
+            found = recommended["estimate"]
+            print(
+                f"  {describe(found)}; {found['seconds'] * args.steps:.1f} s for {args.steps} steps; not modelled: "
+                f"{found['assumptions']['not modelled']}"
+            )
     else:
         print("does not fit: no candidate mesh and weight format fits this target")
     print(f"planned {len(rows)} candidates in {time.perf_counter() - start:.0f} s")
@@ -309,6 +334,7 @@ def _line(row: dict) -> str:
         )
         + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
         + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else "")
+        + (f"; ESTIMATE {row['estimate']['seconds']:.4g} s/step" if row.get("estimate") else "")
         + (_estimate_line(row["cpu_estimate"]) if row.get("cpu_estimate") else "")
     )
 

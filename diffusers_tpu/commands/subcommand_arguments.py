@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..planner.step_estimate import DEFAULT_ATTENTION_EFFICIENCY
 from .parser import CHIPS, add_output_args, add_prompt_args, add_runtime_args, add_size_args, mesh_arg, positive
 
 DESCRIPTION = """diffusers-tpu: generate a video with a stock diffusers pipeline on TPU (or any JAX platform).
@@ -157,6 +158,13 @@ def _plan(parser) -> None:
         "about half a minute here)",
     )
     parser.add_argument(
+        "--first-fit",
+        action="store_true",
+        help="with the TPU compiler: take the first candidate in order of preference that fits (default: compile "
+        "every candidate of the weight format that first fits and take the fastest by the step estimate)",
+    )
+    _attention_efficiency(parser, "the step estimate that ranks the candidates")
+    parser.add_argument(
         "--check",
         action="store_true",
         help="on a TPU or GPU: run the recommended configuration "
@@ -196,14 +204,18 @@ def _cost(parser) -> None:
     parser.add_argument(
         "--estimate", action="store_true", help="also a roofline estimate of the step (labelled, with its assumptions)"
     )
+    _attention_efficiency(parser, "--estimate")
+    parser.add_argument("--json", help="write the report to this file")
+
+
+def _attention_efficiency(parser, used_by: str) -> None:
     parser.add_argument(
         "--attention-efficiency",
         type=float,
-        default=0.5,
-        help="with --estimate: the fraction of the chip's peak the attention kernel is assumed to "
-        "reach (default 0.5; an assumption, not a measurement)",
+        default=DEFAULT_ATTENTION_EFFICIENCY,
+        help=f"for {used_by}: the fraction of the chip's bf16 peak the attention kernel is assumed to reach "
+        f"(default {DEFAULT_ATTENTION_EFFICIENCY}; an assumption, not a measurement)",
     )
-    parser.add_argument("--json", help="write the report to this file")
 
 
 def _ready(parser) -> None:

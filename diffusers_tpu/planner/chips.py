@@ -19,6 +19,7 @@ class Chip:
     # libtpu's name for the slice ("v6e:2x4"): what ``tpu_compiler.devices`` compiles for; None: not known to libtpu
     topology: str | None = None
     hbm_gbps: float = 0.0  # HBM bandwidth per device, GB/s (vendor figure): only for roofline estimates
+    ici_gbps: float = 0.0  # inter-chip bandwidth per device, GB/s, all links together (vendor figure): estimates only
 
     @property
     def generation(self) -> str | None:
@@ -48,11 +49,13 @@ def gpu_memory_fraction() -> float:
 # as the driver reports it: 81,559 MiB and 143,771 MiB). v5p and v4 slices are named by TensorCores (2 per chip, one
 # megacore device each); v7x-8 is taken as 4 chips of 2 TensorCores each seen as its own device: verify on hardware
 # (libtpu 0.0.42 does not know v7x: it is planned by the CPU estimate only).
+# ICI per chip as Cloud TPU publishes it in Gbps (v5e 1,600; v6e 3,584; v5p 4,800; v4 2,400), here in GB/s; a
+# v5p/v4 chip is one megacore device.
 _V5E, _V6E, _V5P, _V4 = (
-    dict(hbm_gib=16, peak_tflops=197, hbm_gbps=819),
-    dict(hbm_gib=32, peak_tflops=918, hbm_gbps=1640),
-    dict(hbm_gib=95, peak_tflops=459, hbm_gbps=2765),
-    dict(hbm_gib=32, peak_tflops=275, hbm_gbps=1228),
+    dict(hbm_gib=16, peak_tflops=197, hbm_gbps=819, ici_gbps=200),
+    dict(hbm_gib=32, peak_tflops=918, hbm_gbps=1640, ici_gbps=448),
+    dict(hbm_gib=95, peak_tflops=459, hbm_gbps=2765, ici_gbps=600),
+    dict(hbm_gib=32, peak_tflops=275, hbm_gbps=1228, ici_gbps=300),
 )
 CHIPS = {
     "v5e-1": Chip(1, **_V5E, topology="v5e:1x1"),

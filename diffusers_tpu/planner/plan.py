@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +38,7 @@ from ..interop.weights import Gathered, LayerOf, expand_stacked
 from ..runtime import decision, loading, quantize, stacked_weights
 from ..runtime.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
-from . import call_probe, lowering, program_memory, tpu_compiler
+from . import call_probe, hlo_stats, lowering, program_memory, step_estimate, tpu_compiler
 from .chips import GIB, Chip
 
 
@@ -139,21 +140,29 @@ def start_denoiser_memory(
     shared: dict | None = None,
     compiler=None,
     analyse=None,
+    step_analyse=None,
 ):
     """``denoiser_memory`` in two halves, so candidates overlap: the denoiser's programs are traced and lowered
     here, compiled by ``compiler`` (a ``concurrent.futures`` executor: XLA compiles without the GIL while this thread
     traces the next candidate; None: here and now); the returned function waits for them and gives the report.
     ``analyse(lowered) -> dict``: what is reported of each program (default: its memory analysis; ``cost`` gives
-    ``hlo_stats.summary``, which holds the same keys)."""
+    ``hlo_stats.summary``, which holds the same keys); ``step_analyse``: another for the denoiser step alone (``plan``
+    ranks meshes by the step's figures, while the VAE's remembered memory analyses stay valid)."""
 
-    analyse = tpu_compiler.remembered(analyse or jit.compiled_memory, devices, config.resolved_cache_dir())
-    if tpu_compiler.is_tpu(devices):  # minutes for some programs: say which, and for how long
-        analyse = tpu_compiler.announced(analyse)
-    submit = (
-        (lambda lowered: compiler.submit(analyse, lowered))
-        if compiler is not None
-        else (lambda lowered: program_memory.compiled_now(lowered, analyse))
-    )
+    def prepared(function):
+        function = tpu_compiler.remembered(function, devices, config.resolved_cache_dir())
+        if tpu_compiler.is_tpu(devices):  # minutes for some programs: say which, and for how long
+            function = tpu_compiler.announced(function)
+        return function
+
+    def submitter(function):
+        if compiler is not None:
+            return lambda lowered: compiler.submit(function, lowered)
+        return lambda lowered: program_memory.compiled_now(lowered, function)
+
+    analyse = prepared(analyse or jit.compiled_memory)
+    submit = submitter(analyse)
+    submit_step = submitter(prepared(step_analyse)) if step_analyse is not None else submit
 
     extra, tiling = {}, None
     with attached(pipe, config, devices) as runtime:
@@ -170,7 +179,7 @@ def start_denoiser_memory(
         lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         for number, (program, _) in enumerate(lowered):
             program.label = "the denoiser step" + (f" (pass {number + 1})" if len(lowered) > 1 else "")
-        pending = [submit(program) for program, _ in lowered]
+        pending = [submit_step(program) for program, _ in lowered]
         if vae and config.text_encoder == "jax":
             extra["text_encoders"] = program_memory.text_encoder_started(
                 pipe, config, runtime, size, text_tokens, reported, submit
@@ -266,6 +275,7 @@ def plan_all(
     text_tokens: int,
     ahead: int | None = None,
     vae: bool = True,
+    attention_efficiency: float = step_estimate.DEFAULT_ATTENTION_EFFICIENCY,
 ):
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
@@ -279,13 +289,29 @@ def plan_all(
         for config in configs:
             if len(started) == ahead:
                 yield started.popleft()()
-            started.append(start_plan(pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae))
+            started.append(
+                start_plan(
+                    pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae, attention_efficiency
+                )
+            )
         while started:
             yield started.popleft()()
 
 
 # at most this many candidate programs compile at once: each holds the whole step's HLO (a few GB for 14B models)
 COMPILE_THREADS = 2
+
+
+def compiled_figures(lowered) -> dict:
+    """Compile ``lowered``: its memory, cost and instruction figures (``hlo_stats.summary``), compile seconds."""
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
+
+
+def estimable(chip: Chip | None, devices) -> bool:
+    """Whether rows for ``chip`` get a step-time estimate: TPU-compiled, with the chip's bandwidths known."""
+    return bool(chip and chip.hbm_gbps and chip.ici_gbps and tpu_compiler.is_tpu(devices))
 
 
 def start_plan(
@@ -299,9 +325,12 @@ def start_plan(
     shared: dict | None = None,
     compiler=None,
     vae: bool = True,
+    attention_efficiency: float = step_estimate.DEFAULT_ATTENTION_EFFICIENCY,
 ):
-    """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row."""
+    """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row. Rows
+    compiled for a TPU chip carry the step's ``estimate`` (``step_estimate``; attention at ``attention_efficiency``)."""
     hbm = chip.usable_gib() if chip else hbm_gib
+    estimated = estimable(chip, devices)
     started = start_denoiser_memory(
         pipe,
         size,
@@ -312,6 +341,7 @@ def start_plan(
         tile_above=hbm * GIB if hbm else None,
         shared=shared,
         compiler=compiler,
+        step_analyse=compiled_figures if estimated else None,
     )
     vae = getattr(pipe, "vae", None)
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
@@ -374,6 +404,9 @@ def start_plan(
             "fully_sharded_weights": config.fully_sharded_weights,
             "text_encoder": config.text_encoder,
         }
+        if estimated:
+            calls = 2 if memory["guided"] and memory["cfg_batch"] == 1 else 1  # an unbatched guidance pair: 2 calls
+            report["estimate"] = step_estimate.of_passes(memory["passes"], chip, attention_efficiency, calls)
         if flops is not None:
             per_step = flops * (2 if memory["guided"] else 1)
             report["flops_per_step"] = per_step

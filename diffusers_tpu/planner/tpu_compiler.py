@@ -22,6 +22,7 @@ import threading
 import time
 
 import jax
+from jax._src import xla_bridge  # backends_are_initialized: JAX has no public question for it
 from jax.experimental import topologies
 
 from ..interop import startup
@@ -55,6 +56,12 @@ def load_failure() -> str | None:
     except Exception as error:  # noqa: BLE001 (any failure to load is this answer, never a bare JAX message)
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
     return None
+
+
+def started() -> bool:
+    """Whether libtpu may have started in this process (it reads its flags, ``LIBTPU_INIT_ARGS``, then and only then):
+    after JAX's first device query (which tries every platform) or a deviceless topology."""
+    return xla_bridge.backends_are_initialized() or _devices.cache_info().currsize > 0
 
 
 def usable() -> bool:

@@ -89,6 +89,30 @@ def test_causal_and_block_causal(block_size, offset):
     assert relative_error(jnp_ref, ref) <= 1e-5  # the jnp reference has the same semantics
 
 
+@pytest.mark.parametrize("kv_len", [512, 500, 300], ids=["no-padding", "padded-last-chunk", "padded-block"])
+def test_plain_chunks_equal_masked_chunks_bit_for_bit(kv_len):
+    """Chunks with every key visible skip the mask selects (no mask, no padding there): the result is the masked
+    path's bit for bit (an all-true key mask forces the masked path everywhere) and matches float64."""
+    q, k, v = inputs(2, 2, 256, kv_len, 32, seed=3)
+    everything = jnp.ones((2, kv_len), bool)
+    plain = np.asarray(run(q, k, v))
+    masked = np.asarray(run(q, k, v, kv_mask=everything))
+    assert np.array_equal(plain, masked)
+    assert relative_error(plain, float64_attention(q, k, v)) < 1e-5
+
+
+def test_key_mask_chunks_all_some_and_no_visible_key():
+    """A key mask whose 256-key chunks are all visible (plain path), none visible (skipped) and partly visible (masked
+    per key), different per batch row, with padding after them: float64's result."""
+    q, k, v = inputs(2, 3, 200, 700, 16, seed=5)
+    mask = np.ones((2, 700), bool)
+    mask[0, 256:512] = False  # row 0: chunk 1 has no visible key
+    mask[0, 600:] = False  # row 0: chunk 2 partly visible (and padded to 768)
+    mask[1, :256] = False  # row 1: chunk 0 skipped, the rest visible
+    out = np.asarray(run(q, k, v, kv_mask=jnp.asarray(mask)))
+    assert relative_error(out, float64_attention(q, k, v, kv_mask=mask)) < 1e-5
+
+
 def test_fully_masked_rows_are_zero_never_nan():
     q, k, v = inputs(3, 2, 40, 300, 8)
     mask = jnp.zeros((3, 300), bool).at[1, 250:].set(True).at[2].set(True)  # row 0: no valid key

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from diffusers_tpu.interop import compat
-from diffusers_tpu.planner import chips, hlo_stats, tpu_compiler
+from diffusers_tpu.planner import chips, hlo_stats, kernel_work, tpu_compiler
 
 needs_libtpu = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 
@@ -152,18 +152,8 @@ def test_refusals_are_one_line_reasons_and_bugs_are_not():
     assert tpu_compiler.refusal(KeyError("x")) is None
 
 
-# Per-device attention calls of the real models on their default 8-chip meshes (dp2·sp1·tp4): self-attention with
-# heads over tp, cross-attention with the query sequence over sp·tp; CogVideoX and HunyuanVideo attend jointly over
-# text + video tokens. (batch, heads, q_len, kv_len, head_dim, key mask)
 REAL_ATTENTION = {
-    "wan2.1-1.3b-480p-self": (1, 12 // 4, 21 * 30 * 52, 21 * 30 * 52, 128, False),
-    "wan2.1-1.3b-480p-cross": (1, 12, 21 * 30 * 52 // 4, 512, 128, True),
-    "wan2.1-14b-720p-self": (1, 40 // 4, 21 * 45 * 80, 21 * 45 * 80, 128, False),
-    "wan2.1-14b-720p-cross": (1, 40, 21 * 45 * 80 // 4, 512, 128, True),
-    # 1360x768, 81 frames: 11 latent frame pairs x 48 x 85 patches + 226 text tokens
-    "cogvideox1.5-5b-joint": (1, 48 // 4, 11 * 48 * 85 + 226, 11 * 48 * 85 + 226, 64, False),
-    # 480x848, 121 frames: 31 x 30 x 53 latents + 1000 MLLM + 256 ByT5 tokens (padding masked)
-    "hunyuanvideo-1.5-480p-joint": (1, 16 // 4, 31 * 30 * 53 + 1256, 31 * 30 * 53 + 1256, 128, True),
+    name: (c.batch, c.heads, c.q_len, c.kv_len, c.head_dim, c.masked) for name, c in kernel_work.REAL_CALLS.items()
 }
 
 
