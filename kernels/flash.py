@@ -142,6 +142,8 @@ def _kernel(
     q_offset: int,
     has_mask: bool,
     kv_padded: bool,
+    kv_ragged: bool,
+    packed: bool,
     heads: int,
     use_exp2: bool,
     precision,
@@ -190,6 +192,8 @@ def _kernel(
             alpha = exp(m - m_next)
             row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
             v = v_ref[pl.ds(offset, compute_in), :]
+            if masked and kv_ragged:  # keys past the array's end are whatever the block read: 0 * NaN is NaN
+                v = jnp.where(key_pos < kv_len, v, jnp.zeros_like(v))
             pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision, preferred_element_type=jnp.float32)
             acc = alpha[0:1] * acc + pv
             m = m_next
@@ -226,7 +230,8 @@ def _kernel(
     def _finish():
         total = l_ref[0:1]
         inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
-        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
+        out = acc_ref[...] * inverse
+        o_ref[...] = (out.T if packed else out).astype(o_ref.dtype)  # packed: [block_q, D] rows of [B, S, H*D]
 
 
 def _call(
@@ -243,15 +248,32 @@ def _call(
     use_exp2: bool,
     interpret: bool,
     vmem_bytes: int,
+    head_dim: int,
+    packed: bool,
 ):
-    """q [BH, Sq_pad, D], k/v [BH, Skv_pad, D], mask [B, Skv_pad, 1] or None -> out [BH, D, Sq_pad]."""
-    batch_heads, q_pad, head_dim = q.shape
+    """Folded: q [BH, Sq_pad, D], k/v [BH, Skv_pad, D] -> out [BH, D, Sq_pad]. Packed (``D`` a lane multiple): q
+    [B, Sq, H*D], k/v [B, Skv, H*D] as the projections lay them out -> out [B, Sq, H*D], blocks read and written in
+    place (a ragged last block past the sequence's end: its keys are masked, its queries' rows are not written).
+    mask [B, Skv_pad, 1] or None."""
     bq, bkv = sizes.block_q, sizes.block_kv
-    grid = (batch_heads, q_pad // bq, k.shape[1] // bkv)
+    if packed:
+        batch_heads = q.shape[0] * heads
+        grid = (batch_heads, pl.cdiv(q.shape[1], bq), pl.cdiv(k.shape[1], bkv))
+        q_index = lambda g, i, j, *_: (lax.div(g, heads), i, lax.rem(g, heads))  # noqa: E731
+        kv_index = lambda g, i, j, *_: (lax.div(g, heads), j, lax.rem(g, heads))  # noqa: E731
+        out_shape, out_block, out_index = q.shape, (None, bq, head_dim), q_index
+    else:
+        batch_heads = q.shape[0]
+        grid = (batch_heads, q.shape[1] // bq, k.shape[1] // bkv)
+        q_index = lambda g, i, j, *_: (g, i, 0)  # noqa: E731
+        kv_index = lambda g, i, j, *_: (g, j, 0)  # noqa: E731
+        out_shape, out_block = (batch_heads, head_dim, q.shape[1]), (None, head_dim, bq)
+        out_index = lambda g, i, j, *_: (g, 0, i)  # noqa: E731
+    kv_rows = grid[2] * bkv
     in_specs = [
-        pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),
-        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j, *_: (h, j, 0)),
-        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j, *_: (h, j, 0)),
+        pl.BlockSpec((None, bq, head_dim), q_index),
+        pl.BlockSpec((None, bkv, head_dim), kv_index),
+        pl.BlockSpec((None, bkv, head_dim), kv_index),
     ]
     operands = [q, k, v]
     prefetch = []
@@ -267,7 +289,9 @@ def _call(
         causal_block=causal_block,
         q_offset=q_offset,
         has_mask=mask is not None,
-        kv_padded=k.shape[1] > kv_len,
+        kv_padded=kv_rows > kv_len,
+        kv_ragged=kv_rows > k.shape[1],
+        packed=packed,
         heads=heads,
         use_exp2=use_exp2,
         precision=precision,
@@ -281,12 +305,12 @@ def _call(
         )
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((batch_heads, head_dim, q_pad), q.dtype),
+        out_shape=jax.ShapeDtypeStruct(out_shape, q.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(prefetch),
             grid=grid,
             in_specs=in_specs,
-            out_specs=pl.BlockSpec((None, head_dim, bq), lambda h, i, j, *_: (h, 0, i)),
+            out_specs=pl.BlockSpec(out_block, out_index),
             scratch_shapes=[
                 pltpu.VMEM((_SUBLANES, bq), jnp.float32),
                 pltpu.VMEM((_SUBLANES, bq), jnp.float32),
@@ -358,16 +382,21 @@ def flash_attention(
         raise ValueError(
             f"flash_attention needs q_offset >= 0 and causal_block_size >= 1, got {q_offset}, {causal_block_size}."
         )
-    scale = head_dim**-0.5 if scale is None else scale
+    scale = (head_dim**-0.5 if scale is None else scale) * (LOG2E if use_exp2 else 1.0)
     if k_smoothing:
         k = smooth_keys(k, kv_mask)
-    q = (q.astype(jnp.float32) * (scale * (LOG2E if use_exp2 else 1.0))).astype(q.dtype)
     vmem_bytes = vmem_bytes or DEFAULT_VMEM_BYTES
     sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len, head_dim, q.dtype.itemsize, vmem_bytes)
     q_pad = _round_up(q_len, sizes.block_q) - q_len
     kv_pad = _round_up(kv_len, sizes.block_kv) - kv_len
-    fold = lambda x, pad: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(batch * heads, -1, head_dim)  # noqa: E731
-    q3, k3, v3 = fold(q, q_pad), fold(k, kv_pad), fold(v, kv_pad)
+    packed = head_dim % _LANES == 0
+    if packed:  # [B, S, H*D]: undoes the caller's [B, S, H, D] -> [B, H, S, D] transpose first (XLA cancels the pair)
+        q3, k3, v3 = (jnp.swapaxes(x, 1, 2).reshape(batch, x.shape[2], heads * head_dim) for x in (q, k, v))
+        q3 = (q3.astype(jnp.float32) * scale).astype(q3.dtype)
+    else:  # heads folded into rows, sequences padded to block multiples
+        q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        fold = lambda x, pad: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(batch * heads, -1, head_dim)  # noqa: E731
+        q3, k3, v3 = fold(q, q_pad), fold(k, kv_pad), fold(v, kv_pad)
     mask = None
     if kv_mask is not None:
         mask = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, kv_pad)))[:, :, None]
@@ -380,6 +409,8 @@ def flash_attention(
         use_exp2=use_exp2,
         causal_block=causal_block_size if causal else None,
         vmem_bytes=vmem_bytes,
+        head_dim=head_dim,
+        packed=packed,
     )
     if interpret is None:
         out = lax.platform_dependent(
@@ -392,5 +423,7 @@ def flash_attention(
         )
     else:
         out = run(q3, k3, v3, mask, interpret=bool(interpret))
+    if packed:
+        return jnp.swapaxes(out.reshape(batch, q_len, heads, head_dim), 1, 2)
     out = out.reshape(batch, heads, head_dim, -1)[..., :q_len]
     return jnp.swapaxes(out, 2, 3)

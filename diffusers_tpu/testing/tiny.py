@@ -58,7 +58,8 @@ from ..families.causal_wan import CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
 from ..planner.standins import COGVIDEOX_SCHEDULER, HUNYUAN15_TEMPLATE_TOKENS, char_tokenizer, chat_tokenizer  # noqa: F401
 
-# Two transformer shapes: parity is tested on both. "wan-4head" has heads that tp=4 divides (8-device mesh).
+# Transformer shapes parity is tested on: "wan-4head" has heads that tp=4 divides (8-device mesh); "wan-d128"
+# the real models' head size.
 WAN_TRANSFORMERS = {
     "wan": dict(
         patch_size=(1, 2, 2),
@@ -85,6 +86,21 @@ WAN_TRANSFORMERS = {
         ffn_dim=48,
         num_layers=3,
         cross_attn_norm=False,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    ),
+    # head_dim 128, a lane multiple: the exp2 kernel reads q/k/v packed as [B, S, H*D] (the real models' layout)
+    "wan-d128": dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=32,
+        freq_dim=64,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
         qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32,
     ),

@@ -147,6 +147,7 @@ PARITY = {
     "wan-unipc-tpu": Case(wan("wan", "unipc"), "wan", to="tpu", check=on_jax_device, rerun_on_cpu=True),
     "wan-4head-flow_match-tpu": Case(wan("wan-4head", "flow_match"), "wan", to="tpu", rerun_on_cpu=True),
     "wan-4head-unipc-jax": Case(wan("wan-4head", "unipc"), "wan", rerun_on_cpu=True),
+    "wan-d128-unipc-jax": Case(wan("wan-d128", "unipc"), "wan"),
     # Wan 2.2 and image-to-video
     "wan2.2-a14b": Case(with_call(tiny.wan22_a14b_pipeline), "wan", check=wan22_both_experts),
     "wan2.2-ti2v": Case(with_call(tiny.wan22_ti2v_pipeline), "wan", check=wan22_postprocess_on_device),

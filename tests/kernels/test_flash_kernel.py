@@ -54,6 +54,8 @@ SHAPES = [  # (batch, heads, Sq, Skv, D): none of the sequence lengths is a bloc
     (1, 2, 300, 300, 64),
     (2, 1, 1000, 13, 32),  # cross-attention: Skv << Sq
     (1, 2, 513, 640, 8),
+    (2, 3, 300, 513, 128),  # head_dim a lane multiple: packed [B, S, H*D], ragged last blocks (nothing padded)
+    (1, 1, 77, 300, 128),  # one head per device (heads over tp): packed rows are exactly head_dim wide
 ]
 
 
@@ -79,9 +81,9 @@ def test_bfloat16_matches_float64(shape):
     assert relative_error(out, float64_attention(q, k, v)) <= 2e-2
 
 
-@pytest.mark.parametrize("block_size, offset", [(1, 0), (4, 0), (3, 500)])
-def test_causal_and_block_causal(block_size, offset):
-    q, k, v = inputs(2, 2, 300, 900, 16)
+@pytest.mark.parametrize("block_size, offset, dim", [(1, 0, 16), (4, 0, 16), (3, 500, 16), (4, 0, 128)])
+def test_causal_and_block_causal(block_size, offset, dim):
+    q, k, v = inputs(2, 2, 300, 900, dim)
     out = run(q, k, v, causal=True, causal_block_size=block_size, q_offset=offset)
     ref = float64_attention(q, k, v, causal=True, causal_block_size=block_size, q_offset=offset)
     assert relative_error(out, ref) <= 1e-5
@@ -89,11 +91,12 @@ def test_causal_and_block_causal(block_size, offset):
     assert relative_error(jnp_ref, ref) <= 1e-5  # the jnp reference has the same semantics
 
 
+@pytest.mark.parametrize("dim", [32, 128], ids=["folded", "packed"])
 @pytest.mark.parametrize("kv_len", [512, 500, 300], ids=["no-padding", "padded-last-chunk", "padded-block"])
-def test_plain_chunks_equal_masked_chunks_bit_for_bit(kv_len):
+def test_plain_chunks_equal_masked_chunks_bit_for_bit(kv_len, dim):
     """Chunks with every key visible skip the mask selects (no mask, no padding there): the result is the masked
     path's bit for bit (an all-true key mask forces the masked path everywhere) and matches float64."""
-    q, k, v = inputs(2, 2, 256, kv_len, 32, seed=3)
+    q, k, v = inputs(2, 2, 256, kv_len, dim, seed=3)
     everything = jnp.ones((2, kv_len), bool)
     plain = np.asarray(run(q, k, v))
     masked = np.asarray(run(q, k, v, kv_mask=everything))

@@ -182,12 +182,17 @@ def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
         tuple(int(n) for n in dims.split(","))
         for dims in __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("custom-call(")[0])
     ]
-    padded_q = operands[0][-1]  # the kernel's output is [batch*heads, head_dim, q padded]
     sizes = BlockSizes().fit(q_len, kv_len, head_dim, 2, vmem)
     assert sizes.vmem_bytes(head_dim, 2) <= vmem
+    assert sizes.block_kv == block_for(kv_len, 2816)
+    if head_dim % 128 == 0:  # packed: q/k/v read as the projections lay them out, nothing padded or transposed
+        inputs = __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("operand_layout_constraints=")[1])
+        assert operands[0] == (batch, q_len, heads * head_dim)
+        assert inputs[:3] == [f"{batch},{q_len},{heads * head_dim}"] + [f"{batch},{kv_len},{heads * head_dim}"] * 2
+        return
+    padded_q = operands[0][-1]  # folded: the kernel's output is [batch*heads, head_dim, q padded]
     least_q = min(-(-q_len // b) * b for b in range(1664, 3329, 128)) if q_len > 3328 else -(-q_len // 128) * 128
     assert padded_q == -(-q_len // sizes.block_q) * sizes.block_q <= least_q * 1.005
-    assert sizes.block_kv == block_for(kv_len, 2816)
 
 
 @needs_libtpu

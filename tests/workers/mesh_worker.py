@@ -120,6 +120,21 @@ def main(part: str):
             )
         pipe.to("cpu")
     report["restored_exactly"] = bool(np.array_equal(generate(pipe, output_type="np"), ref))
+    # head_dim 128 (the exp2 kernel's packed [B, S, H*D] layout): heads over tp, then query sequences over sp
+    wide = tiny.wan_pipeline("wan-d128")
+    wide_ref = generate(wide, output_type="np")
+    for name, mesh, threshold in (
+        ("d128-dp2-sp1-tp4", MESHES["dp2-sp1-tp4"][0], 16),
+        ("d128-tp2-sp4", {"tp": 2, "sp": 4}, 100),
+    ):
+        wide.to("jax", config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
+        out = generate(wide, output_type="np")
+        report["runs"][name] = dict(
+            compare(out, wide_ref, stock_pil(out), stock_pil(wide_ref)),
+            mesh=dict(wide._diffusers_tpu_runtime.mesh.shape),
+            attention=wide._diffusers_tpu_runtime.attention.implementation,
+        )
+        wide.to("cpu")
     seconds = report["seconds"] = {"wan_meshes": time.perf_counter() - started}
     for name, run in (
         ("lora", lora_runs),
