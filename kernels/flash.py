@@ -7,13 +7,20 @@ accumulating in float32.
 
 Layout (per grid step: one (batch*head, q block, kv block)): scores are computed key-major, ``s = k q'^T`` of shape
 ``[kv, q]``, so the softmax statistics ``m`` (running max) and ``row_sum`` are lane-dense ``[8, block_q]`` rows,
-reductions run over sublanes, and the output accumulates transposed as ``[D, block_q]`` (the wrapper transposes it
-back). Each kv block is processed in ``block_kv_compute`` chunks (one matmul each), and each chunk's softmax update in
-``block_kv_compute_in`` sub-blocks (the fine-grained inner loop, keeping the elementwise work in registers).
+reductions run over sublanes, and the output accumulates transposed as ``[D, block_q]``. Each kv block is processed in
+``block_kv_compute`` chunks (one matmul each), and each chunk's softmax update in ``block_kv_compute_in`` sub-blocks
+(the fine-grained inner loop, keeping the elementwise work in registers).
 
-Masking: padded keys (the wrapper pads sequences to block multiples) are recognised by position; ``kv_mask`` marks
-valid keys per batch row; ``causal`` compares positions (block-causal with ``causal_block_size``). Invisible keys
-get exactly zero weight, chunks with no visible key are skipped, and a query with no visible key returns 0.
+Operands: with ``D`` a lane multiple (the real models' 128) q/k/v are read **packed**, ``[B, S, H*D]`` as the
+projections lay them out (one head's ``[block, D]`` columns per grid step), and the output is written the same way
+(the accumulator transposed once per query block): no transpose and no padding around the kernel; the last blocks
+run past the sequences' ends (those keys are masked, those queries' rows not written). Otherwise heads are folded
+into rows, ``[B*H, S_pad, D]``, the sequences padded to block multiples and the output written ``[B*H, D, S_pad]``.
+
+Masking: keys past the sequence's end are recognised by position (only the chunk holding the end is masked);
+``kv_mask`` marks valid keys per batch row, summarised per chunk in a scalar-prefetch table (none visible: skipped;
+some: masked per key; all: no select); ``causal`` compares positions (block-causal with ``causal_block_size``).
+Invisible keys get exactly zero weight and a query with no visible key returns 0.
 """
 
 from __future__ import annotations

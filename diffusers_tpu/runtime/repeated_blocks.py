@@ -9,7 +9,9 @@ what changes is what the calls do while the whole forward is traced (``compile.C
 - blocks 1 .. N-2 return placeholders instead of computing, after checking that the call is a chain: every tensor
   argument is either the previous block's output (carried) or the same value as block 1's (constant), every other
   argument equal;
-- block N-1 runs blocks 1 .. N-1 as one ``lax.scan``: the body is the stock block forward traced once. Weights the
+- block N-1 runs the chain as one ``lax.scan``: the body is the stock block forward traced once. Block 0 is the
+  loop's first iteration when its own call fits the chain (its carried inputs start the loop; its traced call is
+  left unused and dropped by XLA), so the program holds one copy of the block; else the loop is blocks 1 .. N-1. Weights the
   runtime stores stacked (``runtime.stacked_weights``: one ``[N, ...]`` array per weight of the list, a program
   argument) are indexed by the loop counter, as a scan over stacked parameters does; any other weight (an adapter
   added after placing, a quantized weight) and the LoRA scales are picked per layer by a ``lax.switch`` over the
@@ -274,6 +276,18 @@ class _BlockListCalls:
                 return False
         return True
 
+    def _first_in_chain(self) -> bool:
+        """Does block 0's call fit the chain block 1 fixed: constants the same values, statics equal (carried inputs
+        of the same shapes: checked when block 1 was compared with it)?"""
+        for position, (role, value) in enumerate(self.roles):
+            if role == "const" and not _same(self.first.marks[position], value[1]):
+                return False
+            if role == "static" and not (
+                type(self.first.leaves[position]) is type(value) and self.first.leaves[position] == value
+            ):
+                return False
+        return True
+
     def _give_up(self, forward, args, kwargs):
         """Run the deferred calls one by one (exactly the unrolled loop), then this call; no deferring after."""
         self.deferring = False
@@ -293,13 +307,15 @@ class _BlockListCalls:
         return forward(*args, **kwargs)
 
     def _scan(self):
-        """Blocks 1..N-1 as one loop over their weights (the call of block N-1 returns its real outputs)."""
+        """The chain as one loop over its weights (blocks 0 or 1 .. N-1; the call of block N-1 returns real outputs)."""
         session, template = self.session, self.blocks[1]
         names = [n for n, _ in template.named_parameters(remove_duplicate=False)]
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
         dicts = [(p, k) for p, m in template.named_modules() for k, v in sorted(vars(m).items()) if _traced_dict(v)]
 
-        layers = range(1, len(self.blocks))
+        # block 0 joins the loop when its call is the chain's first link (its carried inputs start the loop): the
+        # program then holds one copy of the block, not two; its own traced call stays unused and is dropped
+        layers = range(0 if self._first_in_chain() else 1, len(self.blocks))
 
         def stored(index: int, name: str):
             """Layer ``index``'s raw weight ``name``: an array, or a ``LayerOf`` a stacked argument."""
@@ -351,7 +367,7 @@ class _BlockListCalls:
                 {
                     n: wrap(
                         session.prepare(
-                            gathered(jax.lax.dynamic_index_in_dim(array, step + 1, keepdims=False), used_as)
+                            gathered(jax.lax.dynamic_index_in_dim(array, step + layers.start, keepdims=False), used_as)
                         )
                     )
                     for n, (array, used_as) in stacked.items()
@@ -380,7 +396,11 @@ class _BlockListCalls:
                 raise Retrace(f"{self.path}: a block's outputs differ in shape from block 0's")
             return arrays, None
 
-        init = [_array(x) for x in first.outputs if isinstance(x, torch.Tensor)]
+        if layers.start == 0:  # the carried inputs of block 0; an output no block reads starts as zeros
+            fed = {value: first.arrays[p] for p, (role, value) in enumerate(roles) if role == "carry"}
+            init = [fed[q] if q in fed else jnp.zeros(*aval) for q, aval in zip(tensor_slot, carry_avals)]
+        else:
+            init = [_array(x) for x in first.outputs if isinstance(x, torch.Tensor)]
         final, _ = jax.lax.scan(body, init, jnp.arange(len(per_layer)))
         session.scans += 1
         results = iter(final)

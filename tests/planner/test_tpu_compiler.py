@@ -232,7 +232,7 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     report = json.loads(out.read_text())
     step = report["denoiser_step"][0]
     loop = max(step["hlo"]["loops"], key=lambda loop: loop["instructions"])
-    assert loop["trip_count"] == 2  # the tiny model's 3 blocks: block 0, then blocks 1-2 as one loop
+    assert loop["trip_count"] == 3  # the tiny model's 3 blocks, block 0 included, as one loop
     assert step["hlo"]["total"]["attention_calls"] >= 2 and step["hlo"]["total"]["flops"] > 0
     assert report["mesh"] == {"dp": 2, "sp": 1, "tp": 2} and report["cfg_batch"] == 2
     assert report["estimate"]["seconds"] > 0 and report["estimate"]["assumptions"]["hbm_gbps"] == 1640

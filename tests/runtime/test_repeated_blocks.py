@@ -161,7 +161,7 @@ def test_scan_blocks_knob():
 
 
 def test_wan_with_per_layer_lora_scales_scans_and_equals_torch(monkeypatch):
-    """A real denoiser (tiny Wan, 3 blocks: blocks 1-2 in the loop) with a LoRA whose scale differs per layer: each
+    """A real denoiser (tiny Wan, 3 blocks, all in the loop) with a LoRA whose scale differs per layer: each
     layer's own scale is picked inside the loop, and a changed scale needs no new program."""
     from diffusers_tpu.testing import tiny
     from tests.conftest import assert_np_matches, generate
