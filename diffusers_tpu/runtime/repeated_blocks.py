@@ -12,10 +12,10 @@ what changes is what the calls do while the whole forward is traced (``compile.C
 - block N-1 runs the chain as one ``lax.scan``: the body is the stock block forward traced once. Block 0 is the
   loop's first iteration when its own call fits the chain (its carried inputs start the loop; its traced call is
   left unused and dropped by XLA), so the program holds one copy of the block; else the loop is blocks 1 .. N-1.
-  Weights the runtime stores stacked (``runtime.stacked_weights``: one ``[N, ...]`` array per weight of the list, a program
-  argument) are indexed by the loop counter, as a scan over stacked parameters does; any other weight (an adapter
-  added after placing, a quantized weight) and the LoRA scales are picked per layer by a ``lax.switch`` over the
-  layers' own arrays (a copy of that layer's values per iteration).
+  Weights the runtime stores stacked (``runtime.stacked_weights``: one ``[N, ...]`` array per weight of the list,
+  a program argument) are indexed by the loop counter, as a scan over stacked parameters does; any other weight
+  (an adapter added after placing, a quantized weight) and the LoRA scales are picked per layer by a
+  ``lax.switch`` over the layers' own arrays (a copy of that layer's values per iteration).
 
 Anything else keeps the exact stock meaning. Blocks that differ in any way (class, weights' shapes, attributes,
 hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a residual added between blocks, a
