@@ -89,22 +89,11 @@ WAN_TRANSFORMERS = {
         qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32,
     ),
-    # head_dim 128, a lane multiple: the exp2 kernel reads q/k/v packed as [B, S, H*D] (the real models' layout)
-    "wan-d128": dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=4,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=32,
-        freq_dim=64,
-        ffn_dim=64,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
-    ),
 }
+# head_dim 128, a lane multiple: the exp2 kernel reads q/k/v packed as [B, S, H*D] (the real models' layout)
+WAN_TRANSFORMERS["wan-d128"] = dict(
+    WAN_TRANSFORMERS["wan-4head"], attention_head_dim=128, ffn_dim=64, num_layers=2, cross_attn_norm=True
+)
 WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
 # Wan 2.2 TI2V-5B: a 48-channel residual VAE that works on 2x2 pixel patches (16x spatial compression).
 WAN22_VAE = dict(
