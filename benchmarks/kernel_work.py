@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from diffusers_tpu.planner import kernel_work
+from diffusers_tpu.planner import kernel_work, tpu_compiler
 
 COLUMNS = ("mxu", "vector", "transcendental", "load/store", "cross-lane")
 
@@ -52,7 +53,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", action="store_true", help="also list every LLO op per tile")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
-    results = rows(args.calls, args.chips)
+    try:
+        results = rows(args.calls, args.chips)
+    except tpu_compiler.Unavailable as error:  # no libtpu: what to install, not a traceback
+        print(error, file=sys.stderr)
+        return 2
     names = {call: name for name, call in kernel_work.REAL_CALLS.items()}
     print(markdown(results, names))
     if args.ops:

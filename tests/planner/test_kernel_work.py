@@ -162,3 +162,14 @@ def test_masked_call_skips_chunks_without_a_visible_key_and_selects_only_where_s
     assert prompt.per_tile["vector"] < full.per_tile["vector"]
     assert prompt.per_tile["vector"] <= splash.per_tile["vector"]
     assert prompt.per_tile["transcendental"] <= splash.per_tile["transcendental"]
+
+
+def test_without_libtpu_the_counts_say_what_to_install(monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.setattr(tpu_compiler, "available", lambda: False)
+    with pytest.raises(tpu_compiler.Unavailable, match=r"pip install \"jax\[tpu\]=="):
+        kernel_work.count([("exp2", kernel_work.REAL_CALLS["wan2.1-1.3b-480p-self"], "v6e-1")])
+    benchmark = importlib.import_module("benchmarks.kernel_work")
+    assert benchmark.main(["--calls", "wan2.1-1.3b-480p-self", "--chips", "v6e-1"]) == 2
+    assert "needs libtpu, which is not installed" in capsys.readouterr().err
