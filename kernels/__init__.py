@@ -4,8 +4,9 @@ Every kernel takes q ``[B, H, Sq, D]``, k/v ``[B, H, Skv, D]`` JAX arrays and th
 ``scale`` and ``kv_mask`` (bool ``[B, Skv]``, True = may be attended), and returns ``[B, H, Sq, D]``.
 """
 
+from .blocks import BlockSizes, block_for, vmem_capacity
 from .cudnn import cudnn_attention
-from .flash import BlockSizes, block_for, flash_attention, vmem_capacity
+from .flash import flash_attention
 from .reference import dense_mask_attention, reference_attention
 from .splash import SplashBlockSizes, splash_attention
 

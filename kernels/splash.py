@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _masks
 
-from .flash import _round_up, block_for, check_lane_multiples
+from .blocks import _round_up, block_for, check_lane_multiples
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,7 @@ def main(args) -> int:
     if args.arch:
         pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
     elif os.path.isfile(os.path.join(args.model, "model_index.json")):
-        pipe = plan.folder_pipeline(args.model, dtype)
+        pipe = architectures.folder_pipeline(args.model, dtype)
     else:
         pipe = load_pipeline(args.model)
     if args.max_sequence_length is None:
@@ -71,7 +71,7 @@ def main(args) -> int:
         devices,
         args.max_sequence_length,
         vae=not args.no_vae,
-        analyse=analyse_counting_kernels if kernel_work.counting() else plan.compiled_figures,
+        analyse=analyse_counting_kernels if kernel_work.counting() else tpu_compiler.compiled_figures,
     )()
     family = family_of(pipe)
     analytic = (

@@ -43,6 +43,7 @@ TINY_MODELS = (
     "svd",
     "wan",
     "wan-4head",
+    "wan-d128",
     "z-image",
 )
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them
@@ -79,6 +80,7 @@ BUILT_IN_RULES = {
     DEMO_MODEL: SizeRule(16, 10, 9),
     "tiny:wan": SizeRule(16, 4),
     "tiny:wan-4head": SizeRule(16, 4),
+    "tiny:wan-d128": SizeRule(16, 4),
     "tiny:skyreels-v2": SizeRule(16, 4),
     "tiny:causal-wan": SizeRule(16),
     "tiny:cogvideox-2b": SizeRule(16, 8),

@@ -18,9 +18,10 @@ import torch
 from ..interop import backend
 from ..planner import architectures, tpu_compiler
 from ..planner import plan as plan_module
-from ..planner.chips import CHIPS, GIB
-from ..planner.plan import candidate_meshes, estimable, folder_pipeline, plan_all
-from ..planner.step_estimate import describe, rank
+from ..planner.architectures import folder_pipeline
+from ..planner.chips import CHIPS, GIB, candidate_meshes
+from ..planner.plan import plan_all
+from ..planner.step_estimate import describe, estimable, rank
 from ..runtime import decision, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
@@ -125,7 +126,7 @@ def main(args, argv: list[str] | None = None) -> int:
             flush=True,
         )
     rows, recommended, start = [], None, time.perf_counter()
-    estimated = estimable(chip, devices)
+    estimated = estimable(chip, tpu_compiler.is_tpu(devices))
     for fmt, full in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1
         configs = [

@@ -54,7 +54,7 @@ def main(args) -> int:
     if args.arch:
         pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
     elif os.path.isfile(os.path.join(args.model, "model_index.json")):
-        pipe = plan.folder_pipeline(args.model, dtype)
+        pipe = architectures.folder_pipeline(args.model, dtype)
     else:
         pipe = load_pipeline(args.model)
     if args.vae_tiling:

@@ -11,6 +11,9 @@ ties them.
 
 from __future__ import annotations
 
+import json
+import os
+
 import diffusers
 import torch
 import transformers
@@ -32,6 +35,7 @@ from ..families import cogvideox, hunyuan_video15, wan
 from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
 from ..interop.sharding import keep_in_fp32
+from ..runtime import loading
 from . import standins
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.
@@ -307,3 +311,16 @@ _BUILDERS = {
     "hunyuanvideo15": _hunyuanvideo15,
     "sdxl": _sdxl,
 }
+
+
+def folder_pipeline(folder: str, dtype: torch.dtype | None):
+    """A local pipeline folder with its denoiser on the ``meta`` device (checked against the checkpoint, nothing
+    read) and no text encoder: what ``plan`` needs, without the weights in host memory."""
+
+    with open(os.path.join(folder, "model_index.json")) as handle:
+        index = json.load(handle)
+    model_class = getattr(diffusers, index["transformer"][1])
+    transformer = loading.empty_model(model_class, os.path.join(folder, "transformer"), dtype)
+    return getattr(diffusers, index["_class_name"]).from_pretrained(
+        folder, transformer=transformer, text_encoder=None, tokenizer=None
+    )

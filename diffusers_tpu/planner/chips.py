@@ -76,3 +76,14 @@ CHIPS = {
     "h200-141gb": Chip(1, 140.4, 989.4, gpu=True, hbm_gbps=4800),
     "h200-141gb-x8": Chip(8, 140.4, 989.4, gpu=True, hbm_gbps=4800),
 }
+
+
+def candidate_meshes(devices: int, heads: int | None) -> list[dict]:
+    """Every (dp, sp, tp) over ``devices``: dp at most 2 (the guidance pair), tp dividing the head count."""
+    meshes = []
+    for dp in (2, 1):
+        for tp in range(devices, 0, -1):
+            if devices % (dp * tp) or (heads and heads % tp):
+                continue
+            meshes.append({"dp": dp, "sp": devices // (dp * tp), "tp": tp})
+    return meshes

@@ -26,7 +26,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..kernels import BlockSizes, flash_attention
-from ..kernels.flash import VMEM_BYTES, _round_up, chunk_visibility
+from ..kernels.blocks import VMEM_BYTES, _round_up
+from ..kernels.flash import chunk_visibility
 from . import llo, tpu_compiler
 
 KERNELS = ("exp2", "splash", "splash-defaults")

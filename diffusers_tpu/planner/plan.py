@@ -21,13 +21,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-import diffusers
 import torch
 from torch.utils import _pytree as pytree
 from torchax.ops import mappings
@@ -35,10 +32,10 @@ from torchax.ops import mappings
 from ..interop import backend, jit
 from ..interop.backend import jax_dtype
 from ..interop.weights import Gathered, LayerOf, expand_stacked
-from ..runtime import decision, loading, quantize, stacked_weights
+from ..runtime import decision, quantize, stacked_weights
 from ..runtime.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
-from . import call_probe, hlo_stats, lowering, program_memory, step_estimate, tpu_compiler
+from . import call_probe, lowering, program_memory, step_estimate, tpu_compiler
 from .chips import GIB, Chip
 
 
@@ -289,29 +286,14 @@ def plan_all(
         for config in configs:
             if len(started) == ahead:
                 yield started.popleft()()
-            started.append(
-                start_plan(
-                    pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae, attention_efficiency
-                )
-            )
+            row = (pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae, attention_efficiency)
+            started.append(start_plan(*row))
         while started:
             yield started.popleft()()
 
 
 # at most this many candidate programs compile at once: each holds the whole step's HLO (a few GB for 14B models)
 COMPILE_THREADS = 2
-
-
-def compiled_figures(lowered) -> dict:
-    """Compile ``lowered``: its memory, cost and instruction figures (``hlo_stats.summary``), compile seconds."""
-    start = time.perf_counter()
-    compiled = lowered.compile()
-    return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
-
-
-def estimable(chip: Chip | None, devices) -> bool:
-    """Whether rows for ``chip`` get a step-time estimate: TPU-compiled, with the chip's bandwidths known."""
-    return bool(chip and chip.hbm_gbps and chip.ici_gbps and tpu_compiler.is_tpu(devices))
 
 
 def start_plan(
@@ -330,7 +312,7 @@ def start_plan(
     """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row. Rows
     compiled for a TPU chip carry the step's ``estimate`` (``step_estimate``; attention at ``attention_efficiency``)."""
     hbm = chip.usable_gib() if chip else hbm_gib
-    estimated = estimable(chip, devices)
+    estimated = step_estimate.estimable(chip, tpu_compiler.is_tpu(devices))
     started = start_denoiser_memory(
         pipe,
         size,
@@ -341,7 +323,7 @@ def start_plan(
         tile_above=hbm * GIB if hbm else None,
         shared=shared,
         compiler=compiler,
-        step_analyse=compiled_figures if estimated else None,
+        step_analyse=tpu_compiler.compiled_figures if estimated else None,
     )
     vae = getattr(pipe, "vae", None)
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
@@ -415,27 +397,3 @@ def start_plan(
         return report
 
     return finish
-
-
-def folder_pipeline(folder: str, dtype: torch.dtype | None):
-    """A local pipeline folder with its denoiser on the ``meta`` device (checked against the checkpoint, nothing
-    read) and no text encoder: what ``plan`` needs, without the weights in host memory."""
-
-    with open(os.path.join(folder, "model_index.json")) as handle:
-        index = json.load(handle)
-    model_class = getattr(diffusers, index["transformer"][1])
-    transformer = loading.empty_model(model_class, os.path.join(folder, "transformer"), dtype)
-    return getattr(diffusers, index["_class_name"]).from_pretrained(
-        folder, transformer=transformer, text_encoder=None, tokenizer=None
-    )
-
-
-def candidate_meshes(devices: int, heads: int | None) -> list[dict]:
-    """Every (dp, sp, tp) over ``devices``: dp at most 2 (the guidance pair), tp dividing the head count."""
-    meshes = []
-    for dp in (2, 1):
-        for tp in range(devices, 0, -1):
-            if devices % (dp * tp) or (heads and heads % tp):
-                continue
-            meshes.append({"dp": dp, "sp": devices // (dp * tp), "tp": tp})
-    return meshes

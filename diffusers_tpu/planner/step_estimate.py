@@ -17,6 +17,11 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.5  # an assumption, not a measurement: no TPU h
 NOT_MODELLED = "kernel launch, collectives' latency and topology, the VAE and text encoders"
 
 
+def estimable(chip: Chip | None, tpu_compiled: bool) -> bool:
+    """Whether a plan row gets an estimate: compiled by the TPU compiler, for a chip whose bandwidths are known."""
+    return bool(chip and chip.hbm_gbps and chip.ici_gbps and tpu_compiled)
+
+
 def estimate(step: dict, chip: Chip, attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY) -> dict:
     """Seconds per step per device for one compiled step (``hlo_stats.summary``), with its parts and assumptions."""
     if not 0 < attention_efficiency <= 1:

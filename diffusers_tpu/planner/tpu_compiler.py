@@ -26,6 +26,7 @@ from jax._src import xla_bridge  # backends_are_initialized: JAX has no public q
 from jax.experimental import topologies
 
 from ..interop import startup
+from . import hlo_stats
 from .chips import CHIPS, Chip
 
 
@@ -224,3 +225,10 @@ def announced(analyse, every: float = 30.0):
                 print(f"  compiled {name} in {seconds:.0f} s", flush=True)
 
     return run
+
+
+def compiled_figures(lowered) -> dict:
+    """Compile ``lowered``: its memory, cost and instruction figures (``hlo_stats.summary``), compile seconds."""
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    return hlo_stats.summary(compiled, seconds=time.perf_counter() - start)

@@ -7,7 +7,7 @@ import torch
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
 from diffusers_tpu.interop import jit
-from diffusers_tpu.planner import call_probe, chips, plan
+from diffusers_tpu.planner import architectures, call_probe, chips, plan
 from diffusers_tpu.runtime import pipeline_runtime
 from diffusers_tpu.testing import tiny, tiny_unet
 
@@ -195,7 +195,7 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
 def test_plan_of_a_folder_reads_no_weights(tmp_path):
     """A saved pipeline plans with its denoiser on meta and no text encoder: the same figures as in memory."""
     tiny.wan_pipeline("wan-4head").save_pretrained(tmp_path)
-    folder = plan.folder_pipeline(str(tmp_path), None)
+    folder = architectures.folder_pipeline(str(tmp_path), None)
     assert all(p.is_meta for p in folder.transformer.parameters()) and folder.text_encoder is None
     config, size = TPUConfig(), dict(SIZE, guidance_scale=5.0)
     planned = plan.denoiser_memory(folder, size, config, jax.devices()[:1], 24)
