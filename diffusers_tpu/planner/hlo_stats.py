@@ -278,8 +278,9 @@ def _own_counts(instructions: list[Instruction], computations: dict | None = Non
         elif base == "custom-call":
             target = re.search(r'custom_call_target="([^"]+)"', ins.rest)
             counts.custom_calls[target.group(1) if target else "?"] += 1
-            if ins.name.startswith(ATTENTION_KERNEL):  # q [BH, Sq, D], k [BH, Skv, D] (``kernels.flash``)
-                q, k = (_dims(shapes.get(name, "")) for name in ins.operands()[:2])
+            if ins.name.startswith(ATTENTION_KERNEL):  # ``kernels.flash``: [chunk table,] q, k, v[, mask]
+                # q/k folded [BH, S, D] or packed [B, S, H*D]: 4 * Sq * Skv * (B*H*D) either way
+                q, k = ([d for d in (_dims(shapes.get(n, "")) for n in ins.operands()) if len(d) == 3] + [(), ()])[:2]
                 if len(q) == len(k) == 3:
                     counts.attention_flops += 4.0 * q[0] * q[1] * k[1] * q[2]
                     counts.attention_calls += 1

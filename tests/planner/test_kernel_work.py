@@ -173,3 +173,28 @@ def test_without_libtpu_the_counts_say_what_to_install(monkeypatch, capsys):
     benchmark = importlib.import_module("benchmarks.kernel_work")
     assert benchmark.main(["--calls", "wan2.1-1.3b-480p-self", "--chips", "v6e-1"]) == 2
     assert "needs libtpu, which is not installed" in capsys.readouterr().err
+
+
+@needs_libtpu
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_compiled_steps_counter_reads_packed_and_masked_kernel_calls(masked):
+    """``hlo_stats`` counts the exp2 kernel's FLOPs from its operands whatever leads them (the chunk table of a
+    masked call) and in either layout (packed ``[B, S, H*D]`` here, unpadded): 4 x B x H x Sq x Skv x D."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from diffusers_tpu.kernels import flash_attention
+    from diffusers_tpu.planner import hlo_stats
+
+    sharding = NamedSharding(Mesh(tpu_compiler.devices("v6e-1")[:1], ("one",)), P())
+    q = jax.ShapeDtypeStruct((2, 3, 1024, 128), jnp.bfloat16, sharding=sharding)
+    kv = jax.ShapeDtypeStruct((2, 3, 512, 128), jnp.bfloat16, sharding=sharding)
+    mask = jax.ShapeDtypeStruct((2, 512), jnp.bool_, sharding=sharding)
+    if masked:
+        compiled = jax.jit(lambda a, b, c, m: flash_attention(a, b, c, kv_mask=m)).lower(q, kv, kv, mask).compile()
+    else:
+        compiled = jax.jit(flash_attention).lower(q, kv, kv).compile()
+    total = hlo_stats.stats(compiled.as_text()).total
+    assert total.attention_calls == 1 and total.attention_flops == 4.0 * 2 * 3 * 1024 * 512 * 128
