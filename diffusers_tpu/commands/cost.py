@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..planner import architectures, hlo_stats, kernel_work, plan, step_estimate, tpu_compiler
+from ..planner import architectures, kernel_work, plan, step_estimate, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime import outputs
 from ..runtime.config import TPUConfig
@@ -33,11 +33,10 @@ def check_arguments(args) -> None:
     tpu_compiler.require("diffusers-tpu cost")  # --chips, --arch/--model: checked before loading (``parser.check``)
 
 
-def analyse_counting_kernels(lowered) -> dict:
-    """``analyse``, with the LLO work of each Pallas kernel the compile issued (``kernel_work.compile_counting``)."""
-    start = time.perf_counter()
-    compiled, kernels = kernel_work.compile_counting(lowered)
-    return dict(hlo_stats.summary(compiled, seconds=time.perf_counter() - start), kernels=kernels)
+def figures_and_kernels(lowered) -> dict:
+    """The compiled program's figures with its Pallas kernels' LLO work (a named function: remembered analyses are
+    keyed by it)."""
+    return kernel_work.counted(tpu_compiler.compiled_figures, lowered)
 
 
 def main(args) -> int:
@@ -71,7 +70,7 @@ def main(args) -> int:
         devices,
         args.max_sequence_length,
         vae=not args.no_vae,
-        analyse=analyse_counting_kernels if kernel_work.counting() else tpu_compiler.compiled_figures,
+        analyse=figures_and_kernels if kernel_work.counting() else tpu_compiler.compiled_figures,
     )()
     family = family_of(pipe)
     analytic = (

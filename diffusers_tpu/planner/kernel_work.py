@@ -25,8 +25,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..kernels import BlockSizes, flash_attention
-from ..kernels.blocks import VMEM_BYTES, _round_up
+from ..kernels import BlockSizes, flash_attention, vmem_capacity
+from ..kernels.blocks import _round_up
 from ..kernels.flash import chunk_visibility
 from . import llo, tpu_compiler
 
@@ -90,13 +90,12 @@ REAL_CALLS = {
 
 def exp2_blocks(call: AttentionCall, chip: str) -> tuple[int, int, int, int]:
     """The exp2 kernel's block sizes for a call, as ``flash_attention`` fits them to the chip's VMEM."""
-    vmem = VMEM_BYTES[_device_kind(chip)]
-    sizes = BlockSizes().fit(call.q_len, call.kv_len, call.head_dim, 2, vmem)
+    sizes = BlockSizes().fit(call.q_len, call.kv_len, call.head_dim, 2, _vmem(chip))
     return sizes.block_q, sizes.block_kv, sizes.block_kv_compute, sizes.block_kv_compute_in
 
 
-def _device_kind(chip: str) -> str:
-    return {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v5p": "TPU v5p", "v4": "TPU v4"}[chip.split("-")[0]]
+def _vmem(chip: str) -> int:
+    return vmem_capacity(tpu_compiler.devices(chip))
 
 
 def count(specs: list[tuple[str, AttentionCall, str]], timeout: float = 900) -> list[KernelWork]:
@@ -169,22 +168,26 @@ def counting() -> bool:
     return bool(_dump)
 
 
-def compile_counting(lowered):
-    """Compile ``lowered``; answer (compiled, each Pallas kernel the compile issued with its LLO work per unit for one
-    call and per grid step). Needs ``counting()``."""
-    (directory,) = _dump
-    pattern = os.path.join(directory, "*")
+def _written_while(directory: str, action) -> tuple:
+    """(what ``action()`` returns, the ``post-finalize-llo`` dumps libtpu wrote into ``directory`` meanwhile)."""
+    pattern = os.path.join(directory, "*post-finalize-llo.txt")
     before = set(glob.glob(pattern))
-    compiled = lowered.compile()
-    written = sorted(set(glob.glob(pattern)) - before)
+    result = action()
+    return result, sorted(set(glob.glob(pattern)) - before)
+
+
+def counted(analyse, lowered) -> dict:
+    """``analyse(lowered)`` (a compile and its report) with ``kernels``: each Pallas kernel the compile issued, its
+    LLO work per unit for one call and per grid step. Needs ``counting()``."""
+    (directory,) = _dump
+    report, written = _written_while(directory, lambda: analyse(lowered))
     kernels = []
     for path in written:
-        if path.endswith("post-finalize-llo.txt"):
-            with open(path) as handle:
-                kernels += [_summary(llo.work(kernel)) for kernel in llo.parse(handle.read())]
-    for path in written:
+        with open(path) as handle:
+            kernels += [_summary(llo.work(kernel)) for kernel in llo.parse(handle.read())]
+    for path in glob.glob(os.path.join(directory, "*")):  # every pass's dump of these kernels: read, not kept
         os.remove(path)
-    return compiled, kernels
+    return dict(report, kernels=kernels)
 
 
 def _summary(work: llo.Work) -> dict:
@@ -213,7 +216,7 @@ def _kernel_function(kernel: str, call: AttentionCall, chip: str):
     """(function of q, k, v[, mask], block sizes) compiling the named kernel for this call."""
     if kernel == "exp2":
         sizes = BlockSizes(*exp2_blocks(call, chip))
-        vmem = VMEM_BYTES[_device_kind(chip)]
+        vmem = _vmem(chip)
 
         def exp2(q, k, v, mask=None):
             return flash_attention(q, k, v, kv_mask=mask, block_sizes=sizes, vmem_bytes=vmem)
@@ -248,14 +251,12 @@ def _worker(dump: str) -> None:
         args = [q, kv, kv] + (
             [jax.ShapeDtypeStruct((call.batch, call.kv_len), jnp.bool_, sharding=sharding)] * call.masked
         )
-        before = set(glob.glob(os.path.join(dump, "*post-finalize-llo.txt")))
         try:
-            jax.jit(function).lower(*args).compile()
+            _, files = _written_while(dump, lambda: jax.jit(function).lower(*args).compile())
         except Exception as error:  # noqa: BLE001 (a refused configuration is that row's verdict)
             reason = tpu_compiler.refusal(error) or f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
             answers.append({"refused": reason[:300], "blocks": blocks})
             continue
-        files = sorted(set(glob.glob(os.path.join(dump, "*post-finalize-llo.txt"))) - before)
         answers.append({"files": [os.path.basename(f) for f in files], "blocks": blocks})
     print(json.dumps(answers))
 
