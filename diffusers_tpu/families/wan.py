@@ -22,7 +22,7 @@ import diffusers
 import torch
 
 from ..runtime.registry import CFGBatching, Family, register, zero_text_call
-from . import wan_vae
+from . import wan_attention, wan_vae
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
 SHARD_RULES = (
@@ -115,6 +115,12 @@ def check_frames(pipe, kwargs) -> None:
         )
 
 
+def prepare(pipe, runtime) -> None:
+    """After placement: self-attention's rotary embedding through the kernel (``wan_attention``)."""
+    for name in ("transformer", "transformer_2"):
+        wan_attention.install(runtime, getattr(pipe, name, None))
+
+
 def unnormalize_latents(vae, latents):
     """Latents as the VAE decodes them, computed as the stock pipeline does (diffusers 0.42, pipeline_wan.py)."""
     shape = (1, vae.config.z_dim, 1, 1, 1)
@@ -170,6 +176,7 @@ FAMILY = register(
                 "fps",
             ),
         ),
+        prepare=prepare,
         check_call=check_frames,
         decode_latents=decode_latents,
         forward_flops=lambda pipe, h, w, f, text: forward_flops(

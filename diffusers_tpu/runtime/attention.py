@@ -76,6 +76,11 @@ _active: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextV
 )
 
 
+def active() -> AttentionSettings | None:
+    """The settings of the denoiser call being traced or run (None outside one)."""
+    return _active.get()
+
+
 @contextlib.contextmanager
 def use(settings: AttentionSettings):
     token = _active.set(settings)

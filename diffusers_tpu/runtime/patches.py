@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 
 import diffusers
 import torch
@@ -40,17 +39,13 @@ logger = logging.getLogger(__name__)
 # previous JAX placement. A native "tpu" torch device registered by another package is left alone.
 # Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on 0.42; other versions get a warning at patch time.
 # Applied when diffusers' ``pipeline_utils`` finishes importing (``import_hooks``): importing it costs seconds.
-TESTED_DIFFUSERS = ((0, 42), (0, 43))  # [from, below)
-
-
 def _check_diffusers_version() -> bool:
-    version = tuple(int(part) for part in re.findall(r"\d+", diffusers.__version__)[:2])
-    tested = TESTED_DIFFUSERS[0] <= version < TESTED_DIFFUSERS[1]
+    tested = registry.diffusers_tested()
     if not tested:
         logger.warning(
             "diffusers %s is outside the versions diffusers_tpu is tested with (%s.x); pipe.to('tpu') may misbehave.",
             diffusers.__version__,
-            ".".join(map(str, TESTED_DIFFUSERS[0])),
+            ".".join(map(str, registry.TESTED_DIFFUSERS[0])),
         )
     return tested
 

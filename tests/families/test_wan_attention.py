@@ -1,0 +1,78 @@
+"""families/wan_attention.py: Wan's self-attention rotary through the kernel — installed on stock processors only,
+undone by ``pipe.to("cpu")``, exact against stock, and free of layout copies once compiled for TPU."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+from diffusers_tpu import TPUConfig
+from diffusers_tpu.planner import tpu_compiler
+from diffusers_tpu.runtime import rotary
+from diffusers_tpu.testing import tiny
+from tests.conftest import assert_np_matches, generate
+
+
+def processors(pipe):
+    return [module.processor for module in pipe.transformer.modules() if hasattr(module, "processor")]
+
+
+def test_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch):
+    """Head dim 128 (the kernel's lanes): every block's q and k rotate in one kernel call per block, and the video is
+    stock's; ``pipe.to("cpu")`` gives the stock processors back."""
+    pipe = tiny.wan_pipeline("wan-d128")
+    reference = generate(pipe, output_type="np")
+    calls, traced = [], []
+    seam, kernel = rotary.rotate, rotary.interleaved_rotary
+    monkeypatch.setattr(rotary, "rotate", lambda *xs, **kw: calls.append(len(xs)) or seam(*xs, **kw))
+    monkeypatch.setattr(rotary, "interleaved_rotary", lambda *xs, **kw: traced.append(len(xs)) or kernel(*xs, **kw))
+    pipe.to("jax", config=TPUConfig(scan_blocks=False))
+    ours = processors(pipe)
+    assert ours and all(isinstance(p, WanAttnProcessor) and type(p) is not WanAttnProcessor for p in ours)
+    assert_np_matches(generate(pipe, output_type="np"), reference)
+    assert set(calls) == {2} and len(calls) == pipe.transformer.config.num_layers  # q and k together, every block
+    assert traced == [2]  # the kernel (one trace: every block's call has the same shapes)
+    pipe.to("cpu")
+    assert all(type(p) is WanAttnProcessor for p in processors(pipe))
+    np.testing.assert_array_equal(generate(pipe, output_type="np"), reference)
+
+
+def test_a_users_own_processor_is_kept():
+    class Mine(WanAttnProcessor):
+        pass
+
+    pipe = tiny.wan_pipeline("wan-d128")
+    pipe.transformer.blocks[0].attn1.set_processor(Mine())
+    pipe.to("jax")
+    assert type(pipe.transformer.blocks[0].attn1.processor) is Mine
+    assert type(pipe.transformer.blocks[1].attn1.processor) is not WanAttnProcessor
+    pipe.to("cpu")
+
+
+@pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+def test_tpu_program_has_no_layout_copy_of_q_or_k():
+    """Compiled for a v6e chip, the bfloat16 step holds no copy of a q/k-sized bfloat16 tensor (tokens x heads x
+    head_dim, or half of it): diffusers' pair-layout rotary made the TPU compiler copy q and k sequence-minor, into
+    pairs and back in every block. (The float32 residual stream, tokens x dim, has the same size: not counted.)"""
+    from diffusers_tpu.planner import hlo_stats, plan
+
+    pipe = tiny.wan_pipeline("wan-d128")
+    texts = []
+
+    def analyse(lowered):
+        compiled = lowered.compile()
+        texts.append(compiled.as_text())
+        return hlo_stats.summary(compiled)
+
+    config = TPUConfig(dtype=torch.bfloat16, mesh={"dp": 1, "sp": 1, "tp": 1}, compile_cache_dir=False)
+    size = dict(height=64, width=64, num_frames=9, guidance_scale=5.0)
+    plan.start_denoiser_memory(pipe, size, config, tpu_compiler.devices("v6e-1"), 200, vae=False, analyse=analyse)()
+    transformer = pipe.transformer.config
+    tokens = 3 * (64 // 8 // 2) ** 2  # 3 latent frames of 4x4 patches
+    q_size = tokens * transformer.num_attention_heads * transformer.attention_head_dim
+    copies = [line for line in texts[0].splitlines() if re.search(r"= bf16\S+ copy\(", line)]
+    sizes = [np.prod([int(d) for d in re.search(r"\[([0-9,]*)\]", line).group(1).split(",") if d]) for line in copies]
+    assert copies and not {q_size, q_size // 2} & set(sizes), [c.strip()[:120] for c, n in zip(copies, sizes)]
+    assert "diffusers_tpu_rotary" in texts[0]
