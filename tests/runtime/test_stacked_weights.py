@@ -114,8 +114,9 @@ def test_the_compiled_loop_indexes_stacks_without_a_switch():
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 def test_wan_1_3b_step_compiles_lean_for_tpu():
     """The issue's bar, on the TPU-compiled Wan2.1-1.3B 480p x 81 step (v6e 2x2, dp2·sp1·tp2, all 30 blocks): at most
-    50 copies and 10 non-attention custom calls in the layer loop, at most 30 MB of generated code (were 799 copies,
-    73 custom calls and 163 MB with the per-layer switch and the pad-with-interior rotary write)."""
+    24 copies and 10 non-attention custom calls in the layer loop, at most 14 MB of generated code (were 799 copies,
+    73 custom calls and 163 MB with the per-layer switch and the pad-with-interior rotary write; 41 copies and 12.5
+    MB before the rotary kernel; 20 and 11.5 MB with it)."""
     from diffusers_tpu.planner import architectures, plan
 
     pipe = architectures.build("Wan2.1-1.3B", torch.bfloat16, weights=False)
@@ -130,8 +131,8 @@ def test_wan_1_3b_step_compiles_lean_for_tpu():
     loop = max(step["hlo"]["loops"], key=lambda loop: loop["instructions"])
     assert loop["trip_count"] == 30  # every block in the loop, block 0 included
     non_attention = sum(n for target, n in loop["custom_calls"].items() if target != "tpu_custom_call")
-    assert loop["copies"] <= 50 and non_attention <= 10, loop
-    assert step["generated_code_bytes"] <= 30e6
+    assert loop["copies"] <= 24 and non_attention <= 10, loop
+    assert step["generated_code_bytes"] <= 14e6
     assert np.isclose(step["hlo"]["total"]["flops"], 4.105e13, rtol=0.01)  # non-attention FLOPs per chip (analytic)
 
 
