@@ -1,8 +1,12 @@
-"""Interleaved rotary embedding (Wan's, ``transformer_wan.py``'s nested ``apply_rotary_emb``) as a Pallas kernel for
-TPU, beside its pure-jnp reference.
+"""Interleaved rotary embeddings as a Pallas kernel for TPU, beside its pure-jnp reference.
 
-The rule, per pair of lanes ``(2i, 2i+1)`` of each head: ``out[2i] = x[2i] cos[2i] - x[2i+1] sin[2i+1]`` and
-``out[2i+1] = x[2i] sin[2i+1] + x[2i+1] cos[2i]``, in float32, rounded to ``x``'s dtype once.
+Two rules for a pair of lanes ``(2i, 2i+1)`` of each head, both in float32 and rounded to ``x``'s dtype once:
+- ``tables="pairs"`` (Wan's, ``transformer_wan.py``'s nested ``apply_rotary_emb``): one angle per pair, its cosine
+  read from the even lane and its sine from the odd one: ``out[2i] = x[2i] cos[2i] - x[2i+1] sin[2i+1]``,
+  ``out[2i+1] = x[2i] sin[2i+1] + x[2i+1] cos[2i]``.
+- ``tables="lanes"`` (diffusers' ``embeddings.apply_rotary_emb`` with ``use_real_unbind_dim=-1``: HunyuanVideo,
+  CogVideoX, Flux): each lane its own entry, ``out = x cos + rotated(x) sin`` with
+  ``rotated(x)[2i] = -x[2i+1]``, ``rotated(x)[2i+1] = x[2i]``.
 
 Why a kernel: written with pairs (``[..., D/2, 2]``), or with XLA's roll (slices of one lane), the TPU compiler
 makes the sequence the minor dimension of q and k around the rotation and copies them there and back (4-6 layout
@@ -27,7 +31,10 @@ from .blocks import _LANES
 BLOCK_ROWS = 512  # rows of one head per grid step: q, k, their outputs and both tables ~2 MB double-buffered
 
 
-def rotary_reference(x, cos, sin):
+TABLES = ("pairs", "lanes")
+
+
+def rotary_reference(x, cos, sin, tables: str = "pairs"):
     """The stock computation on ``x [..., S, H, D]`` with tables ``[S, D]`` (or anything broadcasting against
     ``[..., S, 1, D]``): pairs, float32 arithmetic, one rounding to ``x``'s dtype."""
     cos = jnp.asarray(cos, jnp.float32)
@@ -36,6 +43,9 @@ def rotary_reference(x, cos, sin):
         cos, sin = cos[:, None], sin[:, None]
     pairs = x.astype(jnp.float32).reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
     x1, x2 = pairs[..., 0], pairs[..., 1]
+    if tables == "lanes":
+        rotated = jnp.stack([-x2, x1], axis=-1).reshape(x.shape)
+        return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)
     c, s = cos[..., 0::2], sin[..., 1::2]
     out = jnp.stack([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
@@ -47,19 +57,22 @@ def _from_partner(a, rolled_lanes, partner):
     return jnp.where(rolled_lanes == partner, forward, backward)
 
 
-def _kernel(cos_ref, sin_ref, *refs):
+def _kernel(cos_ref, sin_ref, *refs, tables: str):
     count = len(refs) // 2
     lanes = lax.broadcasted_iota(jnp.int32, cos_ref.shape, 1)
     rolled_lanes, partner, even = pltpu.roll(lanes, 1, 1), lanes ^ 1, (lanes & 1) == 0
     cos, sin = cos_ref[...], sin_ref[...]
-    cos = jnp.where(even, cos, _from_partner(cos, rolled_lanes, partner))  # cos[2i] on both lanes of a pair
-    signed_sin = jnp.where(even, -_from_partner(sin, rolled_lanes, partner), sin)  # -sin[2i+1], sin[2i+1]
+    if tables == "pairs":
+        cos = jnp.where(even, cos, _from_partner(cos, rolled_lanes, partner))  # cos[2i] on both lanes of a pair
+        signed_sin = jnp.where(even, -_from_partner(sin, rolled_lanes, partner), sin)  # -sin[2i+1], sin[2i+1]
+    else:
+        signed_sin = jnp.where(even, -sin, sin)
     for x_ref, o_ref in zip(refs[:count], refs[count:]):
         x = x_ref[...].astype(jnp.float32)
         o_ref[...] = (x * cos + _from_partner(x, rolled_lanes, partner) * signed_sin).astype(o_ref.dtype)
 
 
-def _pallas_rotary(xs, cos, sin, *, heads: int, interpret: bool, block_rows: int):
+def _pallas_rotary(xs, cos, sin, *, heads: int, tables: str, interpret: bool, block_rows: int):
     batch, seq, width = xs[0].shape
     head_dim = width // heads
     rows = min(block_rows, seq)
@@ -70,7 +83,7 @@ def _pallas_rotary(xs, cos, sin, *, heads: int, interpret: bool, block_rows: int
     if not interpret:
         params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
     return pl.pallas_call(
-        _kernel,
+        functools.partial(_kernel, tables=tables),
         out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs),
         grid=grid,
         in_specs=[table_spec, table_spec] + [x_spec] * len(xs),
@@ -86,17 +99,20 @@ def kernel_applies(x, cos) -> bool:
     return x.ndim == 4 and x.shape[-1] % _LANES == 0 and cos.shape == (x.shape[1], x.shape[-1])
 
 
-def interleaved_rotary(*xs, cos, sin, interpret=None, block_rows: int = BLOCK_ROWS):
-    """Rotate each of ``xs`` (``[B, S, H, D]``, one shape) by tables ``cos``/``sin`` ``[S, D]`` (float32).
+def interleaved_rotary(*xs, cos, sin, tables: str = "pairs", interpret=None, block_rows: int = BLOCK_ROWS):
+    """Rotate each of ``xs`` (``[B, S, H, D]``, one shape) by tables ``cos``/``sin`` ``[S, D]`` (float32) under the
+    rule ``tables`` (``TABLES``, see the module's docstring).
 
     ``interpret``: None = compiled when lowering for TPU, interpreted elsewhere; True/False force either. Shapes the
     kernel does not take (``kernel_applies``) use the reference."""
+    if tables not in TABLES:
+        raise ValueError(f"tables={tables!r}; choose one of {list(TABLES)}.")
     cos, sin = jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)
     if not kernel_applies(xs[0], cos):
-        return tuple(rotary_reference(x, cos, sin) for x in xs)
+        return tuple(rotary_reference(x, cos, sin, tables) for x in xs)
     batch, seq, heads, head_dim = xs[0].shape
     flat = tuple(x.reshape(batch, seq, heads * head_dim) for x in xs)
-    run = functools.partial(_pallas_rotary, heads=heads, block_rows=block_rows)
+    run = functools.partial(_pallas_rotary, heads=heads, tables=tables, block_rows=block_rows)
     if interpret is None:  # as the attention kernel: compiled for TPU, interpreted elsewhere
         out = lax.platform_dependent(
             flat, cos, sin, tpu=functools.partial(run, interpret=False), default=functools.partial(run, interpret=True)

@@ -8,7 +8,9 @@ What stock diffusers 0.42 does that XLA cannot take, and what replaces it here (
   (about 13 GB per batch item at 720p). ``KeyMaskProcessor`` hands the vector to the kernel as its key mask
   (``[B, 1, 1, S]`` -> ``kv_mask``) and zeroes fully masked query rows, as torch does (the kernel alone would
   attend them over the valid keys; a plain softmax gives NaN there, which reaches every token from the second
-  layer on). ``TPUConfig(text_padding="zero_kv")`` zeroes padded keys/values instead: an approximation.
+  layer on). ``TPUConfig(text_padding="zero_kv")`` zeroes padded keys/values instead: an approximation. Its rotary
+  embedding runs through ``runtime.rotary`` (the Pallas kernel on TPU: diffusers' pair layout made the TPU compiler
+  copy q and k sequence-minor and back in every block).
 - The transformer's ``forward`` branches on ``torch.all(image_embeds == 0)`` and compacts tokens with boolean
   indexing (``text[text_mask]``), which has no static shape. ``forward`` below replaces the branch with a
   multiplication by the image mask (bit-identical: ``x * 1.0 == x``) and the compaction with a gather along a
@@ -30,12 +32,12 @@ import diffusers
 import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
-from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.utils import apply_lora_scale
 
 from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
+from ..runtime import rotary
 from ..runtime.config import TEXT_PADDING_MODES
 from ..runtime.registry import CFGBatching, Family, register
 
@@ -82,9 +84,9 @@ class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):
         query, key, value = (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states))
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         query, key = attn.norm_q(query), attn.norm_k(key)
-        if image_rotary_emb is not None:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        if image_rotary_emb is not None:  # stock's ``apply_rotary_emb(x, freqs, sequence_dim=1)``, through the kernel
+            freqs_cos, freqs_sin = image_rotary_emb
+            query, key = rotary.rotate(query, key, freqs_cos=freqs_cos, freqs_sin=freqs_sin, tables="lanes")
         if encoder_hidden_states is not None:
             extra = [
                 attn.add_q_proj(encoder_hidden_states),

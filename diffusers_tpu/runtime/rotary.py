@@ -18,23 +18,26 @@ from ..kernels.rotary import interleaved_rotary, rotary_reference
 from . import attention
 
 
-def rotate(*tensors, freqs_cos, freqs_sin):
-    """Each of ``tensors`` (torchax ``[B, S, H, D]``, one shape) rotated by ``freqs_cos``/``freqs_sin`` as Wan's
-    ``apply_rotary_emb`` does; returns torchax tensors of the inputs' dtype."""
+def rotate(*tensors, freqs_cos, freqs_sin, tables: str = "pairs"):
+    """Each of ``tensors`` (torchax ``[B, S, H, D]``, one shape) rotated by ``freqs_cos``/``freqs_sin`` (``[S, D]``
+    or ``[1, S, 1, D]``) under ``tables`` (``kernels.rotary``: "pairs" is Wan's rule, "lanes" diffusers'
+    ``apply_rotary_emb``'s); returns torchax tensors of the inputs' dtype."""
     settings = attention.active() or attention.SAFE
     arrays = tuple(to_jax_array(t) for t in tensors)
     cos, sin = to_jax_array(freqs_cos), to_jax_array(freqs_sin)
-    return tuple(wrap(a) for a in _rotate_jitted(arrays, cos, sin, settings=settings))
+    if cos.ndim == 2:
+        cos, sin = cos[None, :, None], sin[None, :, None]
+    return tuple(wrap(a) for a in _rotate_jitted(arrays, cos, sin, tables=tables, settings=settings))
 
 
-def _rotate(xs, cos, sin, *, settings: attention.AttentionSettings):
+def _rotate(xs, cos, sin, *, tables: str = "pairs", settings: attention.AttentionSettings):
     batch, seq, heads, head_dim = xs[0].shape
     shared = cos.shape == (1, seq, 1, head_dim) and sin.shape == cos.shape and all(x.shape == xs[0].shape for x in xs)
     if settings.implementation != "splash_exp2" or not shared:
-        return tuple(rotary_reference(x, cos, sin) for x in xs)
+        return tuple(rotary_reference(x, cos, sin, tables) for x in xs)
     cos, sin = cos.reshape(seq, head_dim), sin.reshape(seq, head_dim)
     if settings.mesh is None:
-        return interleaved_rotary(*xs, cos=cos, sin=sin)
+        return interleaved_rotary(*xs, cos=cos, sin=sin, tables=tables)
     mesh = settings.mesh
     present = lambda axis, size: axis if axis in mesh.shape and size % mesh.shape[axis] == 0 else None  # noqa: E731
     dp, tp = present("dp", batch), present("tp", heads)
@@ -44,7 +47,7 @@ def _rotate(xs, cos, sin, *, settings: attention.AttentionSettings):
         xs = tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in xs)
         cos, sin = (jnp.pad(t, ((0, pad), (0, 0))) for t in (cos, sin))
     x_spec, table_spec = P(dp, sp, tp, None), P(sp, None)
-    body = lambda c, s, *x: interleaved_rotary(*x, cos=c, sin=s)  # noqa: E731
+    body = lambda c, s, *x: interleaved_rotary(*x, cos=c, sin=s, tables=tables)  # noqa: E731
     out = jax.shard_map(
         body,
         mesh=mesh,
@@ -55,4 +58,4 @@ def _rotate(xs, cos, sin, *, settings: attention.AttentionSettings):
     return tuple(o[:, :seq] for o in out) if pad else tuple(out)
 
 
-_rotate_jitted = jax.jit(_rotate, static_argnames=("settings",))
+_rotate_jitted = jax.jit(_rotate, static_argnames=("tables", "settings"))

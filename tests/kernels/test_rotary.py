@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
 from diffusers_tpu.kernels.rotary import interleaved_rotary, kernel_applies, rotary_reference
@@ -47,15 +48,29 @@ def test_reference_is_diffusers_rotary_bit_for_bit(dtype, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype):
+def test_lanes_reference_is_diffusers_apply_rotary_emb_bit_for_bit(dtype):
+    """``tables="lanes"``: diffusers' shared ``apply_rotary_emb`` (HunyuanVideo's call: ``sequence_dim=1``), with
+    general tables (the two lanes of a pair differ)."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((2, 40, 3, 128)), dtype)
+    cos, sin = (rng.standard_normal((40, 128)).astype(np.float32) for _ in range(2))
+    want = apply_rotary_emb(as_torch(x), (torch.from_numpy(cos), torch.from_numpy(sin)), sequence_dim=1)
+    got = rotary_reference(x, jnp.asarray(cos), jnp.asarray(sin), tables="lanes")
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), want.float().numpy())
+
+
+@pytest.mark.parametrize("tables", ["pairs", "lanes"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype, tables):
     """Interpret mode: 2 batch rows, 3 heads, 300 tokens in blocks of 128 (a ragged last block), and tables whose
-    two lanes of a pair differ (the kernel must take cos from the even lane and sin from the odd one)."""
+    two lanes of a pair differ ("pairs" must take cos from the even lane and sin from the odd one, "lanes" each
+    lane's own)."""
     rng = np.random.default_rng(1)
     q, k = (jnp.asarray(rng.standard_normal((2, 300, 3, 128)), dtype) for _ in range(2))
     cos, sin = (jnp.asarray(rng.standard_normal((300, 128)), jnp.float32) for _ in range(2))
-    got_q, got_k = interleaved_rotary(q, k, cos=cos, sin=sin, interpret=True, block_rows=128)
+    got_q, got_k = interleaved_rotary(q, k, cos=cos, sin=sin, tables=tables, interpret=True, block_rows=128)
     for got, x in ((got_q, q), (got_k, k)):
-        want = np.asarray(rotary_reference(x, cos, sin).astype(jnp.float32))
+        want = np.asarray(rotary_reference(x, cos, sin, tables).astype(jnp.float32))
         got = np.asarray(got.astype(jnp.float32))
         assert got.shape == x.shape and np.isfinite(got).all()
         # float32: the interpreter may fuse a multiply-add (one rounding fewer); bfloat16: then one level apart
@@ -63,7 +78,7 @@ def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype)
         np.testing.assert_allclose(got, want, rtol=2 * step, atol=8 * step)
         if dtype == jnp.bfloat16:
             assert np.mean(got != want) < 0.01
-    swapped = interleaved_rotary(q, cos=cos, sin=-sin, interpret=True, block_rows=128)[0]
+    swapped = interleaved_rotary(q, cos=cos, sin=-sin, tables=tables, interpret=True, block_rows=128)[0]
     assert np.abs(np.asarray(swapped, np.float32) - np.asarray(got_q, np.float32)).max() > 0.1  # sin's sign matters
 
 
@@ -73,11 +88,14 @@ def test_shapes_the_kernel_does_not_take_use_the_reference():
     x = jnp.asarray(np.random.default_rng(2).standard_normal((1, cos.shape[0], 2, 64)), jnp.float32)
     assert not kernel_applies(x, cos) and kernel_applies(jnp.zeros((1, 5, 2, 128)), jnp.zeros((5, 128)))
     np.testing.assert_array_equal(interleaved_rotary(x, cos=cos, sin=sin)[0], rotary_reference(x, cos, sin))
+    with pytest.raises(ValueError, match=r"tables='complex'; choose one of \['pairs', 'lanes'\]"):
+        interleaved_rotary(x, cos=cos, sin=sin, tables="complex")
 
 
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+@pytest.mark.parametrize("tables", ["pairs", "lanes"])
 @pytest.mark.parametrize("chip", ["v5e-1", "v6e-1"])
-def test_mosaic_compiles_the_kernel_at_wan_480p(chip):
+def test_mosaic_compiles_the_kernel_at_wan_480p(chip, tables):
     """Wan2.1-1.3B 480p self-attention on one device of tp4: 32,760 tokens x 3 heads of 128, q and k in one call."""
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -86,7 +104,7 @@ def test_mosaic_compiles_the_kernel_at_wan_480p(chip):
     sharding = NamedSharding(Mesh(devices[:1], ("x",)), P())
     x = jax.ShapeDtypeStruct((1, 32760, 3, 128), jnp.bfloat16, sharding=sharding)
     table = jax.ShapeDtypeStruct((32760, 128), jnp.float32, sharding=sharding)
-    rotate = lambda q, k, c, s: interleaved_rotary(q, k, cos=c, sin=s)  # noqa: E731
+    rotate = lambda q, k, c, s: interleaved_rotary(q, k, cos=c, sin=s, tables=tables)  # noqa: E731
     text = jax.jit(rotate).lower(x, x, table, table).compile().as_text()
     calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
     assert len(calls) == 1 and "diffusers_tpu_rotary" in calls[0]
@@ -112,10 +130,11 @@ for shape, tokens in (({"dp": 2, "sp": 2, "tp": 2}, 50), ({"sp": 8}, 45), ({"dp"
     text = rotary._rotate_jitted.lower((q, k), cos, sin, settings=settings).as_text()
     assert "manual_computation" in text and calls, "not the kernel under shard_map"
     calls.clear()
-    got = rotary._rotate_jitted((q, k), cos, sin, settings=settings)
-    for g, x in zip(got, (q, k)):
-        assert g.shape == x.shape
-        worst = max(worst, float(jnp.abs(g - rotary_reference(x, cos, sin)).max()))
+    for tables in ("pairs", "lanes"):
+        got = rotary._rotate_jitted((q, k), cos, sin, tables=tables, settings=settings)
+        for g, x in zip(got, (q, k)):
+            assert g.shape == x.shape
+            worst = max(worst, float(jnp.abs(g - rotary_reference(x, cos, sin, tables)).max()))
 print("WORST", worst)
 """
 

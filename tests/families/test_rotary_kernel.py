@@ -1,5 +1,6 @@
-"""families/wan_attention.py: Wan's self-attention rotary through the kernel — installed on stock processors only,
-undone by ``pipe.to("cpu")``, exact against stock, and free of layout copies once compiled for TPU."""
+"""The rotary kernel in the pipelines: Wan's self-attention (``families/wan_attention.py``: installed on stock
+processors only, undone by ``pipe.to("cpu")``, exact against stock, free of layout copies once compiled for TPU) and
+HunyuanVideo-1.5's joint attention (diffusers' ``apply_rotary_emb`` rule)."""
 
 import re
 
@@ -76,3 +77,25 @@ def test_tpu_program_has_no_layout_copy_of_q_or_k():
     sizes = [np.prod([int(d) for d in re.search(r"\[([0-9,]*)\]", line).group(1).split(",") if d]) for line in copies]
     assert copies and not {q_size, q_size // 2} & set(sizes), [c.strip()[:120] for c, n in zip(copies, sizes)]
     assert "diffusers_tpu_rotary" in texts[0]
+
+
+def test_hunyuan15_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch):
+    """HunyuanVideo-1.5 with heads of 128 (its real size): q and k of every block through the kernel under the
+    "lanes" rule, the video equal to stock's."""
+    import diffusers
+
+    from diffusers_tpu.kernels import rotary as kernel
+    from tests.families.test_hunyuan15 import CALL
+
+    pipe = tiny.hunyuan15_pipeline()
+    torch.manual_seed(0)
+    config = dict(tiny.HUNYUAN15_TRANSFORMER, num_attention_heads=2, attention_head_dim=128, rope_axes_dim=(32, 48, 48))
+    pipe.transformer = diffusers.HunyuanVideo15Transformer3DModel(**config).eval()
+    call = dict(CALL, num_inference_steps=2)
+    reference = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames
+    rules, pallas = [], kernel._pallas_rotary
+    monkeypatch.setattr(kernel, "_pallas_rotary", lambda *a, **kw: rules.append(kw["tables"]) or pallas(*a, **kw))
+    pipe.to("jax")
+    assert_np_matches(pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames, reference)
+    assert rules and set(rules) == {"lanes"}
+    pipe.to("cpu")
