@@ -99,6 +99,48 @@ def on_host_copies(method):
     return run
 
 
+def module_on_host_copies(method):
+    """Wrap a module method that computes on the module's own weights (diffusers' ``fuse_projections``): for a
+    module with tensors on JAX, run it on host copies of them and put them back with their sharding; tensors it
+    creates stay on the host until the next call's resync places them."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        tensors = [*self.parameters(), *self.buffers()]
+        if not any(backend.is_jax_tensor(t) for t in tensors):
+            return method(self, *args, **kwargs)
+        if any(quantize.is_quantized(t) for t in tensors):
+            raise ValueError(
+                f"{type(self).__name__}.{method.__name__} on weights quantized on JAX (TPUConfig(quantize=...)) "
+                "would combine int8 values. Call it on the host before pipe.to(...)."
+            )
+        placed = sharding.to_host_copies(self)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            sharding.back_to_devices(self, placed)
+
+    return run
+
+
+def each_fused_on_host(stock):
+    """Wrap a model's ``fuse_qkv_projections``: each attention module's ``fuse_projections`` (its class's own) runs
+    through ``module_on_host_copies``."""
+
+    @functools.wraps(stock)
+    def fuse_qkv_projections(self):
+        modules = [m for m in self.modules() if callable(getattr(m, "fuse_projections", None))]
+        for m in modules:  # the instance's own attribute shadows its class's method during the stock loop
+            m.fuse_projections = module_on_host_copies(type(m).fuse_projections).__get__(m)
+        try:
+            return stock(self)
+        finally:
+            for m in modules:
+                del m.fuse_projections
+
+    return fuse_qkv_projections
+
+
 # --- scales as program inputs ---------------------------------------------------------------------------
 def layer_key(layer) -> tuple:
     return (

@@ -359,6 +359,18 @@ def _patch_device_map(pipeline_utils) -> None:
     patching.record("DiffusionPipeline.from_pretrained(device_map='tpu')")
 
 
+# --- 11. fuse_projections on an attention module that is on JAX ---------------------------------------------------
+# Reason: ``fuse_qkv_projections()`` after the move concatenates q/k/v weights living on JAX outside a call
+# (``JaxTensorOutsideCall``) and builds the fused layer on their device. Each module's ``fuse_projections`` (the
+# model classes override it: ``WanAttention``, ...) runs on host copies, as LoRA merging does; the next call's
+# resync places the fused layer. Guard: diffusers 0.42's ``Attention`` and ``AttentionMixin``.
+def _patch_fuse_projections(module) -> None:
+    if "fuse_projections" in vars(getattr(module, "Attention", object)):  # attention_processor's (UNets call it)
+        patching.wrap(module.Attention, "fuse_projections", lora.module_on_host_copies, "Attention.fuse_projections")
+    if "fuse_qkv_projections" in vars(getattr(module, "AttentionMixin", object)):
+        patching.wrap(module.AttentionMixin, "fuse_qkv_projections", lora.each_fused_on_host, "fuse_qkv_projections")
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
@@ -374,6 +386,8 @@ def apply() -> None:
     _patch_generator()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("diffusers.models.modeling_utils", _patch_layerwise_casting)
+    for module in ("diffusers.models.attention_processor", "diffusers.models.attention"):
+        import_hooks.when_imported(module, _patch_fuse_projections)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("peft.tuners.lora.model", _patch_peft_model)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
