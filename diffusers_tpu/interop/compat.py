@@ -561,9 +561,11 @@ def _patch_eager_group_norm():
 # --- 20. Math on a JAX tensor outside the environment names the fix ---------------------------------------------
 # Reason: outside a pipeline call (user code holding a moved module's weight, say) torchax refuses any op on its
 # tensors with "wrap your code with torchax.default_env()", advice about torchax's internals that is wrong for a
-# diffusers user, and even ``.cpu()`` was refused. A copy to the host now works (a transfer, as torch's ``.cpu()``);
-# any other op is refused with an error that says what the tensor is and the two ways that work. Guard:
-# torchax 0.0.13's class-level ``Tensor.__torch_dispatch__`` and its message.
+# diffusers user, and even ``.cpu()`` was refused. A copy to the host now works (a transfer, as torch's ``.cpu()``),
+# a copy to the 'jax' device in the same dtype is the same buffer (``module.to(module.device)`` is idempotent:
+# diffusers' ``load_ip_adapter`` does it on a moved UNet); any other op is refused with an error that says what the
+# tensor is and the two ways that work. Guard: torchax 0.0.13's class-level ``Tensor.__torch_dispatch__`` and its
+# message.
 class JaxTensorOutsideCall(RuntimeError):
     """An op on a tensor that lives on JAX, outside a pipeline call."""
 
@@ -578,11 +580,14 @@ def _patch_outside_math():
                     raise
                 held = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)), None)
                 copy = func is torch.ops.aten._to_copy.default and held is args[0]
-                if copy and torch.device((kwargs or {}).get("device") or "jax").type == "cpu":  # .cpu(), .to("cpu")
+                target = torch.device((kwargs or {}).get("device") or "jax").type if copy else None
+                if target == "cpu":  # .cpu(), .to("cpu")
                     with warnings.catch_warnings():  # a read-only view of JAX's buffer: cloned at once
                         warnings.simplefilter("ignore", UserWarning)
                         host = mappings.j2t(held.jax()).clone()
                     return host.to((kwargs or {}).get("dtype") or host.dtype)
+                if target == "jax" and (kwargs or {}).get("dtype") in (None, held.dtype):  # already there
+                    return Tensor(held.jax(), held._env)  # a new wrapper of the same (immutable) buffer
                 what = f"a {tuple(held.shape)} {held.dtype} tensor" if held is not None else "a tensor"
                 raise JaxTensorOutsideCall(
                     f"{func} on {what} that lives on JAX (a weight of a pipeline moved with pipe.to('tpu'), or one "

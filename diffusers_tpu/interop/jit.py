@@ -572,6 +572,7 @@ class CompiledFunction:
             _by_value(static),
             shapes,
             self.extras.key() if self.extras is not None else None,
+            module_state.processor_key(self.held[1]),
             carried_key,
             module_state.held_key(self.held[0]),
         )

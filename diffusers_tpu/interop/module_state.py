@@ -88,6 +88,31 @@ def held_key(found: list[Place]) -> tuple:
     return tuple(type(place.get()) for place in found)
 
 
+_SETTING = (bool, int, float, str)  # not None: a slot filled later (SAG stores its maps) is no setting
+
+
+def processor_key(modules: list) -> tuple:
+    """What of the attention processors selects the program: each one's class and its plain settings (numbers,
+    strings, flat lists of them), read at every call. Python values are constants in a trace: IP-Adapter's
+    ``set_ip_adapter_scale`` changes ``processor.scale`` between calls, ``fuse_qkv_projections`` swaps the class;
+    either is traced anew (stock reads them at every call)."""
+    key = []
+    for module in modules:
+        processor = getattr(module, "processor", None)  # a module processor (IP-Adapter's) is not in vars()
+        if processor is None or not hasattr(processor, "__dict__"):
+            continue
+        settings = tuple(
+            (name, tuple(value) if isinstance(value, (list, tuple)) else value)
+            for name, value in vars(processor).items()
+            if isinstance(value, _SETTING)
+            or isinstance(value, (list, tuple))
+            and len(value) <= 64
+            and all(isinstance(v, _SETTING) for v in value)
+        )
+        key.append((type(processor), settings))
+    return tuple(key)
+
+
 def hooks(modules: list) -> frozenset:
     """The forward hooks and pre-hooks on ``modules`` (a module's ``modules()``, listed once: this runs at every
     call) and torch's global ones: Python that stock runs at every call (SAG's reads the map size off its UNet's

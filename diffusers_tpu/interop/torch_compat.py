@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
 import sys
 
 import torch
@@ -140,34 +141,69 @@ def _patch_accelerator():
     patching.record("torch.accelerator")
 
 
-# --- 4. A tensor created on the 'jax' device outside a pipeline call ---------------------------------------------
-# Reason: torch's factories (``torch.randn(..., device="jax")``, ``zeros``, ``empty``) reach the 'jax' backend's
-# ``empty`` kernels when no torchax environment is active (user code between calls, diffusers' own tests), and torch
-# answers with a dispatcher dump ("Could not run 'aten::empty_strided' with arguments from the 'jax' backend").
-# Still refused — there is no device context outside a call — with the project's error naming what works. Guard:
-# registered once, on the PrivateUse1 key torchax renamed to 'jax', for the two ops every factory lowers to.
+# --- 4. Outside a pipeline call, the 'jax' device is the host --------------------------------------------------------
+# Reason: between calls no torchax environment is active, so torch's own code meets the 'jax' device:
+# ``tensor.to("jax")`` failed in the device guard ("PyTorch is not linked with support for jax devices") and the
+# factories (``torch.randn(..., device="jax")``) in their ``empty`` kernels. GPU scripts and diffusers' own tests make
+# a pipeline's inputs there between calls. A pipeline on JAX takes host tensors and moves them itself (with the
+# sharding it chooses), so outside a call such a tensor is made on the host: the same values (a CPU generator draws
+# what it draws on stock CPU), reported as ``cpu``, moved by the next pipeline call. Inside a call torchax's mode
+# takes the 'jax' device before any of this. Guard: a Python device guard for the PrivateUse1 key torchax renamed to
+# 'jax' (``torch._C._acc.register_python_privateuseone_device_guard``, torch >= 2.5) and the two ``empty`` kernels
+# every factory and copy reaches; without the guard API, the factories are refused with ``JaxDeviceOutsideCall``.
 class JaxDeviceOutsideCall(RuntimeError):
-    """A tensor made or moved onto the 'jax' device outside a pipeline call."""
+    """A tensor made on the 'jax' device outside a pipeline call, where this torch cannot hold one on the host."""
 
 
 _FACTORY_KERNELS: list = []
+_told = []
+
+
+def _tell_once() -> None:
+    if not _told:
+        _told.append(True)
+        logging.getLogger("diffusers_tpu").warning(
+            "A tensor made or moved onto the 'jax' device outside a pipeline call is kept on the host (device "
+            "'cpu'); a pipeline on JAX moves its inputs to the devices itself."
+        )
+
+
+def _host_empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _tell_once()
+    return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+
+
+def _host_empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _tell_once()
+    return torch.empty_strided(size, stride, dtype=dtype, layout=layout)
 
 
 def _refuse_factory(*args, **kwargs):
     raise JaxDeviceOutsideCall(
         "A tensor made or moved onto the 'jax' device outside a pipeline call (torch.randn(..., device='jax'), "
-        "tensor.to('jax'), module.to('jax')): torch has no 'jax' kernels there. Create it on the CPU "
+        "tensor.to('jax'), module.to('jax')): this torch has no 'jax' kernels there. Create it on the CPU "
         "(device='cpu'): a pipeline on JAX takes CPU tensors (latents=, prompt_embeds=, ...) and moves them itself; "
         "move whole pipelines with pipe.to('jax')."
     )
 
 
+class _HostDeviceGuard(getattr(getattr(torch._C, "_acc", None), "DeviceGuard", object)):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
 def _patch_jax_factories() -> None:
     if _FACTORY_KERNELS:
         return
+    register_guard = getattr(getattr(torch._C, "_acc", None), "register_python_privateuseone_device_guard", None)
     library = torch.library.Library("aten", "IMPL")  # a kernel for an existing op on one more key
-    for op in ("empty.memory_format", "empty_strided"):
-        library.impl(op, _refuse_factory, "PrivateUse1")
+    if register_guard is not None:
+        register_guard(_HostDeviceGuard())
+        library.impl("empty.memory_format", _host_empty, "PrivateUse1")
+        library.impl("empty_strided", _host_empty_strided, "PrivateUse1")
+    else:
+        for op in ("empty.memory_format", "empty_strided"):
+            library.impl(op, _refuse_factory, "PrivateUse1")
     _FACTORY_KERNELS.append(library)  # held: the registrations last as long as the library object
 
 

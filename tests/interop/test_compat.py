@@ -1,5 +1,7 @@
 """The torchax compatibility layer (``compat``) and the diffusers-level patches (``patches``)."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -462,20 +464,27 @@ def test_math_on_a_moved_weight_outside_a_call_names_the_fix_and_the_fix_works()
     pipe.to("cpu")
 
 
-def test_a_tensor_made_on_the_jax_device_outside_a_call_names_the_fix_and_the_fix_works():
-    """``torch.randn(..., device="jax")`` between calls (diffusers' tests do it): the project's error, not torch's
-    dispatcher dump; the fix it names (a CPU tensor) is what a pipeline on JAX takes."""
-    from diffusers_tpu.interop.torch_compat import JaxDeviceOutsideCall
+def test_the_jax_device_outside_a_call_is_the_host_and_a_pipeline_takes_its_tensors(caplog):
+    """Between calls (a GPU script's ``.to(device)``, diffusers' tests' ``torch.randn(..., device=torch_device)``):
+    factories and ``.to("jax")`` give host tensors with stock's values (a CPU generator's draws), said once; a moved
+    pipeline takes them and gives stock's output. Before: torch's "not linked with support for jax devices"."""
+    from diffusers_tpu.interop import torch_compat
     from diffusers_tpu.testing import tiny
 
-    for make in (torch.randn, torch.zeros, torch.empty):
-        with pytest.raises(JaxDeviceOutsideCall, match="Create it on the CPU"):
-            make(1, 16, 32, device="jax")
+    torch_compat._told.clear()
+    with caplog.at_level(logging.WARNING, logger="diffusers_tpu"):
+        drawn = torch.randn(1, 16, 32, device="jax", generator=torch.Generator().manual_seed(0))
+        zeros, moved = torch.zeros(3, device="jax"), torch.arange(4).to("jax")
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "kept on the host" in caplog.records[0].message
+    embeds = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(0))
+    assert drawn.device.type == zeros.device.type == moved.device.type == "cpu" and type(drawn) is torch.Tensor
+    assert torch.equal(drawn, embeds) and torch.equal(moved, torch.arange(4)) and not zeros.any()
     stock = tiny.wan_pipeline("wan")
-    embeds = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(0))  # the fix: on the CPU
     call = dict(prompt_embeds=embeds, negative_prompt_embeds=embeds, num_inference_steps=2, height=32, width=32)
     expected = stock(**call, num_frames=5, output_type="np", generator=torch.Generator().manual_seed(0)).frames
     pipe = stock.to("jax")
+    call.update(prompt_embeds=drawn.to("jax"), negative_prompt_embeds=drawn)
     got = pipe(**call, num_frames=5, output_type="np", generator=torch.Generator().manual_seed(0)).frames
     np.testing.assert_allclose(got, expected, atol=1e-4)
     pipe.to("cpu")
