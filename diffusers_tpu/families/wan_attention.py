@@ -63,8 +63,8 @@ def _processors() -> dict[type, type]:
 
 
 def install(runtime, transformer) -> int:
-    """Give each stock Wan/SkyReels-V2 processor of ``transformer`` its kernel-rotary subclass (keeping its
-    attention backend and parallel config); returns how many were replaced."""
+    """Give each stock Wan/SkyReels-V2 processor of ``transformer`` its kernel-rotary subclass, sharing the stock
+    instance's attributes (attention backend, parallel config); returns how many were replaced."""
     if transformer is None or not diffusers_tested():
         return 0
     replaced = 0
@@ -74,7 +74,7 @@ def install(runtime, transformer) -> int:
         if kind is None:
             continue
         ours = kind.__new__(kind)
-        ours.__dict__.update(processor.__dict__)
+        ours.__dict__ = processor.__dict__  # one state: a backend set on JAX is the stock one's back on torch
         runtime.overrides.set(module, "processor", ours)
         replaced += 1
     return replaced
