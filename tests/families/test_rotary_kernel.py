@@ -26,6 +26,7 @@ def test_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch):
     pipe = tiny.wan_pipeline("wan-d128")
     reference = generate(pipe, output_type="np")
     calls, traced = [], []
+    rotary._rotate_jitted.clear_cache()  # traced afresh here, whatever ran before in this process
     seam, kernel = rotary.rotate, rotary.interleaved_rotary
     monkeypatch.setattr(rotary, "rotate", lambda *xs, **kw: calls.append(len(xs)) or seam(*xs, **kw))
     monkeypatch.setattr(rotary, "interleaved_rotary", lambda *xs, **kw: traced.append(len(xs)) or kernel(*xs, **kw))
@@ -94,6 +95,7 @@ def test_hunyuan15_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch)
     call = dict(CALL, num_inference_steps=2)
     reference = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames
     rules, pallas = [], kernel._pallas_rotary
+    rotary._rotate_jitted.clear_cache()  # traced afresh here, whatever ran before in this process
     monkeypatch.setattr(kernel, "_pallas_rotary", lambda *a, **kw: rules.append(kw["tables"]) or pallas(*a, **kw))
     pipe.to("jax")
     assert_np_matches(pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames, reference)
