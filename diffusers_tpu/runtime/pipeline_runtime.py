@@ -205,6 +205,16 @@ class PipelineRuntime:
             bound.arguments["callback_on_step_end_tensor_inputs"] = callback.tensor_inputs
         bound.arguments["callback_on_step_end"] = user_tensors.host_callback(callback, self.user_code_scope)
 
+    def replaced_components(self) -> list[str]:
+        """Components the user set anew since the move (``pipe.unet = UNet2DConditionModel(...)``): placed modules
+        no longer at their place."""
+        now = {name: getattr(self.pipe, name, None) for name in self.decision.plans}
+        return [
+            name
+            for name, (module, _, _) in self.decision.plans.items()
+            if now[name] is not module and getattr(now[name], "_orig_mod", None) is not module  # torch.compile'd
+        ]
+
     def _weights_in_place(self) -> None:
         """Components whose weights went to the host with an offload hook that is gone (``pipe.remove_all_hooks()``)
         come back to the devices; those a hook still manages move when they run (``model_offload``)."""
@@ -546,6 +556,13 @@ def for_call(pipe) -> PipelineRuntime | None:
     """The runtime a call of ``pipe`` runs in: its own, or, when it handed its components to another pipeline
     (``shared_components``), a new one that takes them back as it was moved."""
     runtime = runtime_of(pipe)
+    if runtime is not None and runtime.replaced_components():
+        names = ", ".join(f"pipe.{name}" for name in runtime.replaced_components())
+        logger.warning("%s replaced since pipe.to(%r): moving the pipeline again.", names, runtime.target.requested)
+        kind, config, dtype = runtime.moved_with
+        detach(pipe)  # the replaced module's state is restored on it; the new one is placed with the rest
+        attach(pipe, kind, config=config, dtype=dtype)
+        return runtime_of(pipe)
     how = shared_components.how_moved(pipe) if runtime is None else None
     if how is None:
         held = shared_components.held_elsewhere(pipe) if runtime is None else []
