@@ -4,6 +4,9 @@ This module sits at the top of the import graph (it imports the runtime); the lo
 compatibility patches live in ``compat`` at the bottom. Nothing else in the package modifies a third-party class:
 family modules and the runtime only install per-instance overrides on the pipelines and modules a user moved to
 JAX (undone by ``pipe.to("cpu")``).
+
+Over 400 lines on purpose: every patch of diffusers', peft's and torch's public API lives here, each with its reason
+and guard, so that one file answers "what does importing diffusers_tpu change".
 """
 
 from __future__ import annotations
@@ -315,10 +318,14 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
 # torchax tensors outside its environment refuse (and which a compiled program cannot do to its arguments). On JAX
 # the chosen weights are stored in the storage dtype and cast inside the programs (``layerwise_casting``). Guard:
 # diffusers 0.42's ``ModelMixin.enable_layerwise_casting``; a module not on JAX takes the stock method.
-def _patch_layerwise_casting(modeling_utils) -> None:
+# Also: ``enable_group_offload`` onto a JAX device (a model's here, a pipeline's in ``_patch_pipelines``) is refused
+# naming what works (``gpu_script_calls.no_group_offload_to_jax``).
+def _patch_model_methods(modeling_utils) -> None:
     cls = modeling_utils.ModelMixin
     if getattr(cls, "enable_layerwise_casting", None) is not None:
         patching.wrap(cls, "enable_layerwise_casting", _layerwise_on_jax, "ModelMixin.enable_layerwise_casting")
+    if getattr(cls, "enable_group_offload", None) is not None:
+        patching.wrap(cls, "enable_group_offload", gpu_script_calls.no_group_offload_to_jax, "group offload")
 
 
 def _layerwise_on_jax(stock):
@@ -372,6 +379,13 @@ def _patch_fuse_projections(module) -> None:
 
 
 def _patch_pipelines(pipeline_utils) -> None:
+    if getattr(pipeline_utils.DiffusionPipeline, "enable_group_offload", None) is not None:
+        patching.wrap(
+            pipeline_utils.DiffusionPipeline,
+            "enable_group_offload",
+            gpu_script_calls.no_group_offload_to_jax,
+            "group offload",
+        )
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
     _patch_device_map(pipeline_utils)
@@ -385,7 +399,7 @@ def apply() -> None:
     compat.route_sdpa(attention.scaled_dot_product_attention)
     _patch_generator()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
-    import_hooks.when_imported("diffusers.models.modeling_utils", _patch_layerwise_casting)
+    import_hooks.when_imported("diffusers.models.modeling_utils", _patch_model_methods)
     for module in ("diffusers.models.attention_processor", "diffusers.models.attention"):
         import_hooks.when_imported(module, _patch_fuse_projections)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
