@@ -75,21 +75,17 @@ sharding.register_adapter_naming(sharding.AdapterNaming(rule_name, adapter_spec)
 
 
 # --- weight math on host copies -------------------------------------------------------------------------
-def on_host_copies(method):
-    """Wrap a peft layer method that computes on the layer's weights (merge, unmerge): for a layer on JAX, run it
-    on host copies of the layer's tensors and put them back on the devices with their sharding."""
+def _around_host_copies(method, on_jax, refusal):
+    """``method`` run on host copies of its object's tensors, put back on the devices with their sharding after;
+    ``on_jax(self)`` False: the stock method; ``refusal(self)``: a reason to refuse (quantized weights), or None."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        if not base_on_jax(self):
+        if not on_jax(self):
             return method(self, *args, **kwargs)
-        base = getattr(self.get_base_layer(), "weight", None)
-        if base is not None and quantize.is_quantized(base):
-            raise ValueError(
-                f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
-                "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
-                "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights)."
-            )
+        reason = refusal(self)
+        if reason:
+            raise ValueError(reason)
         placed = sharding.to_host_copies(self)
         try:
             return method(self, *args, **kwargs)
@@ -97,6 +93,23 @@ def on_host_copies(method):
             sharding.back_to_devices(self, placed)
 
     return run
+
+
+def on_host_copies(method):
+    """Wrap a peft layer method that computes on the layer's weights (merge, unmerge): for a layer on JAX, run it
+    on host copies of the layer's tensors and put them back on the devices with their sharding."""
+
+    def refusal(layer):
+        base = getattr(layer.get_base_layer(), "weight", None)
+        if base is not None and quantize.is_quantized(base):
+            return (
+                f"{method.__name__} on a LoRA layer whose base weight is quantized on JAX "
+                "(TPUConfig(quantize=...)) would merge into int8 values. Fuse the LoRA on the host before "
+                "pipe.to(...), or keep it unfused (adapters run unmerged on top of quantized weights)."
+            )
+        return None
+
+    return _around_host_copies(method, base_on_jax, refusal)
 
 
 def module_on_host_copies(method):
@@ -104,23 +117,18 @@ def module_on_host_copies(method):
     module with tensors on JAX, run it on host copies of them and put them back with their sharding; tensors it
     creates stay on the host until the next call's resync places them."""
 
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        tensors = [*self.parameters(), *self.buffers()]
-        if not any(backend.is_jax_tensor(t) for t in tensors):
-            return method(self, *args, **kwargs)
-        if any(quantize.is_quantized(t) for t in tensors):
-            raise ValueError(
-                f"{type(self).__name__}.{method.__name__} on weights quantized on JAX (TPUConfig(quantize=...)) "
+    def tensors(module):
+        return [*module.parameters(), *module.buffers()]
+
+    def refusal(module):
+        if any(quantize.is_quantized(t) for t in tensors(module)):
+            return (
+                f"{type(module).__name__}.{method.__name__} on weights quantized on JAX (TPUConfig(quantize=...)) "
                 "would combine int8 values. Call it on the host before pipe.to(...)."
             )
-        placed = sharding.to_host_copies(self)
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            sharding.back_to_devices(self, placed)
+        return None
 
-    return run
+    return _around_host_copies(method, lambda m: any(backend.is_jax_tensor(t) for t in tensors(m)), refusal)
 
 
 def each_fused_on_host(stock):
