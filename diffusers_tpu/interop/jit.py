@@ -440,7 +440,8 @@ class CompiledFunction:
         # (owner, attribute) found to carry state from one call to the next (``module_state``); a held object's
         # owner is its ``Place``
         self.carried: list = []
-        self.held: list = []  # [places holding plain objects (attention processors), every module]: at the first call
+        # [places holding plain objects, every module, the modules with an attention processor]: at the first call
+        self.held: list = []
         self.caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
         self.eager: list = []  # the reason, once state was found that no program can carry: then it runs eagerly
         self.traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture)
@@ -453,9 +454,7 @@ class CompiledFunction:
         with self.activate():
             if self.eager:
                 return self.__wrapped__(*args, **kwargs)
-            if not self.held:  # the module's structure, found at the first call
-                self.held.append(module_state.places(self.module))
-                self.held.append(list(self.module.modules()))
+            self._hold()
             hooks = module_state.hooks(self.held[1])
             if hooks - self.traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
                 if not self.hooked:
@@ -468,6 +467,12 @@ class CompiledFunction:
             finally:
                 if len(self.programs) != traces:  # only a trace registers hooks of its own
                     self.traced_hooks.update(module_state.hooks(self.held[1]) - hooks)
+
+    def _hold(self) -> None:
+        """The module's structure, found once at the first call (every later call reads it)."""
+        if not self.held:
+            modules = list(self.module.modules())
+            self.held.extend((module_state.places(self.module), modules, module_state.processor_owners(modules)))
 
     def _new_program(self, spec, static, live, carried_key) -> Program:
         return Program(
@@ -562,8 +567,7 @@ class CompiledFunction:
         # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds
         # "Rep" markers or tensors depending on the frame count), and each program keeps its own.
         shapes = tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, torch.Tensor))
-        if not self.held:
-            self.held.extend((module_state.places(self.module), list(self.module.modules())))
+        self._hold()
         live = tuple((module_state.current(owner), attribute) for owner, attribute in self.carried)
         values = [vars(owner).get(attribute, module_state.MISSING) for owner, attribute in live]
         carried_key = tuple(module_state.signature(value) for value in values)
@@ -572,7 +576,7 @@ class CompiledFunction:
             _by_value(static),
             shapes,
             self.extras.key() if self.extras is not None else None,
-            module_state.processor_key(self.held[1]),
+            module_state.processor_key(self.held[2]),
             carried_key,
             module_state.held_key(self.held[0]),
         )

@@ -91,13 +91,18 @@ def held_key(found: list[Place]) -> tuple:
 _SETTING = (bool, int, float, str)  # not None: a slot filled later (SAG stores its maps) is no setting
 
 
-def processor_key(modules: list) -> tuple:
+def processor_owners(modules: list) -> list:
+    """The modules that hold an attention processor (found once: ``processor_key`` reads them at every call)."""
+    return [module for module in modules if getattr(module, "processor", None) is not None]
+
+
+def processor_key(owners: list) -> tuple:
     """What of the attention processors selects the program: each one's class and its plain settings (numbers,
     strings, flat lists of them), read at every call. Python values are constants in a trace: IP-Adapter's
     ``set_ip_adapter_scale`` changes ``processor.scale`` between calls, ``fuse_qkv_projections`` swaps the class;
-    either is traced anew (stock reads them at every call)."""
+    either is traced anew (stock reads them at every call). ``owners``: ``processor_owners``."""
     key = []
-    for module in modules:
+    for module in owners:
         processor = getattr(module, "processor", None)  # a module processor (IP-Adapter's) is not in vars()
         if processor is None or not hasattr(processor, "__dict__"):
             continue

@@ -556,8 +556,9 @@ def for_call(pipe) -> PipelineRuntime | None:
     """The runtime a call of ``pipe`` runs in: its own, or, when it handed its components to another pipeline
     (``shared_components``), a new one that takes them back as it was moved."""
     runtime = runtime_of(pipe)
-    if runtime is not None and runtime.replaced_components():
-        names = ", ".join(f"pipe.{name}" for name in runtime.replaced_components())
+    replaced = runtime.replaced_components() if runtime is not None else []
+    if replaced:
+        names = ", ".join(f"pipe.{name}" for name in replaced)
         logger.warning("%s replaced since pipe.to(%r): moving the pipeline again.", names, runtime.target.requested)
         kind, config, dtype = runtime.moved_with
         detach(pipe)  # the replaced module's state is restored on it; the new one is placed with the rest
