@@ -14,8 +14,12 @@ reductions run over sublanes, and the output accumulates transposed as ``[D, blo
 Operands: with ``D`` a lane multiple (the real models' 128) q/k/v are read **packed**, ``[B, S, H*D]`` as the
 projections lay them out (one head's ``[block, D]`` columns per grid step), and the output is written the same way
 (the accumulator transposed once per query block): no transpose and no padding around the kernel; the last blocks
-run past the sequences' ends (those keys are masked, those queries' rows not written). Otherwise heads are folded
-into rows, ``[B*H, S_pad, D]``, the sequences padded to block multiples and the output written ``[B*H, D, S_pad]``.
+run past the sequences' ends (those keys are masked, those queries' rows not written). Heads narrower than a lane
+tile (CogVideoX's and LTX's 64) are packed too when ``128 / D`` of them fill one: a grid step reads that group's
+``[block, 128]`` columns, takes each head's scores against its own lanes of the query (the others zeroed: the MXU pads
+a 64-deep contraction to its depth anyway) and its output rows from the transposed values' sublanes, with softmax
+statistics per head. Otherwise heads are folded into rows, ``[B*H, S_pad, D]``, the sequences padded to block
+multiples and the output written ``[B*H, D, S_pad]``.
 
 Masking: keys past the sequence's end are recognised by position (only the chunk holding the end is masked);
 ``kv_mask`` marks valid keys per batch row, summarised per chunk in a scalar-prefetch table (none visible: skipped;
@@ -43,6 +47,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked ch
 # ints lowers with a sign fix-up that Mosaic can only emit for a known chip generation.
 _NT = (((1,), (1,)), ((), ()))  # k [kv, D] x q [q, D] -> [kv, q]
 _TN = (((0,), (0,)), ((), ()))  # v [kv, D] x p [kv, q] -> [D, q]
+_NN = (((1,), (0,)), ((), ()))  # v^T rows [D, kv] x p [kv, q] -> [D, q]
 
 
 def _kernel(
@@ -56,6 +61,7 @@ def _kernel(
     kv_ragged: bool,
     packed: bool,
     heads: int,
+    group: int,
     use_exp2: bool,
     precision,
 ):
@@ -75,19 +81,27 @@ def _kernel(
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
+    dot = dict(precision=precision, preferred_element_type=jnp.float32)
     q = q_ref[...]
+    head_dim = q.shape[1] // group
+    if group > 1:  # one query per head of the group: its own lanes, the others zero
+        lane_head = lax.div(lax.broadcasted_iota(jnp.int32, (1, q.shape[1]), 1), head_dim)
+        queries = [jnp.where(lane_head == h, q, jnp.zeros_like(q)) for h in range(group)]
+    else:
+        queries = [q]
     q_first = q_offset + q_block * bq
     q_pos = q_first + lax.broadcasted_iota(jnp.int32, (1, bq), 1)
 
     def update(start, key_first, masked: bool):
-        """One chunk's online-softmax update; ``masked``: some key of the chunk may be invisible."""
-        scores = lax.dot_general(
-            k_ref[pl.ds(start, compute), :], q, _NT, precision=precision, preferred_element_type=jnp.float32
-        )
-        m, row_sum, acc = m_ref[...], l_ref[...], acc_ref[...]
+        """One chunk's online-softmax update; ``masked``: some key of the chunk may be invisible. The heads of a
+        packed group keep their statistics in sublanes ``8h .. 8h+7`` and their output in rows ``hD .. hD+D-1``."""
+        keys = k_ref[pl.ds(start, compute), :]
+        scores = [lax.dot_general(keys, query, _NT, **dot) for query in queries]
+        rows = [pl.ds(h * _SUBLANES, _SUBLANES) for h in range(group)]
+        dims = [pl.ds(h * head_dim, head_dim) for h in range(group)]
+        state = [(m_ref[r, :], l_ref[r, :], acc_ref[d, :]) for r, d in zip(rows, dims)]
         for sub in range(compute // compute_in):  # the fine-grained inner loop
             offset = start + sub * compute_in
-            s = scores[sub * compute_in : (sub + 1) * compute_in]
             if masked:
                 key_pos = key_first + sub * compute_in + lax.broadcasted_iota(jnp.int32, (compute_in, 1), 0)
                 visible = key_pos < kv_len
@@ -95,20 +109,28 @@ def _kernel(
                     visible = jnp.logical_and(visible, mask_ref[pl.ds(offset, compute_in), :] != 0)
                 if causal_block is not None:
                     visible = jnp.logical_and(visible, lax.div(key_pos, causal_block) <= lax.div(q_pos, causal_block))
-                s = jnp.where(visible, s, MASK_VALUE)
-            m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
-            p = exp(s - m_next[0:1])
-            if masked:  # a query that has seen no visible key yet has m_next == MASK_VALUE: exp(0) must not count
-                p = jnp.where(visible, p, 0.0)
-            alpha = exp(m - m_next)
-            row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
             v = v_ref[pl.ds(offset, compute_in), :]
             if masked and kv_ragged:  # keys past the array's end are whatever the block read: 0 * NaN is NaN
                 v = jnp.where(key_pos < kv_len, v, jnp.zeros_like(v))
-            pv = lax.dot_general(v, p.astype(v.dtype), _TN, precision=precision, preferred_element_type=jnp.float32)
-            acc = alpha[0:1] * acc + pv
-            m = m_next
-        m_ref[...], l_ref[...], acc_ref[...] = m, row_sum, acc
+            values_t = v.T if group > 1 else None  # each head's rows of it: sublane rows, no lane shuffle
+            for h in range(group):
+                m, row_sum, acc = state[h]
+                s = scores[h][sub * compute_in : (sub + 1) * compute_in]
+                if masked:
+                    s = jnp.where(visible, s, MASK_VALUE)
+                m_next = jnp.maximum(m, jnp.max(s, axis=0, keepdims=True))
+                p = exp(s - m_next[0:1])
+                if masked:  # a query that has seen no visible key yet has m_next == MASK_VALUE: exp(0) must not count
+                    p = jnp.where(visible, p, 0.0)
+                alpha = exp(m - m_next)
+                row_sum = alpha * row_sum + jnp.sum(p, axis=0, keepdims=True)
+                if group > 1:
+                    pv = lax.dot_general(values_t[h * head_dim : (h + 1) * head_dim], p.astype(v.dtype), _NN, **dot)
+                else:
+                    pv = lax.dot_general(v, p.astype(v.dtype), _TN, **dot)
+                state[h] = (m_next, row_sum, alpha[0:1] * acc + pv)
+        for r, d, (m, row_sum, acc) in zip(rows, dims, state):
+            m_ref[r, :], l_ref[r, :], acc_ref[d, :] = m, row_sum, acc
 
     def chunk(index, carry):
         start = index * compute
@@ -139,9 +161,12 @@ def _kernel(
 
     @pl.when(kv_block == pl.num_programs(2) - 1)
     def _finish():
-        total = l_ref[0:1]
-        inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
-        out = acc_ref[...] * inverse
+        parts = []
+        for h in range(group):
+            total = l_ref[h * _SUBLANES : h * _SUBLANES + 1]
+            inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+            parts.append(acc_ref[h * head_dim : (h + 1) * head_dim] * inverse)
+        out = parts[0] if group == 1 else jnp.concatenate(parts, axis=0)
         o_ref[...] = (out.T if packed else out).astype(o_ref.dtype)  # packed: [block_q, D] rows of [B, S, H*D]
 
 
@@ -161,18 +186,20 @@ def _call(
     vmem_bytes: int,
     head_dim: int,
     packed: bool,
+    group: int,
 ):
-    """Folded: q [BH, Sq_pad, D], k/v [BH, Skv_pad, D] -> out [BH, D, Sq_pad]. Packed (``D`` a lane multiple): q
-    [B, Sq, H*D], k/v [B, Skv, H*D] as the projections lay them out -> out [B, Sq, H*D], blocks read and written in
-    place (a ragged last block past the sequence's end: its keys are masked, its queries' rows are not written).
-    mask [B, Skv_pad, 1] or None."""
+    """Folded: q [BH, Sq_pad, D], k/v [BH, Skv_pad, D] -> out [BH, D, Sq_pad]. Packed (``D`` a lane multiple, or
+    ``group`` heads filling one): q [B, Sq, H*D], k/v [B, Skv, H*D] as the projections lay them out -> out
+    [B, Sq, H*D], blocks of ``group * D`` columns read and written in place (a ragged last block past the sequence's
+    end: its keys are masked, its queries' rows are not written). mask [B, Skv_pad, 1] or None."""
     bq, bkv = sizes.block_q, sizes.block_kv
+    width = group * head_dim  # columns per grid step
     if packed:
-        batch_heads = q.shape[0] * heads
-        grid = (batch_heads, pl.cdiv(q.shape[1], bq), pl.cdiv(k.shape[1], bkv))
-        q_index = lambda g, i, j, *_: (lax.div(g, heads), i, lax.rem(g, heads))  # noqa: E731
-        kv_index = lambda g, i, j, *_: (lax.div(g, heads), j, lax.rem(g, heads))  # noqa: E731
-        out_shape, out_block, out_index = q.shape, (None, bq, head_dim), q_index
+        blocks = heads // group
+        grid = (q.shape[0] * blocks, pl.cdiv(q.shape[1], bq), pl.cdiv(k.shape[1], bkv))
+        q_index = lambda g, i, j, *_: (lax.div(g, blocks), i, lax.rem(g, blocks))  # noqa: E731
+        kv_index = lambda g, i, j, *_: (lax.div(g, blocks), j, lax.rem(g, blocks))  # noqa: E731
+        out_shape, out_block, out_index = q.shape, (None, bq, width), q_index
     else:
         batch_heads = q.shape[0]
         grid = (batch_heads, q.shape[1] // bq, k.shape[1] // bkv)
@@ -182,14 +209,14 @@ def _call(
         out_index = lambda g, i, j, *_: (g, 0, i)  # noqa: E731
     kv_rows = grid[2] * bkv
     in_specs = [
-        pl.BlockSpec((None, bq, head_dim), q_index),
-        pl.BlockSpec((None, bkv, head_dim), kv_index),
-        pl.BlockSpec((None, bkv, head_dim), kv_index),
+        pl.BlockSpec((None, bq, width), q_index),
+        pl.BlockSpec((None, bkv, width), kv_index),
+        pl.BlockSpec((None, bkv, width), kv_index),
     ]
     operands = [q, k, v]
     prefetch = []
     if mask is not None:
-        in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j, *_: (lax.div(h, heads), j, 0)))
+        in_specs.append(pl.BlockSpec((None, bkv, 1), lambda h, i, j, *_: (lax.div(h, heads // group), j, 0)))
         operands.append(mask)
         prefetch = [chunk_visibility(mask[..., 0], sizes.block_kv_compute)]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
@@ -203,7 +230,8 @@ def _call(
         kv_padded=kv_rows > kv_len,
         kv_ragged=kv_rows > k.shape[1],
         packed=packed,
-        heads=heads,
+        heads=heads // group,
+        group=group,
         use_exp2=use_exp2,
         precision=precision,
     )
@@ -212,7 +240,7 @@ def _call(
         params = pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
-            vmem_limit_bytes=min(max(2 * sizes.vmem_bytes(head_dim, q.dtype.itemsize), 32 << 20), vmem_bytes),
+            vmem_limit_bytes=min(max(2 * sizes.vmem_bytes(width, q.dtype.itemsize), 32 << 20), vmem_bytes),
         )
     return pl.pallas_call(
         kernel,
@@ -223,9 +251,9 @@ def _call(
             in_specs=in_specs,
             out_specs=pl.BlockSpec(out_block, out_index),
             scratch_shapes=[
-                pltpu.VMEM((_SUBLANES, bq), jnp.float32),
-                pltpu.VMEM((_SUBLANES, bq), jnp.float32),
-                pltpu.VMEM((head_dim, bq), jnp.float32),
+                pltpu.VMEM((group * _SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((group * _SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((width, bq), jnp.float32),
             ],
         ),
         compiler_params=params,
@@ -235,6 +263,13 @@ def _call(
 
 
 _NO_KEY, _SOME_KEYS, _ALL_KEYS = 0, 1, 2
+
+
+def heads_per_block(heads: int, head_dim: int) -> int:
+    """Heads a packed grid step takes: ``128 / D`` of them when they fill one lane tile and divide ``heads``
+    (CogVideoX's and LTX's 64-wide heads: 2), else 1."""
+    group = _LANES // head_dim if head_dim < _LANES and _LANES % head_dim == 0 else 1
+    return group if heads % group == 0 else 1
 
 
 def chunk_visibility(mask, compute: int):
@@ -297,10 +332,12 @@ def flash_attention(
     if k_smoothing:
         k = smooth_keys(k, kv_mask)
     vmem_bytes = vmem_bytes or DEFAULT_VMEM_BYTES
-    sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len, head_dim, q.dtype.itemsize, vmem_bytes)
+    group = heads_per_block(heads, head_dim)
+    width = group * head_dim
+    sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len, width, q.dtype.itemsize, vmem_bytes)
     q_pad = _round_up(q_len, sizes.block_q) - q_len
     kv_pad = _round_up(kv_len, sizes.block_kv) - kv_len
-    packed = head_dim % _LANES == 0
+    packed = width % _LANES == 0
     if packed:  # [B, S, H*D]: undoes the caller's [B, S, H, D] -> [B, H, S, D] transpose first (XLA cancels the pair)
         q3, k3, v3 = (jnp.swapaxes(x, 1, 2).reshape(batch, x.shape[2], heads * head_dim) for x in (q, k, v))
         q3 = (q3.astype(jnp.float32) * scale).astype(q3.dtype)
@@ -322,6 +359,7 @@ def flash_attention(
         vmem_bytes=vmem_bytes,
         head_dim=head_dim,
         packed=packed,
+        group=group,
     )
     if interpret is None:
         out = lax.platform_dependent(

@@ -256,6 +256,26 @@ def _fused_flops(name: str, computations: dict, depth: int = 0) -> float:
     return total
 
 
+_SLICES = ("slice", "dynamic-slice", "slice-start")  # read only the part they return
+
+
+def _moved_bytes(ins: Instruction, shapes: dict) -> float:
+    """Bytes an instruction reads and writes, as XLA's cost analysis counts them: its operands and its result,
+    except that an async start's result tuple repeats its operands (aliases) beside its output, a slice reads only
+    what it returns and an in-place dynamic-update-slice touches only the update. (TPU memory-space assignment
+    streams big operands into VMEM as many ``slice-start`` pieces; counting the whole operand per piece made a
+    69 MB query read as 1.2 GB.)"""
+    operands = [shape_bytes(shapes.get(name, "")) for name in ins.operands()]
+    read, written = sum(operands), ins.result_bytes
+    if ins.opcode.endswith("-start") and ins.shape.startswith("("):
+        written = max(written - read, 0.0)
+    if ins.opcode in _SLICES:
+        read = written
+    elif ins.opcode == "dynamic-update-slice" and len(operands) > 1:
+        read = written = operands[1]
+    return read + written
+
+
 def _own_counts(instructions: list[Instruction], computations: dict | None = None) -> Counts:
     counts = Counts()
     shapes = {ins.name: ins.shape for ins in instructions}
@@ -263,7 +283,7 @@ def _own_counts(instructions: list[Instruction], computations: dict | None = Non
         if ins.opcode.endswith("-done"):
             continue
         if ins.opcode not in _CONTROL:
-            counts.bytes += ins.result_bytes + sum(shape_bytes(shapes.get(name, "")) for name in ins.operands())
+            counts.bytes += _moved_bytes(ins, shapes)
         counts.flops += _matmul_flops(ins, shapes)
         if ins.opcode == "fusion" and computations is not None:
             counts.flops += _fused_flops(ins.attribute("calls") or "", computations)

@@ -166,6 +166,8 @@ COGVIDEOX_TRANSFORMERS = {
     "cogvideox1.5": dict(
         _COGVIDEOX, attention_head_dim=16, patch_size_t=2, patch_bias=False, use_rotary_positional_embeddings=True
     ),
+    # the real models' 64-wide heads: the exp2 kernel reads them packed, two heads to a 128-lane tile
+    "cogvideox-d64": dict(_COGVIDEOX, attention_head_dim=64, use_rotary_positional_embeddings=True),
 }
 COGVIDEOX_VAE = dict(
     in_channels=3,

@@ -165,6 +165,7 @@ PARITY = {
     "cogvideox-5b-ddim": Case(
         cogvideox("cogvideox-5b", "ddim"), "cogvideox", check=cogvideox_vae_programs, rerun_on_cpu=True
     ),
+    "cogvideox-d64-ddim": Case(cogvideox("cogvideox-d64", "ddim"), "cogvideox"),
     "cogvideox1.5-dpm": Case(
         cogvideox("cogvideox1.5", "dpm"), "cogvideox", to="tpu", check=cogvideox_vae_programs, rerun_on_cpu=True
     ),

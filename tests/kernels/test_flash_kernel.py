@@ -56,6 +56,8 @@ SHAPES = [  # (batch, heads, Sq, Skv, D): none of the sequence lengths is a bloc
     (1, 2, 513, 640, 8),
     (2, 3, 300, 513, 128),  # head_dim a lane multiple: packed [B, S, H*D], ragged last blocks (nothing padded)
     (1, 1, 77, 300, 128),  # one head per device (heads over tp): packed rows are exactly head_dim wide
+    (2, 4, 300, 513, 64),  # two 64-wide heads to a lane tile (CogVideoX, LTX): packed pairs
+    (1, 8, 200, 77, 32),  # four 32-wide heads to a lane tile
 ]
 
 
@@ -81,7 +83,7 @@ def test_bfloat16_matches_float64(shape):
     assert relative_error(out, float64_attention(q, k, v)) <= 2e-2
 
 
-@pytest.mark.parametrize("block_size, offset, dim", [(1, 0, 16), (4, 0, 16), (3, 500, 16), (4, 0, 128)])
+@pytest.mark.parametrize("block_size, offset, dim", [(1, 0, 16), (4, 0, 16), (3, 500, 16), (4, 0, 128), (3, 7, 64)])
 def test_causal_and_block_causal(block_size, offset, dim):
     q, k, v = inputs(2, 2, 300, 900, dim)
     out = run(q, k, v, causal=True, causal_block_size=block_size, q_offset=offset)
@@ -91,7 +93,7 @@ def test_causal_and_block_causal(block_size, offset, dim):
     assert relative_error(jnp_ref, ref) <= 1e-5  # the jnp reference has the same semantics
 
 
-@pytest.mark.parametrize("dim", [32, 128], ids=["folded", "packed"])
+@pytest.mark.parametrize("dim", [16, 128, 64], ids=["folded", "packed", "packed-pairs"])
 @pytest.mark.parametrize("kv_len", [512, 500, 300], ids=["no-padding", "padded-last-chunk", "padded-block"])
 def test_plain_chunks_equal_masked_chunks_bit_for_bit(kv_len, dim):
     """Chunks with every key visible skip the mask selects (no mask, no padding there): the result is the masked
@@ -267,3 +269,25 @@ def test_benchmark_times_torch_sdpa_and_skips_a_reference_too_large(monkeypatch)
     assert "xla" not in report["kernels"] and report["kernels"]["splash_exp2"]["max_abs_diff_vs_xla"] is None
     assert report["kernels"]["torch_sdpa"]["max_abs_diff_vs_first"] < 1e-5
     assert "n/a" in benchmark.format_table(report)
+
+
+@pytest.mark.parametrize(
+    "heads, dim, group", [(2, 64, 2), (3, 64, 1), (1, 64, 1), (8, 32, 4), (6, 32, 1), (2, 128, 1), (4, 40, 1)]
+)
+def test_heads_per_block(heads, dim, group):
+    """Narrow heads share a lane tile only when they fill it exactly and the grid's heads divide into such groups
+    (an odd head count per device, under tp, stays folded)."""
+    from diffusers_tpu.kernels.flash import heads_per_block
+
+    assert heads_per_block(heads, dim) == group
+
+
+def test_packed_pairs_read_and_write_the_projection_layout():
+    """Two 64-wide heads per grid step: the kernel's operands are ``[B, S, H*D]`` (no fold, no padding), its grid
+    runs over head pairs, and its output is float64's."""
+    q, k, v = inputs(2, 4, 300, 200, 64, seed=7)
+    traced = jax.make_jaxpr(lambda q, k, v: flash_attention(q, k, v, block_sizes=SMALL, interpret=True))(q, k, v)
+    call = next(e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call")
+    assert [tuple(x.aval.shape) for x in call.invars] == [(2, 300, 256), (2, 200, 256), (2, 200, 256)]
+    assert call.params["grid_mapping"].grid[0] == 2 * 4 // 2
+    assert relative_error(run(q, k, v), float64_attention(q, k, v)) <= 1e-5

@@ -77,3 +77,30 @@ def test_a_kernel_config_spanning_lines_and_nested_fusions_are_read():
     assert found.total.custom_calls["tpu_custom_call"] == 1
     assert found.total.flops == 2 * 4 * 16 * 8
     assert found.total.fusions == 1
+
+
+def test_bytes_count_what_slices_async_starts_and_in_place_updates_move():
+    """A slice (and TPU memory-space assignment's ``slice-start`` pieces) reads only what it returns, an async start's
+    result tuple repeats its operand beside its output, an in-place dynamic-update-slice touches only the update."""
+    hlo = """HloModule m
+
+ENTRY %main (p: s8[1000], q: f32[100], u: f32[10], i: s32[]) -> f32[100] {
+  %p = s8[1000]{0} parameter(0)
+  %q = f32[100]{0} parameter(1)
+  %u = f32[10]{0} parameter(2)
+  %i = s32[] parameter(3)
+  %slice-start = ((s8[1000]{0}), s8[100]{0:S(1)}, s32[]{:S(2)}) slice-start(%p), slice={[0:100]}
+  %slice-done = s8[100]{0:S(1)} slice-done(%slice-start)
+  %slice.1 = s8[200]{0} slice(%p), slice={[0:200]}
+  %copy-start = (f32[100]{0:S(1)}, f32[100]{0}, u32[]{:S(2)}) copy-start(%q)
+  %copy-done = f32[100]{0:S(1)} copy-done(%copy-start)
+  %dynamic-update-slice = f32[100]{0} dynamic-update-slice(%copy-done, %u, %i)
+  ROOT %add = f32[100]{0} add(%dynamic-update-slice, %q)
+}
+"""
+    found = hlo_stats.stats(hlo)
+    slices = 2 * (100 + 4) + 2 * 200  # (a piece carries an s32 context)
+    copy = 2 * 400 + 4
+    update = 2 * 40
+    add = 3 * 400
+    assert found.total.bytes == slices + copy + update + add

@@ -162,8 +162,10 @@ REAL_ATTENTION = {
 @pytest.mark.parametrize("name", sorted(REAL_ATTENTION))
 def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
     """The exp2 kernel's default block sizes, fitted to the real sequences and the chip's VMEM, compile through
-    Mosaic's passes; the query and key sequences are padded no further than the least padding a block allows."""
+    Mosaic's passes; q/k/v are read packed (128-wide heads, and CogVideoX's 64-wide ones two to a lane tile), else
+    the sequences are padded no further than the least padding a block allows."""
     from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, vmem_capacity
+    from diffusers_tpu.kernels.flash import heads_per_block
 
     batch, heads, q_len, kv_len, head_dim, masked = REAL_ATTENTION[name]
     devices = tpu_compiler.devices(chip)
@@ -182,10 +184,11 @@ def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
         tuple(int(n) for n in dims.split(","))
         for dims in __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("custom-call(")[0])
     ]
-    sizes = BlockSizes().fit(q_len, kv_len, head_dim, 2, vmem)
-    assert sizes.vmem_bytes(head_dim, 2) <= vmem
+    width = heads_per_block(heads, head_dim) * head_dim
+    sizes = BlockSizes().fit(q_len, kv_len, width, 2, vmem)
+    assert sizes.vmem_bytes(width, 2) <= vmem
     assert sizes.block_kv == block_for(kv_len, 2816)
-    if head_dim % 128 == 0:  # packed: q/k/v read as the projections lay them out, nothing padded or transposed
+    if width % 128 == 0:  # packed: q/k/v read as the projections lay them out, nothing padded or transposed
         inputs = __import__("re").findall(r"bf16\[([0-9,]+)\]", kernel[0].split("operand_layout_constraints=")[1])
         assert operands[0] == (batch, q_len, heads * head_dim)
         assert inputs[:3] == [f"{batch},{q_len},{heads * head_dim}"] + [f"{batch},{kv_len},{heads * head_dim}"] * 2

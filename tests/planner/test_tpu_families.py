@@ -37,6 +37,7 @@ def build(name):
         "wan22-ti2v": tiny.wan22_ti2v_pipeline,
         "cogvideox-5b": lambda: tiny.cogvideox_pipeline("cogvideox-5b"),
         "cogvideox1.5": lambda: tiny.cogvideox_pipeline("cogvideox1.5"),
+        "cogvideox-d64": lambda: tiny.cogvideox_pipeline("cogvideox-d64"),  # the kernel's packed head pairs
         "hunyuanvideo15": tiny.hunyuan15_pipeline,
         "causal-wan": tiny.causal_wan_pipeline,
     }
@@ -57,6 +58,7 @@ FAMILIES = [
     "causal-wan",
     "cogvideox-5b",
     "cogvideox1.5",
+    "cogvideox-d64",
     "hunyuanvideo15",
     "hunyuan-video",
     "ltx",

@@ -118,7 +118,7 @@ def test_realistic_sharded_export_for_tpu(report):
     assert export["decode_devices"] == 8 and export["decode_out"] == [[1, 3, 9, 480, 832]]
 
 
-@pytest.mark.parametrize("run", ["1.5-dpm-dp2-sp1-tp4", "2b-dpm-dp2-sp2-tp2"])  # 5b: the parity sweep
+@pytest.mark.parametrize("run", ["1.5-dpm-dp2-sp1-tp4", "2b-dpm-dp2-sp2-tp2", "d64-ddim-dp2-sp2-tp2"])
 @pytest.mark.mesh_slow
 def test_cogvideox_matches_stock_torch_on_the_mesh(families, run):
     result = families["cogvideox"][run]

@@ -208,6 +208,8 @@ def cogvideox_runs():
     cases = {
         "1.5-dpm-dp2-sp1-tp4": ("cogvideox1.5", "dpm", {"dp": 2, "sp": 1, "tp": 4}),
         "2b-dpm-dp2-sp2-tp2": ("cogvideox-2b", "dpm", {"dp": 2, "sp": 2, "tp": 2}),
+        # 64-wide heads, two per device: the exp2 kernel's packed head pairs under shard_map
+        "d64-ddim-dp2-sp2-tp2": ("cogvideox-d64", "ddim", {"dp": 2, "sp": 2, "tp": 2}),
     }
     call = dict(max_sequence_length=32, num_frames=17, width=64)
     for name, (variant, scheduler, mesh) in cases.items():
