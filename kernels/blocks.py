@@ -11,6 +11,14 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def heads_per_block(heads: int, head_dim: int) -> int:
+    """Heads that share one 128-lane tile of the projections' ``[B, S, H*D]`` layout in a kernel's grid step:
+    ``128 / D`` of them when they fill it exactly and divide ``heads`` (CogVideoX's and LTX's 64-wide heads: 2),
+    else 1."""
+    group = _LANES // head_dim if head_dim < _LANES and _LANES % head_dim == 0 else 1
+    return group if heads % group == 0 else 1
+
+
 def check_lane_multiples(sizes) -> None:
     """Every field of a block-size dataclass must be a positive multiple of the 128-wide TPU lane."""
     for field in dataclasses.fields(sizes):

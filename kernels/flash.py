@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .blocks import _LANES, _SUBLANES, DEFAULT_VMEM_BYTES, BlockSizes, _round_up
+from .blocks import _LANES, _SUBLANES, DEFAULT_VMEM_BYTES, BlockSizes, _round_up, heads_per_block
 
 LOG2E = math.log2(math.e)
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked chunk never makes inf - inf
@@ -263,13 +263,6 @@ def _call(
 
 
 _NO_KEY, _SOME_KEYS, _ALL_KEYS = 0, 1, 2
-
-
-def heads_per_block(heads: int, head_dim: int) -> int:
-    """Heads a packed grid step takes: ``128 / D`` of them when they fill one lane tile and divide ``heads``
-    (CogVideoX's and LTX's 64-wide heads: 2), else 1."""
-    group = _LANES // head_dim if head_dim < _LANES and _LANES % head_dim == 0 else 1
-    return group if heads % group == 0 else 1
 
 
 def chunk_visibility(mask, compute: int):

@@ -26,7 +26,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .blocks import _LANES
+from .blocks import _LANES, heads_per_block
 
 BLOCK_ROWS = 512  # rows of one head per grid step: q, k, their outputs and both tables ~2 MB double-buffered
 
@@ -108,9 +108,17 @@ def interleaved_rotary(*xs, cos, sin, tables: str = "pairs", interpret=None, blo
     if tables not in TABLES:
         raise ValueError(f"tables={tables!r}; choose one of {list(TABLES)}.")
     cos, sin = jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)
+    batch, seq, heads, head_dim = xs[0].shape
+    group = heads_per_block(heads, head_dim)
+    if group > 1 and cos.shape == (seq, head_dim):  # narrow heads side by side in a lane tile: tables per head
+        packed = tuple(x.reshape(batch, seq, heads // group, group * head_dim) for x in xs)
+        tiled = [jnp.tile(t, (1, group)) for t in (cos, sin)]
+        out = interleaved_rotary(
+            *packed, cos=tiled[0], sin=tiled[1], tables=tables, interpret=interpret, block_rows=block_rows
+        )
+        return tuple(o.reshape(xs[0].shape) for o in out)
     if not kernel_applies(xs[0], cos):
         return tuple(rotary_reference(x, cos, sin, tables) for x in xs)
-    batch, seq, heads, head_dim = xs[0].shape
     flat = tuple(x.reshape(batch, seq, heads * head_dim) for x in xs)
     run = functools.partial(_pallas_rotary, heads=heads, tables=tables, block_rows=block_rows)
     if interpret is None:  # as the attention kernel: compiled for TPU, interpreted elsewhere

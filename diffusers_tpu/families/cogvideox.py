@@ -1,7 +1,8 @@
 """CogVideoX (1.0 and 1.5) text-to-video: sharding rules, chunked VAE decode, frame-count check, stage decode.
 
 Attention: ``CogVideoXAttnProcessor2_0`` joins text and video tokens and calls ``F.scaled_dot_product_attention``
-itself, so the SDPA route (``diffusers_tpu.attention``) serves it unchanged. The pipeline already runs the CFG
+itself, so the SDPA route (``diffusers_tpu.attention``) serves it; its rotary embedding runs through the kernel
+(``cogvideox_attention``). The pipeline already runs the CFG
 pair as one batch (``torch.cat([latents] * 2)``), which the runtime shards over ``dp``.
 
 VAE: the stock decode loops over latent-frame chunks, carrying a conv cache. Compiling ``vae.decoder.forward``
@@ -16,6 +17,7 @@ import logging
 import diffusers
 
 from ..runtime.registry import Family, register, zero_text_call
+from . import cogvideox_attention
 
 logger = logging.getLogger(__name__)
 _BLOCK = r"^transformer_blocks\.\d+\."
@@ -149,5 +151,6 @@ FAMILY = register(
             text,
         ),
         plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_embed_dim),
+        prepare=lambda pipe, runtime: cogvideox_attention.install(runtime, pipe.transformer),
     )
 )

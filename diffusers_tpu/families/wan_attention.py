@@ -8,9 +8,8 @@ encoder states, no added keys) is restated here, operation for operation, with t
 ``runtime.rotary.rotate`` (the same float32 arithmetic, rounded once); every other call (cross-attention, I2V's
 image keys) is the stock method itself.
 
-Installed per instance by ``install`` (undone by ``pipe.to("cpu")``), only on attention modules whose processor is
-exactly the stock class: a user's own processor is never replaced. Guard: the restated branch is diffusers 0.42's
-(``registry.TESTED_DIFFUSERS``); other versions keep the stock processors.
+Installed per instance by ``install`` (``runtime.kernel_processors``: only over the exact stock class, undone by
+``pipe.to("cpu")``, diffusers 0.42 only).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import functools
 
 from diffusers.models.transformers import transformer_skyreels_v2, transformer_wan
 
-from ..runtime import rotary
-from ..runtime.registry import diffusers_tested
+from ..runtime import kernel_processors, rotary
 
 
 def _kernel_rotary_processor(stock: type, projections):
@@ -63,18 +61,5 @@ def _processors() -> dict[type, type]:
 
 
 def install(runtime, transformer) -> int:
-    """Give each stock Wan/SkyReels-V2 processor of ``transformer`` its kernel-rotary subclass, sharing the stock
-    instance's attributes (attention backend, parallel config); returns how many were replaced."""
-    if transformer is None or not diffusers_tested():
-        return 0
-    replaced = 0
-    for module in transformer.modules():
-        processor = getattr(module, "processor", None)
-        kind = _processors().get(type(processor))
-        if kind is None:
-            continue
-        ours = kind.__new__(kind)
-        ours.__dict__ = processor.__dict__  # one state: a backend set on JAX is the stock one's back on torch
-        runtime.overrides.set(module, "processor", ours)
-        replaced += 1
-    return replaced
+    """Wan's and SkyReels-V2's stock processors of ``transformer`` swapped for their kernel-rotary subclasses."""
+    return kernel_processors.install(runtime, transformer, _processors())

@@ -14,7 +14,7 @@ import torch
 from ..interop.sharding import Rule
 
 # diffusers versions the project is tested with, [from, below): the ``to`` seam (``patches``) and code restated from
-# diffusers (``families.wan_attention``) are checked against these.
+# diffusers (``runtime.kernel_processors``) are checked against these.
 TESTED_DIFFUSERS = ((0, 42), (0, 43))
 
 

@@ -101,3 +101,32 @@ def test_hunyuan15_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch)
     assert_np_matches(pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames, reference)
     assert rules and set(rules) == {"lanes"}
     pipe.to("cpu")
+
+
+def test_cogvideox_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch):
+    """CogVideoX with heads of 64 (its real size, two to a lane tile): every block's q and k rotate in one kernel
+    call over the joint sequence (the text tokens' rows the identity), the video equal to stock's; ``pipe.to("cpu")``
+    gives the stock processors back."""
+    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+
+    from diffusers_tpu.kernels import rotary as kernel
+    from tests.families.test_parity import cogvideox
+
+    pipe, call = cogvideox("cogvideox-d64", "ddim")()
+    reference = generate(pipe, output_type="np", **call)
+    calls, shapes, pallas = [], [], kernel._pallas_rotary
+    rotary._rotate_jitted.clear_cache()  # traced afresh here, whatever ran before in this process
+    seam = rotary.rotate
+    monkeypatch.setattr(rotary, "rotate", lambda *xs, **kw: calls.append(kw["tables"]) or seam(*xs, **kw))
+    monkeypatch.setattr(
+        kernel, "_pallas_rotary", lambda flat, *a, **kw: shapes.append(flat[0].shape) or pallas(flat, *a, **kw)
+    )
+    pipe.to("jax", config=TPUConfig(scan_blocks=False))
+    assert all(type(p) is not CogVideoXAttnProcessor2_0 for p in processors(pipe))
+    assert_np_matches(generate(pipe, output_type="np", **call), reference)
+    assert calls == ["lanes"] * pipe.transformer.config.num_layers
+    config = pipe.transformer.config
+    assert shapes and all(s[-1] == config.num_attention_heads * config.attention_head_dim for s in shapes)
+    pipe.to("cpu")
+    assert all(type(p) is CogVideoXAttnProcessor2_0 for p in processors(pipe))
+    np.testing.assert_array_equal(generate(pipe, output_type="np", **call), reference)

@@ -277,7 +277,7 @@ def test_benchmark_times_torch_sdpa_and_skips_a_reference_too_large(monkeypatch)
 def test_heads_per_block(heads, dim, group):
     """Narrow heads share a lane tile only when they fill it exactly and the grid's heads divide into such groups
     (an odd head count per device, under tp, stays folded)."""
-    from diffusers_tpu.kernels.flash import heads_per_block
+    from diffusers_tpu.kernels.blocks import heads_per_block
 
     assert heads_per_block(heads, dim) == group
 

@@ -61,14 +61,22 @@ def test_lanes_reference_is_diffusers_apply_rotary_emb_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("tables", ["pairs", "lanes"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype, tables):
-    """Interpret mode: 2 batch rows, 3 heads, 300 tokens in blocks of 128 (a ragged last block), and tables whose
-    two lanes of a pair differ ("pairs" must take cos from the even lane and sin from the odd one, "lanes" each
-    lane's own)."""
+@pytest.mark.parametrize("heads, head_dim", [(3, 128), (4, 64)], ids=["d128", "d64-pairs"])
+def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype, tables, heads, head_dim, monkeypatch):
+    """Interpret mode: 2 batch rows, 300 tokens in blocks of 128 (a ragged last block), and tables whose two lanes of
+    a pair differ ("pairs" must take cos from the even lane and sin from the odd one, "lanes" each lane's own); heads
+    of 128, and of 64 (CogVideoX's: two to a lane tile, the tables repeated per head)."""
+    from diffusers_tpu.kernels import rotary as kernel
+
+    calls, pallas = [], kernel._pallas_rotary
+    monkeypatch.setattr(
+        kernel, "_pallas_rotary", lambda flat, *a, **kw: calls.append(flat[0].shape) or pallas(flat, *a, **kw)
+    )
     rng = np.random.default_rng(1)
-    q, k = (jnp.asarray(rng.standard_normal((2, 300, 3, 128)), dtype) for _ in range(2))
-    cos, sin = (jnp.asarray(rng.standard_normal((300, 128)), jnp.float32) for _ in range(2))
+    q, k = (jnp.asarray(rng.standard_normal((2, 300, heads, head_dim)), dtype) for _ in range(2))
+    cos, sin = (jnp.asarray(rng.standard_normal((300, head_dim)), jnp.float32) for _ in range(2))
     got_q, got_k = interleaved_rotary(q, k, cos=cos, sin=sin, tables=tables, interpret=True, block_rows=128)
+    assert calls == [(2, 300, heads * head_dim)]  # the kernel, on the projections' layout
     for got, x in ((got_q, q), (got_k, k)):
         want = np.asarray(rotary_reference(x, cos, sin, tables).astype(jnp.float32))
         got = np.asarray(got.astype(jnp.float32))
@@ -85,7 +93,7 @@ def test_kernel_matches_the_reference_on_ragged_blocks_and_general_tables(dtype,
 def test_shapes_the_kernel_does_not_take_use_the_reference():
     freqs_cos, freqs_sin = wan_tables(64)
     cos, sin = jnp.asarray(freqs_cos[0, :, 0].numpy()), jnp.asarray(freqs_sin[0, :, 0].numpy())
-    x = jnp.asarray(np.random.default_rng(2).standard_normal((1, cos.shape[0], 2, 64)), jnp.float32)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((1, cos.shape[0], 3, 64)), jnp.float32)  # 3 x 64 lanes
     assert not kernel_applies(x, cos) and kernel_applies(jnp.zeros((1, 5, 2, 128)), jnp.zeros((5, 128)))
     np.testing.assert_array_equal(interleaved_rotary(x, cos=cos, sin=sin)[0], rotary_reference(x, cos, sin))
     with pytest.raises(ValueError, match=r"tables='complex'; choose one of \['pairs', 'lanes'\]"):
@@ -95,15 +103,17 @@ def test_shapes_the_kernel_does_not_take_use_the_reference():
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 @pytest.mark.parametrize("tables", ["pairs", "lanes"])
 @pytest.mark.parametrize("chip", ["v5e-1", "v6e-1"])
-def test_mosaic_compiles_the_kernel_at_wan_480p(chip, tables):
-    """Wan2.1-1.3B 480p self-attention on one device of tp4: 32,760 tokens x 3 heads of 128, q and k in one call."""
+@pytest.mark.parametrize("shape", [(1, 32760, 3, 128), (1, 45106, 12, 64)], ids=["wan-480p", "cogvideox1.5-5b"])
+def test_mosaic_compiles_the_kernel_at_real_shapes(chip, tables, shape):
+    """Wan2.1-1.3B 480p self-attention on one device of tp4 (32,760 tokens x 3 heads of 128) and CogVideoX1.5-5B's
+    joint tokens on one of tp4 (45,106 x 12 heads of 64, two to a lane tile): q and k in one kernel call."""
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     devices = tpu_compiler.devices(chip)
     sharding = NamedSharding(Mesh(devices[:1], ("x",)), P())
-    x = jax.ShapeDtypeStruct((1, 32760, 3, 128), jnp.bfloat16, sharding=sharding)
-    table = jax.ShapeDtypeStruct((32760, 128), jnp.float32, sharding=sharding)
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
+    table = jax.ShapeDtypeStruct(shape[1:2] + shape[3:], jnp.float32, sharding=sharding)
     rotate = lambda q, k, c, s: interleaved_rotary(q, k, cos=c, sin=s, tables=tables)  # noqa: E731
     text = jax.jit(rotate).lower(x, x, table, table).compile().as_text()
     calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
@@ -122,11 +132,13 @@ calls, pallas = [], kernel._pallas_rotary
 kernel._pallas_rotary = lambda *a, **k: calls.append(1) or pallas(*a, **k)
 rng = np.random.default_rng(3)
 worst = 0.0
-for shape, tokens in (({"dp": 2, "sp": 2, "tp": 2}, 50), ({"sp": 8}, 45), ({"dp": 1, "sp": 1, "tp": 8}, 16)):
+cases = (({"dp": 2, "sp": 2, "tp": 2}, 50, 128), ({"sp": 8}, 45, 128), ({"dp": 1, "sp": 1, "tp": 8}, 16, 128),
+         ({"dp": 2, "sp": 2, "tp": 2}, 50, 64))  # 64: two heads per device, one lane tile
+for shape, tokens, dim in cases:
     mesh = backend.build_mesh(shape, jax.devices())
     settings = attention.AttentionSettings(mesh=mesh, implementation="splash_exp2")
-    q, k = (jnp.asarray(rng.standard_normal((2, tokens, 4, 128)), jnp.float32) for _ in range(2))
-    cos, sin = (jnp.asarray(rng.standard_normal((1, tokens, 1, 128)), jnp.float32) for _ in range(2))
+    q, k = (jnp.asarray(rng.standard_normal((2, tokens, 4, dim)), jnp.float32) for _ in range(2))
+    cos, sin = (jnp.asarray(rng.standard_normal((1, tokens, 1, dim)), jnp.float32) for _ in range(2))
     text = rotary._rotate_jitted.lower((q, k), cos, sin, settings=settings).as_text()
     assert "manual_computation" in text and calls, "not the kernel under shard_map"
     calls.clear()
@@ -140,9 +152,9 @@ print("WORST", worst)
 
 
 def test_the_seam_shards_the_kernel_over_the_mesh_and_pads_uneven_tokens():
-    """``runtime.rotary`` on 8 simulated devices: batch/tokens/heads sharded (dp2·sp2·tp2), tokens not divisible
-    by sp (45 over a mesh of sp 8 alone: padded, then cut), 4 heads over tp 8 (tp left out); each equal to the
-    reference (the kernel interpreted)."""
+    """``runtime.rotary`` on 8 simulated devices: batch/tokens/heads sharded (dp2·sp2·tp2; heads of 128 and of 64),
+    tokens not divisible by sp (45 over a mesh of sp 8 alone: padded, then cut), 4 heads over tp 8 (tp left out);
+    each equal to the reference (the kernel interpreted)."""
     import subprocess
     import sys
 

@@ -165,7 +165,7 @@ def test_default_block_sizes_compile_with_mosaic_at_real_shapes(chip, name):
     Mosaic's passes; q/k/v are read packed (128-wide heads, and CogVideoX's 64-wide ones two to a lane tile), else
     the sequences are padded no further than the least padding a block allows."""
     from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, vmem_capacity
-    from diffusers_tpu.kernels.flash import heads_per_block
+    from diffusers_tpu.kernels.blocks import heads_per_block
 
     batch, heads, q_len, kv_len, head_dim, masked = REAL_ATTENTION[name]
     devices = tpu_compiler.devices(chip)
