@@ -384,6 +384,24 @@ class Program:
         return out
 
 
+_call_batch = contextvars.ContextVar("diffusers_tpu_call_batch", default=None)
+
+
+def call_batch() -> int | None:
+    """While a compiled call places its tensor arguments: the leading dimension of the first (a denoiser's latents:
+    the batch), else None. A placement reads it to tell batch-major arguments from tables of another length."""
+    return _call_batch.get()
+
+
+def place_arguments(place: Callable, arrays: list) -> list:
+    """``place`` applied to each of a call's tensor arguments, with ``call_batch()`` set."""
+    token = _call_batch.set(arrays[0].shape[0] if arrays and len(arrays[0].shape) else None)
+    try:
+        return [place(array) for array in arrays]
+    finally:
+        _call_batch.reset(token)
+
+
 def _by_value(static: tuple) -> tuple:
     """The non-tensor arguments as a program key: registered types by their contents (``static_keys``)."""
     return tuple(x if x is TENSOR else static_keys.key_of(x) for x in static)
@@ -502,7 +520,7 @@ class CompiledFunction:
         if program is None:
             program = self.programs[key] = self._new_program(spec, static, live, key[-2])
         program.carried = live  # the objects now at the carried places
-        dynamic = [self.place_input(to_jax_array(x)) for x in leaves if isinstance(x, torch.Tensor)]
+        dynamic = place_arguments(self.place_input, [to_jax_array(x) for x in leaves if isinstance(x, torch.Tensor)])
         carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
         extra = self.extras.values() if self.extras is not None else []
         weights = self.state()
@@ -590,7 +608,7 @@ class CompiledFunction:
         program.carried = live
         carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
         # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
-        dynamic = [self.place_input(_abstract(x)) for x in leaves if isinstance(x, torch.Tensor)]
+        dynamic = place_arguments(self.place_input, [_abstract(x) for x in leaves if isinstance(x, torch.Tensor)])
         cut = len(dynamic) if program.donate is None else program.donate
         extra = self.extras.values() if self.extras is not None else []
         with self.activate():

@@ -35,7 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
-from ..interop.jit import CompiledFunction
+from ..interop.jit import CompiledFunction, place_arguments
 from . import lora, quantize, repeated_blocks, stacked_weights
 
 logger = logging.getLogger(__name__)
@@ -207,12 +207,12 @@ class Denoiser:
         self._hooks = hooks
         self._install_units(hooks)
 
-        def to_device(value):
-            if isinstance(value, torch.Tensor):
-                return backend.wrap(self.place_input(backend.to_jax_array(value)))
-            return value
-
-        args, kwargs = pytree.tree_map(to_device, (args, kwargs))
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        placed = place_arguments(self.place_input, [backend.to_jax_array(leaves[i]) for i in tensors])
+        for i, array in zip(tensors, placed):
+            leaves[i] = backend.wrap(array)
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
         token = _units_on.set(True)
         try:
             with self._activate():

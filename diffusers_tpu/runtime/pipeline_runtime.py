@@ -252,7 +252,11 @@ class PipelineRuntime:
 
     # -- placement -------------------------------------------------------------------------------------------
     def _batch_input(self, array):
-        if array.ndim and array.shape[0] % self.mesh.shape["dp"] == 0:
+        """A denoiser argument: split over ``dp`` when it is batch-major (its leading dimension the call's batch,
+        ``jit.call_batch``) and ``dp`` divides it, else whole. (Sequence-major tables given as arguments, CogVideoX's
+        rotary tables, were split along the sequence and gathered again in every block.)"""
+        batch = jit.call_batch()
+        if len(array.shape) and array.shape[0] % self.mesh.shape["dp"] == 0 and batch in (None, array.shape[0]):
             return distributed.place(array, NamedSharding(self.mesh, P("dp")))
         return distributed.place(array, NamedSharding(self.mesh, P()))
 

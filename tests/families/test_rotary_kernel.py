@@ -130,3 +130,32 @@ def test_cogvideox_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch)
     pipe.to("cpu")
     assert all(type(p) is CogVideoXAttnProcessor2_0 for p in processors(pipe))
     np.testing.assert_array_equal(generate(pipe, output_type="np", **call), reference)
+
+
+@pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+def test_cogvideox_rotary_tables_stay_whole_on_the_mesh():
+    """Compiled for a v6e-4 slice (dp2·tp2): CogVideoX's rotary tables, transformer arguments of the video tokens'
+    length, arrive whole (the batch rule splits only arguments whose leading dimension is the call's batch) and no
+    block gathers them; the rotary kernel runs in the step."""
+    from diffusers_tpu.planner import hlo_stats, plan
+    from tests.families.test_parity import cogvideox
+
+    pipe, call = cogvideox("cogvideox-d64", "ddim")()
+    texts = []
+
+    def analyse(lowered):
+        compiled = lowered.compile()
+        texts.append(compiled.as_text())
+        return hlo_stats.summary(compiled)
+
+    config = TPUConfig(dtype=torch.bfloat16, mesh={"dp": 2, "sp": 1, "tp": 2}, compile_cache_dir=False)
+    size = dict(height=64, width=64, num_frames=17, guidance_scale=6.0)
+    plan.start_denoiser_memory(pipe, size, config, tpu_compiler.devices("v6e-4"), 32, vae=False, analyse=analyse)()
+    transformer = pipe.transformer.config
+    tokens = 5 * (64 // 8 // transformer.patch_size) ** 2  # 5 latent frames of 4x4 patches
+    head_dim = transformer.attention_head_dim
+    entry = texts[0].split("ENTRY")[1].split("\n}")[0]
+    tables = [line for line in entry.splitlines() if f"f32[{tokens},{head_dim}]" in line and "parameter(" in line]
+    assert len(tables) == 2 and all("sharding={replicated}" in line for line in tables), tables
+    assert not re.search(rf"all-gather[^\n]*f32\[{tokens // 2},{head_dim}\]", texts[0])
+    assert "diffusers_tpu_rotary" in texts[0]
