@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from diffusers_tpu.kernels import BlockSizes, block_for, flash_attention, reference_attention
+from diffusers_tpu.planner import tpu_compiler
 from tests.conftest import all_equations
 
 SMALL = BlockSizes(block_q=256, block_kv=256, block_kv_compute=256, block_kv_compute_in=128)
@@ -291,3 +292,33 @@ def test_packed_pairs_read_and_write_the_projection_layout():
     assert [tuple(x.aval.shape) for x in call.invars] == [(2, 300, 256), (2, 200, 256), (2, 200, 256)]
     assert call.params["grid_mapping"].grid[0] == 2 * 4 // 2
     assert relative_error(run(q, k, v), float64_attention(q, k, v)) <= 1e-5
+
+
+@pytest.mark.skipif(
+    not __import__("diffusers_tpu.planner.tpu_compiler", fromlist=["x"]).available(), reason="no libtpu"
+)
+@pytest.mark.parametrize(
+    "shape, masked, causal, dtype",
+    [
+        ((2, 8, 1000, 1000, 32), False, False, jnp.bfloat16),  # four heads to a lane tile
+        ((1, 4, 3000, 333, 64), True, False, jnp.bfloat16),  # key mask, ragged blocks
+        ((1, 2, 700, 700, 64), False, True, jnp.float32),  # causal, float32
+    ],
+    ids=["d32", "d64-masked", "d64-causal-f32"],
+)
+def test_packed_narrow_heads_compile_with_mosaic(shape, masked, causal, dtype):
+    """The packed-group kernel through Mosaic's passes for a v5e chip, each code path (plain, key-masked, causal):
+    one kernel call whose operands are the projections' ``[B, S, H*D]``."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    batch, heads, q_len, kv_len, dim = shape
+    sharding = NamedSharding(Mesh(tpu_compiler.devices("v5e-1")[:1], ("x",)), P())
+    q = jax.ShapeDtypeStruct((batch, heads, q_len, dim), dtype, sharding=sharding)
+    kv = jax.ShapeDtypeStruct((batch, heads, kv_len, dim), dtype, sharding=sharding)
+    mask = jax.ShapeDtypeStruct((batch, kv_len), jnp.bool_, sharding=sharding)
+    attend = lambda q, k, v, m: flash_attention(q, k, v, kv_mask=m if masked else None, causal=causal)  # noqa: E731
+    text = jax.jit(attend).lower(q, kv, kv, mask).compile().as_text()
+    calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    assert len(calls) == 1 and "diffusers_tpu_flash_attention" in calls[0]
+    assert f"[{batch},{q_len},{heads * dim}]" in calls[0].split("custom-call(")[0]
