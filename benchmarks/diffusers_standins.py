@@ -112,7 +112,10 @@ STANDINS = {
         "model": _qwen2_vl,
     },
     "finetrainers/dummy-hunyaunvideo": {"tokenizer": lambda: _tokenizer(256)},
-    "hf-internal-testing/tiny-random-SiglipVisionModel": {"model": _siglip},
+    "hf-internal-testing/tiny-random-SiglipVisionModel": {
+        "model": _siglip,
+        "image_processor": lambda cls, **kwargs: cls(**kwargs),  # the class's defaults, the test's size
+    },
 }
 
 
@@ -120,6 +123,8 @@ def _answer(kind: str, original, cls, name, args, kwargs):
     standin = STANDINS.get(str(name), {}).get(kind)
     if standin is None:
         return original(cls, name, *args, **kwargs)
+    if kind == "image_processor":
+        return standin(cls, **kwargs)
     return standin(cls) if kind == "model" else standin()
 
 
@@ -147,6 +152,7 @@ def pytest_configure(config):
     _patch(transformers.AutoTokenizer, "tokenizer")
     _patch(transformers.PreTrainedTokenizerBase, "tokenizer")
     _patch(transformers.PreTrainedModel, "model")
+    _patch(transformers.image_processing_base.ImageProcessingMixin, "image_processor")
 
 
 def pytest_report_header(config):

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from diffusers_tpu.planner import hlo_stats
+from diffusers_tpu.planner import hlo_stats, hlo_text
 
 
 def test_a_loop_body_counts_once_per_iteration():
@@ -40,8 +40,8 @@ def test_nested_loops_multiply_and_branches_count_once():
 
 
 def test_shape_bytes():
-    assert hlo_stats.shape_bytes("bf16[2,3]{1,0}") == 12
-    assert hlo_stats.shape_bytes("(f32[4], s8[10], pred[])") == 16 + 10 + 1
+    assert hlo_text.shape_bytes("bf16[2,3]{1,0}") == 12
+    assert hlo_text.shape_bytes("(f32[4], s8[10], pred[])") == 16 + 10 + 1
 
 
 HLO_WITH_A_MULTILINE_CONFIG = """HloModule m
