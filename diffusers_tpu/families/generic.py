@@ -29,7 +29,7 @@ import re
 import torch
 from diffusers import ModelMixin
 
-from ..runtime.registry import DENOISERS, Family, register_fallback, vae_methods
+from ..runtime.registry import DENOISERS, Family, models_around_a_vae, register_fallback, vae_methods
 from . import wan_vae
 
 _COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
@@ -130,7 +130,7 @@ def family_for(pipe) -> Family | None:
     """The generic family for ``pipe``, or None when it has no transformer denoiser (a UNet pipeline)."""
 
     denoisers = denoiser_names(pipe)
-    if not denoisers and not _built_without_its_denoiser(pipe):
+    if not denoisers and not _built_without_its_denoiser(pipe) and not models_around_a_vae(type(pipe)):
         return None
     vae = getattr(pipe, "vae", None)
     wan_like = type(vae).__name__ == "AutoencoderKLWan"

@@ -169,6 +169,18 @@ def register(family: Family) -> Family:
     return family
 
 
+def models_around_a_vae(cls) -> bool:
+    """A pipeline class without a transformer or UNet denoiser whose components are a VAE and other diffusers models
+    (LTX's and LTX-2's latent upsamplers): each model's forward is compiled as it is, the VAE's methods as a VAE's."""
+    parameters = inspect.signature(cls.__init__).parameters
+    models = [
+        n
+        for n, p in parameters.items()
+        if isinstance(p.annotation, type) and issubclass(p.annotation, diffusers.ModelMixin)
+    ]
+    return "vae" in models and len(models) > 1
+
+
 def register_fallback(family_for: Callable[[object], Family | None]) -> None:
     """``family_for(pipe)``: a family for a pipeline no registered family claims, or None (the generic path)."""
     if family_for not in _fallbacks:
@@ -226,6 +238,8 @@ def pipeline_paths() -> dict[str, str]:
                 found[name] = "generic"
             elif "unet" in parameters:
                 found[name] = "unet"
+            elif models_around_a_vae(cls):
+                found[name] = "generic"
             else:
                 found[name] = "unsupported: no transformer or UNet denoiser"
         _catalogue = found

@@ -394,6 +394,8 @@ RECIPES.update(
         "LTX2InContextPipeline": _sweep(tiny_video_classes.ltx2_reference, "LTX2InContextPipeline"),
         "LTX2HDRPipeline": _sweep(tiny_video_classes.ltx2_reference, "LTX2HDRPipeline"),
         "LTXI2VLongMultiPromptPipeline": _sweep(tiny_video_classes.ltx_long_multi_prompt),
+        "LTXLatentUpsamplePipeline": _sweep(tiny_video_classes.ltx_latent_upsample),
+        "LTX2LatentUpsamplePipeline": _sweep(lambda: tiny_video_classes.ltx_latent_upsample(ltx2=True)),
     }
 )
 RECIPES.update(

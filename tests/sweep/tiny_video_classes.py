@@ -510,3 +510,26 @@ def motif(seed: int = 0, cls_name: str = "MotifVideoPipeline"):
     if "Image2Video" in cls_name:  # one image, one prompt
         call = dict(call, **ONE_PROMPT, image=test_image())
     return pipe, call
+
+
+def ltx_latent_upsample(seed: int = 0, ltx2: bool = False):
+    """LTX's (or LTX-2's) latent upsampler behind its VAE, no denoiser: a 9-frame video encoded, its latents
+    upsampled 2x in space, AdaIN-filtered against the input's, tone-mapped, decoded."""
+    from diffusers import LTX2LatentUpsamplePipeline, LTXLatentUpsamplePipeline
+    from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    pipe, _ = pipeline("ltx2" if ltx2 else "ltx", seed)
+    model = LTX2LatentUpsamplerModel if ltx2 else LTXLatentUpsamplerModel
+    upsampler = seeded(
+        seed + 3,
+        lambda: model(  # GroupNorm(32, mid_channels)
+            in_channels=pipe.vae.config.latent_channels, mid_channels=32, num_blocks_per_stage=1, dims=3
+        ),
+    ).eval()
+    cls = LTX2LatentUpsamplePipeline if ltx2 else LTXLatentUpsamplePipeline
+    call = dict(video=[test_image(32, 32, seed=i) for i in range(9)], height=32, width=32)
+    call.update(adain_factor=0.5, tone_map_compression_ratio=0.3)
+    if ltx2:
+        call.update(num_frames=9)
+    return cls(vae=pipe.vae, latent_upsampler=upsampler), call
