@@ -90,3 +90,20 @@ def test_flux2_kv_cache_crosses_programs_as_its_tensors():
     back = pytree.tree_unflatten([None if x is None else x + 1 for x in leaves], spec)
     assert back.num_ref_tokens == 5 and back.get_double(0).k_ref is None and back.get_single(0).v_ref is None
     assert torch.equal(back.get_double(1).k_ref, torch.full((1, 5, 2, 4), 2.0))
+
+
+def test_a_vae_and_models_without_a_denoiser_take_the_generic_path():
+    """LTX's latent upsampler pipeline (a VAE and the upsampler model, no transformer or UNet) runs on JAX, every
+    model compiled, with stock's video; pipelines with no VAE beside their models stay refused."""
+    from tests.conftest import assert_np_matches
+    from tests.sweep.tiny_video_classes import ltx_latent_upsample
+
+    assert registry.models_around_a_vae(diffusers.LTXLatentUpsamplePipeline)
+    assert not registry.models_around_a_vae(diffusers.FluxPriorReduxPipeline)
+    assert registry.pipeline_paths()["LTXLatentUpsamplePipeline"] == "generic"
+    pipe, call = ltx_latent_upsample()
+    expected = pipe(**call, output_type="np", generator=torch.Generator().manual_seed(0)).frames
+    pipe.to("jax")
+    assert generic.denoiser_names(pipe) == [] and pipe._diffusers_tpu_runtime.family.name == "generic"
+    assert_np_matches(pipe(**call, output_type="np", generator=torch.Generator().manual_seed(0)).frames, expected)
+    pipe.to("cpu")
