@@ -94,34 +94,11 @@ def _qwen2_vl(cls):
 
 
 def _gemma3(cls):
-    """A Gemma-3 (text and vision towers) of the Hub's tiny test model's text width (32: LTX-2's tests size their
-    text connectors' attention, 4 heads of 8, to it) and small otherwise."""
-    from transformers import Gemma3Config
+    """A tiny Gemma-3 of the Hub's tiny test model's text width (32: LTX-2's tests size their text connectors'
+    attention, 4 heads of 8, to it)."""
+    from diffusers_tpu.testing.tiny_families import gemma3_config
 
-    text = dict(
-        hidden_size=32,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        vocab_size=128,
-        max_position_embeddings=1024,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        sliding_window=64,
-    )
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16)
-    config = Gemma3Config(
-        text_config=text,
-        vision_config=dict(vision, patch_size=8),
-        mm_tokens_per_image=4,
-        image_token_index=127,
-        boi_token_index=125,
-        eoi_token_index=126,
-    )
-    return _seeded(lambda: cls(config).eval())
+    return _seeded(lambda: cls(gemma3_config(hidden_size=32, max_positions=1024)).eval())
 
 
 def _siglip(cls):

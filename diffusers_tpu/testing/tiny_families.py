@@ -354,40 +354,27 @@ def hunyuan15_i2v(seed: int = 0):
     )
 
 
+def gemma3_config(hidden_size: int = 16, max_positions: int = 256) -> Gemma3Config:
+    """A tiny Gemma-3 (2 text layers, a 1-layer vision tower, a 128-token vocabulary): LTX-2's text encoder."""
+    text = dict(hidden_size=hidden_size, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    text.update(num_key_value_heads=1, head_dim=8, vocab_size=128, max_position_embeddings=max_positions)
+    text.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, sliding_window=64)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16)
+    return Gemma3Config(
+        text_config=text,
+        vision_config=dict(vision, patch_size=8),
+        mm_tokens_per_image=4,
+        image_token_index=127,
+        boi_token_index=125,
+        eoi_token_index=126,
+    )
+
+
 def _ltx2(cls, seed: int):
     """LTX-2 in miniature: video and audio transformer streams, a Gemma-3 text encoder whose hidden states feed the
     text connectors, the video and audio VAEs and the vocoder (diffusers' own test shapes, 4 heads)."""
     torch.manual_seed(seed + 2)
-    text_encoder = Gemma3ForConditionalGeneration(
-        Gemma3Config(
-            text_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=8,
-                vocab_size=128,
-                max_position_embeddings=256,
-                pad_token_id=0,
-                eos_token_id=1,
-                bos_token_id=2,
-                sliding_window=64,
-            ),
-            vision_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=16,
-                patch_size=8,
-            ),
-            mm_tokens_per_image=4,
-            image_token_index=127,
-            boi_token_index=125,
-            eoi_token_index=126,
-        )
-    ).eval()
+    text_encoder = Gemma3ForConditionalGeneration(gemma3_config()).eval()
     hidden = 16
     torch.manual_seed(seed)
     transformer = LTX2VideoTransformer3DModel(

@@ -16,6 +16,25 @@ from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
 
+def step_for_tpu(pipe, mesh: dict, chips: str, size: dict, text_tokens: int) -> str:
+    """The bfloat16 denoiser step of ``pipe`` at 64x64 compiled for ``chips`` as ``plan`` compiles it: its HLO."""
+    from diffusers_tpu.planner import hlo_stats, plan
+
+    texts = []
+
+    def analyse(lowered):
+        compiled = lowered.compile()
+        texts.append(compiled.as_text())
+        return hlo_stats.summary(compiled)
+
+    config = TPUConfig(dtype=torch.bfloat16, mesh=mesh, compile_cache_dir=False)
+    devices = tpu_compiler.devices(chips)
+    plan.start_denoiser_memory(
+        pipe, dict(size, height=64, width=64), config, devices, text_tokens, vae=False, analyse=analyse
+    )()
+    return texts[0]
+
+
 def processors(pipe):
     return [module.processor for module in pipe.transformer.modules() if hasattr(module, "processor")]
 
@@ -58,19 +77,8 @@ def test_tpu_program_has_no_layout_copy_of_q_or_k():
     """Compiled for a v6e chip, the bfloat16 step holds no copy of a q/k-sized bfloat16 tensor (tokens x heads x
     head_dim, or half of it): diffusers' pair-layout rotary made the TPU compiler copy q and k sequence-minor, into
     pairs and back in every block. (The float32 residual stream, tokens x dim, has the same size: not counted.)"""
-    from diffusers_tpu.planner import hlo_stats, plan
-
     pipe = tiny.wan_pipeline("wan-d128")
-    texts = []
-
-    def analyse(lowered):
-        compiled = lowered.compile()
-        texts.append(compiled.as_text())
-        return hlo_stats.summary(compiled)
-
-    config = TPUConfig(dtype=torch.bfloat16, mesh={"dp": 1, "sp": 1, "tp": 1}, compile_cache_dir=False)
-    size = dict(height=64, width=64, num_frames=9, guidance_scale=5.0)
-    plan.start_denoiser_memory(pipe, size, config, tpu_compiler.devices("v6e-1"), 200, vae=False, analyse=analyse)()
+    texts = [step_for_tpu(pipe, {"dp": 1, "sp": 1, "tp": 1}, "v6e-1", dict(num_frames=9, guidance_scale=5.0), 200)]
     transformer = pipe.transformer.config
     tokens = 3 * (64 // 8 // 2) ** 2  # 3 latent frames of 4x4 patches
     q_size = tokens * transformer.num_attention_heads * transformer.attention_head_dim
@@ -137,20 +145,10 @@ def test_cogvideox_rotary_tables_stay_whole_on_the_mesh():
     """Compiled for a v6e-4 slice (dp2·tp2): CogVideoX's rotary tables, transformer arguments of the video tokens'
     length, arrive whole (the batch rule splits only arguments whose leading dimension is the call's batch) and no
     block gathers them; the rotary kernel runs in the step."""
-    from diffusers_tpu.planner import hlo_stats, plan
     from tests.families.test_parity import cogvideox
 
     pipe, call = cogvideox("cogvideox-d64", "ddim")()
-    texts = []
-
-    def analyse(lowered):
-        compiled = lowered.compile()
-        texts.append(compiled.as_text())
-        return hlo_stats.summary(compiled)
-
-    config = TPUConfig(dtype=torch.bfloat16, mesh={"dp": 2, "sp": 1, "tp": 2}, compile_cache_dir=False)
-    size = dict(height=64, width=64, num_frames=17, guidance_scale=6.0)
-    plan.start_denoiser_memory(pipe, size, config, tpu_compiler.devices("v6e-4"), 32, vae=False, analyse=analyse)()
+    texts = [step_for_tpu(pipe, {"dp": 2, "sp": 1, "tp": 2}, "v6e-4", dict(num_frames=17, guidance_scale=6.0), 32)]
     transformer = pipe.transformer.config
     tokens = 5 * (64 // 8 // transformer.patch_size) ** 2  # 5 latent frames of 4x4 patches
     head_dim = transformer.attention_head_dim
