@@ -94,7 +94,8 @@ def decide(
     for name, module in modules.items():
         if name not in text_encoders or config.text_encoder == "jax":
             check_hooks(module, "pipe.to('tpu')")
-    heads = family.num_heads(pipe)
+    # a pipeline built without its denoiser (``encode_prompt`` on its own) has no heads for tp to divide
+    heads = family.num_heads(pipe) if any(getattr(pipe, n, None) is not None for n in family.denoisers) else None
     if config.mesh is None:
         # a denoiser under a step cache runs the guidance pair as two calls: no data axis to pair it over
         hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)

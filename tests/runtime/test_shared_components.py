@@ -87,14 +87,16 @@ def test_a_bad_environment_config_is_refused_before_anything_moves(monkeypatch, 
     assert pipeline_runtime.runtime_of(pipe) is None and not sharding.is_placed(pipe.transformer)
 
 
-@pytest.mark.parametrize("name", ["unet:sd", "generic:easyanimate"])
+@pytest.mark.parametrize("name", ["unet:sd", "generic:easyanimate", "family:ltx2"])
 def test_a_text_only_pipeline_of_a_denoiser_class_moves_and_encodes_as_stock(name):
     """diffusers' ``test_encode_prompt_works_in_isolation`` builds the pipeline class with only its text encoders and
-    tokenizers: it moves (nothing else to place) and ``encode_prompt`` gives stock's embeddings."""
-    from diffusers_tpu.testing import tiny_generic, tiny_unet
+    tokenizers: it moves (nothing else to place; a family's head count, read off its missing denoiser, is not asked)
+    and ``encode_prompt`` gives stock's embeddings."""
+    from diffusers_tpu.testing import tiny_families, tiny_generic, tiny_unet
 
     module, key = name.split(":")
-    pipe = tiny_unet.pipeline(key)[0] if module == "unet" else tiny_generic.PIPELINES[key]()
+    builders = dict(unet=lambda: tiny_unet.pipeline(key)[0], family=lambda: tiny_families.pipeline(key)[0])
+    pipe = builders.get(module, lambda: tiny_generic.PIPELINES[key]())()
     text_only = {k: (v if "text" in k or "tokenizer" in k else None) for k, v in pipe.components.items()}
     prompt = dict(prompt=["a cat walks", "a red fox jumps"], negative_prompt=["blurry", "low quality"])
     if module == "unet":
