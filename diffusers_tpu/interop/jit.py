@@ -490,7 +490,7 @@ class CompiledFunction:
         """The module's structure, found once at the first call (every later call reads it)."""
         if not self.held:
             modules = list(self.module.modules())
-            self.held.extend((module_state.places(self.module), modules, module_state.processor_owners(modules)))
+            self.held.extend((module_state.places(self.module), modules, module_state.setting_owners(modules)))
 
     def _new_program(self, spec, static, live, carried_key) -> Program:
         return Program(
@@ -594,7 +594,7 @@ class CompiledFunction:
             _by_value(static),
             shapes,
             self.extras.key() if self.extras is not None else None,
-            module_state.processor_key(self.held[2]),
+            module_state.settings_key(self.held[2]),
             carried_key,
             module_state.held_key(self.held[0]),
         )

@@ -91,18 +91,27 @@ def held_key(found: list[Place]) -> tuple:
 _SETTING = (bool, int, float, str)  # not None: a slot filled later (SAG stores its maps) is no setting
 
 
-def processor_owners(modules: list) -> list:
-    """The modules that hold an attention processor (found once: ``processor_key`` reads them at every call)."""
-    return [module for module in modules if getattr(module, "processor", None) is not None]
+# FreeU's factors: ``enable_freeu`` / ``disable_freeu`` set them on each of a UNet's up blocks (which carry a
+# ``resolution_idx``), and the blocks' forward reads them at every call.
+_FREEU = ("s1", "s2", "b1", "b2")
 
 
-def processor_key(owners: list) -> tuple:
-    """What of the attention processors selects the program: each one's class and its plain settings (numbers,
-    strings, flat lists of them), read at every call. Python values are constants in a trace: IP-Adapter's
-    ``set_ip_adapter_scale`` changes ``processor.scale`` between calls, ``fuse_qkv_projections`` swaps the class;
-    either is traced anew (stock reads them at every call). ``owners``: ``processor_owners``."""
+def setting_owners(modules: list) -> list:
+    """The modules whose plain settings select the program (found once: ``settings_key`` reads them at every call):
+    those holding an attention processor, and a UNet's up blocks (FreeU's factors)."""
+    return [m for m in modules if getattr(m, "processor", None) is not None or hasattr(m, "resolution_idx")]
+
+
+def settings_key(owners: list) -> tuple:
+    """What of the modules' settings selects the program, read at every call: each attention processor's class and
+    its plain settings (numbers, strings, flat lists of them), and FreeU's factors on a UNet's up blocks. Python
+    values are constants in a trace: IP-Adapter's ``set_ip_adapter_scale`` changes ``processor.scale`` between
+    calls, ``fuse_qkv_projections`` swaps the class, ``enable_freeu`` sets the factors; each is traced anew (stock
+    reads them at every call). ``owners``: ``setting_owners``."""
     key = []
     for module in owners:
+        if hasattr(module, "resolution_idx"):
+            key.append(tuple(getattr(module, name, None) for name in _FREEU))
         processor = getattr(module, "processor", None)  # a module processor (IP-Adapter's) is not in vars()
         if processor is None or not hasattr(processor, "__dict__"):
             continue

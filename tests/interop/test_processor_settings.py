@@ -1,4 +1,4 @@
-"""A processor's plain settings select the program (``module_state.processor_key``): Python values are constants
+"""A processor's plain settings select the program (``module_state.settings_key``): Python values are constants
 in a trace, so a setting changed between calls (IP-Adapter's ``set_ip_adapter_scale``) is traced anew, as stock
 reads it at every call — on a plain processor and on one that is a module (IP-Adapter's are)."""
 
@@ -55,5 +55,30 @@ def test_a_changed_processor_setting_is_traced_anew(kind):
     with jit.compile_log() as log:  # both settings traced: a repeat compiles nothing
         processor.gain[0] = 3.0
         generate(pipe, output_type="np")
+    assert log.compilations == 0
+    pipe.to("cpu")
+
+
+def test_freeu_enabled_after_the_first_call_is_traced_anew():
+    """``enable_freeu`` after a moved UNet pipeline's first call: FreeU's factors (plain attributes of the UNet's up
+    blocks) select the program, so the image is stock's with FreeU, and ``disable_freeu`` gives the plain one back
+    without compiling."""
+    from diffusers_tpu.testing import tiny_unet
+
+    pipe, call = tiny_unet.pipeline("sd")
+    call = dict(call, output_type="np")
+    run = lambda: pipe(**call, generator=torch.Generator().manual_seed(0)).images  # noqa: E731
+    plain = run()
+    pipe.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4)
+    freeu = run()
+    pipe.disable_freeu()
+    assert np.abs(freeu - plain).max() > 1e-3  # FreeU changes the image on stock
+    pipe.to("jax")
+    assert_np_matches(run(), plain)
+    pipe.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4)
+    assert_np_matches(run(), freeu)
+    pipe.disable_freeu()
+    with jit.compile_log() as log:
+        assert_np_matches(run(), plain)
     assert log.compilations == 0
     pipe.to("cpu")
