@@ -173,6 +173,8 @@ def models_around_a_vae(cls) -> bool:
     """A pipeline class without a transformer or UNet denoiser whose components are a VAE and other diffusers models
     (LTX's and LTX-2's latent upsamplers): each model's forward is compiled as it is, the VAE's methods as a VAE's."""
     parameters = inspect.signature(cls.__init__).parameters
+    if "unet" in parameters or any(name.startswith("transformer") for name in parameters):
+        return False  # a denoiser: the UNet or the transformer path
     models = [
         n
         for n, p in parameters.items()

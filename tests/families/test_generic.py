@@ -100,6 +100,8 @@ def test_a_vae_and_models_without_a_denoiser_take_the_generic_path():
 
     assert registry.models_around_a_vae(diffusers.LTXLatentUpsamplePipeline)
     assert not registry.models_around_a_vae(diffusers.FluxPriorReduxPipeline)
+    assert not registry.models_around_a_vae(diffusers.StableDiffusionXLPipeline)  # a UNet: the UNet path
+    assert not registry.models_around_a_vae(diffusers.WanPipeline)
     assert registry.pipeline_paths()["LTXLatentUpsamplePipeline"] == "generic"
     pipe, call = ltx_latent_upsample()
     expected = pipe(**call, output_type="np", generator=torch.Generator().manual_seed(0)).frames
