@@ -378,6 +378,35 @@ def _patch_fuse_projections(module) -> None:
         patching.wrap(module.AttentionMixin, "fuse_qkv_projections", lora.each_fused_on_host, "fuse_qkv_projections")
 
 
+# --- 12. AnimateDiff's FreeNoise switched on or off after the move --------------------------------------------------
+# Reason: ``enable_free_noise()`` / ``disable_free_noise()`` replace each motion module's transformer blocks with new
+# ones loaded from the old blocks' ``state_dict``: on JAX those are device arrays outside a call, which a host module
+# cannot load (and a swap done on host copies gave a moved pipeline another video after ``disable_free_noise``: max-abs
+# 0.10). The pipeline goes back to the host (its exact tensors), the stock method runs, and the pipeline is moved
+# again as it was (its programs recompile). Guard: diffusers 0.42's ``AnimateDiffFreeNoiseMixin``.
+def _patch_free_noise(module) -> None:
+    mixin = getattr(module, "AnimateDiffFreeNoiseMixin", None)
+    for name in ("enable_free_noise", "disable_free_noise"):
+        if mixin is not None and name in vars(mixin):
+            patching.wrap(mixin, name, _on_host_then_moved_again, f"AnimateDiffFreeNoiseMixin.{name}")
+
+
+def _on_host_then_moved_again(stock):
+    @functools.wraps(stock)
+    def run(pipe, *args, **kwargs):
+        runtime = pipeline_runtime.runtime_of(pipe)
+        if runtime is None or not runtime.attached:
+            return stock(pipe, *args, **kwargs)
+        kind, config, dtype = runtime.moved_with
+        pipeline_runtime.detach(pipe)
+        try:
+            return stock(pipe, *args, **kwargs)
+        finally:
+            pipeline_runtime.attach(pipe, kind, config=config, dtype=dtype)
+
+    return run
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     if getattr(pipeline_utils.DiffusionPipeline, "enable_group_offload", None) is not None:
         patching.wrap(
@@ -402,6 +431,7 @@ def apply() -> None:
     import_hooks.when_imported("diffusers.models.modeling_utils", _patch_model_methods)
     for module in ("diffusers.models.attention_processor", "diffusers.models.attention"):
         import_hooks.when_imported(module, _patch_fuse_projections)
+    import_hooks.when_imported("diffusers.pipelines.free_noise_utils", _patch_free_noise)
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("peft.tuners.lora.model", _patch_peft_model)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
