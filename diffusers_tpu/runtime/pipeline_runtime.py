@@ -572,6 +572,17 @@ def for_call(pipe) -> PipelineRuntime | None:
     how = shared_components.how_moved(pipe) if runtime is None else None
     if how is None:
         held = shared_components.held_elsewhere(pipe) if runtime is None else []
+        denoisers = [n for n in held if n == "unet" or n.startswith("transformer")]
+        if denoisers:  # built from a moved pipeline's denoiser (diffusers' ``Other(**components)``): it runs there
+            owner = shared_components.owner(getattr(pipe, denoisers[0]))
+            logger.warning(
+                "%s of this %s are on JAX for another pipeline: this one moves there too, as that one was.",
+                ", ".join(held),
+                type(pipe).__name__,
+            )
+            kind, config, dtype = owner.moved_with
+            attach(pipe, kind, config=config, dtype=dtype)
+            return runtime_of(pipe)
         if held:
             raise ValueError(
                 f"{', '.join(held)} of this {type(pipe).__name__} are on JAX for another pipeline that shares them, "

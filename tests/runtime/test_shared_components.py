@@ -109,3 +109,20 @@ def test_a_text_only_pipeline_of_a_denoiser_class_moves_and_encodes_as_stock(nam
     for a, b in zip(got, expected):
         if isinstance(b, torch.Tensor):
             np.testing.assert_allclose(a.float().numpy(), b.float().numpy(), atol=1e-5)
+
+
+def test_a_pipeline_built_on_a_moved_denoiser_runs_where_the_denoiser_is():
+    """diffusers' ``Pipeline(**components)`` with another VAE, from a moved pipeline's components (its own ``to()``
+    never called): its denoiser is on JAX, so its call takes the components over as the first pipeline was moved
+    and gives stock's video; the first pipeline takes them back at its next call."""
+    first = tiny.wan_pipeline()
+    components = dict(first.components)
+    vae = tiny.wan_pipeline(seed=1).vae
+    expected = run(diffusers.WanPipeline(**{**components, "vae": vae}), **PROMPTS)
+    reference = run(first, **PROMPTS)
+    first.to("jax")
+    second = diffusers.WanPipeline(**{**components, "vae": vae})
+    np.testing.assert_allclose(run(second, **PROMPTS), expected, atol=1e-5)
+    assert pipeline_runtime.runtime_of(second) is not None and sharding.is_placed(vae)
+    np.testing.assert_allclose(run(first, **PROMPTS), reference, atol=1e-5)
+    first.to("cpu")
