@@ -407,6 +407,26 @@ def _on_host_then_moved_again(stock):
     return run
 
 
+# --- 13. A model built from a moved UNet's weights ---------------------------------------------------------------
+# Reason: ``UNetMotionModel.from_unet2d(unet, ...)`` (AnimateDiff's ``__init__``, so ``AnimateDiffPipeline.from_pipe``
+# of a moved SD pipeline) and ``ControlNetModel.from_unet(unet)`` load the UNet's ``state_dict`` into new host
+# modules: on JAX those are device arrays outside a call. They read host copies of the UNet's tensors (its own stay
+# where they are); the new model is a host model, placed by the next move or the next call. Guard: diffusers 0.42's
+# classmethods, first argument the UNet.
+def _patch_from_unet(module, cls_name: str, method: str) -> None:
+    cls = getattr(module, cls_name, None)
+    if cls is not None and method in vars(cls) and not hasattr(vars(cls)[method].__func__, "on_host_copies"):
+        stock = vars(cls)[method].__func__
+
+        @functools.wraps(stock)
+        def from_unet(owner, unet, *args, **kwargs):
+            return lora.module_on_host_copies(lambda model: stock(owner, model, *args, **kwargs))(unet)
+
+        from_unet.on_host_copies = True
+        setattr(cls, method, classmethod(from_unet))
+        patching.record(f"{cls_name}.{method} on host copies")
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     if getattr(pipeline_utils.DiffusionPipeline, "enable_group_offload", None) is not None:
         patching.wrap(
@@ -432,6 +452,13 @@ def apply() -> None:
     for module in ("diffusers.models.attention_processor", "diffusers.models.attention"):
         import_hooks.when_imported(module, _patch_fuse_projections)
     import_hooks.when_imported("diffusers.pipelines.free_noise_utils", _patch_free_noise)
+    import_hooks.when_imported(
+        "diffusers.models.unets.unet_motion_model",
+        lambda m: _patch_from_unet(m, "UNetMotionModel", "from_unet2d"),
+    )
+    import_hooks.when_imported(
+        "diffusers.models.controlnets.controlnet", lambda m: _patch_from_unet(m, "ControlNetModel", "from_unet")
+    )
     import_hooks.when_imported("peft.tuners.lora.layer", _patch_peft)
     import_hooks.when_imported("peft.tuners.lora.model", _patch_peft_model)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)

@@ -43,3 +43,19 @@ def test_wan_transformer_fuses_after_the_move():
     assert hasattr(pipe.transformer.blocks[0].attn1, "to_qkv")
     assert_np_matches(generate(pipe, output_type="np"), reference)
     pipe.to("cpu")
+
+
+def test_a_controlnet_built_from_a_moved_unet_has_its_weights():
+    """``ControlNetModel.from_unet(pipe.unet)`` after the move (and ``UNetMotionModel.from_unet2d``, AnimateDiff's
+    ``from_pipe``) loads the UNet's weights into new host modules: it reads host copies of them, and the UNet stays
+    on JAX."""
+    import diffusers
+
+    pipe, _ = tiny_unet.pipeline("sd")
+    host = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
+    pipe.to("jax")
+    controlnet = diffusers.ControlNetModel.from_unet(pipe.unet)
+    assert torch.equal(controlnet.conv_in.weight, host["conv_in.weight"])
+    assert torch.equal(controlnet.down_blocks[0].resnets[0].conv1.weight, host["down_blocks.0.resnets.0.conv1.weight"])
+    assert backend.is_jax_tensor(pipe.unet.conv_in.weight)
+    pipe.to("cpu")
