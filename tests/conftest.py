@@ -14,9 +14,15 @@ os.environ.setdefault("DIFFUSERS_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="diffus
 # - the run's compilation cache keeps every program, not only those over JAX's 1 s default;
 # - LLVM's optimisation passes off, and XLA:CPU's older elemental emitter instead of its MLIR fusion emitters: each
 #   halves XLA:CPU's compile time (a tiny Wan call: 4.0 -> 1.9 s of compiling), tiny programs run a little slower. The
-#   arithmetic is the same IEEE float32 (no fast-math either way); CPU timings are never speed claims here.
+#   arithmetic is the same IEEE float32 (no fast-math either way); CPU timings are never speed claims here;
+# - a simulated mesh's collectives wait up to 10 minutes for their device threads (XLA:CPU's default, 40 s, killed
+#   the sweep's mesh process once when four processes shared 2 cores: one thread of an all-gather starved).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+for _flag in (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
