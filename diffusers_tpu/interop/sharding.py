@@ -40,7 +40,7 @@ class _Slot:
     host: Callable[[_Slot], torch.Tensor] | None = None  # the host tensor, when the device holds an encoding of it
     # (stack, layer index) when a layer above stores it stacked (``runtime.stacked_weights``)
     stack: tuple | None = None
-    gather: NamedSharding | None = None  # stored sharded further (fully sharded weights): the sharding programs use
+    gather: NamedSharding | None = None  # stored otherwise (sharded further, host memory): the sharding programs use
     compute: torch.dtype | None = None  # stored as ``dtype``, computed in this (layerwise casting)
 
 
@@ -164,14 +164,15 @@ def plan(
 CHECKPOINT_ATTR = "_diffusers_tpu_checkpoint"  # qualified name -> a source with ``place(shape, dtype, sharding)``
 
 
-def place(module: torch.nn.Module, slots: list[_Slot], mesh) -> None:
-    """Replace the planned tensors by torchax tensors sharded over ``mesh`` (shared tensors stay shared)."""
+def place(module: torch.nn.Module, slots: list[_Slot], mesh, memory_kind: str | None = None) -> None:
+    """Replace the planned tensors by torchax tensors sharded over ``mesh`` (shared tensors stay shared), stored in
+    the devices' ``memory_kind`` (default: theirs; ``"pinned_host"``: ``runtime.host_memory``)."""
     checkpoint = getattr(module, CHECKPOINT_ATTR, {})  # sharded loading: meta tensors read from their files
 
     def placed(slot, tensor):
         if is_jax_tensor(tensor):
             return None  # already placed (resync)
-        sharding = NamedSharding(mesh, slot.spec or PartitionSpec())
+        sharding = NamedSharding(mesh, slot.spec or PartitionSpec(), memory_kind=memory_kind)
         if tensor.device.type == "meta":
             if slot.qualified not in checkpoint:
                 raise ValueError(f"{slot.qualified} has no values (a meta tensor) and no checkpoint to read.")

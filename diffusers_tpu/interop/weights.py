@@ -72,7 +72,7 @@ class LayerOf:
     sharding: object = None
 
     def value(self):
-        return gathered(self.array[self.index], self.sharding)
+        return gathered(jax.lax.index_in_dim(self.array, self.index, keepdims=False), self.sharding)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -100,8 +100,13 @@ def materialized(raw):
 
 
 def gathered(layer, sharding):
-    """A layer sliced out of a stack, constrained to the sharding it is used with (None: as stored)."""
-    return layer if sharding is None else jax.lax.with_sharding_constraint(layer, sharding)
+    """A layer sliced out of a stack, constrained to the sharding it is used with (None: as stored); one stored in
+    host memory (``TPUConfig(weights_in_host_memory=True)``) is moved to the devices' memory here."""
+    if sharding is None:
+        return layer
+    if jax.typeof(layer).memory_space == jax.memory.Space.Host:
+        return jax.device_put(layer, sharding)
+    return jax.lax.with_sharding_constraint(layer, sharding)
 
 
 def expand_stacked(state: dict) -> dict:

@@ -32,7 +32,7 @@ from torchax.ops import mappings
 from ..interop import backend, jit
 from ..interop.backend import jax_dtype
 from ..interop.weights import Gathered, LayerOf, expand_stacked
-from ..runtime import decision, quantize, stacked_weights
+from ..runtime import decision, host_memory, quantize, stacked_weights
 from ..runtime.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
 from . import call_probe, lowering, program_memory, step_estimate, tpu_compiler
@@ -57,7 +57,7 @@ def reported_dtype(module, state: dict) -> torch.dtype:
 
 def abstract_component(component, mesh, config) -> dict:
     """A decided component's weights (``decision.ComponentPlan``) as the runtime holds them on ``mesh``."""
-    return _as_held(
+    state = _as_held(
         component.module,
         list(component.slots),
         mesh,
@@ -66,6 +66,7 @@ def abstract_component(component, mesh, config) -> dict:
         config.fully_sharded_weights,
         component.dtype,
     )
+    return host_memory.abstract(state) if config.weights_in_host_memory else state
 
 
 def _as_held(module, slots, mesh, quantize_format, stacked, fully_sharded, dtype) -> dict:

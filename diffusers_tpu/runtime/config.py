@@ -109,6 +109,12 @@ class TPUConfig:
     # shrink by the size of the data and sequence axes; each step all-gathers every layer's weights once (FSDP's trade).
     # Needs ``scan_blocks``; the results are the same.
     fully_sharded_weights: bool = False
+    # keep every placed component's weights in the host's memory (JAX's ``pinned_host`` memory kind) and bring them to
+    # the devices where a program reads them: a denoiser's repeated blocks one layer at a time inside the loop, the
+    # other weights when the program starts (``runtime.host_memory``). Device memory then holds about one layer of
+    # blocks instead of the whole model, for host-to-device traffic on every step. What
+    # ``pipe.enable_sequential_cpu_offload(device="tpu")`` turns on; the results are the same.
+    weights_in_host_memory: bool = False
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -151,6 +157,13 @@ class TPUConfig:
             raise ValueError(
                 "TPUConfig(fully_sharded_weights=True) shards the repeated blocks' stacked weights and "
                 "needs scan_blocks=True (the default); drop scan_blocks=False."
+            )
+        if not isinstance(self.weights_in_host_memory, bool):
+            raise ValueError(f"TPUConfig(weights_in_host_memory={self.weights_in_host_memory!r}) must be a bool.")
+        if self.weights_in_host_memory and (self.fully_sharded_weights or self.quantize is not None):
+            raise ValueError(
+                "TPUConfig(weights_in_host_memory=True) keeps the weights as placed in the host's memory; it does not "
+                "combine with fully_sharded_weights or quantize: drop one of them."
             )
         if not isinstance(self.attention_k_smoothing, bool):
             raise ValueError(f"TPUConfig(attention_k_smoothing={self.attention_k_smoothing!r}) must be a bool.")

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from ..interop import backend, sharding
-from . import placement, program_builds, quantize
+from . import host_memory, placement, program_builds, quantize
 from .config import TPUConfig
 from .denoiser import active_hooks, check_hooks
 from .registry import Family, family_of
@@ -89,6 +89,8 @@ def decide(
     what is wrong before anything moves."""
     family = family or family_of(pipe)
     devices = tuple(devices)
+    if config.weights_in_host_memory:
+        host_memory.check_devices(devices)
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     text_encoders = placement.text_encoder_names(pipe)
     for name, module in modules.items():

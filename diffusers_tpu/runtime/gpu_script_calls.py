@@ -1,9 +1,7 @@
 """GPU-script calls that mean something else on a TPU: each gets a defined behaviour (docs/porting.md).
 
 - ``enable_model_cpu_offload(device="tpu")``: model offload on JAX (``model_offload``);
-- ``enable_sequential_cpu_offload(device="tpu")``: ``pipe.to("tpu")`` (weights sharded over the mesh instead of
-  offloaded layer by layer), one warning;
-- the same without a device, on a moved pipeline: ignored, one warning;
+- ``enable_sequential_cpu_offload(device="tpu")``: sequential offload on JAX (``sequential_offload``);
 - offload enabled before ``pipe.to("tpu")``: its hooks are removed (weights back on the host), then the move, one
   warning;
 - ``enable_attention_slicing()``, ``enable_xformers_memory_efficient_attention()``: ignored, one warning: attention
@@ -60,26 +58,7 @@ def pipeline_method(pipe, runtime, name: str, args, kwargs) -> tuple[bool, objec
     """(handled, result) for a ported ``DiffusionPipeline`` method; not handled: the stock method runs.
     ``runtime``: the pipeline's ``PipelineRuntime``, or None when it is not on JAX."""
     attached = runtime is not None
-    if name == "enable_sequential_cpu_offload":  # enable_model_cpu_offload: ``model_offload``
-        device = offload_device(args, kwargs)
-        target = backend.parse_device(device) if device is not None else None
-        if target is not None:
-            warn_once(
-                f"{name}-to",
-                f"{name}(device={device!r}): CPU offloading does not apply on JAX; the pipeline "
-                f"moves to {target} with its weights sharded over the device mesh instead (save memory with "
-                "TPUConfig(mesh=...) over more chips or a bfloat16 dtype).",
-            )
-            return True, pipe.to(target)
-        if attached:
-            warn_once(
-                name,
-                f"{name}() on a pipeline on JAX is ignored: its weights stay sharded in device memory. "
-                "To save memory use more chips (TPUConfig(mesh=...)) or bfloat16 weights.",
-            )
-            return True, None
-        return False, None
-    if attached:  # enable_attention_slicing / enable_xformers_memory_efficient_attention
+    if attached:  # enable_attention_slicing / enable_xformers_memory_efficient_attention (offloading: its modules)
         warn_once(
             name,
             f"{name}() on a pipeline on JAX is ignored: attention already runs through a flash kernel "

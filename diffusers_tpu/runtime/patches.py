@@ -208,8 +208,9 @@ def _tpu_generator(stock):
 # --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
 # Reason: GPU scripts call CPU offloading, attention slicing and xformers; on a moved pipeline they would move
 # sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
-# meaning (``gpu_script_calls``): offloading with a JAX device is ``to(device)``; on an attached pipeline these calls
-# warn once and leave it as it is. Guard: wrapped once; unattached pipelines with torch devices take the stock path.
+# meaning: CPU offloading with a JAX device (or on a moved pipeline) is offloading on JAX (``model_offload``,
+# ``sequential_offload``); attention slicing and xformers on an attached pipeline warn once (``gpu_script_calls``).
+# Guard: wrapped once; unattached pipelines with torch devices take the stock path.
 _PORTED_METHODS = (
     "enable_model_cpu_offload",
     "enable_sequential_cpu_offload",
@@ -228,11 +229,13 @@ def _patch_ported_methods(pipeline_utils):
 def _ported(name, stock):
     @functools.wraps(stock)
     def ported(self, *args, **kwargs):
-        if name == "enable_model_cpu_offload":
-            from . import model_offload  # noqa: PLC0415 - accelerate's hooks: loaded when a script offloads
+        if name in ("enable_model_cpu_offload", "enable_sequential_cpu_offload"):
+            # accelerate's hooks: loaded when a script offloads
+            from . import model_offload, sequential_offload  # noqa: PLC0415
 
             if model_offload.handles(self, args, kwargs):
-                return model_offload.enable(self, args, kwargs)
+                offload = model_offload if name == "enable_model_cpu_offload" else sequential_offload
+                return offload.enable(self, args, kwargs)
         handled, result = gpu_script_calls.pipeline_method(self, pipeline_runtime.runtime_of(self), name, args, kwargs)
         return result if handled else stock(self, *args, **kwargs)
 

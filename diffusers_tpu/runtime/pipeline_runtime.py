@@ -26,12 +26,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..interop import backend, compat, distributed, jit, sharding, user_tensors
+from ..interop.host_stored import program_array
+from ..interop.weights import Gathered
 from . import (
     attention,
     cfg,
     decision,
     forward_chain,
     gpu_script_calls,
+    host_memory,
     oversized_calls,
     placement,
     postprocess,
@@ -106,6 +109,8 @@ class PipelineRuntime:
         # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
         self._encoding_on_host = 0
         self.text_encoder_placement = decided.text_encoders  # "host" or "jax"
+        # weights the modules show as ``meta`` between calls (``sequential_offload``); None: modules hold their own
+        self.hidden_weights = None
         # programs built ahead (``TPUConfig.programs``): loaded instead of compiled, what compiles written there
         self.store = program_store.ProgramStore(config.programs) if config.programs is not None else None
         # how every program but the VAE's is built (full effort; through the store when there is one)
@@ -128,12 +133,16 @@ class PipelineRuntime:
         ):
             yield
 
+    def weights_shown(self):
+        """Inside a call the modules hold their weights (``sequential_offload`` shows ``meta`` ones between calls)."""
+        return self.hidden_weights.shown() if self.hidden_weights is not None else contextlib.nullcontext()
+
     @contextlib.contextmanager
     def call_scope(self):
         """Like a pipeline call (JAX tensors flow between entry points), for a pipeline's own generator methods."""
         self._depth += 1
         try:
-            with self.active():
+            with self.active(), self.weights_shown():
                 yield
         finally:
             self._depth -= 1
@@ -158,7 +167,7 @@ class PipelineRuntime:
                 return method(*args, **kwargs)
             self._depth += 1
             try:
-                with self.active():
+                with self.active(), self.weights_shown():
                     return user_tensors.to_host(method(*user_tensors.to_device(args), **user_tensors.to_device(kwargs)))
             finally:
                 self._depth -= 1
@@ -184,7 +193,7 @@ class PipelineRuntime:
             self.pairing.reset()
         start = time.perf_counter()
         try:
-            with self.active(), jit.compile_log() as log, self._schedulers_on_device():
+            with self.active(), self.weights_shown(), jit.compile_log() as log, self._schedulers_on_device():
                 self._log = log
                 out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
         finally:
@@ -356,7 +365,11 @@ class PipelineRuntime:
         if quantized:  # the host tensors, for an exact restore
             names = quantize.targets(module)
             originals = {slot.qualified: sharding.tensor_of(slot) for slot in slots if slot.qualified in names}
-        sharding.place(module, slots, self.vae_mesh if name == "vae" else self.mesh)
+        mesh = self.vae_mesh if name == "vae" else self.mesh
+        if self.config.weights_in_host_memory:  # read where programs use them (``host_memory``)
+            host_memory.place(module, slots, mesh, stack=name in self.family.denoisers and self.config.scan_blocks)
+            return
+        sharding.place(module, slots, mesh)
         if quantized:
             quantize.quantize_placed(module, slots, originals, self.config.quantize)
         if name in self.family.denoisers and self.config.scan_blocks:
@@ -495,7 +508,12 @@ class _EagerIfUntraceable:
 
 
 def _state(slots, prefix: str = "") -> dict:
-    return {slot.qualified[len(prefix) :]: sharding.tensor_of(slot).jax() for slot in slots}
+    """A program's weights: each slot's array, or where it is stored otherwise than used (host memory) ``Gathered``."""
+    state = {}
+    for slot in slots:
+        array = program_array(sharding.tensor_of(slot))
+        state[slot.qualified[len(prefix) :]] = array if slot.gather is None else Gathered(array, slot.gather)
+    return state
 
 
 to_host = user_tensors.to_host  # callers' shorthand

@@ -31,6 +31,7 @@ from torchax.tensor import Tensor
 
 from ..interop import sharding
 from ..interop.backend import is_jax_tensor, wrap
+from ..interop.host_stored import program_array
 from ..interop.weights import Gathered, Stacked
 from . import repeated_blocks
 
@@ -46,7 +47,13 @@ class Stack:
         return _take(self.array, index, self.layer_sharding)
 
     def write(self, index: int, value: jax.Array) -> None:
-        self.array = _putter(self.array.sharding)(self.array, value.astype(self.array.dtype), index)
+        stored = self.array.sharding
+        if stored.memory_kind == "pinned_host":  # updated on the devices (programs there cannot write host memory)
+            on_devices = jax.device_put(self.array, stored.with_memory_kind("device"))
+            updated = _putter(on_devices.sharding)(on_devices, value.astype(self.array.dtype), index)
+            self.array = jax.device_put(updated, stored)
+            return
+        self.array = _putter(stored)(self.array, value.astype(self.array.dtype), index)
 
 
 def _take(array, index: int, layer_sharding):
@@ -140,7 +147,7 @@ def _is_view_of(tensor, stack: Stack, index: int) -> bool:
     return is_view(tensor) and tensor.stack is stack and tensor.index == index
 
 
-def _install(slot, view) -> None:
+def install(slot, view) -> None:
     """Put ``view`` in the slot as it is: ``torch.nn.Parameter`` of a tensor subclass returns a detached copy of it
     (for a view, the slice), and a placed parameter is a torchax tensor marked as one, as ``Parameter`` makes it."""
     if slot.kind == "param":
@@ -217,13 +224,18 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
         stack_ = Stack(
             key, _stacked(target, *[t.jax() for t in tensors]), tensors[0].jax().sharding, gathered=stored != spec
         )
-        for index, member in enumerate(members):
-            _install(member, layer_view(stack_, index))
-            member.stack = (stack_, index)
+        install_stack(stack_, members)
         made += 1
     if fully_shard:
         _shard_the_rest(slots, mesh)
     return made
+
+
+def install_stack(stack_: Stack, members: list) -> None:
+    """Every member slot becomes a view of its layer of ``stack_``."""
+    for index, member in enumerate(members):
+        install(member, layer_view(stack_, index))
+        member.stack = (stack_, index)
 
 
 def _shard_the_rest(slots: list, mesh) -> None:
@@ -258,14 +270,14 @@ def program_state(slots: list, value) -> dict:
             if not _is_view_of(tensor, stack_, index):
                 if is_jax_tensor(tensor) and tuple(tensor.shape) == tuple(stack_.array.shape[1:]):
                     stack_.write(index, tensor.jax())
-                    _install(slot, layer_view(stack_, index))
+                    install(slot, layer_view(stack_, index))
                 else:  # no longer this stack's layer (a different shape): per-layer from now on
                     slot.stack = None
                     state[slot.qualified] = value(slot, tensor.jax())
                     continue
             stacks.setdefault(id(stack_), (stack_, {}))[1][index] = slot.qualified
             continue
-        array = value(slot, sharding.tensor_of(slot).jax())
+        array = value(slot, program_array(sharding.tensor_of(slot)))
         gather = getattr(slot, "gather", None)
         state[slot.qualified] = (
             Gathered(array, gather) if gather is not None and slot.scale is None and slot.compute is None else array

@@ -288,3 +288,10 @@ def test_model_offload_on_the_mesh(report):
     run = report["model_offload"]
     assert run["max_abs"] <= 1e-4 and run["repeat_equal"] and run["warm_compilations"] == 0
     assert set(run["devices_after_call"].values()) == {"cpu"}  # every component back on the host after the call
+
+
+def test_sequential_offload_on_the_mesh(report):
+    run = report["sequential_offload"]
+    assert run["max_abs"] <= 1e-4 and run["repeat_equal"] and run["warm_compilations"] == 0, run
+    assert set(run["devices_after_call"].values()) == {"meta"}, run  # stock's offloaded modules show meta tensors
+    assert run["stack_memory_kind"] == "pinned_host" and "tp" in run["stack_spec"], run  # sharded as decided

@@ -159,8 +159,7 @@ def test_gpu_calls_get_their_tpu_meaning(stock, monkeypatch, caplog):
     assert pipeline_runtime.is_attached(pipe) and isinstance(pipe.transformer._hf_hook, model_offload.DeviceOffload)
     assert pipe.transformer.device.type == "cpu"  # on the host until it runs (test_model_offload)
     pipe.remove_all_hooks()
-    for call in (
-        "enable_sequential_cpu_offload",
+    for call in (  # (enable_sequential_cpu_offload: sequential offload on JAX, test_sequential_offload)
         "enable_attention_slicing",
         "enable_xformers_memory_efficient_attention",
     ):

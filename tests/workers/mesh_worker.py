@@ -142,6 +142,7 @@ def main(part: str):
         ("quantize", quantize_run),
         ("fully_sharded", fully_sharded_run),
         ("model_offload", model_offload_run),
+        ("sequential_offload", sequential_offload_run),
     ):
         began = time.perf_counter()
         report[name] = run()
@@ -405,6 +406,31 @@ def model_offload_run():
         max_abs=float(np.abs(out - ref).max()),
         repeat_equal=bool(np.array_equal(out, again)),
         devices_after_call=devices,
+        warm_compilations=log.compilations,
+    )
+
+
+def sequential_offload_run():
+    """``enable_sequential_cpu_offload(device="jax")`` on dp2-sp2-tp2: the output against stock, where the weights
+    are stored (host memory, sharded as decided), what the modules show after a call, what a second call compiles."""
+    pipe = tiny.wan_pipeline("wan-4head")
+    ref = generate(pipe, output_type="np")
+    pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}))
+    pipe.enable_sequential_cpu_offload(device="jax")
+    out = generate(pipe, output_type="np")
+    devices = {name: m.device.type for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    stack = pipe.transformer.blocks[1].attn1.to_q._parameters["weight"]
+    with jit.compile_log() as log:
+        again = generate(pipe, output_type="np")
+    pipe.remove_all_hooks()
+    stored = stack.stack.array.sharding
+    pipe.to("cpu")
+    return dict(
+        max_abs=float(np.abs(out - ref).max()),
+        repeat_equal=bool(np.array_equal(out, again)),
+        devices_after_call=devices,
+        stack_memory_kind=stored.memory_kind,
+        stack_spec=str(stored.spec),
         warm_compilations=log.compilations,
     )
 
