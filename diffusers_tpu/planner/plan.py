@@ -66,7 +66,7 @@ def abstract_component(component, mesh, config) -> dict:
         config.fully_sharded_weights,
         component.dtype,
     )
-    return host_memory.abstract(state) if config.weights_in_host_memory else state
+    return host_memory.abstract(state) if config.in_host_memory(component.name) else state
 
 
 def _as_held(module, slots, mesh, quantize_format, stacked, fully_sharded, dtype) -> dict:

@@ -112,9 +112,10 @@ class TPUConfig:
     # keep every placed component's weights in the host's memory (JAX's ``pinned_host`` memory kind) and bring them to
     # the devices where a program reads them: a denoiser's repeated blocks one layer at a time inside the loop, the
     # other weights when the program starts (``runtime.host_memory``). Device memory then holds about one layer of
-    # blocks instead of the whole model, for host-to-device traffic on every step. What
-    # ``pipe.enable_sequential_cpu_offload(device="tpu")`` turns on; the results are the same.
-    weights_in_host_memory: bool = False
+    # blocks instead of the whole model, for host-to-device traffic on every step. A tuple of component names: those
+    # only. What ``pipe.enable_sequential_cpu_offload(device="tpu")`` (all) and ``enable_group_offload`` (the
+    # components it names) turn on; the results are the same.
+    weights_in_host_memory: bool | tuple[str, ...] = False
 
     def __post_init__(self):
         if self.mesh is not None:
@@ -158,8 +159,14 @@ class TPUConfig:
                 "TPUConfig(fully_sharded_weights=True) shards the repeated blocks' stacked weights and "
                 "needs scan_blocks=True (the default); drop scan_blocks=False."
             )
-        if not isinstance(self.weights_in_host_memory, bool):
-            raise ValueError(f"TPUConfig(weights_in_host_memory={self.weights_in_host_memory!r}) must be a bool.")
+        names = self.weights_in_host_memory
+        if not isinstance(names, bool):
+            if isinstance(names, str) or not all(isinstance(n, str) for n in getattr(names, "__iter__", lambda: [0])()):
+                raise ValueError(
+                    f"TPUConfig(weights_in_host_memory={names!r}) must be a bool or a tuple of component names "
+                    "such as ('transformer', 'text_encoder')."
+                )
+            object.__setattr__(self, "weights_in_host_memory", tuple(sorted(set(names))) or False)
         if self.weights_in_host_memory and (self.fully_sharded_weights or self.quantize is not None):
             raise ValueError(
                 "TPUConfig(weights_in_host_memory=True) keeps the weights as placed in the host's memory; it does not "
@@ -244,6 +251,11 @@ class TPUConfig:
                 "(the GPU default) or 'xla'."
             )
         return choice
+
+    def in_host_memory(self, component: str) -> bool:
+        """Whether ``component``'s weights are stored in host memory (``weights_in_host_memory``)."""
+        names = self.weights_in_host_memory
+        return names is True or (names is not False and component in names)
 
     def replace(self, **changes: Any) -> TPUConfig:
         return dataclasses.replace(self, **changes)

@@ -44,9 +44,7 @@ logger = logging.getLogger(__name__)
 REFUSED_HOOKS = {
     "layerwise_casting": "enable_layerwise_casting (use TPUConfig(dtype=...) or torch_dtype=torch.bfloat16)",
     "peft_autocast_disable": "enable_layerwise_casting (use TPUConfig(dtype=...))",
-    "group_offloading": (
-        "enable_group_offload (weights stay sharded in device memory; shard wider with TPUConfig(mesh=...))"
-    ),
+    "group_offloading": "enable_group_offload onto a torch device (use enable_group_offload(onload_device='tpu'))",
     "layer_execution_tracker": "enable_group_offload",
     "lazy_prefetch_group_offloading": "enable_group_offload",
 }
@@ -72,9 +70,15 @@ def active_hooks(root: torch.nn.Module) -> dict:
     found = {}
     for module in root.modules():
         registry = getattr(module, "_diffusers_hook", None)
-        if registry is not None and registry.hooks:
-            found[module] = list(registry.hooks)
+        names = [n for n, hook in (registry.hooks.items() if registry is not None else ()) if not _on_jax(hook)]
+        if names:
+            found[module] = names
     return found
+
+
+def _on_jax(hook) -> bool:
+    """A hook the runtime registered itself (``group_offload.OnJax``), which does nothing on JAX."""
+    return getattr(hook, "on_jax", False)
 
 
 def check_hooks(root: torch.nn.Module, where: str) -> None:

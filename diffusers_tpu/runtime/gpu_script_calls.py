@@ -18,13 +18,11 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 
 import torch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-from ..interop import backend
 from . import flex_attention
 
 # processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
@@ -197,26 +195,6 @@ def native_attention_dispatch():
             yield
     finally:
         _AttentionBackendRegistry._active_backend = previous
-
-
-def no_group_offload_to_jax(stock):
-    """Wrap ``enable_group_offload`` (a model's or a pipeline's): onto a JAX device it is refused, naming what works.
-    Outside a call the 'jax' device is the host, so stock's hooks would silently run everything on torch CPU."""
-
-    @functools.wraps(stock)
-    def enable_group_offload(self, *args, **kwargs):
-        onload = kwargs.get("onload_device", args[0] if args else None)
-        if backend.parse_device(onload) is not None:
-            raise ValueError(
-                f"enable_group_offload(onload_device={str(onload)!r}) is not implemented on JAX: a denoiser step "
-                "there is one compiled program over all its weights, which cannot stream blocks from the host. "
-                "Move the pipeline with pipe.to('tpu') instead: TPUConfig(mesh=...) shards the weights over more "
-                "chips, and pipe.enable_model_cpu_offload(device='tpu') keeps each component on the host between "
-                "uses."
-            )
-        return stock(self, *args, **kwargs)
-
-    return enable_group_offload
 
 
 def check_free_noise(pipe) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 
 import diffusers
 import torch
@@ -23,6 +24,7 @@ from ..interop import backend, compat, import_hooks, patching, startup, torch_co
 from . import (
     attention,
     gpu_script_calls,
+    group_offload,
     loading,
     lora,
     pipeline_runtime,
@@ -117,6 +119,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
     def make(stock_call):
         @functools.wraps(stock_call)
         def __call__(self, *args, **kwargs):
+            group_offload.before_call(self)
             attached = pipeline_runtime.for_call(self)
             if attached is None:
                 return stock_call(self, *args, **kwargs)
@@ -321,14 +324,12 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
 # torchax tensors outside its environment refuse (and which a compiled program cannot do to its arguments). On JAX
 # the chosen weights are stored in the storage dtype and cast inside the programs (``layerwise_casting``). Guard:
 # diffusers 0.42's ``ModelMixin.enable_layerwise_casting``; a module not on JAX takes the stock method.
-# Also: ``enable_group_offload`` onto a JAX device (a model's here, a pipeline's in ``_patch_pipelines``) is refused
-# naming what works (``gpu_script_calls.no_group_offload_to_jax``).
+
+
 def _patch_model_methods(modeling_utils) -> None:
     cls = modeling_utils.ModelMixin
     if getattr(cls, "enable_layerwise_casting", None) is not None:
         patching.wrap(cls, "enable_layerwise_casting", _layerwise_on_jax, "ModelMixin.enable_layerwise_casting")
-    if getattr(cls, "enable_group_offload", None) is not None:
-        patching.wrap(cls, "enable_group_offload", gpu_script_calls.no_group_offload_to_jax, "group offload")
 
 
 def _layerwise_on_jax(stock):
@@ -430,13 +431,50 @@ def _patch_from_unet(module, cls_name: str, method: str) -> None:
         patching.record(f"{cls_name}.{method} on host copies")
 
 
+# --- 14. Group offloading onto a JAX device ----------------------------------------------------------------------
+# Reason: stock's hooks move groups of layers to the onload device around their forward; outside a call the 'jax'
+# device is the host, so they would run everything on torch CPU, silently not on JAX. ``_apply_group_offloading``
+# (which ``apply_group_offloading`` and ``ModelMixin.enable_group_offload`` reach after stock's checks, CUDA streams
+# left out) marks the module instead, and ``DiffusionPipeline.enable_group_offload`` moves the pipeline: group
+# offloading on JAX (``group_offload``). Guard: diffusers 0.42's ``hooks.group_offloading``
+# (``apply_group_offloading(module, onload_device, ...)`` also bound in ``diffusers.hooks``, ``_apply_group_offloading(
+# module, config)``); other onload devices take the stock path.
+def _patch_group_offloading(group_offloading) -> None:
+    if getattr(group_offloading, "_apply_group_offloading", None) is None:
+        return
+    patching.wrap(group_offloading, "apply_group_offloading", group_offload.apply_function, "apply_group_offloading")
+    patching.wrap(
+        group_offloading,
+        "_apply_group_offloading",
+        functools.partial(group_offload.apply_config, wrap_calls=_wrap_every_pipeline_call),
+        "_apply_group_offloading",
+    )
+    hooks = sys.modules.get("diffusers.hooks")
+    if hooks is not None and "apply_group_offloading" in vars(hooks):  # bound there when the package imported it
+        hooks.apply_group_offloading = group_offloading.apply_group_offloading
+
+
+def _wrap_every_pipeline_call() -> None:
+    """A component marked for group offloading onto JAX moves whichever pipeline calls it: every pipeline class loaded
+    so far gets the wrapped ``__call__`` (a class loaded later is wrapped by its first ``to("tpu")``)."""
+    from diffusers import DiffusionPipeline  # noqa: PLC0415 - loaded already when a model is offloaded
+
+    classes, seen = [DiffusionPipeline], set()
+    while classes:
+        cls = classes.pop()
+        if cls not in seen:
+            seen.add(cls)
+            wrap_pipeline_call(cls)
+            classes.extend(cls.__subclasses__())
+
+
 def _patch_pipelines(pipeline_utils) -> None:
     if getattr(pipeline_utils.DiffusionPipeline, "enable_group_offload", None) is not None:
         patching.wrap(
             pipeline_utils.DiffusionPipeline,
             "enable_group_offload",
-            gpu_script_calls.no_group_offload_to_jax,
-            "group offload",
+            group_offload.pipeline_method,
+            "DiffusionPipeline.enable_group_offload",
         )
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
@@ -452,6 +490,7 @@ def apply() -> None:
     _patch_generator()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("diffusers.models.modeling_utils", _patch_model_methods)
+    import_hooks.when_imported("diffusers.hooks.group_offloading", _patch_group_offloading)
     for module in ("diffusers.models.attention_processor", "diffusers.models.attention"):
         import_hooks.when_imported(module, _patch_fuse_projections)
     import_hooks.when_imported("diffusers.pipelines.free_noise_utils", _patch_free_noise)

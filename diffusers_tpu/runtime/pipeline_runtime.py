@@ -366,7 +366,7 @@ class PipelineRuntime:
             names = quantize.targets(module)
             originals = {slot.qualified: sharding.tensor_of(slot) for slot in slots if slot.qualified in names}
         mesh = self.vae_mesh if name == "vae" else self.mesh
-        if self.config.weights_in_host_memory:  # read where programs use them (``host_memory``)
+        if self.config.in_host_memory(name):  # read where programs use them (``host_memory``)
             host_memory.place(module, slots, mesh, stack=name in self.family.denoisers and self.config.scan_blocks)
             return
         sharding.place(module, slots, mesh)

@@ -13,62 +13,12 @@ between calls, while the runtime holds its weights and gives them back to the mo
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module
 
 from . import model_offload, pipeline_runtime
 from .config import TPUConfig
-
-
-class HiddenWeights:
-    """The parameters of a pipeline's offloaded components, held while their modules show ``meta`` tensors;
-    ``shown()`` puts them back for a call (nested calls share one showing)."""
-
-    def __init__(self):
-        self._held: dict[int, tuple[torch.nn.Module, list]] = {}
-        self._depth = 0
-
-    def hide(self, module: torch.nn.Module) -> None:
-        """Hold ``module``'s parameters and give it ``meta`` ones of the same shapes (tied ones stay tied)."""
-        entries, metas = [], {}
-        for owner in module.modules():
-            for name, tensor in owner._parameters.items():
-                if tensor is None:
-                    continue
-                entries.append((owner, name, tensor))
-                if id(tensor) not in metas:
-                    meta = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="meta")
-                    metas[id(tensor)] = torch.nn.Parameter(meta, requires_grad=False)
-        self._held[id(module)] = (module, entries, metas)
-        if not self._depth:
-            self._put(module, hidden=True)
-
-    def release(self, module: torch.nn.Module) -> None:
-        """Give ``module`` its parameters back for good (its hook is taken off)."""
-        if id(module) in self._held:
-            self._put(module, hidden=False)
-            del self._held[id(module)]
-
-    def _put(self, module: torch.nn.Module, hidden: bool) -> None:
-        _, entries, metas = self._held[id(module)]
-        for owner, name, tensor in entries:
-            owner._parameters[name] = metas[id(tensor)] if hidden else tensor
-
-    @contextlib.contextmanager
-    def shown(self):
-        if not self._depth:
-            for module, _, _ in self._held.values():
-                self._put(module, hidden=False)
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if not self._depth:
-                for module, _, _ in self._held.values():
-                    self._put(module, hidden=True)
+from .hidden_weights import HiddenWeights
 
 
 class OffloadedToHost(AlignDevicesHook):
