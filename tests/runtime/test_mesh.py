@@ -295,3 +295,4 @@ def test_sequential_offload_on_the_mesh(report):
     assert run["max_abs"] <= 1e-4 and run["repeat_equal"] and run["warm_compilations"] == 0, run
     assert set(run["devices_after_call"].values()) == {"meta"}, run  # stock's offloaded modules show meta tensors
     assert run["stack_memory_kind"] == "pinned_host" and "tp" in run["stack_spec"], run  # sharded as decided
+    assert run["group_max_abs"] <= 1e-4, run  # group offloading on the same mesh

@@ -412,7 +412,8 @@ def model_offload_run():
 
 def sequential_offload_run():
     """``enable_sequential_cpu_offload(device="jax")`` on dp2-sp2-tp2: the output against stock, where the weights
-    are stored (host memory, sharded as decided), what the modules show after a call, what a second call compiles."""
+    are stored (host memory, sharded as decided), what the modules show after a call, what a second call compiles;
+    and ``enable_group_offload(onload_device="jax")`` there: the output against stock."""
     pipe = tiny.wan_pipeline("wan-4head")
     ref = generate(pipe, output_type="np")
     pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}))
@@ -424,7 +425,13 @@ def sequential_offload_run():
     pipe.remove_all_hooks()  # the modules hold the runtime's weights again
     stored = pipe.transformer.blocks[1].attn1.to_q._parameters["weight"].stack.array.sharding
     pipe.to("cpu")
+    grouped = tiny.wan_pipeline("wan-4head")  # group offloading, the VAE left on the devices
+    grouped.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}))
+    grouped.enable_group_offload(onload_device="jax", offload_type="leaf_level", exclude_modules="vae")
+    group_out = generate(grouped, output_type="np")
+    grouped.to("cpu")
     return dict(
+        group_max_abs=float(np.abs(group_out - ref).max()),
         max_abs=float(np.abs(out - ref).max()),
         repeat_equal=bool(np.array_equal(out, again)),
         devices_after_call=devices,
