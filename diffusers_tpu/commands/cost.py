@@ -56,7 +56,12 @@ def main(args) -> int:
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None
     config = TPUConfig(
-        mesh=args.mesh, dtype=dtype, quantize=args.quantize, text_encoder="host", vae_compile=args.vae_compile
+        mesh=args.mesh,
+        dtype=dtype,
+        quantize=args.quantize,
+        text_encoder="host",
+        vae_compile=args.vae_compile,
+        weights_in_host_memory=args.weights_in_host_memory,
     )
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     start = time.perf_counter()
@@ -118,7 +123,8 @@ def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
     lines = [
         f"{indent}{name}: compile {summary.get('compile_seconds', '?')} s, generated code "
         f"{summary['generated_code_bytes'] / 1e6:.1f} MB; per device: arguments {_gib(summary['argument_bytes'])},"
-        f" temporaries {_gib(summary['temp_bytes'])}, outputs {_gib(summary['output_bytes'])}",
+        f" temporaries {_gib(summary['temp_bytes'])}, outputs {_gib(summary['output_bytes'])}"
+        + (f"; in host memory: {_gib(summary['host_argument_bytes'])}" if summary.get("host_argument_bytes") else ""),
         f"{indent}  whole program: {total['flops']:.4g} FLOPs (matmuls and convolutions)"
         + (
             f" + {total['attention_flops']:.4g} in {total['attention_calls']} attention kernel calls (as padded)"

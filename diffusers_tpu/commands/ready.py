@@ -64,6 +64,7 @@ def main(args) -> int:
         dtype=dtype,
         text_encoder=args.text_encoder,
         vae_compile=args.vae_compile,
+        weights_in_host_memory=args.weights_in_host_memory,
         compile_cache_dir=False,  # cold: nothing remembered
     )
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)

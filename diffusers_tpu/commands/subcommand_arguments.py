@@ -193,6 +193,12 @@ def _cost(parser) -> None:
     parser.add_argument("--guidance", type=float, default=5.0)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--quantize", choices=("int8", "fp8"))
+    parser.add_argument(
+        "--weights-in-host-memory",
+        action="store_true",
+        help="every weight stored in host memory, streamed into the step (TPUConfig(weights_in_host_memory=True): "
+        "what enable_sequential_cpu_offload does)",
+    )
     parser.add_argument("--no-vae", action="store_true", help="the denoiser step only")
     parser.add_argument(
         "--vae-compile",

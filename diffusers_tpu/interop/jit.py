@@ -682,4 +682,7 @@ def memory_report(executable) -> dict:
     report["peak_bytes"] = (
         report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
     )
+    host = getattr(stats, "host_argument_size_in_bytes", 0)
+    if host:  # arguments stored in host memory (``TPUConfig(weights_in_host_memory=...)``): not in the device's peak
+        report["host_argument_bytes"] = host
     return report

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 
+from ..interop.jit import memory_report
 from .hlo_text import ARRAY, Instruction, parse, shape_bytes
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
@@ -298,17 +299,8 @@ def cost_per_run(cost: dict | list | None) -> dict:
 def summary(compiled, seconds: float | None = None) -> dict:
     """One compiled program (``jax.stages.Compiled``): memory per device, XLA's cost analysis as it reports it (loop
     bodies once), the weighted instruction counts, code size, compile seconds."""
-    memory = compiled.memory_analysis()
-    report = {
-        "argument_bytes": memory.argument_size_in_bytes,
-        "output_bytes": memory.output_size_in_bytes,
-        "alias_bytes": memory.alias_size_in_bytes,
-        "temp_bytes": memory.temp_size_in_bytes,
-        "generated_code_bytes": memory.generated_code_size_in_bytes,
-    }
-    report["peak_bytes"] = (
-        report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
-    )
+    report = memory_report(compiled)
+    report["generated_code_bytes"] = compiled.memory_analysis().generated_code_size_in_bytes
     cost = cost_per_run(compiled.cost_analysis())
     report["xla_cost"] = {k: cost[k] for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
     report["hlo"] = stats(compiled.as_text()).as_dict()
