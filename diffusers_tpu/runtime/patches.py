@@ -99,6 +99,13 @@ def _pipeline_to(stock_to):
             )
         if pipeline_runtime.is_attached(self) and _is_dtype_only(args, kwargs):
             return pipeline_runtime.cast(self, _dtype_of(args, kwargs))
+        dtype = _dtype_of(args, kwargs)
+        if _device_arg(args, kwargs) is None and all(
+            dtype is None or getattr(m, "dtype", dtype) == dtype
+            for m in self.components.values()
+            if isinstance(m, torch.nn.Module)
+        ):  # ``to()``, or ``to(dtype)`` with every component in it (``from_pipe`` ends so): nothing moves, on JAX too
+            return self
         pipeline_runtime.leave_jax(self)
         return stock_to(self, *args, **kwargs)
 

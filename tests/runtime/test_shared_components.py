@@ -126,3 +126,19 @@ def test_a_pipeline_built_on_a_moved_denoiser_runs_where_the_denoiser_is():
     assert pipeline_runtime.runtime_of(second) is not None and sharding.is_placed(vae)
     np.testing.assert_allclose(run(first, **PROMPTS), reference, atol=1e-5)
     first.to("cpu")
+
+
+def test_from_pipe_of_a_moved_pipeline_then_both_run_as_stock():
+    """``Other.from_pipe(moved)`` ends with ``to(dtype=float32)``: with every component in that dtype it moves
+    nothing (it had taken the shared components off JAX, which the first pipeline holds: refused); the new pipeline
+    takes them over at its call, the first one back at its next."""
+    stock = tiny.wan_pipeline()
+    reference = run(stock, **PROMPTS)
+    stock.to("jax")
+    other = diffusers.WanPipeline.from_pipe(stock)
+    assert not pipeline_runtime.is_attached(other) and pipeline_runtime.is_attached(stock)
+    np.testing.assert_allclose(run(other, **PROMPTS), reference, atol=1e-4)
+    np.testing.assert_allclose(run(stock, **PROMPTS), reference, atol=1e-4)
+    stock.to()  # no device and no dtype: nothing moves
+    assert pipeline_runtime.is_attached(stock)
+    stock.to("cpu")
