@@ -8,8 +8,9 @@ iteration of the layer loop (``runtime.repeated_blocks``), so device memory hold
 the other weights when the program starts. Nothing is computed differently: the results are the same.
 
 The blocks' weights are stacked on the host before they are stored (``stacked_weights.Stack``, ``[N, ...]`` per
-weight name, one name at a time), so storing a model takes no device memory at all: a denoiser larger than a chip's
-memory can be stored and run. What it costs: every step moves every layer's weights from the host again.
+weight name, one name at a time), so storing a model takes almost no device memory (each block's vectors — biases,
+norm scales — stay there, stacked: ``_streams``): a denoiser larger than a chip's memory can be stored and run. What
+it costs: every step moves every layer's weights from the host again.
 """
 
 from __future__ import annotations
@@ -64,17 +65,27 @@ def _stack_on_host(module: torch.nn.Module, slots: list, mesh) -> None:
         spec = members[0].spec or PartitionSpec()
         dtype = members[0].dtype
         layers = torch.stack([t.detach().to(dtype) for t in tensors])
-        stored = host_to_jax(layers, NamedSharding(mesh, PartitionSpec(None, *spec), memory_kind=MEMORY_KIND))
+        in_host = _streams(tensors[0].ndim)
+        kind = MEMORY_KIND if in_host else "device"
+        stored = host_to_jax(layers, NamedSharding(mesh, PartitionSpec(None, *spec), memory_kind=kind))
         del layers
         used = NamedSharding(mesh, spec, memory_kind="device")
-        stacked_weights.install_stack(stacked_weights.Stack(key, stored, used, gathered=True), members)
+        stacked_weights.install_stack(stacked_weights.Stack(key, stored, used, gathered=in_host), members)
+
+
+def _streams(layer_rank: int) -> bool:
+    """Whether a stack of layers of this rank is stored in host memory. A vector per layer (biases, norm scales: a
+    ``[L, D]`` stack, a few hundred KB) stays in device memory: the layer axis is then the second-minor one, and the
+    TPU compiler cannot DMA one row of a 16-bit stack out of host memory ("sublane slicing size must be multiple of
+    element packing factor", Wan2.1-14B bfloat16 on v5e, libtpu 0.0.42.1)."""
+    return layer_rank >= 2
 
 
 def abstract(state: dict) -> dict:
     """``plan``'s abstract weights (``{name: ShapeDtypeStruct | Stacked}``, sharded) as this stores them."""
     held = {}
     for name, value in state.items():
-        if isinstance(value, Stacked) and value.layer_sharding is None:
+        if isinstance(value, Stacked) and value.layer_sharding is None and _streams(value.array.ndim - 1):
             stored = value.array
             layer = NamedSharding(stored.sharding.mesh, PartitionSpec(*stored.sharding.spec[1:]), memory_kind="device")
             held[name] = Stacked(_in_host(stored), value.names, layer)

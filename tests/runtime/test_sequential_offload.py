@@ -88,14 +88,20 @@ def test_weights_in_host_memory_rejects_what_it_cannot_combine_with():
 
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 def test_the_tpu_step_streams_each_layer_from_host_memory():
-    """TPU-compiled (v6e-4, tp4): the step's weights enter in host memory (memory space 5), the layer loop slices each
-    layer out of host memory (``dynamic-slice-start`` of an S(5) operand), and the device arguments shrink."""
+    """TPU-compiled (v6e-4, tp4, bfloat16): the step's weights enter in host memory (memory space 5), the layer loop
+    slices each layer out of host memory (``dynamic-slice-start`` of an S(5) operand), and the device arguments shrink.
+    (A bfloat16 ``[L, D]`` stack sliced out of host memory does not compile: per-layer vectors stay on the devices.)"""
     pipe = tiny.wan_pipeline("wan-4head")
     size = dict(height=32, width=32, num_frames=5, guidance_scale=5.0)
     devices = tpu_compiler.devices("v6e-4")
     found = {}
     for host in (False, True):
-        config = TPUConfig(compile_cache_dir=False, weights_in_host_memory=host, mesh={"dp": 1, "sp": 1, "tp": 4})
+        config = TPUConfig(
+            compile_cache_dir=False,
+            weights_in_host_memory=host,
+            mesh={"dp": 1, "sp": 1, "tp": 4},
+            dtype=torch.bfloat16,
+        )
 
         def analyse(lowered, host=host):
             compiled = lowered.compile()
@@ -105,7 +111,7 @@ def test_the_tpu_step_streams_each_layer_from_host_memory():
         plan.start_denoiser_memory(pipe, size, config, devices, 16, analyse=analyse, vae=False)()
     text, host_arguments = found[True]
     spaces = re.search(r'arg_memory_spaces="([0-9;]+)"', text).group(1).split(";")
-    assert spaces.count("5") >= 40  # every weight (latents, timestep and text stay in device memory)
+    assert spaces.count("5") >= 25  # the weights (latents, timestep, text and the blocks' vectors: device memory)
     streamed = [line for line in text.splitlines() if "dynamic-slice-start(" in line and "S(5)}" in line]
     assert streamed
     assert host_arguments < found[False][1] / 4
