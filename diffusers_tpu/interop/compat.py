@@ -392,9 +392,11 @@ def _patch_fill_diagonal():
 # Reason: torchax draws ``torch.randn(..., device=jax)``, ``randn_like`` and ``normal_`` from its own key, so
 # ``torch.manual_seed`` changes nothing and a CPU generator passed for a device draw gives the same values at every
 # draw. Stock draws from torch's generators: a pipeline that samples ``latent_dist.sample()`` without a generator
-# (I2VGen-XL) gave another video than stock's under the same seed (max-abs 0.1). Outside a trace such draws are
-# made by torch on the host (``host_scalars.draw``) and placed on the devices. The draws are never glue ops (torch tags
-# them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a call.
+# (I2VGen-XL) gave another video than stock's under the same seed (max-abs 0.1), and AnimateDiff's FreeNoise, whose
+# ``torch.randperm(n, generator=g)`` names no device, shuffled its frames in another order (0.85). Outside a trace
+# such draws are made by torch on the host (``host_scalars.draw``) and placed on the devices. The draws are never
+# glue ops (torch tags them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a
+# call.
 # Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
 def _random_draws(stock):
     def dispatch(self, func, types, args, kwargs):

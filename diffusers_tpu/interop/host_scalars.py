@@ -261,7 +261,10 @@ def draw(env, func, args, kwargs):
         return NOT_GLUE
     like = None
     if func in _DRAWS:
-        if not env._should_use_torchax_tensor(kwargs.get("device")):
+        # no device: in the environment's mode a factory makes a device tensor (AnimateDiff's FreeNoise shuffles
+        # frames with ``torch.randperm(n, generator=...)``: torchax's own key gave another order than stock's)
+        device = kwargs.get("device")
+        if device is not None and not env._should_use_torchax_tensor(device):
             return NOT_GLUE
     elif not args or type(args[0]) is not Tensor or isinstance(args[0]._elem, jax.core.Tracer):
         return NOT_GLUE  # a view, or a host tensor: torchax's or torch's own

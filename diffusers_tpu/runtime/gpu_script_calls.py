@@ -195,14 +195,3 @@ def native_attention_dispatch():
             yield
     finally:
         _AttentionBackendRegistry._active_backend = previous
-
-
-def check_free_noise(pipe) -> None:
-    """AnimateDiff's FreeNoise (``enable_free_noise``) on JAX gives another video than stock's (max-abs 0.85 on
-    diffusers' own tiny AnimateDiff, 2026-11-28; the cause is not found yet): refused before anything runs."""
-    if getattr(pipe, "free_noise_enabled", False):
-        raise ValueError(
-            f"AnimateDiff's FreeNoise (enable_free_noise) is not supported on JAX yet: this {type(pipe).__name__}'s "
-            "video would differ from stock's. Call pipe.disable_free_noise() to run it on JAX, or move it to a torch "
-            "device (pipe.to('cpu'))."
-        )

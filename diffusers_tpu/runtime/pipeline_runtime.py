@@ -181,7 +181,6 @@ class PipelineRuntime:
         checked = inspect.signature(stock_call).bind(pipe, *args, **kwargs)
         checked.apply_defaults()
         # before anything is allocated
-        gpu_script_calls.check_free_noise(pipe)
         oversized_calls.check_fits(pipe, checked.arguments, list(self.mesh.devices.flat))
         if self.family.check_call is not None:  # bad input fails here, before anything compiles
             self.family.check_call(pipe, checked.arguments)

@@ -1,8 +1,7 @@
 """``enable_group_offload(onload_device="tpu" | "jax")``: group offloading on JAX (``runtime.group_offload``):
 the components' weights stored in host memory and streamed into the programs, the modules showing their host tensors
 between calls, diffusers' own view of it (``_get_top_level_group_offload_hook``, ``_execution_device``), outputs equal
-to the un-offloaded run's; onto a torch device it is stock's. And AnimateDiff's FreeNoise, refused on JAX (its video
-differed from stock's)."""
+to the un-offloaded run's; onto a torch device it is stock's."""
 
 import numpy as np
 import pytest
@@ -77,27 +76,6 @@ def test_pipeline_level_group_offload_moves_at_once_leaving_excluded_components_
     np.testing.assert_allclose(run(fresh), reference, atol=1e-4)
     pipe.to("cpu")
     fresh.to("cpu")
-
-
-def test_free_noise_is_refused_on_jax_and_the_fix_runs_as_stock():
-    """AnimateDiff's FreeNoise on a moved pipeline is refused before anything runs (its video differed from stock's);
-    doing what the error says, ``disable_free_noise()`` — which rebuilds the motion blocks from their weights, on
-    the host — runs on JAX with stock's video."""
-    from diffusers_tpu.testing import tiny_unet
-
-    pipe, call = tiny_unet.pipeline("animatediff")
-    call = dict(call, output_type="np")
-    expected = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    pipe.enable_free_noise(context_length=8, context_stride=4)
-    pipe.to("jax")
-    with pytest.raises(
-        ValueError, match=r"FreeNoise \(enable_free_noise\) is not supported on JAX yet.*disable_free_noise"
-    ):
-        pipe(**call, generator=torch.Generator().manual_seed(0))
-    pipe.disable_free_noise()
-    got = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
-    np.testing.assert_allclose(got, expected, atol=1e-4)
-    pipe.to("cpu")
 
 
 def test_group_offload_onto_the_cpu_is_stock():
