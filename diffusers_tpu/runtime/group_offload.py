@@ -131,15 +131,17 @@ def _marked(pipe) -> list[str]:
 def _move(pipe, target: str, names: list[str], runtime=None) -> None:
     """Move ``pipe`` to ``target`` with ``names`` stored in host memory, as it was moved before (``runtime``)."""
     runtime = pipeline_runtime.runtime_of(pipe) or runtime
-    marks = {name: getattr(getattr(pipe, name), _MARK) for name in names}
+    marks = {name: (getattr(getattr(pipe, name), _MARK), vars(getattr(pipe, name)).get(_TARGET)) for name in names}
     if pipeline_runtime.runtime_of(pipe) is not None:
         pipeline_runtime.detach(pipe)  # its modules hold their host tensors again (and lose their marks)
-    for name, config in marks.items():
+    for name, (config, requested) in marks.items():
         _mark(getattr(pipe, name), config)
+        if requested is not None:
+            vars(getattr(pipe, name))[_TARGET] = requested
     config = runtime.config if runtime is not None else TPUConfig.from_environment()
     stored = config.weights_in_host_memory
-    stored = () if stored is False else tuple(names) if stored is True else stored
-    config = config.replace(weights_in_host_memory=tuple(sorted(set(stored) | set(names))))
+    if stored is not True:  # (True: every component there already)
+        config = config.replace(weights_in_host_memory=tuple(sorted(set(stored or ()) | set(names))))
     modules = {name: getattr(pipe, name) for name in names}
     host = {name: _host_tensors(module) for name, module in modules.items()}
     pipeline_runtime.attach(pipe, target, config=config, dtype=runtime.user_dtype if runtime is not None else None)
