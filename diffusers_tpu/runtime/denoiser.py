@@ -77,7 +77,7 @@ def active_hooks(root: torch.nn.Module) -> dict:
 
 
 def _on_jax(hook) -> bool:
-    """A hook the runtime registered itself (``group_offload.OnJax``), which does nothing on JAX."""
+    """A hook the runtime registered itself (``group_offload``'s ``OnJax``), which does nothing on JAX."""
     return getattr(hook, "on_jax", False)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 
 from ..interop import backend
 from . import pipeline_runtime, shared_components
@@ -32,15 +31,25 @@ _TARGET = "_diffusers_tpu_group_offload_target"  # and the JAX device string it 
 GROUP_OFFLOADING = "group_offloading"  # diffusers' hook name (``hooks.group_offloading._GROUP_OFFLOADING``)
 
 
-class OnJax(ModelHook):
-    """diffusers' group-offloading hook as diffusers' own code looks for it (``_get_top_level_group_offload_hook``,
-    ``_get_group_onload_device``: its ``config``); it does nothing itself: the runtime streams the weights."""
+@functools.cache
+def _on_jax_class():
+    from diffusers.hooks import ModelHook  # noqa: PLC0415 - diffusers.hooks loads peft: only when offloading
 
-    on_jax = True  # the runtime's own (``denoiser.active_hooks`` leaves it out)
+    class OnJax(ModelHook):
+        """diffusers' group-offloading hook as diffusers' own code looks for it (``_get_top_level_group_offload_hook``,
+        ``_get_group_onload_device``: its ``config``); it does nothing itself: the runtime streams the weights."""
 
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
+        on_jax = True  # the runtime's own (``denoiser.active_hooks`` leaves it out)
+
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+    return OnJax
+
+
+def _is_on_jax(hook) -> bool:
+    return getattr(hook, "on_jax", False)
 
 
 def apply_function(stock):
@@ -118,10 +127,12 @@ def before_call(pipe) -> None:
 
 
 def _mark(module: torch.nn.Module, config) -> None:
+    from diffusers.hooks import HookRegistry  # noqa: PLC0415 - see _on_jax_class
+
     setattr(module, _MARK, config)
     registry = HookRegistry.check_if_exists_or_initialize(module)
-    if not isinstance(registry.get_hook(GROUP_OFFLOADING), OnJax):
-        registry.register_hook(OnJax(config), GROUP_OFFLOADING)
+    if not _is_on_jax(registry.get_hook(GROUP_OFFLOADING)):
+        registry.register_hook(_on_jax_class()(config), GROUP_OFFLOADING)
 
 
 def _marked(pipe) -> list[str]:
@@ -157,7 +168,7 @@ def _move(pipe, target: str, names: list[str], runtime=None) -> None:
             vars(module).pop(_MARK, None)
             vars(module).pop(_TARGET, None)
             registry = getattr(module, "_diffusers_hook", None)
-            if registry is not None and isinstance(registry.get_hook(GROUP_OFFLOADING), OnJax):
+            if registry is not None and _is_on_jax(registry.get_hook(GROUP_OFFLOADING)):
                 registry.remove_hook(GROUP_OFFLOADING, recurse=False)
 
     runtime.overrides.add_undo(undo, "group offload's host tensors")
