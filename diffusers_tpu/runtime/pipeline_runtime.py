@@ -290,6 +290,9 @@ class PipelineRuntime:
             self.overrides.add_undo(functools.partial(sharding.restore, module))
             self.overrides.add_undo(shared_components.claim(self, module))
             self.overrides.set(module, "state_dict", stock_on_host.host_state_dict(module.state_dict, module))
+            for part in module.modules():  # models inside it save themselves too (``MultiAdapter``'s adapters)
+                if part is not module and callable(getattr(part, "save_pretrained", None)):
+                    self.overrides.set(part, "state_dict", stock_on_host.host_state_dict(part.state_dict, part))
             gpu_script_calls.install_module_overrides(self, module)
             state = functools.partial(_state, slots)
             if name in family.denoisers:
