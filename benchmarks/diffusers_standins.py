@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from unittest import mock
 
 import torch
 
@@ -52,6 +53,34 @@ def _tokenizer(model_max_length: int, chat_template: str | None = None):
     tokenizer = char_tokenizer(model_max_length=model_max_length)
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+# the ids the Qwen2-VL / Qwen2.5-VL configurations give their chat and vision tokens
+QWEN_VL_SPECIAL_TOKENS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+}
+
+
+def _qwen_vl_processor(cls):
+    """The Hub's tiny Qwen2-VL processor: the image processor's defaults and a tokenizer whose chat and vision
+    tokens are whole tokens at the model's ids (the processor expands ``<|image_pad|>`` to one per image patch)."""
+    from transformers import ProcessorMixin, Qwen2VLImageProcessor
+
+    from diffusers_tpu.planner.standins import char_tokenizer
+
+    tokenizer = char_tokenizer(model_max_length=1024, special_tokens=QWEN_VL_SPECIAL_TOKENS)
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    # no video processor: transformers' needs torchvision, which has no wheel for this torch; the class check
+    # would otherwise refuse the missing one (images are all these pipelines give it)
+    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+        return cls(image_processor=Qwen2VLImageProcessor(), tokenizer=tokenizer, video_processor=None)
 
 
 def _seeded(build):
@@ -118,6 +147,7 @@ STANDINS = {
     "hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration": {
         "tokenizer": lambda: _tokenizer(1024, QWEN_CHAT_TEMPLATE),
         "model": _qwen2_vl,
+        "processor": _qwen_vl_processor,
     },
     "finetrainers/dummy-hunyaunvideo": {"tokenizer": lambda: _tokenizer(256)},
     "hf-internal-testing/tiny-gemma3": {"tokenizer": lambda: _tokenizer(1024), "model": _gemma3},
@@ -134,7 +164,7 @@ def _answer(kind: str, original, cls, name, args, kwargs):
         return original(cls, name, *args, **kwargs)
     if kind == "image_processor":
         return standin(cls, **kwargs)
-    return standin(cls) if kind == "model" else standin()
+    return standin(cls) if kind in ("model", "processor") else standin()
 
 
 def _patch(owner, kind: str) -> None:
@@ -162,6 +192,7 @@ def pytest_configure(config):
     _patch(transformers.PreTrainedTokenizerBase, "tokenizer")
     _patch(transformers.PreTrainedModel, "model")
     _patch(transformers.image_processing_base.ImageProcessingMixin, "image_processor")
+    _patch(transformers.ProcessorMixin, "processor")
 
 
 def pytest_report_header(config):

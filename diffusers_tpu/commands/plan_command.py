@@ -25,6 +25,7 @@ from ..planner.step_estimate import describe, estimable, rank
 from ..runtime import decision, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
+from . import plan_lines
 from .arguments import load_pipeline
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
@@ -63,6 +64,7 @@ def main(args, argv: list[str] | None = None) -> int:
 
     if args.json:
         outputs.check_destination(args.json, what="--json")  # before minutes of compiling
+    layouts = _layouts(args)
     # its target and model were checked before anything loaded (``parser.check``)
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
@@ -99,10 +101,6 @@ def main(args, argv: list[str] | None = None) -> int:
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None
     meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
-    formats = [args.quantize] if args.quantize else [None, "int8"]
-    shardings = {"rules": [False], "full": [True], "auto": [False, True]}[args.weights_sharding]
-    # cheapest first: weights as the rules shard them, then fully sharded (a gather per layer), then int8 (lossy)
-    layouts = [(fmt, full) for fmt in formats for full in shardings]
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if (
@@ -127,7 +125,7 @@ def main(args, argv: list[str] | None = None) -> int:
         )
     rows, recommended, start = [], None, time.perf_counter()
     estimated = estimable(chip, tpu_compiler.is_tpu(devices))
-    for fmt, full in layouts:
+    for fmt, full, hosted in layouts:
         # fully sharded weights differ from the rules' only where dp or sp is > 1
         configs = [
             TPUConfig(
@@ -136,6 +134,7 @@ def main(args, argv: list[str] | None = None) -> int:
                 quantize=fmt,
                 text_encoder=args.text_encoder,
                 fully_sharded_weights=full,
+                weights_in_host_memory=hosted,
                 vae_compile=args.vae_compile,
             )
             for mesh in meshes
@@ -147,7 +146,7 @@ def main(args, argv: list[str] | None = None) -> int:
             configs = [_encoders_as_placed(pipe, c, devices, chip, args.hbm_gb) for c in configs]
         print(
             f"planning {len(configs)} candidate meshes{' with ' + fmt + ' weights' if fmt else ''}"
-            f"{', weights fully sharded' if full else ''} ...",
+            f"{', weights fully sharded' if full else ''}{', weights in host memory' if hosted else ''} ...",
             flush=True,
         )
         estimates = (
@@ -180,7 +179,7 @@ def main(args, argv: list[str] | None = None) -> int:
                 row["cpu_estimate"] = _estimate_beside(next(estimates), row)
             rows.append(row)
             format_rows.append(row)
-            print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {_line(row)}", flush=True)
+            print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {plan_lines.line(row)}", flush=True)
             if row["fits"] and narrow:
                 if number < len(configs):
                     skipped = [c.mesh for c in configs[number:]]
@@ -219,6 +218,7 @@ def main(args, argv: list[str] | None = None) -> int:
             f"recommended: mesh {recommended['memory_per_device']['mesh']}, {recommended['dtype']}"
             + (f", {recommended['quantize']} weights" if recommended["quantize"] else "")
             + (", TPUConfig(fully_sharded_weights=True)" if recommended.get("fully_sharded_weights") else "")
+            + (", TPUConfig(weights_in_host_memory=True)" if recommended.get("weights_in_host_memory") else "")
             + (", pipe.vae.enable_tiling()" if recommended["vae_tiling"] else "")
             + (f"; floor {floor:.3f} s/step, {floor * args.steps:.1f} s for {args.steps} steps" if floor else "")
         )
@@ -306,49 +306,23 @@ def _encoders_as_placed(pipe, config, devices, chip, hbm_gib):
     return dataclasses.replace(config, text_encoder=decided.text_encoders)
 
 
-def _layout(row: dict) -> str:
-    return (" " + row["quantize"] if row["quantize"] else "") + (
-        " fully sharded" if row.get("fully_sharded_weights") else ""
-    )
-
-
-def _line(row: dict) -> str:
-    memory = row["memory_per_device"]
-    gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
-    verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
-    label = "[TPU compiler] " if row.get("compiler", "").startswith("TPU") else "[CPU estimate] "
-    if row.get("refused"):
-        return f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: refused by the compiler: {row['refused']}"
-    decode, text = memory.get("vae_decode"), memory.get("text_encoders")
-    return (
-        f"{label}mesh {memory['mesh']} {row['dtype']}{_layout(row)}: step "
-        f"arguments {gib(memory['argument_bytes'])} GiB, temporaries {gib(memory['temp_bytes'])}, outputs "
-        f"{gib(memory['output_bytes'])}; VAE weights {gib(memory['vae_weight_bytes'])}"
-        + (f", VAE decode peak {gib(decode['peak_bytes'])}" if decode else ", VAE decode not planned")
-        + (f" (tiled: {gib(memory['vae_decode_tiled']['peak_bytes'])})" if memory.get("vae_decode_tiled") else "")
-        + (
-            f"; text encoders weights {gib(text['weight_bytes'])}, peak {gib(text['peak_bytes'])}"
-            if text
-            else "; text encoders on the host"
-            if row.get("text_encoder") == "host"
-            else ""
+def _layouts(args) -> list[tuple]:
+    """The weight layouts to plan, as (quantize, fully_sharded_weights, weights_in_host_memory), cheapest first:
+    weights as the rules shard them, fully sharded (a gather per layer), stored in host memory (each layer streamed
+    into the step: lossless, bounded by the host link), then int8 (lossy)."""
+    if args.weights_in_host_memory == "yes" and (args.quantize or args.weights_sharding == "full"):
+        raise ValueError(
+            "plan --weights-in-host-memory yes keeps the weights as loaded and as the rules shard them: drop "
+            "--quantize and --weights-sharding full, or plan --weights-in-host-memory auto."
         )
-        + f"; total {gib(row['total_bytes_per_device'])} of {row['hbm_gib']} GiB per device: {verdict}"
-        + (" (the steps fit; the VAE decode does not)" if row["steps_fit"] and not row["fits"] else "")
-        + (f"; ESTIMATE {row['estimate']['seconds']:.4g} s/step" if row.get("estimate") else "")
-        + (_estimate_line(row["cpu_estimate"]) if row.get("cpu_estimate") else "")
-    )
-
-
-def _estimate_line(estimate: dict) -> str:
-    error = estimate["error"]
-    percent = lambda x: "n/a" if x is None else f"{x:+.0%}"  # noqa: E731
-    return (
-        f"\n    [CPU estimate] total {estimate['total_bytes_per_device'] / GIB:.2f} GiB "
-        f"({percent(error['total_bytes_per_device'])}); step arguments {percent(error['argument_bytes'])}, "
-        f"temporaries {estimate['temp_bytes'] / GIB:.2f} GiB ({percent(error['temp_bytes'])}), peak "
-        f"{percent(error['peak_bytes'])} vs the TPU compiler"
-    )
+    shardings = {"rules": [False], "full": [True], "auto": [False, True]}[args.weights_sharding]
+    layouts = []
+    for fmt in [args.quantize] if args.quantize else [None, "int8"]:
+        if args.weights_in_host_memory != "yes":
+            layouts += [(fmt, full, False) for full in shardings]
+        if args.weights_in_host_memory != "no" and fmt is None and False in shardings:
+            layouts.append((None, False, True))
+    return layouts
 
 
 def check(args, argv: list[str] | None, count: int) -> int:
@@ -384,6 +358,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
         quantize=chosen["quantize"],
         text_encoder=chosen["text_encoder"],
         fully_sharded_weights=chosen.get("fully_sharded_weights", False),
+        weights_in_host_memory=chosen.get("weights_in_host_memory", False),
         vae_compile=args.vae_compile,
     )
     pipe.to("jax", config=config)

@@ -146,6 +146,14 @@ def _plan(parser) -> None:
         "not fit, before int8",
     )
     parser.add_argument(
+        "--weights-in-host-memory",
+        choices=("auto", "no", "yes"),
+        default="auto",
+        help="plan the weights stored in host memory, each layer streamed into the step "
+        "(TPUConfig(weights_in_host_memory=True)): auto (default) after the device-memory layouts, before int8; "
+        "no: never; yes: only that",
+    )
+    parser.add_argument(
         "--no-vae",
         action="store_true",
         help="the denoiser steps only (the VAE decode not planned; its weights still counted)",

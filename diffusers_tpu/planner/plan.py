@@ -168,6 +168,7 @@ def start_denoiser_memory(
         denoiser = runtime.decision.component(family.denoisers[0])  # as pipe.to places it
         module, rules = denoiser.module, denoiser.rules
         state = abstract_component(denoiser, mesh, config)
+        hosted = host_memory.bytes_per_device(state)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
         reported = reported_dtype(module, state)
         args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
@@ -211,7 +212,7 @@ def start_denoiser_memory(
         facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided, attention=runtime.attention.implementation)
 
     def finish() -> dict:
-        analyses = [future.result() for future in pending]
+        analyses = [_host_arguments_apart(future.result(), hosted) for future in pending]
         finished = {name: value() if callable(value) else value for name, value in extra.items()}
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses, **finished)
         whole, text = report.get("vae_decode"), report.get("text_encoders")
@@ -231,6 +232,17 @@ def start_denoiser_memory(
         return dict(report, **facts)
 
     return finish
+
+
+def _host_arguments_apart(analysis: dict, hosted: int) -> dict:
+    """XLA:CPU counts arguments stored in host memory among the device's (its host and device memory are one); the
+    TPU compiler reports them apart (``host_argument_bytes``): the same figures from either. (On CPU the layer being
+    streamed in is not among the temporaries: an estimate.)"""
+    if not hosted or "host_argument_bytes" in analysis:
+        return analysis
+    apart = dict(analysis, host_argument_bytes=hosted, argument_bytes=analysis["argument_bytes"] - hosted)
+    apart["peak_bytes"] = analysis["peak_bytes"] - hosted
+    return apart
 
 
 def _decided(pipe, config, devices) -> decision.Decision:
@@ -353,14 +365,16 @@ def start_plan(
                 "dtype": str(config.dtype or "as loaded"),
                 "quantize": config.quantize,
                 "fully_sharded_weights": config.fully_sharded_weights,
+                "weights_in_host_memory": config.weights_in_host_memory,
                 "text_encoder": config.text_encoder,
             }
         memory["vae_weight_bytes"] = vae_weights
-        # every weight stays on the devices: the steps run beside the VAE's (and on-device text encoders') weights,
-        # the decode beside the denoiser's, the text encoders beside both
+        # device-memory weights stay on the devices: the steps run beside the VAE's (and on-device text encoders')
+        # weights, the decode beside the denoiser's, the text encoders beside both; host-memory weights are on the
+        # devices only inside the programs that read them (their figures count them)
         text = memory.get("text_encoders")
         text_weights = text["weight_bytes"] if text else 0
-        steps = memory["peak_bytes"] + memory["vae_weight_bytes"] + text_weights
+        steps = memory["peak_bytes"] + (0 if config.in_host_memory("vae") else vae_weights) + text_weights
         decode = (
             memory["argument_bytes"] + memory.get("vae_decode")["peak_bytes"] + text_weights
             if memory.get("vae_decode")
@@ -385,6 +399,7 @@ def start_plan(
             "dtype": str(config.dtype or "as loaded"),
             "quantize": config.quantize,
             "fully_sharded_weights": config.fully_sharded_weights,
+            "weights_in_host_memory": config.weights_in_host_memory,
             "text_encoder": config.text_encoder,
         }
         if estimated:

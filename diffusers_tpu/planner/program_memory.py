@@ -145,8 +145,8 @@ def _zero_answers(compiled, programs: dict, submit=None):
 
 def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dtype: torch.dtype) -> dict | None:
     """With ``TPUConfig(text_encoder="jax")``: XLA's memory analysis of every text-encoder program a call with a
-    prompt runs (weights replicated, as the runtime places them), and their weight bytes per device. None without a
-    tokenizer (a folder planned without its text encoders)."""
+    prompt runs (weights replicated, as the runtime places them), and the bytes per device of those weights stored in
+    device memory. None without a tokenizer (a folder planned without its text encoders)."""
     return text_encoder_started(pipe, config, runtime, size, text_tokens, dtype, compiled_now)()
 
 
@@ -160,7 +160,8 @@ def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dt
         component = runtime.decision.component(name)  # on the devices, as pipe.to places it
         module = component.module
         state = lowering.abstract_slots(component.slots, runtime.mesh)
-        weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
+        if not config.in_host_memory(name):  # host-memory weights are on the devices only inside their programs
+            weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
         stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submit)
     with _standing_in(stand_ins):

@@ -26,13 +26,16 @@ COGVIDEOX_SCHEDULER = dict(
 )
 
 
-def char_tokenizer(model_max_length: int = 512):
-    """A T5-style (pad=0, eos=1, unk=2, eos appended) character tokenizer over printable ASCII."""
+def char_tokenizer(model_max_length: int = 512, special_tokens: dict[str, int] | None = None):
+    """A T5-style (pad=0, eos=1, unk=2, eos appended) character tokenizer over printable ASCII; ``special_tokens``
+    adds whole tokens at the ids a model expects (a vision-language model's image placeholder, say)."""
     vocab = {PAD: 0, EOS: 1, UNK: 2}
     for char in string.printable:
         vocab.setdefault(char, len(vocab))
+    vocab.update(special_tokens or {})
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.add_special_tokens(list(special_tokens or ()))  # matched whole, before the split into characters
     tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK, model_max_length=model_max_length

@@ -45,9 +45,15 @@ def estimate(step: dict, chip: Chip, attention_efficiency: float = DEFAULT_ATTEN
             "hbm_gbps": chip.hbm_gbps,
             "ici_gbps": chip.ici_gbps,
             "attention_efficiency": attention_efficiency,
-            "not modelled": NOT_MODELLED,
+            "not modelled": NOT_MODELLED + _host_reads(step),
         },
     }
+
+
+def _host_reads(step: dict) -> str:
+    """Weights stored in host memory cross the host link every step: no bandwidth for it is published per chip."""
+    hosted = step.get("host_argument_bytes", 0)
+    return f", moving {hosted / 2**30:.2f} GiB of weights from host memory per step" if hosted else ""
 
 
 def of_passes(

@@ -123,17 +123,24 @@ def decide(
 
 def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict, dtype=None) -> int:
     """Bytes of every component's weights (text encoders included) that one device holds as ``pipe.to`` places them
-    on ``platform``: the figure ``TPUConfig(text_encoder="auto")`` decides on."""
+    on ``platform``: the figure ``TPUConfig(text_encoder="auto")`` decides on. Weights stored in host memory are
+    held only while a program reads them: of those, the largest text encoder's (an encoder's program takes all of
+    its weights at once) is counted."""
     family = family_of(pipe)
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     target = backend.Target("tpu", platform)
-    total = 0
+    encoders = placement.text_encoder_names(pipe)
+    total, encoding = 0, 0
     for plan in _component_plans(family, config, target, modules, mesh_shape, dtype, ()):
         quantized = config.quantize and plan.role == "denoiser"
-        total += plan.weight_bytes_per_device(
+        held = plan.weight_bytes_per_device(
             mesh_shape, frozenset(quantize.targets(plan.module)) if quantized else frozenset()
         )
-    return total
+        if not config.in_host_memory(plan.name):
+            total += held
+        elif plan.name in encoders:
+            encoding = max(encoding, held)
+    return total + encoding
 
 
 def _encoders(pipe, family, config, target, modules, mesh_shape, dtype, text_encoders, limit) -> str:

@@ -98,3 +98,15 @@ def abstract(state: dict) -> dict:
 
 def _in_host(value: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding.with_memory_kind(MEMORY_KIND))
+
+
+def bytes_per_device(held: dict) -> int:
+    """Bytes one device's share of ``held`` (``abstract``'s or the runtime's state) keeps in host memory."""
+    total = 0
+    for value in held.values():
+        array = value.array if isinstance(value, (Stacked, Gathered)) else value
+        sharding = getattr(array, "sharding", None)
+        if getattr(sharding, "memory_kind", None) == MEMORY_KIND:
+            shard = sharding.shard_shape(array.shape)
+            total += int(torch.Size(shard).numel()) * array.dtype.itemsize
+    return total

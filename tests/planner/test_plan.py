@@ -130,13 +130,60 @@ def test_plan_command(tmp_path, capfd):
         == 0
     )
     report = json.loads(out.read_text())
-    bf16, int8 = report["candidates"]  # 10 KB: bf16 does not fit, int8 is tried, neither fits
+    bf16, hosted, int8 = report["candidates"]  # 10 KB: bf16 does not fit, host memory, then int8: none fits
     assert not bf16["fits"] and bf16["quantize"] is None and int8["quantize"] == "int8"
+    assert hosted["weights_in_host_memory"] is True and not hosted["fits"]
     assert int8["memory_per_device"]["argument_bytes"] < bf16["memory_per_device"]["argument_bytes"]
     assert report["recommended"] is None and bf16["flops_per_step"] > 0
     assert "does not fit" in capfd.readouterr().out
     assert cli.main(["plan", "--model", "tiny:wan-4head"]) == 2  # no target: a clear error, nothing compiled
     assert "--chips" in capfd.readouterr().err
+
+
+def test_plan_offers_weights_in_host_memory(tmp_path, capfd):
+    """Weights in host memory are planned after the device-memory layouts and before int8: the step's device
+    arguments lose the stored weights (apart as host arguments), and a target only that fits gets it recommended."""
+    import json
+
+    from diffusers_tpu.commands import cli
+
+    def planned(hbm_bytes, *extra):
+        out = tmp_path / "plan.json"
+        argv = ["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", str(hbm_bytes / 2**30)]
+        argv += ["--height", "32", "--width", "48", "--frames", "9", "--max-sequence-length", "24", "--no-vae"]
+        assert cli.main([*argv, *extra, "--json", str(out)]) == 0
+        return json.loads(out.read_text())
+
+    rules, hosted, int8 = planned(1e4)["candidates"]
+    assert (rules["weights_in_host_memory"], hosted["weights_in_host_memory"]) == (False, True)
+    device, host = hosted["memory_per_device"]["argument_bytes"], hosted["memory_per_device"]["host_argument_bytes"]
+    assert device + host == rules["memory_per_device"]["argument_bytes"] and device < host
+    assert hosted["total_bytes_per_device"] < int8["total_bytes_per_device"] < rules["total_bytes_per_device"]
+    between = (hosted["total_bytes_per_device"] + int8["total_bytes_per_device"]) / 2
+    report = planned(between)
+    assert report["recommended"]["weights_in_host_memory"] is True and len(report["candidates"]) == 2
+    assert "TPUConfig(weights_in_host_memory=True)" in capfd.readouterr().out
+    refused = planned(between, "--weights-in-host-memory", "no")
+    assert refused["recommended"] is None and not any(r["weights_in_host_memory"] for r in refused["candidates"])
+    assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "1", "--quantize", "int8",
+                     "--weights-in-host-memory", "yes"]) == 2  # fmt: skip
+    assert "drop --quantize" in capfd.readouterr().err
+
+
+def test_weights_in_host_memory_are_held_only_by_their_programs():
+    """The figure ``text_encoder="auto"`` decides on: host-memory weights are not held between programs, but a text
+    encoder's program holds all of its weights at once (counted when it is the largest in host memory)."""
+    from diffusers_tpu.runtime import decision
+
+    pipe, mesh = tiny.wan_pipeline("wan-4head"), {"dp": 1, "sp": 1, "tp": 1}
+
+    def held(hosted=False):
+        return decision.weights_per_device(
+            pipe, TPUConfig(dtype=torch.bfloat16, weights_in_host_memory=hosted), "tpu", mesh
+        )
+
+    encoder_alone = held(tuple(name for name in pipe.components if name != "text_encoder"))
+    assert held(True) == encoder_alone and 0 < encoder_alone < held(("transformer",)) < held()
 
 
 def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
