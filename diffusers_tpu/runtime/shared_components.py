@@ -16,7 +16,9 @@ import weakref
 import torch
 
 logger = logging.getLogger(__name__)
-_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # placed module -> the runtime that placed it
+# placed module -> a weak reference to the runtime that placed it: a strong one would keep every moved pipeline (its
+# device arrays and compiled programs) alive for the life of the process — the runtime holds its modules
+_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _HANDED_OVER = "_diffusers_tpu_handed_over"  # on a pipeline: (target kind, config, dtype) of its last move
 
 
@@ -26,33 +28,37 @@ def modules_of(pipe) -> dict[str, torch.nn.Module]:
 
 def claim(runtime, module: torch.nn.Module):
     """``module`` is ``runtime``'s from now on; the returned function gives it up (``runtime.undo``)."""
-    _OWNERS[module] = runtime
+    _OWNERS[module] = weakref.ref(runtime)
+    module_ref, runtime_ref = weakref.ref(module), weakref.ref(runtime)
 
-    def release():
-        if _OWNERS.get(module) is runtime:
-            del _OWNERS[module]
+    def release():  # holds neither: ``runtime.undo`` keeps it
+        placed = module_ref()
+        if placed is not None and _OWNERS.get(placed) is not None and _OWNERS[placed]() is runtime_ref():
+            del _OWNERS[placed]
 
     return release
 
 
 def owner(module: torch.nn.Module):
     """The runtime that placed ``module`` (None: not on JAX)."""
-    return _OWNERS.get(module)
+    placed_by = _OWNERS.get(module)
+    return placed_by() if placed_by is not None else None
 
 
 def other_owners(pipe, runtime) -> list:
     """The attached runtimes, other than ``runtime``, that hold one of ``pipe``'s components."""
     found = []
     for module in modules_of(pipe).values():
-        owner = _OWNERS.get(module)
-        if owner is not None and owner is not runtime and owner.attached and owner not in found:
-            found.append(owner)
+        holder = owner(module)
+        if holder is not None and holder is not runtime and holder.attached and holder not in found:
+            found.append(holder)
     return found
 
 
 def held_elsewhere(pipe) -> list[str]:
     """``pipe``'s components that another attached pipeline holds on JAX (``pipe`` itself not attached)."""
-    return [name for name, module in modules_of(pipe).items() if module in _OWNERS and _OWNERS[module].pipe is not pipe]
+    holders = {name: owner(module) for name, module in modules_of(pipe).items()}
+    return [name for name, holder in holders.items() if holder is not None and holder.pipe is not pipe]
 
 
 def hand_over(owner, to_pipe, detach) -> None:

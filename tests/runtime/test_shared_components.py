@@ -142,3 +142,30 @@ def test_from_pipe_of_a_moved_pipeline_then_both_run_as_stock():
     stock.to()  # no device and no dtype: nothing moves
     assert pipeline_runtime.is_attached(stock)
     stock.to("cpu")
+
+
+def test_a_dropped_pipeline_frees_its_device_arrays():
+    """Nothing global holds a moved pipeline: dropped, its runtime, weights and compiled programs go (the owners'
+    registry once kept every one alive: a process building pipelines in turn — a notebook, diffusers' own tests —
+    grew until XLA:CPU ran out of memory mappings). A component kept keeps its runtime."""
+    import gc
+    import weakref
+
+    import jax
+
+    def moved_and_called():
+        pipe = tiny.wan_pipeline().to("jax")
+        run(pipe, prompt="a cat")
+        return pipe, weakref.ref(pipeline_runtime.runtime_of(pipe))
+
+    gc.collect()
+    before = len(jax.live_arrays())
+    pipe, runtime = moved_and_called()
+    assert len(jax.live_arrays()) > before
+    transformer = pipe.transformer
+    del pipe
+    gc.collect()
+    assert runtime() is not None  # the transformer is still placed by it
+    del transformer
+    gc.collect()
+    assert runtime() is None and len(jax.live_arrays()) == before
