@@ -53,7 +53,9 @@ def estimate(step: dict, chip: Chip, attention_efficiency: float = DEFAULT_ATTEN
 def _host_reads(step: dict) -> str:
     """Weights stored in host memory cross the host link every step: no bandwidth for it is published per chip."""
     hosted = step.get("host_argument_bytes", 0)
-    return f", moving {hosted / 2**30:.2f} GiB of weights from host memory per call of the step's program" if hosted else ""
+    if not hosted:
+        return ""
+    return f", moving {hosted / 2**30:.2f} GiB of weights from host memory per call of the step's program"
 
 
 def of_passes(
