@@ -311,3 +311,28 @@ def test_a_long_compile_says_which_program_and_for_how_long(capsys):
         and "compiled the VAE decode chunk [quick] in" in out
     )
     assert tpu_compiler.announced(lambda lowered: 1, every=5)(lowered) == 1 and capsys.readouterr().out == ""
+
+
+def test_plan_reports_host_memory_weights_as_the_tpu_compiler_does():
+    """With weights in host memory the TPU compiler reports them apart from the device's arguments; the CPU
+    estimate (XLA:CPU counts them among the device's) takes them out likewise: on both, the host and device arguments
+    add up to the arguments of the weights in device memory, most of them in host memory. (The bytes differ between
+    the two: the TPU pads a tiny model's small arrays to its tiles.)"""
+    import torch
+
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.planner import plan
+    from diffusers_tpu.testing import tiny
+
+    size, config = dict(height=32, width=32, num_frames=9, guidance_scale=5.0), TPUConfig(dtype=torch.bfloat16)
+    hosted = config.replace(weights_in_host_memory=True)
+    figures = {
+        (where, name): plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, c, devices, text_tokens=24)
+        for where, devices in (("tpu", tpu_compiler.devices("v5e-1")), ("cpu", jax.devices()[:1]))
+        for name, c in (("device", config), ("host", hosted))
+    }
+    for where in ("tpu", "cpu"):
+        device, host = figures[where, "device"], figures[where, "host"]
+        assert "host_argument_bytes" not in device
+        assert host["argument_bytes"] + host["host_argument_bytes"] == device["argument_bytes"]
+        assert host["host_argument_bytes"] > 0.8 * device["argument_bytes"]
