@@ -313,6 +313,7 @@ def test_a_long_compile_says_which_program_and_for_how_long(capsys):
     assert tpu_compiler.announced(lambda lowered: 1, every=5)(lowered) == 1 and capsys.readouterr().out == ""
 
 
+@needs_libtpu
 def test_plan_reports_host_memory_weights_as_the_tpu_compiler_does():
     """With weights in host memory the TPU compiler reports them apart from the device's arguments; the CPU
     estimate (XLA:CPU counts them among the device's) takes them out likewise: on both, the host and device arguments
