@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from .flash import smooth_keys
 
+# logits one block of query rows may hold (512 MiB in float32): a longer attention runs its queries in blocks, each
+# row's softmax exactly as whole — a VAE mid-block over 256x256 positions would otherwise hold 17 GB of logits twice
+# (torch's CPU attention never materializes them)
+ROW_BLOCK_LOGITS = 1 << 27
+
 
 def _attend(q, k, v, scale, visible=None, bias=None):
-    """Softmax(q k^T * scale + bias) v over visible keys, in float32; rows with no visible key give 0."""
+    """Softmax(q k^T * scale + bias) v over visible keys, in float32; rows with no visible key give 0. Queries run
+    in blocks of at most ``ROW_BLOCK_LOGITS`` logits (the same math per row)."""
+    per_row = q.shape[0] * q.shape[1] * k.shape[2]
+    rows = max(1, ROW_BLOCK_LOGITS // per_row)
+    if q.shape[2] <= rows:
+        return _attend_rows(q, k, v, scale, visible, bias)
+    blocks = -(-q.shape[2] // rows)
+    visible, bias = (
+        m if m is None or m.ndim == 4 else m.reshape((1,) * (4 - m.ndim) + m.shape) for m in (visible, bias)
+    )
+
+    def in_blocks(x):  # [B, H, Sq, ...] -> [blocks, B, H, rows, ...], padded with zero rows
+        x = jnp.pad(x, [(0, 0), (0, 0), (0, blocks * rows - x.shape[2])] + [(0, 0)] * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(x.shape[:2] + (blocks, rows) + x.shape[3:]), 2, 0)
+
+    def along_queries(mask):  # masks that vary by query row are cut with the queries; the others apply as they are
+        return mask is not None and mask.ndim == 4 and mask.shape[2] == q.shape[2]
+
+    per_block = {"q": in_blocks(q)}
+    for name, mask in (("visible", visible), ("bias", bias)):
+        if along_queries(mask):
+            per_block[name] = in_blocks(jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[2], k.shape[2])))
+
+    def block(x):
+        masks = {
+            name: x.get(name, None if along_queries(m) else m) for name, m in (("visible", visible), ("bias", bias))
+        }
+        return _attend_rows(x["q"], k, v, scale, masks["visible"], masks["bias"])
+
+    out = jnp.moveaxis(jax.lax.map(block, per_block), 0, 2)
+    return out.reshape(out.shape[:2] + (blocks * rows,) + out.shape[4:])[:, :, : q.shape[2]]
+
+
+def _attend_rows(q, k, v, scale, visible=None, bias=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = jnp.einsum("bhqd,bhkd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
     if bias is not None:
