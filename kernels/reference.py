@@ -32,16 +32,15 @@ def _attend(q, k, v, scale, visible=None, bias=None):
     def along_queries(mask):  # masks that vary by query row are cut with the queries; the others apply as they are
         return mask is not None and mask.ndim == 4 and mask.shape[2] == q.shape[2]
 
-    per_block = {"q": in_blocks(q)}
+    per_block, whole = {"q": in_blocks(q)}, {}
     for name, mask in (("visible", visible), ("bias", bias)):
         if along_queries(mask):
             per_block[name] = in_blocks(jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[2], k.shape[2])))
+        else:
+            whole[name] = mask
 
     def block(x):
-        masks = {
-            name: x.get(name, None if along_queries(m) else m) for name, m in (("visible", visible), ("bias", bias))
-        }
-        return _attend_rows(x["q"], k, v, scale, masks["visible"], masks["bias"])
+        return _attend_rows(x["q"], k, v, scale, **whole, **{name: x[name] for name in x if name != "q"})
 
     out = jnp.moveaxis(jax.lax.map(block, per_block), 0, 2)
     return out.reshape(out.shape[:2] + (blocks * rows,) + out.shape[4:])[:, :, : q.shape[2]]

@@ -15,6 +15,8 @@ it costs: every step moves every layer's weights from the host again.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
@@ -108,5 +110,5 @@ def bytes_per_device(held: dict) -> int:
         sharding = getattr(array, "sharding", None)
         if getattr(sharding, "memory_kind", None) == MEMORY_KIND:
             shard = sharding.shard_shape(array.shape)
-            total += int(torch.Size(shard).numel()) * array.dtype.itemsize
+            total += math.prod(shard) * array.dtype.itemsize
     return total

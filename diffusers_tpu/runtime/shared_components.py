@@ -28,12 +28,12 @@ def modules_of(pipe) -> dict[str, torch.nn.Module]:
 
 def claim(runtime, module: torch.nn.Module):
     """``module`` is ``runtime``'s from now on; the returned function gives it up (``runtime.undo``)."""
-    _OWNERS[module] = weakref.ref(runtime)
-    module_ref, runtime_ref = weakref.ref(module), weakref.ref(runtime)
+    placed_by, module_ref = weakref.ref(runtime), weakref.ref(module)
+    _OWNERS[module] = placed_by
 
     def release():  # holds neither: ``runtime.undo`` keeps it
         placed = module_ref()
-        if placed is not None and _OWNERS.get(placed) is not None and _OWNERS[placed]() is runtime_ref():
+        if placed is not None and _OWNERS.get(placed) is placed_by:
             del _OWNERS[placed]
 
     return release
