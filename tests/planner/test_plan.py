@@ -168,6 +168,8 @@ def test_plan_offers_weights_in_host_memory(tmp_path, capfd):
     assert cli.main(["plan", "--model", "tiny:wan-4head", "--mesh", "1,1,1", "--hbm-gb", "1", "--quantize", "int8",
                      "--weights-in-host-memory", "yes"]) == 2  # fmt: skip
     assert "drop --quantize" in capfd.readouterr().err
+    only = planned(between, "--weights-in-host-memory", "yes")  # the fix the refusal names
+    assert [row["weights_in_host_memory"] for row in only["candidates"]] == [True] and only["recommended"]["fits"]
 
 
 def test_weights_in_host_memory_are_held_only_by_their_programs():
