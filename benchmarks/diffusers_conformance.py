@@ -8,12 +8,15 @@ device: per test, the stock result, the JAX result and the reason. The table in 
 Offline: Hub-only test models are answered by ``benchmarks/diffusers_standins.py`` (a pytest plugin). The tests run
 against the *installed* diffusers unless the checkout has ``src/diffusers`` (its ``tests/conftest.py`` puts ``src``
 first on the path); the header names the version each run imported. ``jax-mesh`` is the JAX device with 8 simulated
-host devices (``pipe.to("jax")`` shards over all of them). Each (file, device) runs in its own process.
+host devices (``pipe.to("jax")`` shards over all of them). Each (file, device) runs in its own process;
+``--reports DIR`` keeps each run's JUnit report there and reads a kept one instead of running it again (a long run
+resumes; a later ``--devices cpu jax-mesh`` reuses the stock column).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -69,8 +72,21 @@ def test_files(checkout: Path, chosen: list[str] | None) -> list[Path]:
     return [f for family in FAMILIES for f in sorted((pipelines / family).glob("test_*.py"))]
 
 
-def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: float) -> dict:
-    """``{test id: (outcome, reason)}`` of one file on one device, from pytest's JUnit report."""
+def kept_report(reports: Path | None, label: str, device: str, extra: list[str]) -> Path | None:
+    """Where ``--reports`` keeps one (file, device) run's report; a ``-k`` selection is part of the name."""
+    if reports is None:
+        return None
+    selection = "." + hashlib.sha256(" ".join(extra).encode()).hexdigest()[:8] if extra else ""
+    return reports / f"{label.replace('/', '__')}.{device}{selection}.xml"
+
+
+def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: float, keep: Path | None = None) -> dict:
+    """``{test id: (outcome, reason)}`` of one file on one device, from pytest's JUnit report (``keep``'s, when a
+    previous run left it there; a run that gives one leaves it there)."""
+    label = file.relative_to(checkout / "tests" / "pipelines")
+    if keep is not None and keep.exists():
+        print(f"  {label} on {device}: kept report {keep}", flush=True)
+        return parse(keep)
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.xml"
         env = {
@@ -88,7 +104,7 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
             "benchmarks.diffusers_standins",
         ]
         command += ["-p", "no:cacheprovider", "-o", "addopts=", "-q", f"--junitxml={report}", *extra]
-        print(f"  {file.relative_to(checkout / 'tests' / 'pipelines')} on {device} ...", flush=True)
+        print(f"  {label} on {device} ...", flush=True)
         try:
             done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -96,7 +112,11 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
         if not report.exists():
             tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
             return {"(file)": ("error", f"pytest exited {done.returncode}: {tail[0][:200]}")}
-        return parse(report)
+        results = parse(report)
+        if keep is not None:  # written whole or not at all: an interrupted run is never read back as done
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            write(keep, [report.read_text()])
+        return results
 
 
 def parse(report: Path) -> dict:
@@ -163,6 +183,7 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the table here (atomically)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (file, device) run")
     parser.add_argument("-k", dest="keyword", help="only the tests pytest's -k expression selects")
+    parser.add_argument("--reports", type=Path, help="keep each run's JUnit report here; reuse those kept")
     args = parser.parse_args(argv)
     devices = ["cpu", *[d for d in args.devices if d != "cpu"]]
     checkout = args.checkout.resolve()
@@ -175,7 +196,10 @@ def main(argv=None) -> int:
     extra = ["-k", args.keyword] if args.keyword else []
     for file in test_files(checkout, args.files):
         label = str(file.relative_to(checkout / "tests" / "pipelines"))
-        per_file[label] = {device: run(checkout, file, device, extra, args.timeout) for device in devices}
+        per_file[label] = {
+            device: run(checkout, file, device, extra, args.timeout, kept_report(args.reports, label, device, extra))
+            for device in devices
+        }
         print("\n".join(table({label: per_file[label]}, devices)[2:]), flush=True)  # each file as it finishes
         if args.markdown:  # rewritten after each file: a long run's table is never lost
             write(args.markdown, table(per_file, devices) + [""] + summary(per_file, devices))

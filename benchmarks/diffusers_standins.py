@@ -11,7 +11,9 @@ on both devices alike, which the conformance table shows as such.
 from __future__ import annotations
 
 import functools
+import json
 import os
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -71,16 +73,40 @@ QWEN_VL_SPECIAL_TOKENS = {
 def _qwen_vl_processor(cls):
     """The Hub's tiny Qwen2-VL processor: the image processor's defaults and a tokenizer whose chat and vision
     tokens are whole tokens at the model's ids (the processor expands ``<|image_pad|>`` to one per image patch)."""
-    from transformers import ProcessorMixin, Qwen2VLImageProcessor
+    from transformers import Qwen2VLImageProcessor
 
     from diffusers_tpu.planner.standins import char_tokenizer
 
     tokenizer = char_tokenizer(model_max_length=1024, special_tokens=QWEN_VL_SPECIAL_TOKENS)
     tokenizer.chat_template = QWEN_CHAT_TEMPLATE
-    # no video processor: transformers' needs torchvision, which has no wheel for this torch; the class check
-    # would otherwise refuse the missing one (images are all these pipelines give it)
-    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
-        return cls(image_processor=Qwen2VLImageProcessor(), tokenizer=tokenizer, video_processor=None)
+    return _without_video(cls)(image_processor=Qwen2VLImageProcessor(), tokenizer=tokenizer)
+
+
+@functools.cache
+def _without_video(cls):
+    """``cls`` without its video processor: transformers' needs torchvision, which has no wheel for this torch, and
+    images are all these pipelines give it. Same name and module, so a pipeline saves it as ``cls``; saved, it has
+    no video processor, and ``_answer`` loads such a folder back with this class."""
+    from transformers import ProcessorMixin
+
+    class Standin(cls):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            # the class check would refuse the character tokenizer
+            with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+                super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+            self.video_processor = None
+
+    Standin.__name__, Standin.__qualname__, Standin.__module__ = cls.__name__, cls.__qualname__, cls.__module__
+    return Standin
+
+
+def _saved_without_video(cls, name) -> bool:
+    config = Path(str(name)) / "processor_config.json"
+    return (
+        "video_processor" in cls.get_attributes()
+        and config.is_file()
+        and "video_processor" not in json.loads(config.read_text())
+    )
 
 
 def _seeded(build):
@@ -160,6 +186,8 @@ STANDINS = {
 
 def _answer(kind: str, original, cls, name, args, kwargs):
     standin = STANDINS.get(str(name), {}).get(kind)
+    if kind == "processor" and standin is None and _saved_without_video(cls, name):
+        return original(_without_video(cls), name, *args, **kwargs)
     if standin is None:
         return original(cls, name, *args, **kwargs)
     if kind == "image_processor":

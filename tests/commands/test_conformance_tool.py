@@ -22,6 +22,20 @@ def test_hub_standins_load_offline():
     assert config.d_model == 32 and model(ids).last_hidden_state.shape[-1] == 32
 
 
+def test_qwen_vl_processor_saves_and_loads_back(tmp_path):
+    from transformers import Qwen2VLProcessor
+
+    processor = Qwen2VLProcessor.from_pretrained("hf-internal-testing/tiny-random-Qwen2VLForConditionalGeneration")
+    processor.save_pretrained(tmp_path)
+    loaded = Qwen2VLProcessor.from_pretrained(tmp_path)
+    image = torch.zeros(3, 56, 56, dtype=torch.uint8)
+    text = ["<|vision_start|><|image_pad|><|vision_end|>a cat"]
+    before = processor(text=text, images=[image], return_tensors="pt")
+    after = loaded(text=text, images=[image], return_tensors="pt")
+    assert before.input_ids.tolist() == after.input_ids.tolist() and before.input_ids.shape[1] > 10
+    assert torch.equal(before.pixel_values, after.pixel_values)
+
+
 def test_only_stock_passes():
     assert DEVICE == "cpu", "runs on " + DEVICE
 
@@ -41,7 +55,28 @@ def test_the_tool_runs_a_checkout_on_both_devices_and_names_what_differs(tmp_pat
     assert conformance.main([str(tmp_path), "--files", "standin/test_standin.py", "--markdown", str(markdown)]) == 0
     text = markdown.read_text()
     assert "| standin/test_standin.py::test_hub_standins_load_offline | passed | passed |" in text
+    assert "| standin/test_standin.py::test_qwen_vl_processor_saves_and_loads_back | passed | passed |" in text
     assert "| standin/test_standin.py::test_only_stock_passes | passed | failed | AssertionError: runs on jax" in text
     assert "| standin/test_standin.py::test_needs_an_accelerator | skipped | passed |" in text
     assert "jax: 1 tests that pass on stock cpu do not pass here" in text
     assert "jax: 0 tests that stock skips on cpu fail here (0 skipped here too)" in text
+
+
+def test_kept_reports_are_read_instead_of_rerun_and_a_new_selection_runs(tmp_path):
+    pipelines = tmp_path / "tests" / "pipelines" / "standin"
+    pipelines.mkdir(parents=True)
+    test_file = pipelines / "test_standin.py"
+    test_file.write_text(textwrap.dedent(TEST_FILE))
+    reports, markdown = tmp_path / "reports", tmp_path / "table.md"
+    arguments = [str(tmp_path), "--files", "standin/test_standin.py", "--reports", str(reports)]
+    assert conformance.main([*arguments, "--devices", "cpu"]) == 0
+    assert sorted(path.name for path in reports.iterdir()) == ["standin__test_standin.py.cpu.xml"]
+    # the file changes: a kept run is what the table shows, a run not kept yet sees the change
+    test_file.write_text(textwrap.dedent(TEST_FILE).replace('DEVICE == "cpu", "runs', 'DEVICE != "cpu", "runs'))
+    assert conformance.main([*arguments, "--devices", "cpu", "jax", "--markdown", str(markdown)]) == 0
+    text = markdown.read_text()
+    assert "| standin/test_standin.py::test_only_stock_passes | passed | passed |" in text
+    assert len(list(reports.iterdir())) == 2
+    assert conformance.main([*arguments, "-k", "only_stock", "--markdown", str(markdown)]) == 0
+    assert "| standin/test_standin.py::test_only_stock_passes | failed | passed |" in markdown.read_text()
+    assert len(list(reports.iterdir())) == 4
