@@ -212,7 +212,7 @@ def start_denoiser_memory(
         facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided, attention=runtime.attention.implementation)
 
     def finish() -> dict:
-        analyses = [_host_arguments_apart(future.result(), hosted) for future in pending]
+        analyses = [program_memory.host_arguments_apart(future.result(), hosted) for future in pending]
         finished = {name: value() if callable(value) else value for name, value in extra.items()}
         report = dict(max(analyses, key=lambda analysis: analysis["peak_bytes"]), passes=analyses, **finished)
         whole, text = report.get("vae_decode"), report.get("text_encoders")
@@ -232,17 +232,6 @@ def start_denoiser_memory(
         return dict(report, **facts)
 
     return finish
-
-
-def _host_arguments_apart(analysis: dict, hosted: int) -> dict:
-    """XLA:CPU counts arguments stored in host memory among the device's (its host and device memory are one); the
-    TPU compiler reports them apart (``host_argument_bytes``): the same figures from either. (On CPU the layer being
-    streamed in is not among the temporaries: an estimate.)"""
-    if not hosted or "host_argument_bytes" in analysis:
-        return analysis
-    apart = dict(analysis, host_argument_bytes=hosted, argument_bytes=analysis["argument_bytes"] - hosted)
-    apart["peak_bytes"] = analysis["peak_bytes"] - hosted
-    return apart
 
 
 def _decided(pipe, config, devices) -> decision.Decision:

@@ -12,8 +12,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..families import wan_vae
-from ..interop import jit
-from ..runtime import placement, program_builds
+from ..interop import jit, sharding
+from ..runtime import host_memory, placement, program_builds
 from . import call_probe, lowering
 
 
@@ -29,7 +29,7 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     vae = getattr(pipe, "vae", None)
     if vae is None or runtime.family.vae_install is None:
         return lambda: None
-    state = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
+    state, submit = held_weights(config, runtime, "vae", submit)
     runtime.family.vae_install(vae, runtime, lambda: state, runtime.place_vae_input)
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
@@ -63,6 +63,45 @@ def vae_submit(submit, config, runtime):
     return submitted
 
 
+def held_weights(config, runtime, name: str, submit):
+    """Component ``name``'s abstract weights as the runtime stores them (in host memory where the config says so),
+    and ``submit`` reporting those host-memory bytes apart (``host_arguments_apart``)."""
+    component = runtime.decision.component(name)
+    state = lowering.abstract_slots(component.slots, runtime.vae_mesh if name == "vae" else runtime.mesh)
+    if not config.in_host_memory(name):
+        return state, submit
+    state = host_memory.abstract(state)
+    once = {}  # a tied weight is one argument
+    for slot in component.slots:
+        once.setdefault(id(sharding.tensor_of(slot)), slot.qualified)
+    hosted = host_memory.bytes_per_device({qualified: state[qualified] for qualified in once.values()})
+    return state, lambda lowered: _HostApart(submit(lowered), hosted)
+
+
+def host_arguments_apart(analysis: dict, hosted: int, read_whole: bool = False) -> dict:
+    """XLA:CPU counts arguments stored in host memory among the device's (its host and device memory are one); the
+    TPU compiler reports them apart (``host_argument_bytes``): the same figures from either. ``read_whole``: the
+    program reads them all into device memory as it starts (a VAE's, a text encoder's), which the TPU compiler
+    counts among its temporaries and XLA:CPU does not copy; otherwise (the denoiser's, one layer at a time) the
+    layer being read in is left out on CPU: an estimate."""
+    if not hosted or "host_argument_bytes" in analysis:
+        return analysis
+    apart = dict(analysis, host_argument_bytes=hosted, argument_bytes=analysis["argument_bytes"] - hosted)
+    if read_whole:
+        apart["temp_bytes"] = analysis["temp_bytes"] + hosted
+    else:
+        apart["peak_bytes"] = analysis["peak_bytes"] - hosted
+    return apart
+
+
+class _HostApart:
+    def __init__(self, future, hosted: int):
+        self.future, self.hosted = future, hosted
+
+    def result(self):
+        return host_arguments_apart(self.future.result(), self.hosted, read_whole=True)
+
+
 class _Larger:
     def __init__(self, futures: list):
         self.futures = futures
@@ -91,7 +130,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
 def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict, submit):
     """``vae_method_memory`` walked here, its programs compiled by ``submit``: returns the function giving it."""
     vae, family = pipe.vae, runtime.family
-    state = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
+    state, submit = held_weights(config, runtime, "vae", submit)
     programs, stand_ins = {}, {}
     for spec in family.vae_methods:
         path, _, method = spec.rpartition(".")
@@ -157,13 +196,12 @@ def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dt
         return lambda: None
     programs, weights, stand_ins = {}, 0, {}
     for name in names:
-        component = runtime.decision.component(name)  # on the devices, as pipe.to places it
-        module = component.module
-        state = lowering.abstract_slots(component.slots, runtime.mesh)
+        module = runtime.decision.component(name).module  # on the devices, as pipe.to places it
+        state, submitted = held_weights(config, runtime, name, submit)
         if not config.in_host_memory(name):  # host-memory weights are on the devices only inside their programs
             weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
         compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
-        stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submit)
+        stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submitted)
     with _standing_in(stand_ins):
         call_probe.probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=call_probe.PLAN_PROMPT)
 

@@ -28,7 +28,7 @@ from ..interop import jit
 from ..runtime.config import TPUConfig
 from ..runtime.denoiser import TRACE_ERRORS
 from ..runtime.registry import family_of
-from . import call_probe, lowering, plan, program_memory, tpu_compiler
+from . import call_probe, plan, program_memory, tpu_compiler
 
 
 def _keywords(pipe, call: dict) -> dict:
@@ -148,7 +148,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                 )()
                 results.update({f"vae_{name}": report for name, report in decode.items() if name != "peak_bytes"})
         elif vae is not None:
-            weights = lowering.abstract_slots(runtime.decision.component("vae").slots, runtime.vae_mesh)
+            weights, submit = program_memory.held_weights(config, runtime, "vae", submit)
             for number, ((owner_id, method), (recorded_args, recorded_kwargs)) in enumerate(seen.values()):
                 owner = next(m for m in vae.modules() if id(m) == owner_id)
                 prefix = next(n for n, m in vae.named_modules() if m is owner)

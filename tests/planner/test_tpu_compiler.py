@@ -337,3 +337,32 @@ def test_plan_reports_host_memory_weights_as_the_tpu_compiler_does():
         assert "host_argument_bytes" not in device
         assert host["argument_bytes"] + host["host_argument_bytes"] == device["argument_bytes"]
         assert host["host_argument_bytes"] > 0.8 * device["argument_bytes"]
+
+
+@needs_libtpu
+@pytest.mark.tpu_slow
+def test_plan_reports_host_memory_vae_and_text_encoder_weights_as_the_tpu_compiler_does():
+    """The VAE's and the text encoder's programs read their host-memory weights into device memory as they start:
+    the TPU compiler reports them as host arguments and among the temporaries; the CPU estimate likewise (tied
+    weights once). Before, ``plan`` compiled those programs with the weights in device memory, whatever the config."""
+    import torch
+
+    from diffusers_tpu import TPUConfig
+    from diffusers_tpu.planner import plan
+    from diffusers_tpu.testing import tiny
+
+    size = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)
+    config = TPUConfig(dtype=torch.bfloat16, text_encoder="jax")
+    hosted = config.replace(weights_in_host_memory=True)
+    for devices in (tpu_compiler.devices("v5e-1"), jax.devices()[:1]):
+        device, host = (
+            plan.denoiser_memory(tiny.wan_pipeline("wan-4head"), size, c, devices, text_tokens=24, vae=True)
+            for c in (config, hosted)
+        )
+        pairs = [(device["vae_decode"]["decode_chunk"], host["vae_decode"]["decode_chunk"])]
+        pairs += zip(device["text_encoders"]["programs"], host["text_encoders"]["programs"])
+        for in_device, in_host in pairs:
+            assert "host_argument_bytes" not in in_device
+            assert in_host["argument_bytes"] + in_host["host_argument_bytes"] == in_device["argument_bytes"]
+            assert in_host["temp_bytes"] >= in_device["temp_bytes"] + in_host["host_argument_bytes"]
+        assert host["text_encoders"]["weight_bytes"] == 0 < device["text_encoders"]["weight_bytes"]
