@@ -240,10 +240,16 @@ def _divisors(n: int) -> list[int]:
 def default_mesh_shape(num_devices: int, num_heads: int | None, pair_batch: bool = True) -> dict[str, int]:
     """dp=2 for the guidance pair when the count is even, tp as large as the heads allow, sp takes the rest.
     ``pair_batch=False`` (the guidance pair runs as two calls, e.g. under a step cache): dp=1."""
+    return default_mesh_shapes(num_devices, num_heads, pair_batch)[0]
+
+
+def default_mesh_shapes(num_devices: int, num_heads: int | None, pair_batch: bool = True) -> list[dict[str, int]]:
+    """``default_mesh_shape`` first, then the same with smaller tp (sp taking the rest): for a model some weight
+    of which a larger tp does not divide."""
     dp = 2 if num_devices % 2 == 0 and pair_batch else 1
     rest = num_devices // dp
-    tp = max((d for d in _divisors(rest) if num_heads is None or num_heads % d == 0), default=1)
-    return {"dp": dp, "sp": rest // tp, "tp": tp}
+    tps = sorted((d for d in _divisors(rest) if num_heads is None or num_heads % d == 0), reverse=True) or [1]
+    return [{"dp": dp, "sp": rest // tp, "tp": tp} for tp in tps]
 
 
 def validate_mesh_shape(shape: Mapping[str, int], num_devices: int, num_heads: int | None) -> dict[str, int]:

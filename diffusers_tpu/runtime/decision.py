@@ -101,7 +101,7 @@ def decide(
     if config.mesh is None:
         # a denoiser under a step cache runs the guidance pair as two calls: no data axis to pair it over
         hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
-        mesh_shape = backend.default_mesh_shape(len(devices), heads, pair_batch=not hooked)
+        mesh_shape = _default_mesh_shape(family, modules, len(devices), heads, pair_batch=not hooked)
     else:
         mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
     limit = placement.device_memory_limit(devices) if memory_limit is _FROM_DEVICES else memory_limit
@@ -119,6 +119,20 @@ def decide(
         components=components,
         programs=tuple(_programs(family, config, target, components)),
     )
+
+
+def _default_mesh_shape(family, modules, count: int, heads: int | None, pair_batch: bool) -> dict:
+    """The first default mesh whose splits the denoisers' rules can make (a small model's odd feed-forward width
+    that tp=2 does not divide: smaller tp, sp takes the rest); none: the first, whose planning names the weight."""
+    shapes = backend.default_mesh_shapes(count, heads, pair_batch)
+    for shape in shapes:
+        try:
+            for name in (n for n in family.denoisers if n in modules):
+                sharding.plan(modules[name], shape, family.rules(modules[name], shape))
+        except ValueError:
+            continue
+        return shape
+    return shapes[0]
 
 
 def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict, dtype=None) -> int:

@@ -51,14 +51,23 @@ def run_on_host(method, runtime):
         runtime._encoding_on_host += 1
         try:
             with backend.torch_mode():
-                args, kwargs = pytree.tree_map(user_tensors._to_cpu, (bound.args, bound.kwargs))
-                out = method(*args, **kwargs)
+                args = [_on_host(value) for value in bound.args]
+                out = method(*args, **{name: _on_host(value) for name, value in bound.kwargs.items()})
         finally:
             runtime._encoding_on_host -= 1
         return user_tensors.to_device(out) if runtime._depth else out
 
     on_host.__wrapped__ = method
     return on_host
+
+
+def _on_host(value):
+    """``value`` with its tensors on the host; plain values (strings, numbers, lists of them) are passed as they are,
+    the caller's own objects: stock code writes into them (Z-Image's ``encode_prompt`` puts its chat template into
+    the caller's prompt list, and the next call with that list encodes those strings)."""
+    if all(isinstance(leaf, (str, int, float, type(None))) for leaf in pytree.tree_leaves(value)):
+        return value
+    return pytree.tree_map(user_tensors._to_cpu, value)
 
 
 def on_host(forward, runtime):

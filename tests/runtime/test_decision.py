@@ -2,11 +2,12 @@
 ``plan`` (``cost``, ``ready``) read for described devices."""
 
 import jax
+import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import backend, sharding
-from diffusers_tpu.planner import plan
+from diffusers_tpu.planner import plan, tpu_compiler
 from diffusers_tpu.runtime import decision, pipeline_runtime
 from diffusers_tpu.testing import tiny
 
@@ -56,3 +57,21 @@ def test_one_decision_changed_moves_pipe_to_and_plan_alike(monkeypatch):
     after = (step_argument_bytes(), placed_dtypes())
     assert before[1] == {torch.float32} and torch.bfloat16 in after[1]  # pipe.to placed what was decided
     assert after[0] < 0.7 * before[0]  # plan compiled the step with the weights pipe.to placed
+
+
+@pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+def test_the_default_mesh_narrows_tp_to_what_the_denoiser_splits():
+    """Z-Image at diffusers' test size on a v5e-8: the default mesh's tp=2 divides the heads, not the MLP width (85);
+    the default takes the next mesh (tp=1, sp the rest). A mesh the user names is kept: its refusal names the weight.
+    (On the 8-device mesh the video is stock's: ``mesh_worker.py``'s family meshes.)"""
+    from diffusers_tpu.testing import tiny_images
+
+    pipe, _ = tiny_images.z_image(0, dim=32, heads=2, axes_dims=(8, 4, 4))
+    target, devices = backend.Target("tpu", "tpu"), tpu_compiler.devices("v5e-8")
+    assert backend.default_mesh_shape(8, 2) == {"dp": 2, "sp": 2, "tp": 2}
+    decided = decision.decide(pipe, TPUConfig(), target, devices, memory_limit=None)
+    assert decided.mesh_shape == {"dp": 2, "sp": 4, "tp": 1}
+    with pytest.raises(ValueError, match=r"\(85, 32\); its dim 0 \(85\) cannot be split over tp=2"):
+        decision.decide(pipe, TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}), target, devices, memory_limit=None)
+    wan = tiny.wan_pipeline("wan-4head")  # every width divides: tp as large as the heads allow
+    assert decision.decide(wan, TPUConfig(), target, devices, memory_limit=None).mesh_shape["tp"] == 4

@@ -159,6 +159,17 @@ def test_causal_wan_streams_on_the_mesh(families, run):
     assert result["warm_compilations"] == 0 and result["q_spec"] == ["tp", "None"]
 
 
+@pytest.mark.mesh_slow
+def test_a_width_tp_does_not_divide_runs_on_the_default_mesh(families):
+    """Z-Image at diffusers' test size (MLP width 85): ``pipe.to("jax")`` on 8 devices takes tp=1, and the images
+    are stock's (before: a refusal naming the weight, with a mesh the user had not chosen)."""
+    result = families["odd_width"]
+    assert result["mesh"] == {"dp": 2, "sp": 4, "tp": 1}
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+    assert result["warm_compilations"] == 0
+
+
 @pytest.mark.parametrize("run", ["dp1-sp2-tp4"])
 def test_lora_on_the_mesh(report, run):
     result = report["lora"][run]

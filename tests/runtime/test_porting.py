@@ -275,3 +275,29 @@ def test_tied_weights_stay_tied():
     assert encoder.shared.weight is encoder.encoder.embed_tokens.weight
     assert encoder.shared.weight.dtype == torch.bfloat16
     torch.testing.assert_close(encoder.shared.weight.float(), original.to(torch.bfloat16).float(), rtol=0, atol=0)
+
+
+def test_the_callers_prompt_list_is_written_as_stock_writes_it():
+    """Stock Z-Image writes its chat template into the caller's prompt lists, so a second call with the same lists
+    encodes the templated strings again (another image): on JAX the lists change the same way and both calls give
+    stock's two images (before: the runtime encoded copies of the lists, and its second image was not stock's)."""
+    from diffusers_tpu.testing import tiny_images
+
+    def twice(pipe, call):
+        outputs = [pipe(**call, output_type="np", generator=torch.Generator().manual_seed(0)).images for _ in "ab"]
+        return outputs, (list(call["prompt"]), list(call["negative_prompt"]))
+
+    stock, call = tiny_images.z_image(0)
+    expected, written = twice(stock, dict(call, prompt=list(call["prompt"]), negative_prompt=["blurry", "dark"]))
+    assert written[0][0] != call["prompt"][0] and np.abs(expected[0] - expected[1]).max() > 1e-3
+    moved, _ = tiny_images.z_image(0)
+    moved.to("jax")
+    try:
+        outputs, moved_written = twice(
+            moved, dict(call, prompt=list(call["prompt"]), negative_prompt=["blurry", "dark"])
+        )
+    finally:
+        moved.to("cpu")
+    assert moved_written == written
+    for output, reference in zip(outputs, expected):
+        assert_np_matches(output, reference)

@@ -6,6 +6,7 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import base64  # noqa: E402
+import copy  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -81,6 +82,7 @@ def main(part: str):
                 ("wan22", wan22_runs),
                 ("hunyuan15", hunyuan15_runs),
                 ("causal_wan", causal_wan_runs),
+                ("odd_width", odd_width_run),
             )
         )
         for name, run in phases:
@@ -311,6 +313,32 @@ def causal_wan_runs():
         )
         pipe.to("cpu")
     return runs
+
+
+def odd_width_run():
+    """Z-Image at diffusers' test size (an MLP width of 85, two heads) moved with the defaults: the mesh ``pipe.to``
+    picks, and the images against stock (dp2·sp2·tp2 would not split that width)."""
+    from diffusers_tpu.testing import tiny_images
+
+    pipe, call = tiny_images.z_image(0, dim=32, heads=2, axes_dims=(8, 4, 4))
+    pipe.set_progress_bar_config(disable=True)
+
+    def run(kind):  # a deep copy each call: stock Z-Image writes its chat template into the caller's prompts
+        return pipe(**copy.deepcopy(call), output_type=kind, generator=torch.Generator().manual_seed(0)).images
+
+    ref = run("np")
+    pipe.to("jax")
+    try:
+        out, pil_out = run("np"), run("pil")
+        with jit.compile_log() as log:
+            run("np")
+        return dict(
+            compare(out, ref, pil_out, stock_pil(ref)),
+            mesh=dict(pipe._diffusers_tpu_runtime.mesh.shape),
+            warm_compilations=log.compilations,
+        )
+    finally:
+        pipe.to("cpu")
 
 
 MESHES_13 = {"dp2-sp1-tp4": {"dp": 2, "sp": 1, "tp": 4}, "dp1-sp2-tp4": {"dp": 1, "sp": 2, "tp": 4}}
