@@ -649,6 +649,37 @@ def _zero_dim_promotion(stock):
     return dispatch
 
 
+# --- 22. FFTs on a simulated CPU mesh take their input whole ---------------------------------------------------
+# Reason: XLA:CPU cannot run an FFT its SPMD partitioner splits (jaxlib 0.10.2: ``RET_CHECK failure ...
+# fft_thunk.cc:168 LayoutUtil::IsMonotonicWithDim0Major``, for any split but the leading batch dim; plain
+# ``jax.jit``), so FreeU's Fourier filter (``enable_freeu``) failed on the 8-device CPU mesh. On CPU meshes only
+# (the TPU compiler compiles the same split FFTs, measured for v5e-8) an FFT's input and output are kept whole.
+# Guard: wraps torchax's ``aten._fft_c2c`` / ``_fft_r2c`` / ``_fft_c2r`` lowerings (0.0.10 - 0.0.13) once.
+_FFTS = {"_aten__fft_c2c": "_fft_c2c", "_aten__fft_r2c": "_fft_r2c", "_aten__fft_c2r": "_fft_c2r"}
+
+
+def _whole_on_cpu_mesh(array):
+    mesh = _trace_mesh.get()
+    if mesh is None or mesh.size == 1 or mesh.devices.flat[0].platform != "cpu":
+        return array
+    return jax.lax.with_sharding_constraint(array, NamedSharding(mesh, PartitionSpec()))
+
+
+def _patch_ffts():
+    def make(stock):
+        @functools.wraps(stock)
+        def fft(input, *args, **kwargs):
+            return _whole_on_cpu_mesh(stock(_whole_on_cpu_mesh(input), *args, **kwargs))
+
+        return fft
+
+    label = "FFTs take their input whole on CPU meshes"
+    for lowering, op in _FFTS.items():
+        if patching.wrap(jaten, lowering, make, label):
+            registered = ops_registry.all_aten_ops[getattr(torch.ops.aten, op)]
+            patching.wrap(registered, "func", lambda stock, lowering=lowering: getattr(jaten, lowering), label)
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
     torchax.default_env()  # built once, before a patch reads its op table
@@ -662,6 +693,7 @@ def apply() -> None:
     _patch_strided_set()
     _patch_fill_diagonal()
     _patch_convolution_inputs()
+    _patch_ffts()
     _patch_eager_group_norm()
     _patch_missing_ops()
     _patch_outside_math()

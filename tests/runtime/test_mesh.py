@@ -170,6 +170,14 @@ def test_a_width_tp_does_not_divide_runs_on_the_default_mesh(families):
     assert result["warm_compilations"] == 0
 
 
+@pytest.mark.mesh_slow
+def test_freeu_runs_its_ffts_on_the_cpu_mesh(families):
+    """FreeU's Fourier filter inside the UNet step on dp2·sp2·tp2 (XLA:CPU failed any FFT it split)."""
+    result = families["freeu"]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["pil_max_levels"] <= 1 and result["pil_fraction"] <= 1e-3, result
+
+
 @pytest.mark.parametrize("run", ["dp1-sp2-tp4"])
 def test_lora_on_the_mesh(report, run):
     result = report["lora"][run]

@@ -83,6 +83,7 @@ def main(part: str):
                 ("hunyuan15", hunyuan15_runs),
                 ("causal_wan", causal_wan_runs),
                 ("odd_width", odd_width_run),
+                ("freeu", freeu_run),
             )
         )
         for name, run in phases:
@@ -337,6 +338,27 @@ def odd_width_run():
             mesh=dict(pipe._diffusers_tpu_runtime.mesh.shape),
             warm_compilations=log.compilations,
         )
+    finally:
+        pipe.to("cpu")
+
+
+def freeu_run():
+    """SD 1.5 with FreeU (a Fourier filter of the UNet's skip features: FFTs inside the step) on dp2·sp2·tp2, the
+    safety checker left out: the images against stock (XLA:CPU cannot run a split FFT: ``compat`` section 22)."""
+    from diffusers_tpu.testing import tiny_unet
+
+    pipe, call = tiny_unet.sd(0)
+    pipe.safety_checker, pipe.feature_extractor = None, None
+    pipe.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4)
+    pipe.set_progress_bar_config(disable=True)
+
+    def run(kind):
+        return pipe(**copy.deepcopy(call), output_type=kind, generator=torch.Generator().manual_seed(0)).images
+
+    ref = run("np")
+    pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}))
+    try:
+        return dict(compare(run("np"), ref, run("pil"), stock_pil(ref)))
     finally:
         pipe.to("cpu")
 
