@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .backend import host_to_jax, is_jax_tensor, jax_dtype, jax_to_host, wrap
@@ -42,6 +41,7 @@ class _Slot:
     stack: tuple | None = None
     gather: NamedSharding | None = None  # stored otherwise (sharded further, host memory): the sharding programs use
     compute: torch.dtype | None = None  # stored as ``dtype``, computed in this (layerwise casting)
+    requires_grad: bool = False  # a parameter's, given back by ``restore`` (a fine-tune after the round trip)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +157,9 @@ def plan(
             spec = spec_for(qualified, tuple(tensor.shape), rules, mesh_shape) if id(tensor) not in seen else None
             seen.add(id(tensor))
             keep = tensor if restore_dtype == tensor.dtype and tensor.dtype in (torch.float64, torch.int64) else None
-            slots.append(_Slot(owner, kind, name, qualified, spec, device_dtype, restore_dtype, keep))
+            slot = _Slot(owner, kind, name, qualified, spec, device_dtype, restore_dtype, keep)
+            slot.requires_grad = kind == "param" and tensor.requires_grad
+            slots.append(slot)
     return slots
 
 
@@ -205,7 +207,7 @@ def resync(module: torch.nn.Module, mesh, rules: Iterable[Rule] = ()) -> None:
         if old is not None:
             slot.restore_dtype, slot.keep_original = old.restore_dtype, old.keep_original
             slot.dtype, slot.scale, slot.host = old.dtype, old.scale, old.host  # a quantized weight stays quantized
-            slot.stack, slot.gather = old.stack, old.gather
+            slot.stack, slot.gather, slot.requires_grad = old.stack, old.gather, old.requires_grad
     place(module, slots, mesh)
 
 
@@ -225,6 +227,9 @@ def restore(module: torch.nn.Module) -> None:
         return jax_to_host(tensor.jax(), slot.restore_dtype)
 
     replace(slots, host)
+    for slot in slots:
+        if slot.requires_grad:
+            tensor_of(slot).requires_grad_(True)
     delattr(module, _SAVED)
 
 
@@ -327,26 +332,6 @@ def set_tensor(slot: _Slot, tensor: torch.Tensor) -> None:
         vars(slot.owner)[slot.name] = tensor
 
 
-def spatial_spec(shape, devices: int) -> tuple:
-    """A ``[B, C, T, H, W]`` video's spec on a VAE mesh: width over the ``spatial`` axis when it divides, else height,
-    else whole."""
-    if len(shape) == 5 and shape[-1] % devices == 0:
-        return (None, None, None, None, "spatial")
-    if len(shape) == 5 and shape[-2] % devices == 0:
-        return (None, None, None, "spatial", None)
-    return ()
-
-
-def spatially(tensor, mesh):
-    """A video ``[B, C, T, H, W]`` constrained to its VAE mesh's spatial sharding (``spatial_spec``, as the runtime
-    places VAE inputs), or whole where neither side divides: left free, the TPU partitioner may split a small
-    cache entry over part of the mesh (width 2 over 2 of 4 chips), which JAX cannot name on the mesh and refuses
-    when it compiles. Anything else as it is."""
-    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 5:
-        return tensor
-    return constrain(tensor, mesh, spatial_spec(tensor.shape, mesh.size) or (None,) * 5)
-
-
 def constrain(tensor: torch.Tensor, mesh, spec: Sequence) -> torch.Tensor:
     """``with_sharding_constraint`` on a torchax tensor, dropping axes that do not divide its dims."""
     if not is_jax_tensor(tensor) or tensor.ndim < len(spec):
@@ -379,39 +364,3 @@ def add_activation_constraints(module: torch.nn.Module, rules: Iterable[Rule], m
                 handles.append(sub.register_forward_pre_hook(ActivationConstraint(mesh, spec)))
                 break
     return handles
-
-
-def onto_mesh(value, mesh):
-    """A JAX tensor laid out on another mesh over the same devices (the VAE's one-axis mesh) relabelled onto ``mesh``:
-    an axis spanning every device maps to all of ``mesh``'s axes (the same layout, no copy), a one-device axis to
-    none. Eager torch ops that mix arrays of two meshes fail in JAX's partitioner ("IndivisibleError"), so a VAE's
-    outputs join the pipeline's mesh. Objects (a latent distribution) have their tensor attributes relabelled."""
-    if mesh.size == 1:
-        return value
-
-    def relabel(leaf):
-        if not is_jax_tensor(leaf):
-            if hasattr(leaf, "__dict__") and not isinstance(leaf, (torch.nn.Module, type)):
-                for key, attribute in list(vars(leaf).items()):
-                    if is_jax_tensor(attribute):
-                        setattr(leaf, key, relabel(attribute))
-            return leaf
-        array = leaf.jax()
-        sharding = getattr(array, "sharding", None)
-        if not isinstance(sharding, NamedSharding) or sharding.mesh is mesh or sharding.mesh.shape == mesh.shape:
-            return leaf
-        if list(sharding.mesh.devices.flat) != list(mesh.devices.flat):
-            return leaf
-        sizes = dict(sharding.mesh.shape)
-
-        def entry(axes):
-            names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-            span = 1
-            for name in names:
-                span *= sizes[name]
-            return tuple(mesh.axis_names) if span == mesh.size > 1 else None
-
-        spec = PartitionSpec(*(entry(axes) for axes in sharding.spec))
-        return wrap(jax.device_put(array, NamedSharding(mesh, spec)))
-
-    return pytree.tree_map(relabel, value)

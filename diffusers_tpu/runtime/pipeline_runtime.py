@@ -25,7 +25,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..interop import backend, compat, distributed, jit, sharding, user_tensors
+from ..interop import backend, compat, distributed, jit, sharding, user_tensors, vae_mesh
 from ..interop.host_stored import program_array
 from ..interop.weights import Gathered
 from . import (
@@ -272,7 +272,7 @@ class PipelineRuntime:
     def place_vae_input(self, array):
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
-        return distributed.place(array, NamedSharding(mesh, P(*sharding.spatial_spec(array.shape, mesh.size))))
+        return distributed.place(array, NamedSharding(mesh, P(*vae_mesh.spatial_spec(array.shape, mesh.size))))
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):
@@ -426,20 +426,20 @@ class PipelineRuntime:
         for name in ("encode", "decode"):
             if callable(getattr(vae, name, None)):
                 method = getattr(vae, name)
-                if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``sharding.onto_mesh``)
+                if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``vae_mesh.onto_mesh``)
                     method = functools.wraps(method)(
-                        lambda *a, _method=method, **k: sharding.onto_mesh(_method(*a, **k), self.mesh)
+                        lambda *a, _method=method, **k: vae_mesh.onto_mesh(_method(*a, **k), self.mesh)
                     )
                 self.overrides.set(vae, name, self.user_entry(method))
 
     def vae_program_options(self) -> dict:
         """How every VAE program compiles (``jit.CompiledFunction`` options): on the VAE mesh, video inputs spatially
         sharded, and on several devices every video it returns or leaves in a feature cache too
-        (``sharding.spatially``). Left free, XLA's partitioner may replicate a whole VAE program (Wan's first decode
+        (``vae_mesh.spatially``). Left free, XLA's partitioner may replicate a whole VAE program (Wan's first decode
         program, CogVideoX's decoder with its carried conv cache: every device decoding everything; ``plan`` found
         both), or split a small cache entry over part of the mesh, which JAX then refuses. Built as
         ``TPUConfig.vae_compile`` says (``program_builds``)."""
-        spatially = functools.partial(sharding.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
+        spatially = functools.partial(vae_mesh.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
         config = self.config
         return dict(
             activate=functools.partial(self.active, None, self.vae_mesh),

@@ -202,7 +202,11 @@ PARITY = {
     # UNet pipelines (SVD and AnimateDiff: on the mesh in test_mesh_families, on 1 device in the parity sweep)
     **{
         f"unet-{name}": Case(
-            named(tiny_unet, name), "unet", to="tpu" if name == "sd" else "jax", check=UNET_CHECKS.get(name, unet_only)
+            named(tiny_unet, name),
+            "unet",
+            to="tpu" if name == "sd" else "jax",
+            check=UNET_CHECKS.get(name, unet_only),
+            rerun_on_cpu=True,  # a restored VAE whose parameters lost requires_grad decoded 1.8e-7 off stock
         )
         for name in tiny_unet.PIPELINES
         if name not in ("svd", "animatediff")
@@ -254,5 +258,9 @@ def test_matches_stock_torch(name, caplog, monkeypatch):
         assert "forward" not in vars(module)
         assert all(torch.equal(value, theirs[key]) for key, value in module.state_dict().items())
     assert getattr(pipe.scheduler, "alphas_cumprod", None) is tables  # the scheduler's CPU tables are back
+    for name, module in pipe.components.items():  # a fine-tune after the round trip trains what it did before
+        if isinstance(module, torch.nn.Module):
+            theirs = dict(getattr(stock, name).named_parameters())
+            assert all(p.requires_grad == theirs[n].requires_grad for n, p in module.named_parameters()), name
     if case.rerun_on_cpu:
         np.testing.assert_array_equal(pictures(call(pipe, arguments, "np")), pictures(expected))
