@@ -100,7 +100,9 @@ def main(args, argv: list[str] | None = None) -> int:
     if args.max_sequence_length is None:  # HunyuanVideo-1.5 has fixed text lengths instead
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None
-    meshes = [args.mesh] if args.mesh else candidate_meshes(count, heads)
+    meshes = (
+        [args.mesh] if args.mesh else [m for m in candidate_meshes(count, heads) if decision.splits_weights(pipe, m)]
+    )
     call = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if (

@@ -101,7 +101,9 @@ def decide(
     if config.mesh is None:
         # a denoiser under a step cache runs the guidance pair as two calls: no data axis to pair it over
         hooked = any(active_hooks(modules[n]) for n in family.denoisers if n in modules)
-        mesh_shape = _default_mesh_shape(family, modules, len(devices), heads, pair_batch=not hooked)
+        # the first that splits every weight as the rules say; none does: the first, whose planning names the weight
+        shapes = backend.default_mesh_shapes(len(devices), heads, pair_batch=not hooked)
+        mesh_shape = next((shape for shape in shapes if splits_weights(pipe, shape, family)), shapes[0])
     else:
         mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
     limit = placement.device_memory_limit(devices) if memory_limit is _FROM_DEVICES else memory_limit
@@ -121,18 +123,18 @@ def decide(
     )
 
 
-def _default_mesh_shape(family, modules, count: int, heads: int | None, pair_batch: bool) -> dict:
-    """The first default mesh whose splits the denoisers' rules can make (a small model's odd feed-forward width
-    that tp=2 does not divide: smaller tp, sp takes the rest); none: the first, whose planning names the weight."""
-    shapes = backend.default_mesh_shapes(count, heads, pair_batch)
-    for shape in shapes:
-        try:
-            for name in (n for n in family.denoisers if n in modules):
-                sharding.plan(modules[name], shape, family.rules(modules[name], shape))
-        except ValueError:
-            continue
-        return shape
-    return shapes[0]
+def splits_weights(pipe, mesh_shape: dict, family: Family | None = None) -> bool:
+    """Whether the denoisers' sharding rules can split their weights over ``mesh_shape`` (a small model's odd
+    feed-forward width that tp=2 does not divide cannot): the automatic mesh and ``plan``'s candidates are such."""
+    family = family or family_of(pipe)
+    try:
+        for name in family.denoisers:
+            module = getattr(pipe, name, None)
+            if isinstance(module, torch.nn.Module):
+                sharding.plan(module, mesh_shape, family.rules(module, mesh_shape))
+    except ValueError:
+        return False
+    return True
 
 
 def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict, dtype=None) -> int:

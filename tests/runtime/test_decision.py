@@ -71,6 +71,10 @@ def test_the_default_mesh_narrows_tp_to_what_the_denoiser_splits():
     assert backend.default_mesh_shape(8, 2) == {"dp": 2, "sp": 2, "tp": 2}
     decided = decision.decide(pipe, TPUConfig(), target, devices, memory_limit=None)
     assert decided.mesh_shape == {"dp": 2, "sp": 4, "tp": 1}
+    # plan's candidates are the meshes that split: tp=2 is left out there too
+    assert not decision.splits_weights(pipe, {"dp": 2, "sp": 2, "tp": 2}) and decision.splits_weights(
+        pipe, decided.mesh_shape
+    )
     with pytest.raises(ValueError, match=r"\(85, 32\); its dim 0 \(85\) cannot be split over tp=2"):
         decision.decide(pipe, TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}), target, devices, memory_limit=None)
     wan = tiny.wan_pipeline("wan-4head")  # every width divides: tp as large as the heads allow
