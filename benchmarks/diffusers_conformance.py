@@ -93,7 +93,9 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
             **os.environ,
             **DEVICES[device],
             **OFFLINE,
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            # a checkout's own diffusers first for every device: the JAX plugin imports diffusers before the
+            # checkout's conftest puts ``src`` on the path, and would otherwise test the installed one
+            "PYTHONPATH": os.pathsep.join([*_source(checkout), str(REPO), os.environ.get("PYTHONPATH", "")]),
         }
         command = [
             sys.executable,
@@ -117,6 +119,10 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
             keep.parent.mkdir(parents=True, exist_ok=True)
             write(keep, [report.read_text()])
         return results
+
+
+def _source(checkout: Path) -> list[str]:
+    return [str(checkout / "src")] if (checkout / "src" / "diffusers").is_dir() else []
 
 
 def parse(report: Path) -> dict:
@@ -189,8 +195,8 @@ def main(argv=None) -> int:
     checkout = args.checkout.resolve()
     if (checkout / "src" / "diffusers").is_dir():
         print(
-            f"note: {checkout}/tests/conftest.py puts {checkout}/src first on the path: its diffusers, not the "
-            "installed one, is what runs (see each run's header; test only tests/ to run the installed one)"
+            f"note: {checkout}/src/diffusers is what runs on every device, not the installed diffusers (the "
+            "checkout's tests/conftest.py puts it first; see each run's header; remove src/ to test the installed one)"
         )
     per_file = {}
     extra = ["-k", args.keyword] if args.keyword else []

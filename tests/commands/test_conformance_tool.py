@@ -36,6 +36,13 @@ def test_qwen_vl_processor_saves_and_loads_back(tmp_path):
     assert torch.equal(before.pixel_values, after.pixel_values)
 
 
+def test_the_checkouts_source_comes_first():
+    import os
+
+    first = os.environ["PYTHONPATH"].split(os.pathsep)[0]
+    assert first == os.path.join(os.getcwd(), "src") and os.path.isdir(os.path.join(first, "diffusers")), first
+
+
 def test_only_stock_passes():
     assert DEVICE == "cpu", "runs on " + DEVICE
 
@@ -56,6 +63,7 @@ def test_the_tool_runs_a_checkout_on_both_devices_and_names_what_differs(tmp_pat
     text = markdown.read_text()
     assert "| standin/test_standin.py::test_hub_standins_load_offline | passed | passed |" in text
     assert "| standin/test_standin.py::test_qwen_vl_processor_saves_and_loads_back | passed | passed |" in text
+    assert "| standin/test_standin.py::test_the_checkouts_source_comes_first | failed | failed |" in text  # no src/
     assert "| standin/test_standin.py::test_only_stock_passes | passed | failed | AssertionError: runs on jax" in text
     assert "| standin/test_standin.py::test_needs_an_accelerator | skipped | passed |" in text
     assert "jax: 1 tests that pass on stock cpu do not pass here" in text
@@ -80,3 +88,18 @@ def test_kept_reports_are_read_instead_of_rerun_and_a_new_selection_runs(tmp_pat
     assert conformance.main([*arguments, "-k", "only_stock", "--markdown", str(markdown)]) == 0
     assert "| standin/test_standin.py::test_only_stock_passes | failed | passed |" in markdown.read_text()
     assert len(list(reports.iterdir())) == 4
+
+
+def test_a_checkouts_own_diffusers_comes_first_on_every_device(tmp_path):
+    """With ``src/diffusers`` in the checkout, both devices' runs put it first on the path (the JAX plugin imports
+    diffusers before the checkout's conftest would: it tested the installed diffusers against other tests)."""
+    pipelines = tmp_path / "tests" / "pipelines" / "standin"
+    pipelines.mkdir(parents=True)
+    (pipelines / "test_standin.py").write_text(textwrap.dedent(TEST_FILE))
+    (tmp_path / "src" / "diffusers").mkdir(parents=True)  # no __init__: the installed diffusers still imports
+    markdown = tmp_path / "table.md"
+    arguments = ["--files", "standin/test_standin.py", "-k", "source_comes_first", "--markdown", str(markdown)]
+    assert conformance.main([str(tmp_path), *arguments]) == 0
+    assert (
+        "| standin/test_standin.py::test_the_checkouts_source_comes_first | passed | passed |" in markdown.read_text()
+    )
