@@ -175,6 +175,7 @@ FAMILY = register(
                 "control_hidden_states",
                 "fps",
             ),
+            grouped_args=("encoder_hidden_states_image",),
         ),
         prepare=prepare,
         check_call=check_frames,

@@ -54,6 +54,7 @@ class CFGPairing:
         condition_args = spec.condition_args
         self.condition_args = (condition_args,) if isinstance(condition_args, str) else tuple(condition_args)
         self.batched_args = spec.batched_args
+        self.grouped_args = spec.grouped_args
         self.negative = None  # what encode_prompt returned for the negative prompt (a tuple)
         self.accepted = None  # the negative tensor objects the loop actually passes (learned at step 0)
         self.pending: _UncondComputedAhead | None = None
@@ -173,7 +174,8 @@ class CFGPairing:
         batched = dict(kwargs)
         for name in self.batched_args:
             value = kwargs.get(name)
-            if is_jax_tensor(value) and value.ndim and value.shape[0] == batch:
+            rows = value.shape[0] if is_jax_tensor(value) and value.ndim else None
+            if rows is not None and (rows == batch or name in self.grouped_args and rows % batch == 0):
                 batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
             elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
                 batched[name] = value * 2

@@ -41,6 +41,9 @@ class CFGBatching:
     condition_args: str | tuple[str, ...] = "encoder_hidden_states"
     # denoiser keywords whose leading dimension is the batch
     batched_args: tuple[str, ...] = ()
+    # those of them whose leading dimension holds a whole number of rows per sample (Wan's first-last-frame image
+    # embeddings: two images a sample, which the model regroups)
+    grouped_args: tuple[str, ...] = ()
     # which ``encode_prompt`` call of a pipeline call returns the negative embeddings (0: the first, which returns
     # both; 1: a second call made for the negative prompt only)
     negative_call: int = 0

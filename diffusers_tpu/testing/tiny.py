@@ -308,14 +308,16 @@ def wan22_ti2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
     return WanPipeline(**components, expand_timesteps=True)
 
 
-def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc"):
-    """Wan 2.1 image-to-video in miniature: a CLIP vision encoder and image tokens in cross-attention."""
+def wan_i2v_pipeline(seed: int = 0, scheduler: str = "unipc", first_last: bool = False):
+    """Wan 2.1 image-to-video in miniature: a CLIP vision encoder and image tokens in cross-attention.
+    ``first_last``: the first-last-frame model (``last_image=``: two images' tokens a sample, position-embedded)."""
     # the PIL backend: the default one needs torchvision, which has no CPU wheel here
     processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
 
     components = wan_components("wan-4head", seed, scheduler)
     torch.manual_seed(seed)
-    components["transformer"] = WanTransformer3DModel(**WAN_I2V_TRANSFORMER).eval()
+    extra = dict(pos_embed_seq_len=2 * ((32 // 8) ** 2 + 1)) if first_last else {}  # CLIP_VISION's tokens, twice
+    components["transformer"] = WanTransformer3DModel(**WAN_I2V_TRANSFORMER, **extra).eval()
     torch.manual_seed(seed + 3)
     components["image_encoder"] = CLIPVisionModel(CLIPVisionConfig(**CLIP_VISION)).eval()
     components["image_processor"] = processor_cls(crop_size=32, size=32)

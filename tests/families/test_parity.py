@@ -152,6 +152,15 @@ PARITY = {
     "wan2.2-a14b": Case(with_call(tiny.wan22_a14b_pipeline), "wan", check=wan22_both_experts),
     "wan2.2-ti2v": Case(with_call(tiny.wan22_ti2v_pipeline), "wan", check=wan22_postprocess_on_device),
     "wan2.1-i2v": Case(with_call(tiny.wan_i2v_pipeline, image=tiny.test_image()), "wan", check=wan_i2v_image_encoder),
+    # first-last-frame: two images' tokens a sample, which the CFG batch must double whole (it refused to concatenate)
+    "wan2.1-flf": Case(
+        with_call(
+            lambda: tiny.wan_i2v_pipeline(first_last=True), image=tiny.test_image(), last_image=tiny.test_image(seed=1)
+        ),
+        "wan",
+        config=PAIRED,
+        batched_steps=3,
+    ),
     # Wan's wider family
     "wan-v2v": Case(named(tiny_families, "wan-v2v"), "wan", config=PAIRED, batched_steps=2),
     "wan-vace": Case(named(tiny_families, "wan-vace"), "wan", config=PAIRED, batched_steps=2),
