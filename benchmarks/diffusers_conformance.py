@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -80,9 +81,18 @@ def kept_report(reports: Path | None, label: str, device: str, extra: list[str])
     return reports / f"{label.replace('/', '__')}.{device}{selection}.xml"
 
 
-def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: float, keep: Path | None = None) -> dict:
+def run(
+    checkout: Path,
+    file: Path,
+    device: str,
+    extra: list[str],
+    timeout: float,
+    keep: Path | None = None,
+    workers: int = 1,
+) -> dict:
     """``{test id: (outcome, reason)}`` of one file on one device, from pytest's JUnit report (``keep``'s, when a
-    previous run left it there; a run that gives one leaves it there)."""
+    previous run left it there; a run that gives one leaves it there). ``workers`` > 1: pytest-xdist's processes
+    (the results are the same; not part of a kept report's name)."""
     label = file.relative_to(checkout / "tests" / "pipelines")
     if keep is not None and keep.exists():
         print(f"  {label} on {device}: kept report {keep}", flush=True)
@@ -106,6 +116,7 @@ def run(checkout: Path, file: Path, device: str, extra: list[str], timeout: floa
             "benchmarks.diffusers_standins",
         ]
         command += ["-p", "no:cacheprovider", "-o", "addopts=", "-q", f"--junitxml={report}", *extra]
+        command += ["-n", str(workers)] if workers > 1 else []
         print(f"  {label} on {device} ...", flush=True)
         try:
             done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
@@ -190,7 +201,12 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (file, device) run")
     parser.add_argument("-k", dest="keyword", help="only the tests pytest's -k expression selects")
     parser.add_argument("--reports", type=Path, help="keep each run's JUnit report here; reuse those kept")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes per run (each file's tests)")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: give 1 or more processes")
+    if args.workers > 1 and importlib.util.find_spec("xdist") is None:
+        parser.error("--workers needs pytest-xdist (pip install pytest-xdist, or -e '.[test]'); or leave it at 1")
     devices = ["cpu", *[d for d in args.devices if d != "cpu"]]
     checkout = args.checkout.resolve()
     if (checkout / "src" / "diffusers").is_dir():
@@ -203,7 +219,15 @@ def main(argv=None) -> int:
     for file in test_files(checkout, args.files):
         label = str(file.relative_to(checkout / "tests" / "pipelines"))
         per_file[label] = {
-            device: run(checkout, file, device, extra, args.timeout, kept_report(args.reports, label, device, extra))
+            device: run(
+                checkout,
+                file,
+                device,
+                extra,
+                args.timeout,
+                kept_report(args.reports, label, device, extra),
+                args.workers,
+            )
             for device in devices
         }
         print("\n".join(table({label: per_file[label]}, devices)[2:]), flush=True)  # each file as it finishes

@@ -4,6 +4,8 @@ say what differs (the real diffusers tests: docs/conformance.md)."""
 
 import textwrap
 
+import pytest
+
 from benchmarks import diffusers_conformance as conformance
 
 TEST_FILE = """
@@ -103,3 +105,20 @@ def test_a_checkouts_own_diffusers_comes_first_on_every_device(tmp_path):
     assert (
         "| standin/test_standin.py::test_the_checkouts_source_comes_first | passed | passed |" in markdown.read_text()
     )
+
+
+def test_workers_run_each_file_in_xdist_processes_and_bad_counts_are_refused(tmp_path, capsys):
+    pipelines = tmp_path / "tests" / "pipelines" / "standin"
+    pipelines.mkdir(parents=True)
+    (pipelines / "test_workers.py").write_text(
+        "import os\n\n\ndef test_in_a_worker():\n    assert os.environ.get('PYTEST_XDIST_WORKER')\n"
+    )
+    arguments = [str(tmp_path), "--files", "standin/test_workers.py", "--devices", "cpu"]
+    markdown = tmp_path / "table.md"
+    assert conformance.main([*arguments, "--workers", "2", "--markdown", str(markdown)]) == 0
+    assert "| standin/test_workers.py::test_in_a_worker | passed |" in markdown.read_text()
+    assert conformance.main([*arguments, "--markdown", str(markdown)]) == 0  # one process: no worker
+    assert "| standin/test_workers.py::test_in_a_worker | failed |" in markdown.read_text()
+    with pytest.raises(SystemExit):
+        conformance.main([*arguments, "--workers", "0"])
+    assert "--workers 0: give 1 or more processes" in capsys.readouterr().err
