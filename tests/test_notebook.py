@@ -6,6 +6,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # minutes in all: CI's second command (setup.cfg)
+
 NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
 
 

@@ -21,6 +21,7 @@ def run_cli(*args, env=None):
     )
 
 
+@pytest.mark.slow
 def test_generate_writes_the_requested_frames(tmp_path):
     import PIL.Image
 
@@ -61,6 +62,7 @@ def test_generate_writes_the_requested_frames(tmp_path):
     assert result.returncode == 2 and "end it in .png" in result.stderr and "loaded" not in result.stdout
 
 
+@pytest.mark.slow
 def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):
     out = tmp_path / "v.mp4"
     result = run_cli("generate", "--mesh", "2,1,1", "--output", str(out))
@@ -70,6 +72,7 @@ def test_mesh_and_platform_errors_exit_2_without_writing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_image_pipelines_write_images(tmp_path):
     """An image pipeline from the CLI: a PNG of the requested size, written atomically; a video path is refused
     before any weight moves."""
@@ -157,6 +160,7 @@ def test_audio_is_written_as_16_bit_wav_atomically(tmp_path):
     assert path.stat().st_size > 0 and [p.name for p in tmp_path.iterdir()] == ["clip.wav"]
 
 
+@pytest.mark.slow
 def test_readme_frame_strip_is_what_the_documented_command_writes(tmp_path):
     """README shows the default prompt's frames (diffusers_tpu/demo/strip.png, made by the command README names):
     the shipped model still draws them (same rule as every pil comparison: one level, <= 0.1% of subpixels). The

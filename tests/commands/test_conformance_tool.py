@@ -8,6 +8,8 @@ import pytest
 
 from benchmarks import diffusers_conformance as conformance
 
+pytestmark = pytest.mark.slow  # minutes in all: CI's second command (setup.cfg)
+
 TEST_FILE = """
 import pytest
 import torch

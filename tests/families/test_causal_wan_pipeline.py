@@ -141,6 +141,7 @@ def test_bench_reports_per_block_figures(pipes):
     assert "frames/s (steady blocks)" in "\n".join(bench._block_lines(blocks, None))
 
 
+@pytest.mark.slow
 def test_cli_streams_the_requested_blocks(tmp_path):
     import imageio.v3 as iio
 

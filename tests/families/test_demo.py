@@ -9,6 +9,8 @@ from diffusers_tpu import demo
 from diffusers_tpu.demo import build, scenes, train
 from diffusers_tpu.interop import jit
 
+pytestmark = pytest.mark.slow  # minutes in all: CI's second command (setup.cfg)
+
 # Two training captions and two held-out colour/direction pairs (never seen in training).
 PROMPTS = [
     ("red", "square", "right"),

@@ -278,6 +278,7 @@ def test_subclass_from_pretrained(tmp_path):
     assert_np_matches(generate(loaded, output_type="np", num_inference_steps=2), reference)
 
 
+@pytest.mark.slow
 def test_cli_generates_with_guider_scale_and_staged(tmp_path):
     from tests.commands.test_cli import run_cli
 

@@ -10,10 +10,13 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # cold processes, minutes in all: CI's second command (setup.cfg)
+
 # Programs per first call, measured 2026-11-24 in one process, in the worker's order (later families reuse earlier
 # ones' eager programs of the same shapes). Before host-side glue: 52, 135, 41, 46, 25; cold, one process per family,
 # 52, 141, 53, 67, 38 -> now 20, 19, 16, 28, 18 (BENCHMARKS.md "First call"). A count above its figure is a
 # regression: find the new eager op (jax_log_compiles) and move it to the host or into a compiled program.
+
 BUDGET = {"wan": 20, "cogvideox": 17, "hunyuanvideo15": 15, "ltx": 26, "flux": 17}
 
 

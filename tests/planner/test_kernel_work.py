@@ -96,6 +96,7 @@ def test_unknown_kernel_is_refused_before_any_compile():
         kernel_work.count([("flash3", kernel_work.AttentionCall(1, 1, 256, 256, 128), "v6e-1")])
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_exp2_issues_no_more_vector_or_transcendental_work_than_splash():
     """At a real-size unmasked call (the Wan 1.3B self-attention, padded keys included), per 128x128 tile, on v6e:
@@ -111,6 +112,7 @@ def test_exp2_issues_no_more_vector_or_transcendental_work_than_splash():
     assert ours.assumed_taken == 0  # every branch of the exp2 kernel is decided statically
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_a_configuration_mosaic_refuses_is_the_rows_verdict():
     call = kernel_work.REAL_CALLS["wan2.1-14b-720p-self"]
@@ -118,6 +120,7 @@ def test_a_configuration_mosaic_refuses_is_the_rows_verdict():
     assert row.refused.startswith("RESOURCE_EXHAUSTED") and "\n" not in row.refused
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_cost_reports_each_kernels_work_per_call(tmp_path):
     """``diffusers-tpu cost`` in its own process asks libtpu for Mosaic's passes before it starts: every attention

@@ -73,6 +73,7 @@ PIPELINES = {
     ],
     ids=["wan-fp32", "wan-int8", "cogvideox-fp32", "hunyuanvideo15-fp32", "causal-wan-fp32", "sdxl-fp32"],
 )
+@pytest.mark.slow
 def test_plan_reports_the_runtime_programs_memory(settings, family):
     config = TPUConfig(**settings)
     build, call = PIPELINES[family]
@@ -99,6 +100,7 @@ def test_int8_halves_the_planned_weights():
     assert sizes["int8"] < 0.75 * sizes[None]
 
 
+@pytest.mark.slow
 def test_plan_command(tmp_path, capfd):
     import json
 
@@ -140,6 +142,7 @@ def test_plan_command(tmp_path, capfd):
     assert "--chips" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_plan_offers_weights_in_host_memory(tmp_path, capfd):
     """Weights in host memory are planned after the device-memory layouts and before int8: the step's device
     arguments lose the stored weights (apart as host arguments), and a target only that fits gets it recommended."""
@@ -188,6 +191,7 @@ def test_weights_in_host_memory_are_held_only_by_their_programs():
     assert held(True) == encoder_alone and 0 < encoder_alone < held(("transformer",)) < held()
 
 
+@pytest.mark.slow
 def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
     """``plan --text-encoder auto`` (default) plans the encoders where ``TPUConfig(text_encoder="auto")`` puts them
     on the target: on the devices when all weights take <= 40% of its memory (then their programs are planned too),
@@ -315,6 +319,7 @@ def runtime_decoder_memory(pipe, call) -> list[dict]:
         pipe.to("cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["hunyuanvideo15", "cogvideox", "sdxl"])
 def test_plan_reports_the_runtime_vae_method_programs(family):
     """VAEs compiled by method (HunyuanVideo-1.5's decoder, CogVideoX's frame batches, SDXL's image decoder): the
@@ -331,6 +336,7 @@ def test_plan_reports_the_runtime_vae_method_programs(family):
     assert planned["peak_bytes"] == max(a["peak_bytes"] for a in actual) > 0
 
 
+@pytest.mark.slow
 def test_plan_reports_the_runtime_text_encoder_programs():
     """TPUConfig(text_encoder="jax"): the programs HunyuanVideo-1.5's two text encoders (the MLLM, and ByT5 for the
     prompt's quoted text) ran on the placed pipeline, planned with abstract replicated weights."""
@@ -370,6 +376,7 @@ def test_plan_reports_the_runtime_text_encoder_programs():
     assert planned["weight_bytes"] == weights
 
 
+@pytest.mark.slow
 def test_a_decode_that_does_not_fit_is_planned_tiled():
     """The whole-video decode plans untiled and tiled (the VAE's tile settings); the tiled programs are the ones
     the runtime runs with tiling on, and a budget between the two recommends pipe.vae.enable_tiling()."""
@@ -402,6 +409,7 @@ def test_a_decode_that_does_not_fit_is_planned_tiled():
     assert report["vae_tiling"] and report["fits"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["wan", "hunyuanvideo15"])
 def test_candidates_planned_together_equal_one_by_one(family):
     """``plan_all`` (the command's loop: programs compiled in background threads, the VAE analysed once) gives the
@@ -431,6 +439,7 @@ def test_candidates_planned_together_equal_one_by_one(family):
     assert (tiled is not None and len(tiled["programs"]) > 1) == (family == "hunyuanvideo15")
 
 
+@pytest.mark.slow
 def test_gpu_targets(monkeypatch, capfd):
     """NVIDIA cards as plan targets: JAX on a GPU allocates from XLA_PYTHON_CLIENT_MEM_FRACTION of the memory."""
     from diffusers_tpu.commands import cli

@@ -157,6 +157,7 @@ REAL_ATTENTION = {
 }
 
 
+@pytest.mark.tpu_slow
 @needs_libtpu
 @pytest.mark.parametrize("chip", ["v5e-1", "v6e-1"])
 @pytest.mark.parametrize("name", sorted(REAL_ATTENTION))

@@ -41,6 +41,7 @@ def _listing(folder) -> list[str]:
 # --- outputs ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_video_and_fails(tmp_path):
     """A file-size limit (as a full disk, also for root): ffmpeg's failure is caught, exit 1 naming the OS error, the
     old video bit-identical, no temporary file, no success message."""
@@ -241,6 +242,7 @@ def _finish(process):
     return process.returncode, out, err
 
 
+@pytest.mark.slow
 def test_pod_failures_are_named_in_bounded_time():
     """Three clusters side by side: three processes expected but two started; a coordinator port already taken; a
     process that dies after joining."""

@@ -4,6 +4,7 @@ video differed by 0.85 and FreeNoise was refused); such draws now come from torc
 (``interop/host_scalars.draw``)."""
 
 import numpy as np
+import pytest
 import torch
 
 from diffusers_tpu.interop import backend
@@ -18,6 +19,7 @@ def test_a_draw_without_a_device_follows_the_generator_inside_a_call():
         assert np.asarray(drawn.jax()).tolist() == expected.tolist()
 
 
+@pytest.mark.slow
 def test_free_noise_on_jax_is_stock_enabled_before_or_after_the_move():
     pipe, call = tiny_unet.pipeline("animatediff")
     call = dict(call, output_type="np", prompt="a cat walks", num_frames=16)  # two shuffled windows past the first

@@ -32,6 +32,7 @@ print(json.dumps({{"builds": len(builds)}}))
 """
 
 
+@pytest.mark.slow
 def test_a_folder_built_by_the_compile_command_serves_another_process_without_compiling(tmp_path):
     """Process A: ``diffusers-tpu compile --local`` (a zero-execution warm-up writing every program). Process B loads
     them all (no program compiled) and makes the frames a compiling process makes, bit for bit."""

@@ -89,6 +89,7 @@ def _cli(*args):
     return [sys.executable, "-m", "diffusers_tpu.commands.cli", *args]
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_denoise_is_finished_by_decode(tmp_path):
     """SIGKILL a staged CLI run once its latents are on disk; `decode` alone then gives the one-shot video."""
     stage_dir, common = tmp_path / "run", ["--model", "tiny:cogvideox1.5", "--platform", "cpu"]
@@ -118,6 +119,7 @@ def test_a_run_killed_after_denoise_is_finished_by_decode(tmp_path):
     np.testing.assert_array_equal(iio.imread(tmp_path / "resumed.mp4"), iio.imread(tmp_path / "one.mp4"))
 
 
+@pytest.mark.slow
 def test_stop_after_then_stage_commands(tmp_path):
     stage_dir = str(tmp_path / "run")
     result = subprocess.run(
