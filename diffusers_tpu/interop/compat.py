@@ -432,6 +432,11 @@ def mesh_of_traces(mesh):
         _trace_mesh.reset(token)
 
 
+def trace_mesh():
+    """The mesh of ``mesh_of_traces`` (None outside one)."""
+    return _trace_mesh.get()
+
+
 def whole_small_spatial_dims(array, kernel):
     """``array`` ([N, C, *spatial]) constrained to keep every spatial dim shorter than 2 x kernel x devices unsplit
     on the current trace mesh; unchanged without a mesh or such a dimension."""

@@ -129,6 +129,36 @@ def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings, ca
     return out[:, :, :q_len] if pad else out
 
 
+# The exact attention outside a denoiser, on a mesh: a VAE mid-block attends over every pixel of a frame (65,536
+# queries in diffusers' Qwen-Image Edit test, 16,384 in the real model at 1024²). Left to XLA's partitioner, its
+# video is gathered and every device computes every row (measured on 8 devices: each held the whole [S, S]
+# logits); a large one runs its query rows split over all the mesh's devices instead, keys whole — each row the
+# same math (float32 rounding apart, ~1e-6). Small ones stay whole: splitting them adds transfers for no work saved.
+ROWS_SPLIT, _ROWS_SPLIT_LOGITS = "xla_rows_split", 1 << 22
+
+
+def _on_the_trace_mesh(q) -> bool:
+    """Traced inside a program on a mesh of several devices, or an array already spread over its devices."""
+    mesh = compat.trace_mesh()
+    if mesh is None or mesh.size == 1:
+        return False
+    return isinstance(q, jax.core.Tracer) or len(q.sharding.device_set) == mesh.size
+
+
+def _exact_rows_split(q, k, v, scale, kv_mask, causal, mesh):
+    exact = functools.partial(reference_attention, scale=scale, causal=causal)
+    if causal or q.shape[2] < mesh.size or q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] < _ROWS_SPLIT_LOGITS:
+        return exact(q, k, v, kv_mask=kv_mask)
+    rows = P(None, None, tuple(mesh.axis_names), None)
+    pad = -q.shape[2] % mesh.size
+    padded = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0))) if pad else q
+    operands = (padded, k, v) if kv_mask is None else (padded, k, v, kv_mask)
+    body = lambda q_, k_, v_, *m: exact(q_, k_, v_, kv_mask=m[0] if m else None)  # noqa: E731
+    specs_in = (rows,) + (P(),) * (len(operands) - 1)
+    out = jax.shard_map(body, mesh=mesh, in_specs=specs_in, out_specs=rows, check_vma=False)(*operands)
+    return out[:, :, : q.shape[2]] if pad else out
+
+
 # Many tiny attentions — temporal attention over a few frames at every pixel (AnimateDiff's motion modules, SVD's
 # temporal blocks: batch x pixels x heads problems of 16-25 tokens) — run as XLA's dense attention, which batches
 # them in a few fused ops; the kernel would take one grid step per (batch, head) for a block of a few tokens.
@@ -157,6 +187,8 @@ def scaled_dot_product_attention(
         return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
+    if settings is SAFE and _on_the_trace_mesh(q):
+        settings = dataclasses.replace(SAFE, mesh=compat.trace_mesh(), implementation=ROWS_SPLIT)
     mask = to_jax_array(attn_mask) if attn_mask is not None else None
     # Jitted in both modes. Eagerly (unit mode): one cached program per shape. Inside a traced program: JAX traces
     # and lowers one body per distinct call (Wan's 30 blocks make 2 distinct calls of 60) and XLA inlines it.
@@ -178,6 +210,8 @@ def _attention(q, k, v, mask, *, scale, is_causal: bool, enable_gqa: bool, setti
         out = jnp.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
     elif mask is not None and kv_mask is None:
         out = dense_mask_attention(q, k, v, mask=mask, scale=scale)
+    elif settings.implementation == ROWS_SPLIT:
+        out = _exact_rows_split(q, k, v, scale, kv_mask, is_causal, settings.mesh)
     elif settings.implementation == "splash_exp2" and _many_tiny(q, k):
         out = reference_attention(q, k, v, scale=scale, kv_mask=kv_mask, causal=is_causal)
     elif is_causal and settings.implementation == "splash_exp2":

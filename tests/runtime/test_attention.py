@@ -124,3 +124,48 @@ def test_axes_that_do_not_divide_are_dropped():
     config = fake_settings(dp=2, tp=4)
     q_spec, kv_spec, mask_spec, _ = attention.specs((1, 6, 1000, 64), 1000, config)  # batch 1, 6 heads
     assert q_spec == P(None, None, "sp", None) and kv_spec == P(None, None, None, None) and mask_spec == P(None, None)
+
+
+_VAE_MID_BLOCK_ON_A_MESH = r"""
+import os, re
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import jax, numpy as np, torch
+import torch.nn.functional as F
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import diffusers_tpu
+from diffusers_tpu.interop import backend, compat
+vae_mesh = Mesh(np.array(jax.devices()).reshape(1, 8), ("batch", "spatial"))
+def mid_block(x, side):  # a VAE's attention over every pixel of a frame: [B, C, H, W] -> one head of H*W tokens
+    def attend(a):
+        t = backend.wrap(a).permute(0, 2, 3, 1).reshape(a.shape[0], 1, side * side, a.shape[1])
+        return F.scaled_dot_product_attention(t, t * 0.5, t * 2.0).jax()
+    with backend.jax_mode(), compat.mesh_of_traces(vae_mesh):
+        split = jax.device_put(x.numpy(), NamedSharding(vae_mesh, P(None, None, None, "spatial")))
+        program = jax.jit(attend).lower(split).compile()
+        return np.asarray(program(split)), program.as_text()
+for side in (48, 8):  # 2,304 queries (split) and 64 (whole)
+    x = torch.randn(2, 24, side, side, generator=torch.Generator().manual_seed(side))
+    t = x.permute(0, 2, 3, 1).reshape(2, 1, side * side, 24)
+    got, text = mid_block(x, side)
+    logits = sorted({",".join(m.split(",")[-2:]) for m in re.findall(r"f32\[([\d,]+)\]\S* dot\(", text)})
+    print("SIDE", side, "ERR", float(np.abs(got - F.scaled_dot_product_attention(t, t * 0.5, t * 2.0).numpy()).max()),
+          "DOTS", ";".join(logits))
+"""
+
+
+def test_a_vae_attention_on_a_mesh_runs_its_query_rows_split_over_the_devices():
+    """Left to XLA's partitioner, a VAE mid-block's exact attention on a mesh gathered the video and every device
+    computed every row; now each of the 8 devices computes 1/8 of the rows against all keys (its program's logits
+    product is [rows / 8, rows]), equal to torch's SDPA. A small attention (a text encoder's) stays whole."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _VAE_MID_BLOCK_ON_A_MESH], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {int(line.split()[1]): line.split() for line in done.stdout.splitlines() if line.startswith("SIDE")}
+    for side, rows in ((48, 2304), (8, 64)):
+        error, dots = float(found[side][3]), found[side][5].split(";")
+        assert error < 3e-6, (side, error)
+        logits = [d for d in dots if d.endswith(f",{rows}")]
+        per_device = rows // 8 if side == 48 else rows
+        assert logits == [f"{per_device},{rows}"], (side, dots)
