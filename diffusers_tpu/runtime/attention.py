@@ -116,17 +116,20 @@ def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings, ca
         return kernel(q, k, v) if kv_mask is None else kernel(q, k, v, kv_mask=kv_mask)
     q_spec, kv_spec, mask_spec, seq_axes = specs(q.shape, k.shape[2], settings)
     q_len = q.shape[2]
-    pad = -q_len % axis_size(seq_axes, settings.mesh.shape)
-    if pad:
-        q = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    q = _rows_padded(q, axis_size(seq_axes, settings.mesh.shape))
     if kv_mask is None:
         body, in_specs, operands = kernel, (q_spec, kv_spec, kv_spec), (q, k, v)
     else:
         body = lambda q_, k_, v_, m_: kernel(q_, k_, v_, kv_mask=m_)  # noqa: E731
         in_specs, operands = (q_spec, kv_spec, kv_spec, mask_spec), (q, k, v, kv_mask)
     sharded = jax.shard_map(body, mesh=settings.mesh, in_specs=in_specs, out_specs=q_spec, check_vma=False)
-    out = sharded(*operands)
-    return out[:, :, :q_len] if pad else out
+    return sharded(*operands)[:, :, :q_len]
+
+
+def _rows_padded(q, multiple: int):
+    """``q`` with zero query rows appended up to a multiple of ``multiple`` (the shards of its sequence)."""
+    pad = -q.shape[2] % multiple
+    return jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0))) if pad else q
 
 
 # The exact attention outside a denoiser, on a mesh: a VAE mid-block attends over every pixel of a frame (65,536
@@ -137,12 +140,13 @@ def attend(q, k, v, *, scale=None, kv_mask=None, settings: AttentionSettings, ca
 ROWS_SPLIT, _ROWS_SPLIT_LOGITS = "xla_rows_split", 1 << 22
 
 
-def _on_the_trace_mesh(q) -> bool:
-    """Traced inside a program on a mesh of several devices, or an array already spread over its devices."""
+def _rows_split_mesh(q):
+    """The trace mesh when it has several devices and ``q`` is traced in a program on it or spread over its
+    devices; else None."""
     mesh = compat.trace_mesh()
     if mesh is None or mesh.size == 1:
-        return False
-    return isinstance(q, jax.core.Tracer) or len(q.sharding.device_set) == mesh.size
+        return None
+    return mesh if isinstance(q, jax.core.Tracer) or len(q.sharding.device_set) == mesh.size else None
 
 
 def _exact_rows_split(q, k, v, scale, kv_mask, causal, mesh):
@@ -150,13 +154,11 @@ def _exact_rows_split(q, k, v, scale, kv_mask, causal, mesh):
     if causal or q.shape[2] < mesh.size or q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] < _ROWS_SPLIT_LOGITS:
         return exact(q, k, v, kv_mask=kv_mask)
     rows = P(None, None, tuple(mesh.axis_names), None)
-    pad = -q.shape[2] % mesh.size
-    padded = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0))) if pad else q
-    operands = (padded, k, v) if kv_mask is None else (padded, k, v, kv_mask)
+    operands = (_rows_padded(q, mesh.size), k, v) + (() if kv_mask is None else (kv_mask,))
     body = lambda q_, k_, v_, *m: exact(q_, k_, v_, kv_mask=m[0] if m else None)  # noqa: E731
     specs_in = (rows,) + (P(),) * (len(operands) - 1)
     out = jax.shard_map(body, mesh=mesh, in_specs=specs_in, out_specs=rows, check_vma=False)(*operands)
-    return out[:, :, : q.shape[2]] if pad else out
+    return out[:, :, : q.shape[2]]
 
 
 # Many tiny attentions — temporal attention over a few frames at every pixel (AnimateDiff's motion modules, SVD's
@@ -187,8 +189,8 @@ def scaled_dot_product_attention(
         return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     settings = _active.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
-    if settings is SAFE and _on_the_trace_mesh(q):
-        settings = dataclasses.replace(SAFE, mesh=compat.trace_mesh(), implementation=ROWS_SPLIT)
+    if settings is SAFE and (mesh := _rows_split_mesh(q)) is not None:
+        settings = dataclasses.replace(SAFE, mesh=mesh, implementation=ROWS_SPLIT)
     mask = to_jax_array(attn_mask) if attn_mask is not None else None
     # Jitted in both modes. Eagerly (unit mode): one cached program per shape. Inside a traced program: JAX traces
     # and lowers one body per distinct call (Wan's 30 blocks make 2 distinct calls of 60) and XLA inlines it.
