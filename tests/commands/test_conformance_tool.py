@@ -122,3 +122,35 @@ def test_workers_run_each_file_in_xdist_processes_and_bad_counts_are_refused(tmp
     with pytest.raises(SystemExit):
         conformance.main([*arguments, "--workers", "0"])
     assert "--workers 0: give 1 or more processes" in capsys.readouterr().err
+
+
+OLD_DISPATCH = """
+import torch
+
+BACKEND_EMPTY_CACHE = {"cpu": None, "default": None}
+BACKEND_MANUAL_SEED = {"cpu": torch.manual_seed, "default": torch.manual_seed}
+
+
+def dispatch(device, table, *args):  # diffusers <= 0.38: a device not in a table calls its default, even None
+    if device not in table:
+        return table["default"](*args)
+    fn = table[device]
+    return fn(*args) if callable(fn) else fn
+"""
+
+
+def test_the_jax_device_is_known_to_the_tests_backend_tables(tmp_path):
+    """diffusers v0.38's tests raised ``TypeError`` in every ``setUp`` on the JAX device (its dispatcher called a
+    ``None`` default); the plugin enters the device in their tables with each table's default."""
+    pipelines = tmp_path / "tests" / "pipelines" / "standin"
+    pipelines.mkdir(parents=True)
+    (pipelines / "testing_utils.py").write_text(OLD_DISPATCH)
+    (pipelines / "test_tables.py").write_text(
+        "import os\n\nfrom testing_utils import BACKEND_EMPTY_CACHE, BACKEND_MANUAL_SEED, dispatch\n\n\n"
+        "def test_setup_dispatches():\n    device = os.environ['DIFFUSERS_TEST_DEVICE']\n"
+        "    assert dispatch(device, BACKEND_EMPTY_CACHE) is None\n    dispatch(device, BACKEND_MANUAL_SEED, 0)\n"
+    )
+    markdown = tmp_path / "table.md"
+    arguments = [str(tmp_path), "--files", "standin/test_tables.py", "--markdown", str(markdown)]
+    assert conformance.main(arguments) == 0
+    assert "| standin/test_tables.py::test_setup_dispatches | passed | passed |" in markdown.read_text()
