@@ -5,7 +5,8 @@ code). Loaded by ``benchmarks/diffusers_conformance.py`` (``-p benchmarks.diffus
 ``DIFFUSERS_CONFORMANCE_BACKEND=jax`` imports ``diffusers_tpu`` before any test (the JAX device then exists);
 anything else leaves diffusers stock. Stand-ins differ from the Hub files in values (a tiny random T5's weights,
 a character tokenizer): a test asserting the Hub model's exact outputs (``test_inference``'s expected slices) fails
-on both devices alike, which the conformance table shows as such.
+on both devices alike, which the conformance table shows as such. On ``jax`` it also enters that device in the
+tests' per-device backend tables (``_known_to_the_tests``).
 """
 
 from __future__ import annotations
