@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from ..interop import interrupts
 from . import parser as arguments_parser
 from . import subcommand_arguments
 from .arguments import call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
@@ -22,13 +23,18 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
+_written: list[str] = []  # outputs this command wrote (an interrupted run says which)
+
+
 def _main_process_writes(write, *args) -> None:
     """Outputs are written whole and verified (``runtime.outputs``); in a multi-host run only process 0 writes
     (every process holds the same result)."""
     from ..interop import distributed
 
+    interrupts.raise_if_dropped()  # a Ctrl-C Python dropped (``interrupts``) stops the run before anything is written
     if distributed.is_main_process():
         write(*args)
+    _written.append(args[1])
 
 
 def write_audio(audio, path: str, rate: int) -> None:
@@ -214,6 +220,22 @@ def stage(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = subcommand_arguments.build().parse_args(argv)
+    try:
+        with interrupts.watch():  # a Ctrl-C anywhere stops the run (``interrupts``: also one CPython would drop)
+            return _run(args, argv)
+    except KeyboardInterrupt:
+        output = getattr(args, "output", None) if args.command in ("generate", "decode") else None
+        written = f"; wrote {', '.join(_written)} before it" if _written else ""
+        kept = (
+            f"; {output} was not written (any previous file there is unchanged)"
+            if output not in (None, *_written)
+            else ""
+        )
+        print(f"\ndiffusers-tpu: interrupted{written}{kept}", file=sys.stderr)
+        return 130  # the shell's code for a process ended by SIGINT
+
+
+def _run(args, argv: list[str] | None) -> int:
     try:
         arguments_parser.check(args)  # the mistakes that can be named before torch, JAX and diffusers load
         if args.command == "cost":  # before JAX's first device query starts libtpu, which reads its flags only then

@@ -10,7 +10,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from ..interop import backend
+from ..interop import backend, interrupts
 
 
 @dataclasses.dataclass
@@ -49,6 +49,7 @@ def timed_progress_bar(runtime, stock_progress_bar):
         marks = {"last": time.perf_counter(), "compile": 0.0}
 
         def update(n=1):
+            interrupts.raise_if_dropped()  # each step is a safe point for a Ctrl-C Python dropped
             if runtime._last_output is not None:
                 # tensors only: an output may hold other objects (FLUX.2 klein's KV cache)
                 jax.block_until_ready(pytree.tree_map_only(torch.Tensor, backend.to_jax_array, runtime._last_output))

@@ -25,7 +25,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..interop import backend, compat, distributed, jit, sharding, user_tensors, vae_mesh
+from ..interop import backend, compat, distributed, interrupts, jit, sharding, user_tensors, vae_mesh
 from ..interop.host_stored import program_array
 from ..interop.weights import Gathered
 from . import (
@@ -192,9 +192,10 @@ class PipelineRuntime:
             self.pairing.reset()
         start = time.perf_counter()
         try:
-            with self.active(), self.weights_shown(), jit.compile_log() as log, self._schedulers_on_device():
-                self._log = log
-                out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
+            with interrupts.watch(), self.active(), self.weights_shown(), jit.compile_log() as log:
+                with self._schedulers_on_device():
+                    self._log = log
+                    out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
         finally:
             self._depth, self._last_output, self._log = 0, None, None
         self.last_call.total_seconds = time.perf_counter() - start
@@ -276,6 +277,7 @@ class PipelineRuntime:
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):
+            interrupts.raise_if_dropped()  # a Ctrl-C Python dropped stops the call here, within a step
             out = forward(*args, **kwargs)
             self._last_output = out
             return out
