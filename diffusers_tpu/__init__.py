@@ -42,6 +42,9 @@ def activate() -> None:
 
     distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
 
+    from .interop import jit
+
+    jit.count_programs()  # JAX's own count of the process's programs, from before the first one (``stats``)
     from . import families
     from .runtime import patches, registry
 

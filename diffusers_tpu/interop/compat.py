@@ -16,6 +16,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
@@ -219,8 +220,10 @@ def _inplace_on_views(stock):
 # --- 10. Host tensors enter JAX without a program ------------------------------------------------------------
 # Reason: torchax copies a CPU tensor with ``jnp.asarray``, which compiles a program (``stage``) per shape and dtype;
 # ``jax.device_put`` is the same transfer without one. The copy keeps the array from sharing the tensor's memory
-# (JAX on the CPU adopts aligned buffers). Guard: replaces ``torchax.ops.mappings.t2j`` (0.0.10 - 0.0.13) for CPU
-# tensors without DLPack; bfloat16 goes through its bits (numpy has no bfloat16 of its own).
+# (JAX on the CPU adopts aligned buffers). A move that also changes the dtype (``torch.from_numpy(t).to(device,
+# torch.int64)``: every scheduler's ``set_timesteps``) casts on the host first: torchax cast on the devices, one more
+# program. Guard: replaces ``torchax.ops.mappings.t2j`` (0.0.10 - 0.0.13) for CPU tensors without DLPack (bfloat16
+# goes through its bits: numpy has no bfloat16 of its own), and wraps ``Environment._to_copy`` for plain CPU tensors.
 def _patch_host_transfers():
     def make(stock):
         def t2j(tensor, use_dlpack=True):
@@ -231,7 +234,20 @@ def _patch_host_transfers():
 
         return t2j
 
+    def make_to_copy(stock):
+        def _to_copy(self, the_tensor, new_dtype, new_device):
+            moving = type(the_tensor) is torch.Tensor and the_tensor.device.type == "cpu"
+            if moving and new_dtype is not None and new_dtype != the_tensor.dtype and new_device is not None:
+                if self._should_use_torchax_tensor(new_device):
+                    with _disable_current_modes(), torch._C.DisableTorchFunction():
+                        the_tensor = the_tensor.to(new_dtype)
+                    new_dtype = mappings.j2t_dtype(jax.dtypes.canonicalize_dtype(mappings.t2j_dtype(new_dtype)))
+            return stock(self, the_tensor, new_dtype, new_device)
+
+        return _to_copy
+
     patching.wrap(mappings, "t2j", make, "torchax host transfers")
+    patching.wrap(Environment, "_to_copy", make_to_copy, "torchax host transfers cast on the host")
 
 
 # --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
@@ -685,9 +701,40 @@ def _patch_ffts():
             patching.wrap(registered, "func", lambda stock, lowering=lowering: getattr(jaten, lowering), label)
 
 
+# --- 23. torchax's environment seeds its random key on the host ----------------------------------------------------
+# Reason: building torchax's environment seeds ``jax.random.key(torch.initial_seed())``: two XLA programs (``stage``,
+# ``threefry_seed``) in every process, for a key the package never draws from outside a trace (draws run on the host:
+# patch 15). A threefry key's data is the seed's two 32-bit words (the high one 0 without x64): made on the host, it
+# enters JAX as a transfer. Guard: only while the environment is built, only for JAX's default threefry keys (another
+# ``jax_default_prng_impl`` keeps JAX's own seeding); the key data is compared with JAX's in the tests.
+def host_seeded_key(seed: int) -> jax.Array:
+    """``jax.random.key(seed)`` (threefry) without a program."""
+    low = seed & 0xFFFFFFFF
+    high = (seed >> 32) & 0xFFFFFFFF if jax.config.jax_enable_x64 else 0
+    return jax.random.wrap_key_data(np.array([high, low], np.uint32), impl="threefry2x32")
+
+
+@contextlib.contextmanager
+def _keys_seeded_on_host():
+    stock = jax.random.key
+    if jax.config.jax_default_prng_impl != "threefry2x32":
+        yield
+        return
+
+    def key(seed, *, impl=None):
+        return host_seeded_key(int(seed)) if impl is None and isinstance(seed, int) else stock(seed, impl=impl)
+
+    jax.random.key = key
+    try:
+        yield
+    finally:
+        jax.random.key = stock
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``patches.apply``."""
-    torchax.default_env()  # built once, before a patch reads its op table
+    with _keys_seeded_on_host():
+        torchax.default_env()  # built once, before a patch reads its op table (patch 23: its key made on the host)
     _patch_type_as()
     _patch_setitem()
     _patch_deepcopy()

@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 from torchax.ops import mappings
 
-from . import module_state, static_keys, torch_compat
+from . import compile_only, module_state, static_keys, torch_compat
 from .backend import is_jax_tensor, to_jax_array, wrap
 from .weights import Rebuilt, expand_stacked, materialized
 
@@ -67,6 +67,9 @@ _open_logs: list[CompileLog] = []
 _listener_lock = threading.Lock()
 _listening = False
 _this_thread = threading.local()
+# Every program JAX built in this process since ``count_programs`` (``diffusers_tpu.activate``): JAX's own count, the
+# eager ops torchax runs and background builds included (``background`` says how many of them ran beside the calls).
+_process = CompileLog()
 
 
 @contextlib.contextmanager
@@ -83,6 +86,7 @@ def background_compiles():
 def _on_event(event: str, **_) -> None:
     if event == _CACHE_HIT:
         _this_thread.cache_hits = getattr(_this_thread, "cache_hits", 0) + 1
+        _process.cache_hits += 1
     if event == _CACHE_HIT and not getattr(_this_thread, "background", False):
         for log in list(_open_logs):
             log.cache_hits += 1
@@ -101,6 +105,9 @@ def _on_duration(event: str, duration: float, **_) -> None:
     if event not in _COMPILE_PHASES:
         return
     background = getattr(_this_thread, "background", False)
+    _process.seconds += duration
+    _process.compilations += event == _BACKEND_COMPILE
+    _process.background += background and event == _BACKEND_COMPILE
     for log in list(_open_logs):
         if background:
             log.background += event == _BACKEND_COMPILE
@@ -117,6 +124,16 @@ def _listen() -> None:
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
             jax.monitoring.register_event_listener(_on_event)
             _listening = True
+
+
+def count_programs() -> None:
+    """From now on, count every program JAX builds in this process (``process_programs``); idempotent."""
+    _listen()
+
+
+def process_programs() -> CompileLog:
+    """What JAX built in this process since ``count_programs``, as JAX counts it (a copy)."""
+    return dataclasses.replace(_process)
 
 
 @contextlib.contextmanager
@@ -136,35 +153,8 @@ def compile_now(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
     return lowered.compile()
 
 
-_compile_only = contextvars.ContextVar("compile_only", default=None)  # None: run; True or a pool: build only
 # what ``jax.stages.Compiled`` raises when called with arguments it was not built for
 _ARGUMENTS_CHANGED = re.compile(r"compiled for input shardings|Argument types differ|input pytree does not match")
-
-
-@contextlib.contextmanager
-def compile_only(pool: Executor | None = None):
-    """Inside: every compiled method builds its program for the call's arguments but does not run it; zeros of its
-    outputs' shapes, dtypes and shardings stand for them (a warm-up that compiles without executing).
-
-    ``pool``: programs are lowered here and built in the pool, concurrently, and the zeros take no sharding (it is
-    not known before the build): walk the call again without a pool once the builds are done, so the operations
-    between programs compile for the shardings a real call has."""
-    token = _compile_only.set(pool if pool is not None else True)
-    try:
-        yield
-    finally:
-        _compile_only.reset(token)
-
-
-def compiling_only() -> bool:
-    return _compile_only.get() is not None
-
-
-def _zeros_of(out_info, sharded: bool = True) -> list:
-    return [
-        jnp.zeros(info.shape, info.dtype, device=info.sharding if sharded else None)
-        for info in jax.tree_util.tree_leaves(out_info)
-    ]
 
 
 class _TensorSlot:
@@ -311,20 +301,20 @@ class Program:
     def __call__(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()):
         cut = len(dynamic) if self.donate is None else self.donate
         arguments = (state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in))
-        mode = _compile_only.get()
+        pool = compile_only.pool()
         if self.executable is None:
             lowered = self.without_hook_if_needed(self.jitted.lower, *arguments)
             self.out_info = lowered.out_info
-            if isinstance(mode, Executor):  # built concurrently; unsharded zeros meanwhile
-                self.executable = mode.submit(self.build, lowered)
-                return _zeros_of(self.out_info, sharded=False)
+            if pool is not None:  # built concurrently; unsharded zeros meanwhile
+                self.executable = pool.submit(self.build, lowered)
+                return compile_only.zeros_of(self.out_info, sharded=False)
             self.executable = self.build(lowered)
         if isinstance(self.executable, Future):
-            if isinstance(mode, Executor):
-                return _zeros_of(self.out_info, sharded=False)
+            if pool is not None:
+                return compile_only.zeros_of(self.out_info, sharded=False)
             self.executable = self.executable.result()
-        if mode is not None:  # ``compile_only()``: built, not run; zeros stand for the outputs
-            return _zeros_of(self.executable.out_info)
+        if compile_only.compiling_only():  # built, not run; zeros stand for the outputs
+            return compile_only.zeros_of(self.executable.out_info)
         if self.varying:
             return self.without_hook_if_needed(self.jitted, *arguments)
         try:

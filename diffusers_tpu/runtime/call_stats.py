@@ -22,6 +22,8 @@ class CallStats:
     compilations: int = 0
     cache_hits: int = 0
     step_seconds: list[float] = dataclasses.field(default_factory=list)
+    placing_programs: int = 0  # built by the ``pipe.to`` that placed the pipeline (0: its weights moved as transfers)
+    process_programs: int = 0  # JAX's own count of every program this process built, up to the call's end
 
     @property
     def run_seconds(self) -> float:
@@ -30,10 +32,11 @@ class CallStats:
     def summary(self) -> str:
         steps = self.step_seconds
         per_step = f", {sum(steps[1:]) / (len(steps) - 1):.3f} s/step warm" if len(steps) > 1 else ""
+        placing = f", {self.placing_programs} at pipe.to" if self.placing_programs else ""
         return (
             f"compile {self.compile_seconds:.2f} s ({self.compilations} programs, {self.cache_hits} from the "
-            f"persistent cache), run {self.run_seconds:.2f} s"
-            f"{per_step}, total {self.total_seconds:.2f} s"
+            f"persistent cache; {self.process_programs} in this process so far, as JAX counts them{placing}), "
+            f"run {self.run_seconds:.2f} s{per_step}, total {self.total_seconds:.2f} s"
         )
 
 

@@ -105,6 +105,7 @@ class PipelineRuntime:
         self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
         self._last_output = None
         self._log: jit.CompileLog | None = None
+        self.placing_programs = 0  # programs ``place`` built (``CallStats.placing_programs``)
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
         # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
         self._encoding_on_host = 0
@@ -201,6 +202,8 @@ class PipelineRuntime:
         self.last_call.total_seconds = time.perf_counter() - start
         self.last_call.compile_seconds, self.last_call.compilations = log.seconds, log.compilations
         self.last_call.cache_hits = log.cache_hits
+        self.last_call.placing_programs = self.placing_programs
+        self.last_call.process_programs = jit.process_programs().compilations
         logger.info("%s on %s: %s", type(pipe).__name__, self.target.platform, self.last_call.summary())
         return out
 
@@ -373,10 +376,13 @@ class PipelineRuntime:
         if self.config.in_host_memory(name):  # read where programs use them (``host_memory``)
             host_memory.place(module, slots, mesh, stack=name in self.family.denoisers and self.config.scan_blocks)
             return
+        stacks = name in self.family.denoisers and self.config.scan_blocks
+        if stacks and not quantized:  # stacked on the host, copied once: no program, no second copy on the devices
+            stacked_weights.stack_from_host(module, slots, self.mesh, fully_shard=self.config.fully_sharded_weights)
         sharding.place(module, slots, mesh)
         if quantized:
             quantize.quantize_placed(module, slots, originals, self.config.quantize)
-        if name in self.family.denoisers and self.config.scan_blocks:
+        if stacks:
             # repeated blocks' weights as one [N, ...] array each: the loop indexes them
             stacked_weights.stack(module, self.mesh, fully_shard=self.config.fully_sharded_weights)
 
@@ -564,7 +570,9 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     denoisers = {c.name: c.module for c in decided.components if c.role == "denoiser"}
     gpu_script_calls.check_dtype(runtime, denoisers)
     try:
-        runtime.place(decided.plans)
+        with jit.compile_log() as placing:
+            runtime.place(decided.plans)
+        runtime.placing_programs = placing.compilations
     except BaseException:
         runtime.undo()
         raise

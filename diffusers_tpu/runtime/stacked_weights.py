@@ -27,10 +27,11 @@ import jax
 import torch
 import torchax
 from jax.sharding import NamedSharding, PartitionSpec
+from torchax.ops import mappings
 from torchax.tensor import Tensor
 
 from ..interop import sharding
-from ..interop.backend import is_jax_tensor, wrap
+from ..interop.backend import host_to_jax, is_jax_tensor, wrap
 from ..interop.host_stored import program_array
 from ..interop.weights import Gathered, Stacked
 from . import repeated_blocks
@@ -125,6 +126,10 @@ def _layer_view_class():
         @property
         def ndim(self):
             return self.stack.array.ndim - 1
+
+        @property
+        def dtype(self):  # read without slicing the layer out (a program per layer index)
+            return mappings.j2t_dtype(self.stack.array.dtype)
 
     return LayerView
 
@@ -228,6 +233,28 @@ def stack(module: torch.nn.Module, mesh, fully_shard: bool = False) -> int:
         made += 1
     if fully_shard:
         _shard_the_rest(slots, mesh)
+    return made
+
+
+def stack_from_host(module: torch.nn.Module, slots: list, mesh, fully_shard: bool = False) -> int:
+    """Before ``sharding.place``: each stackable weight whose layers are still host tensors is stacked on the host and
+    copied to the devices already stacked (one weight name at a time), its layers installed as views; ``place`` then
+    skips them. A transfer, no program (``stack`` compiles one per weight shape on the devices), and no second copy
+    of a weight on the devices. Returns how many; the rest (meta tensors of sharded loading) stack after placing."""
+    made = 0
+    for key, members in groups(module, slots, mesh):
+        tensors = [sharding.tensor_of(m) for m in members]
+        if any(is_jax_tensor(t) or t.device.type != "cpu" for t in tensors):
+            continue
+        spec = members[0].spec or PartitionSpec()
+        stored = fully_sharded(spec, tuple(tensors[0].shape), mesh) if fully_shard else spec
+        dtype = members[0].dtype
+        with torch.no_grad():
+            host = torch.stack([t.detach().to(dtype) for t in tensors])
+        array = host_to_jax(host, NamedSharding(mesh, PartitionSpec(None, *stored)))
+        del host
+        install_stack(Stack(key, array, NamedSharding(mesh, spec), gathered=stored != spec), members)
+        made += 1
     return made
 
 

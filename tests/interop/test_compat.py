@@ -529,3 +529,44 @@ def test_a_bfloat16_ddim_pipeline_keeps_bfloat16_latents_on_jax():
     frames = pipe(**{**tiny_generic.CALLS["LattePipeline"], "return_dict": False})[0]
     assert dtypes == [torch.bfloat16] * 2 and np.isfinite(frames).all()
     pipe.to("cpu")
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_torchax_key_seeded_on_the_host_is_jax_own(x64):
+    """Patch 23: the key torchax's environment is built with holds what ``jax.random.key`` gives, made without a
+    program."""
+    import jax
+
+    from diffusers_tpu.interop import compat, jit
+
+    assert patches.applied()  # the environment exists: it was built under the patch
+    jit.count_programs()
+    with jax.enable_x64(x64):
+        for seed in (0, 5, 2**31 - 1, 2**31, 67280421310721, 2**62 + 12345, torch.initial_seed() % (1 << 63)):
+            before = jit.process_programs().compilations
+            made = compat.host_seeded_key(seed)
+            assert jit.process_programs().compilations == before
+            expected = jax.random.key(seed)
+            assert made.dtype == expected.dtype
+            np.testing.assert_array_equal(
+                np.asarray(jax.random.key_data(made)), np.asarray(jax.random.key_data(expected))
+            )
+
+
+def test_a_host_tensor_moved_with_a_new_dtype_is_cast_on_the_host():
+    """Patch 10: ``torch.from_numpy(t).to(device, torch.int64)`` (every scheduler's ``set_timesteps``) is a transfer,
+    not a program, with torch's values."""
+    import jax
+
+    from diffusers_tpu.interop import backend, jit
+
+    host = torch.from_numpy(np.array([999.7, 500.2, 1.9], np.float32))
+    jit.count_programs()
+    with backend.jax_mode():
+        before = jit.process_programs().compilations
+        moved = host.to(device="jax", dtype=torch.int64)
+        halves = torch.ones(3).to("jax", torch.float16)
+        assert jit.process_programs().compilations == before
+    assert moved.dtype in (torch.int32, torch.int64) and halves.dtype == torch.float16
+    np.testing.assert_array_equal(np.asarray(moved.jax()), host.to(torch.int64).numpy())
+    assert isinstance(moved.jax(), jax.Array)
