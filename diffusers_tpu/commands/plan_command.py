@@ -25,7 +25,7 @@ from ..planner.step_estimate import describe, estimable, rank
 from ..runtime import decision, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
-from . import plan_lines
+from . import plan_lines, plan_screening
 from .arguments import load_pipeline
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
@@ -157,26 +157,25 @@ def main(args, argv: list[str] | None = None) -> int:
             else None
         )
         # rows the TPU compiler compiled for a known chip carry a step estimate: every candidate of the format is
-        # compiled and the fastest that fits is chosen; otherwise (or --first-fit) the first that fits, in order
+        # compiled and the fastest that fits is chosen; otherwise (or --first-fit) the first that fits, in order.
+        # Ranking screens every candidate at XLA's quick effort, then compiles the leader as the runtime does
+        # (--all: every candidate at full effort)
         ranking = estimated and not args.first_fit
         narrow = compilers[0] == "tpu" and not args.all and not ranking
+        screening = ranking and not args.all
+        planned = dict(
+            chip=chip,
+            hbm_gib=args.hbm_gb,
+            text_tokens=args.max_sequence_length,
+            vae=not args.no_vae,
+            attention_efficiency=args.attention_efficiency,
+        )
         format_rows = []
         for number, row in enumerate(
-            plan_all(
-                pipe,
-                call,
-                configs,
-                devices,
-                chip,
-                args.hbm_gb,
-                args.max_sequence_length,
-                ahead=1 if narrow else None,
-                vae=not args.no_vae,
-                attention_efficiency=args.attention_efficiency,
-            ),
-            1,
+            plan_all(pipe, call, configs, devices, ahead=1 if narrow else None, quick=screening, **planned), 1
         ):
             row["compiler"] = _compiler_name(devices)
+            row["config"] = configs[number - 1]
             if estimates is not None:
                 row["cpu_estimate"] = _estimate_beside(next(estimates), row)
             rows.append(row)
@@ -187,13 +186,16 @@ def main(args, argv: list[str] | None = None) -> int:
                     skipped = [c.mesh for c in configs[number:]]
                     print(f"not compiled: {len(skipped)} less preferred candidate(s) {skipped} (--all compiles them)")
                 break
+        if screening:
+            plan_screening.confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start)
         fitting = [row for row in format_rows if row["fits"]]
         if fitting and recommended is None:
             if ranking:
                 ranked, recommended, because = rank(fitting)
                 print("fitting candidates ranked by the step ESTIMATE (not a measurement):")
                 for place, row in enumerate(ranked, 1):
-                    print(f"  {place}. mesh {row['memory_per_device']['mesh']}: {describe(row['estimate'])}")
+                    effort = " [quick-effort compile]" if row.get("step_effort") == "quick" else ""
+                    print(f"  {place}. mesh {row['memory_per_device']['mesh']}: {describe(row['estimate'])}{effort}")
                 recommended["chosen_because"] = because
             else:
                 recommended = fitting[0]
@@ -205,8 +207,8 @@ def main(args, argv: list[str] | None = None) -> int:
         "cpu_memory_flags": all(f in flags for f in CPU_MEMORY_FLAGS),
         "target": args.chips or f"mesh {args.mesh}, {args.hbm_gb} GiB",
         "size": dict(call, steps=args.steps, text_tokens=args.max_sequence_length),
-        "candidates": rows,
-        "recommended": recommended,
+        "candidates": [{k: v for k, v in row.items() if k != "config"} for row in rows],
+        "recommended": {k: v for k, v in recommended.items() if k != "config"} if recommended else None,
         "compiler": _compiler_name(devices),
         "note": (
             f"compiled by the TPU compiler for {args.chips} (libtpu), no TPU used"

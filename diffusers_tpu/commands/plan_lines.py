@@ -19,6 +19,8 @@ def line(row: dict) -> str:
     gib = lambda n: f"{n / GIB:7.2f}"  # noqa: E731
     verdict = {True: "fits", False: "does not fit", None: "?"}[row["fits"]]
     label = "[TPU compiler] " if row.get("compiler", "").startswith("TPU") else "[CPU estimate] "
+    if row.get("step_effort") == "quick":
+        label = "[TPU compiler, quick effort] "
     if row.get("refused"):
         return f"{label}mesh {memory['mesh']} {row['dtype']}{layout(row)}: refused by the compiler: {row['refused']}"
     decode, text = memory.get("vae_decode"), memory.get("text_encoders")

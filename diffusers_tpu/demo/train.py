@@ -71,25 +71,46 @@ def _embeddings(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
         }
 
 
-def batches(pipe, steps: int, batch: int, seed: int):
+def _partial(item, dropped) -> str:
+    """The caption with the words of the ``dropped`` attributes (0 colour, 1 shape, 2 direction) left out."""
+    colour, shape, direction = (None if i in dropped else word for i, word in enumerate(item))
+    return " ".join(w for w in ("a", colour, shape, "moves", direction) if w is not None)
+
+
+def batches(pipe, steps: int, batch: int, seed: int, attribute_dropout: float = 0.0):
     """``steps`` training batches ``(noisy, sigma, context, target)`` (torch tensors), the same on every platform:
     rendered clips, caption embeddings (10% empty), noise levels as the sampler's steps visit them, flow-matching
-    targets."""
+    targets. ``attribute_dropout``: each of a caption's colour, shape and direction words is left out with this
+    probability ("a red moves left" for a red square), so that each word's meaning is learnt apart from the others:
+    the held-out colour/direction pairs are drawn from words the model never saw together."""
     latent_frames = (CALL["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
     size = CALL["height"] // pipe.vae_scale_factor_spatial
     items = scenes.captions(held_out=False)
-    texts = _embeddings(pipe, [scenes.caption(*item) for item in items] + [""])
+    partial = [(i, d) for i in items for d in _subsets() if d] if attribute_dropout else []
+    texts = _embeddings(pipe, [scenes.caption(*item) for item in items] + [""] + [_partial(i, d) for i, d in partial])
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
+
+    def text_of(pick) -> str:
+        if rng.random() < 0.1:
+            return ""
+        if not attribute_dropout:
+            return scenes.caption(*pick)
+        return _partial(pick, tuple(i for i in range(3) if rng.random() < attribute_dropout))
+
     for _ in range(steps):
         picks = [items[i] for i in rng.integers(len(items), size=batch)]
         clips = torch.from_numpy(np.stack([scenes.render(*p, latent_frames, size, rng) for p in picks]))
-        context = torch.stack([texts["" if rng.random() < 0.1 else scenes.caption(*p)] for p in picks])
+        context = torch.stack([texts[text_of(p)] for p in picks])
         noise = torch.randn(clips.shape, generator=generator)
         u = torch.rand(batch, generator=generator)  # the sampler's steps are uniform in u before the shift
         sigma = SHIFT * u / (1 + (SHIFT - 1) * u)
         s = sigma.view(-1, 1, 1, 1, 1)
         yield (1 - s) * clips + s * noise, sigma, context, noise - clips
+
+
+def _subsets() -> list[tuple[int, ...]]:
+    return [tuple(i for i in range(3) if mask >> i & 1) for mask in range(8)]
 
 
 def train(
@@ -101,16 +122,19 @@ def train(
     save_every: int = 0,
     output: str | None = None,
     step_function=None,
+    learning_rate: float = LEARNING_RATE,
+    attribute_dropout: float = 0.0,
 ) -> list[float]:
     """Train ``pipe.transformer``; returns the losses and leaves the averaged weights in it. ``step_function(
-    transformer, steps)`` gives ``step(index, noisy, sigma, context, target) -> loss`` and ``averaged() -> {name:
-    tensor}``, the moving average so far (default: torch's AdamW; ``demo.train_jax`` runs on JAX)."""
+    transformer, steps, learning_rate)`` (``learning_rate``: the schedule's peak) gives ``step(index, noisy, sigma,
+    context, target) -> loss`` and ``averaged() -> {name: tensor}``, the moving average so far (default: torch's
+    AdamW; ``demo.train_jax`` runs on JAX). ``attribute_dropout``: ``batches``."""
     transformer = pipe.transformer
     transformer.train()
     step_function = step_function or torch_steps
-    step, averaged = step_function(transformer, steps)
+    step, averaged = step_function(transformer, steps, learning_rate)
     losses, start = [], time.perf_counter()
-    for index, data in enumerate(batches(pipe, steps, batch, seed)):
+    for index, data in enumerate(batches(pipe, steps, batch, seed, attribute_dropout)):
         losses.append(step(index, *data))
         if (index + 1) % log_every == 0:
             print(
@@ -131,9 +155,9 @@ def _load(transformer, weights: dict) -> None:
             p.copy_(weights[name])
 
 
-def torch_steps(transformer, steps: int):
+def torch_steps(transformer, steps: int, learning_rate: float = LEARNING_RATE):
     """AdamW with gradient clipping, on torch, updating ``transformer`` in place; the average is kept beside it."""
-    optimizer = torch.optim.AdamW(transformer.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    optimizer = torch.optim.AdamW(transformer.parameters(), lr=learning_rate, weight_decay=WEIGHT_DECAY)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule_factor(s, steps))
     average = {name: p.detach().clone() for name, p in transformer.named_parameters()}
 
@@ -175,6 +199,15 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32000)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--attribute-dropout",
+        type=float,
+        default=0.0,
+        help="leave each caption word (colour, shape, direction) out with this probability (default 0)",
+    )
+    parser.add_argument(
+        "--learning-rate", type=float, default=LEARNING_RATE, help="the schedule's peak (warm-up, then cosine to 10%%)"
+    )
     parser.add_argument("--init", help="start from this saved demo pipeline's transformer (continue a run)")
     parser.add_argument("--save-every", type=int, default=0, help="also save OUTPUT-stepN every N steps")
     parser.add_argument(
@@ -192,6 +225,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.threads < 1:
         parser.error("--steps, --batch and --threads must be at least 1")
+    if not args.learning_rate > 0:
+        parser.error("--learning-rate must be positive")
+    if not 0 <= args.attribute_dropout < 1:
+        parser.error("--attribute-dropout must be in [0, 1)")
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     pipe = new_pipeline(args.seed)
@@ -210,6 +247,8 @@ def main(argv=None) -> int:
         save_every=args.save_every,
         output=args.output,
         step_function=step_function,
+        learning_rate=args.learning_rate,
+        attribute_dropout=args.attribute_dropout,
     )
     save(pipe, args.output)
     print(f"saved to {args.output}", flush=True)

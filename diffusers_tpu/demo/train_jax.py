@@ -21,7 +21,7 @@ from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 
 
-def jax_steps(transformer, steps: int):
+def jax_steps(transformer, steps: int, learning_rate: float = LEARNING_RATE):
     """``(step, averaged)`` as ``demo.train.train`` takes them: ``step`` updates JAX copies of the weights and their
     moving average, ``averaged`` returns host (torch) copies of the average."""
     params = {name: backend.to_jax_array(p.detach()) for name, p in transformer.named_parameters()}
@@ -65,7 +65,7 @@ def jax_steps(transformer, steps: int):
     state = {"params": params, "moments": moments, "average": dict(params)}
 
     def step(index, noisy, sigma, context, target) -> float:
-        lr = LEARNING_RATE * schedule_factor(index, steps)
+        lr = learning_rate * schedule_factor(index, steps)
         arrays = [backend.to_jax_array(t) for t in (noisy, sigma, context, target)]
         count = jnp.asarray(index + 1, jnp.float32)  # an argument, not a constant: one program for every step
         state["params"], state["moments"], state["average"], loss = update(

@@ -275,12 +275,14 @@ def plan_all(
     ahead: int | None = None,
     vae: bool = True,
     attention_efficiency: float = step_estimate.DEFAULT_ATTENTION_EFFICIENCY,
+    quick: bool = False,
 ):
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
     thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
     started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row);
-    ``vae=False``: the denoiser steps only."""
+    ``vae=False``: the denoiser steps only; ``quick``: the steps compiled at XLA's quick effort (a screening: same
+    FLOPs and collectives, other bytes and temporaries than the runtime's full-effort program)."""
     shared, workers = {}, max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0))))
     ahead = ahead or workers
     with ThreadPoolExecutor(workers, thread_name_prefix="diffusers_tpu-plan-compile") as compiler:
@@ -289,7 +291,7 @@ def plan_all(
             if len(started) == ahead:
                 yield started.popleft()()
             row = (pipe, size, config, devices, chip, hbm_gib, text_tokens, shared, compiler, vae, attention_efficiency)
-            started.append(start_plan(*row))
+            started.append(start_plan(*row, quick=quick))
         while started:
             yield started.popleft()()
 
@@ -310,11 +312,14 @@ def start_plan(
     compiler=None,
     vae: bool = True,
     attention_efficiency: float = step_estimate.DEFAULT_ATTENTION_EFFICIENCY,
+    quick: bool = False,
 ):
     """``plan`` in two halves (``start_denoiser_memory``): returns the function that completes the row. Rows
-    compiled for a TPU chip carry the step's ``estimate`` (``step_estimate``; attention at ``attention_efficiency``)."""
+    compiled for a TPU chip carry the step's ``estimate`` (``step_estimate``; attention at ``attention_efficiency``);
+    ``quick``: from the step compiled at XLA's quick effort (``plan_all``), the row's ``step_effort`` says which."""
     hbm = chip.usable_gib() if chip else hbm_gib
     estimated = step_estimate.estimable(chip, tpu_compiler.is_tpu(devices))
+    figures = tpu_compiler.quick_figures if quick else tpu_compiler.compiled_figures
     started = start_denoiser_memory(
         pipe,
         size,
@@ -325,7 +330,7 @@ def start_plan(
         tile_above=hbm * GIB if hbm else None,
         shared=shared,
         compiler=compiler,
-        step_analyse=tpu_compiler.compiled_figures if estimated else None,
+        step_analyse=figures if estimated else None,
     )
     vae = getattr(pipe, "vae", None)
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
@@ -390,6 +395,7 @@ def start_plan(
             "fully_sharded_weights": config.fully_sharded_weights,
             "weights_in_host_memory": config.weights_in_host_memory,
             "text_encoder": config.text_encoder,
+            "step_effort": "quick" if quick and estimated else "full",
         }
         if estimated:
             calls = 2 if memory["guided"] and memory["cfg_batch"] == 1 else 1  # an unbatched guidance pair: 2 calls

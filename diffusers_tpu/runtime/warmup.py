@@ -3,21 +3,22 @@ compilation (and, with JAX's persistent cache on — ``TPUConfig.compile_cache_d
 programs instead of compiling them).
 
 By default the model does not run (maxdiffusion's "zero-execution warm-up"): the call walks through the pipeline with
-every compiled program answering zeros of its outputs (``jit.compile_only``). A first walk lowers each program and
-builds them all at once on a thread pool (XLA compiles without the GIL; a TPU host has many cores); a second walk,
-the programs built, lets what runs between them (scheduler steps, guidance, postprocessing) compile for the
-shardings a real call has. Ready in compile time alone: no denoising step, no VAE decode runs.
+every compiled program built and answering zeros of its outputs, at the shardings a real call's outputs have
+(``compile_only``), so what runs between programs (scheduler steps, guidance, postprocessing) compiles exactly as in a
+real call. The warm-up builds the programs a first call builds and no others: its compile time is the one it saves.
+``workers=N`` builds the programs N at a time instead (a many-core host, large programs): a first walk lowers them all
+and builds them in a pool, a second walk compiles what runs between them at the real shardings — the operations
+between programs then compile twice (once for the first walk's unsharded zeros).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..interop import jit
+from ..interop import compile_only, jit
 from .pipeline_runtime import is_attached
 
 
@@ -27,9 +28,10 @@ def warm_up(pipe, sizes: list[dict], execute: bool = False, workers: int | None 
     will serve: the step count (a few small programs depend on the length of the timestep schedule), negative prompt,
     guidance and ``output_type``; prompts are padded to a fixed length, so any prompt will do.
 
-    ``execute=False`` (default): nothing runs on the devices but zeros (module docstring); text encoders kept on the
-    host still encode the prompt. ``execute=True``: one real call per size, outputs discarded. ``workers``: programs
-    built at once (default: the host's cores, at most 8; each big compile takes host memory).
+    ``execute=False`` (default): the model never runs; zeros stand for its programs' outputs (module docstring); text
+    encoders kept on the host still encode the prompt. ``execute=True``: one real call per size, outputs discarded.
+    ``workers``: programs built at once (default 1: the walk's own order, nothing compiled twice; N > 1 builds
+    concurrently and compiles what runs between programs twice, each big compile taking host memory).
 
     Returns ``{"programs": n, "seconds": s}``; a later request of a warmed size and step count compiles nothing."""
     if not is_attached(pipe):
@@ -52,9 +54,9 @@ def warm_up(pipe, sizes: list[dict], execute: bool = False, workers: int | None 
         if execute:
             walk()
         else:
-            with ThreadPoolExecutor(max_workers=workers or min(os.cpu_count() or 1, 8)) as pool:
-                with jit.compile_only(pool):
+            if workers is not None and workers > 1:
+                with ThreadPoolExecutor(max_workers=workers) as pool, compile_only.compile_only(pool):
                     walk()  # every program lowered, built in the pool
-            with jit.compile_only():
-                walk()  # the programs built: what runs between them compiles at the real shardings
+            with compile_only.compile_only():
+                walk()  # every program built: what runs between them compiles at the real shardings
     return {"programs": log.compilations, "seconds": round(time.perf_counter() - start, 2)}

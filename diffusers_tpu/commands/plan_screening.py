@@ -1,0 +1,62 @@
+"""``plan``'s screening: every candidate's step compiled at XLA's quick effort (``tpu_compiler.quick_figures``: a
+real-size step in about a quarter of the time, the same FLOPs and collectives), then, at full effort as the runtime
+builds it, only the candidates that could still win or whose fit is in doubt. Each row says which it is
+(``step_effort``)."""
+
+from __future__ import annotations
+
+import time
+
+from ..planner.chips import GIB
+from ..planner.plan import plan_all
+from ..planner.step_estimate import rank
+from . import plan_lines
+
+# A quick-effort program's memory is not the runtime's full-effort one (Wan2.1-14B 720p step on v6e-8: temporaries
+# 3.53 GiB quick, 2.81 full; a VAE program's could be half): a screened candidate whose total lies in this band around
+# the memory is confirmed at full effort before it is recommended (or, when none fits, in case it fits after all)
+DOUBTFUL_FIT = (0.85, 1.25)
+# only the bytes term of the estimate depends on the effort (FLOPs and collectives are the partitioner's): a
+# memory-bound candidate within this much of the leader could still overtake it at full effort
+EFFORT_UNCERTAINTY = 0.05
+
+
+def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start) -> None:
+    """After a quick-effort screening: compile at full effort, as the runtime builds it, the candidates that could
+    still win or whose fit is in doubt (``DOUBTFUL_FIT``, ``EFFORT_UNCERTAINTY``), each row replaced, until the
+    first-ranked candidate needs no confirmation. The other rows keep their quick-effort figures (labelled)."""
+    hbm = (planned["chip"].usable_gib() if planned["chip"] else planned["hbm_gib"]) * GIB
+    low, high = DOUBTFUL_FIT
+
+    def doubtful(row) -> bool:
+        return row.get("step_effort") == "quick" and low * hbm <= (row["total_bytes_per_device"] or 0) <= high * hbm
+
+    while True:
+        fitting = [row for row in format_rows if row["fits"]]
+        if fitting:
+            leader = rank(fitting)[1]
+            best = leader["estimate"]["seconds"]
+            todo = [leader] if doubtful(leader) else []
+            todo += [
+                row
+                for row in fitting
+                if row.get("step_effort") == "quick"
+                and row is not leader
+                and row["estimate"]["memory_seconds"] >= row["estimate"]["compute_seconds"]
+                and row["estimate"]["seconds"] <= best * (1 + EFFORT_UNCERTAINTY)
+            ]
+        else:
+            todo = [row for row in format_rows if doubtful(row)]
+        if not todo:
+            return
+        for row in todo:
+            config = row["config"]
+            confirmed = next(plan_all(pipe, call, [config], devices, **planned))
+            confirmed.update(compiler=row["compiler"], config=config)
+            if "cpu_estimate" in row:
+                confirmed["cpu_estimate"] = row["cpu_estimate"]
+            format_rows[format_rows.index(row)] = rows[rows.index(row)] = confirmed
+            print(
+                f"[confirmed at full effort, {time.perf_counter() - start:.0f} s] {plan_lines.line(confirmed)}",
+                flush=True,
+            )

@@ -1,0 +1,107 @@
+"""``plan``'s ranking screens every candidate with the step compiled at XLA's quick effort and compiles at full effort
+(as the runtime builds the step) only the candidates that could still win or whose fit is in doubt."""
+
+import json
+
+import pytest
+
+from diffusers_tpu.commands import plan_screening
+from diffusers_tpu.planner import step_estimate, tpu_compiler
+from diffusers_tpu.planner.chips import CHIPS, GIB
+
+needs_libtpu = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+
+
+def _row(mesh, seconds, total_gib, memory_bound=False, effort="quick"):
+    estimate = dict(
+        seconds=seconds,
+        compute_seconds=seconds * (0.5 if memory_bound else 0.9),
+        memory_seconds=seconds * (0.9 if memory_bound else 0.5),
+        collective_seconds=0.0,
+    )
+    return dict(
+        memory_per_device={"mesh": mesh},
+        estimate=estimate,
+        total_bytes_per_device=total_gib * GIB,
+        fits=total_gib <= 32 * 0.98,
+        step_effort=effort,
+        compiler="TPU",
+        config=dict(mesh),
+    )
+
+
+@pytest.fixture
+def confirmations(monkeypatch):
+    """``plan_all`` replaced: a confirmation gives the row at full effort with the same figures (or those set)."""
+    done, full = [], {}
+
+    def plan_all(pipe, call, configs, devices, **planned):
+        (config,) = configs
+        done.append(config)
+        row = _row(config, *full.get(tuple(config.items()), (1.0, 10.0)), effort="full")
+        yield row
+
+    monkeypatch.setattr(plan_screening, "plan_all", plan_all)
+    monkeypatch.setattr(plan_screening.plan_lines, "line", lambda row: str(row["memory_per_device"]))
+    return done, full
+
+
+PLANNED = dict(chip=CHIPS["v6e-8"], hbm_gib=None)
+
+
+def test_a_leader_far_from_the_memory_limit_is_not_recompiled(confirmations):
+    done, _ = confirmations
+    rows = [_row({"dp": 2}, 1.0, 10.0), _row({"dp": 1}, 1.005, 11.0), _row({"tp": 8}, 1.3, 9.0)]
+    plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0)
+    assert done == []  # compute-bound and far below 32 GiB: the quick-effort figures rank it as the full ones would
+    assert all(row["step_effort"] == "quick" for row in rows)
+
+
+def test_a_leader_whose_fit_is_in_doubt_is_confirmed_and_the_next_taken_if_it_no_longer_fits(confirmations):
+    done, full = confirmations
+    rows = [_row({"dp": 2, "sp": 4}, 0.98, 30.5), _row({"dp": 2, "tp": 4}, 1.0, 11.0)]
+    full[(("dp", 2), ("sp", 4))] = (0.98, 33.0)  # at full effort it does not fit
+    listed = list(rows)
+    plan_screening.confirm_at_full_effort(None, {}, None, rows, listed, PLANNED, 0.0)
+    assert done == [{"dp": 2, "sp": 4}]
+    assert rows[0]["step_effort"] == "full" and not rows[0]["fits"] and listed[0] is rows[0]
+    assert rows[1]["step_effort"] == "quick"  # the new leader: 11 GiB, compute-bound, not in doubt
+
+
+def test_memory_bound_candidates_close_to_the_leader_are_confirmed(confirmations):
+    done, _ = confirmations
+    rows = [_row({"dp": 2}, 1.0, 10.0, memory_bound=True), _row({"sp": 2}, 1.03, 10.0, memory_bound=True)]
+    rows.append(_row({"tp": 8}, 1.2, 10.0, memory_bound=True))
+    plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0)
+    assert done == [{"sp": 2}]  # within 5% of the leader where the effort moves the estimate; {"tp": 8} is 20% off
+
+
+def test_when_nothing_fits_the_candidates_near_the_limit_are_confirmed(confirmations):
+    done, full = confirmations
+    rows = [_row({"dp": 2}, 1.0, 36.0), _row({"tp": 8}, 1.1, 60.0)]
+    full[(("dp", 2),)] = (1.0, 30.0)  # fits once compiled as the runtime does
+    plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0)
+    assert done == [{"dp": 2}] and rows[0]["fits"] and rows[1]["step_effort"] == "quick"
+
+
+@needs_libtpu
+def test_the_screening_chooses_what_compiling_every_candidate_at_full_effort_chooses(tmp_path, capsys):
+    from diffusers_tpu.commands import cli
+
+    base = "plan --model tiny:wan-4head --chips v6e-8 --height 32 --width 48 --frames 13 --no-vae".split()
+    screened, full = tmp_path / "screened.json", tmp_path / "full.json"
+    assert cli.main([*base, "--json", str(screened)]) == 0
+    assert "[TPU compiler, quick effort]" in capsys.readouterr().out
+    assert cli.main([*base, "--all", "--json", str(full)]) == 0
+    screened, full = json.loads(screened.read_text()), json.loads(full.read_text())
+    assert {row["step_effort"] for row in screened["candidates"]} == {"quick"}
+    assert {row["step_effort"] for row in full["candidates"]} == {"full"}
+    quick = {str(row["memory_per_device"]["mesh"]): row["estimate"] for row in screened["candidates"]}
+    for row in full["candidates"]:  # FLOPs and collectives are the partitioner's, whatever the effort
+        found = quick[str(row["memory_per_device"]["mesh"])]
+        for part in ("compute_seconds", "collective_seconds"):
+            assert found[part] == pytest.approx(row["estimate"][part], rel=0.02, abs=1e-12), part
+    by_mesh = {str(row["memory_per_device"]["mesh"]): row for row in full["candidates"]}
+    pick = by_mesh[str(screened["recommended"]["memory_per_device"]["mesh"])]  # the screened pick, at full effort
+    fastest = min(row["estimate"]["seconds"] for row in full["candidates"] if row["fits"])
+    assert pick["fits"] and pick["estimate"]["seconds"] <= fastest * (1 + step_estimate.TIE)
