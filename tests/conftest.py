@@ -18,11 +18,9 @@ os.environ.setdefault("DIFFUSERS_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="diffus
 # - a simulated mesh's collectives wait up to 10 minutes for their device threads (XLA:CPU's default, 40 s, killed
 #   the sweep's mesh process once when four processes shared 2 cores: one thread of an all-gather starved).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-for _flag in (
-    "--xla_backend_optimization_level=0",
-    "--xla_cpu_use_fusion_emitters=false",
-    "--xla_cpu_collective_call_terminate_timeout_seconds=600",
-):
+from tests import xla_flags  # noqa: E402  (the flags this jaxlib knows: XLA aborts on others)
+
+for _flag in xla_flags.fast_compile():
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 

@@ -68,21 +68,22 @@ def applied() -> set[str]:
     return set(_applied)
 
 
-# torchax 0.0.10-0.0.13's modules that name aten overloads torch 2.13 removed (``torch_compat`` section 1).
-TORCHAX_MODULES_NAMING_REMOVED_OVERLOADS = ("torchax.amp", "torchax.decompositions")
+# torchax 0.0.10-0.0.13's modules that name aten ops and overloads torch 2.13 and 2.14 removed (``torch_compat``
+# section 1).
+TORCHAX_MODULES_NAMING_REMOVED_OPS = ("torchax.amp", "torchax.decompositions", "torchax.ops.jaten")
 
 
 def torchax_importable() -> None:
-    """Have torchax's modules that name removed overloads run inside ``torch_compat``'s tolerance when imported."""
-    for name in TORCHAX_MODULES_NAMING_REMOVED_OVERLOADS:
+    """Have torchax's modules that name removed aten ops run inside ``torch_compat``'s tolerance when imported."""
+    for name in TORCHAX_MODULES_NAMING_REMOVED_OPS:
         if name not in sys.modules:
-            import_hooks.while_importing(name, _removed_overloads_tolerated)
+            import_hooks.while_importing(name, _removed_names_tolerated)
 
 
-def _removed_overloads_tolerated():
+def _removed_names_tolerated():
     from . import torch_compat  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
 
-    return torch_compat.removed_named_overloads_tolerated()
+    return torch_compat.removed_aten_names_tolerated()
 
 
 # Known noise, silenced at its source and nowhere else, before anything can log it.

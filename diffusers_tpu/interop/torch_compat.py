@@ -16,53 +16,63 @@ import torch
 from . import patching
 
 # --- 1. torchax imports on torch >= 2.13 ------------------------------------------------------------------
-# Reason: torchax 0.0.10-0.0.13 reference ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``) that
-# torch 2.13 removed, in ``torchax/amp.py`` (at import) and ``torchax/decompositions.py`` (when the default
-# environment is first built). While those two modules execute, and only then, such a missing overload resolves to
-# an inert placeholder, which both tables ignore (they are never dispatched: named tensors do not exist any more).
-# ``import diffusers_tpu`` has their bodies run inside ``removed_named_overloads_tolerated``
+# Reason: torchax 0.0.10-0.0.13 name aten ops and overloads that newer torch removed, in tables built when their
+# modules execute: ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``: gone in torch 2.13) in
+# ``torchax/amp.py`` and ``torchax/decompositions.py``, and the deprecated ``aten.cholesky`` and ``aten.qr`` (gone in
+# torch 2.14: ``torch.linalg.cholesky`` / ``qr`` dispatch to ``linalg_cholesky_ex`` / ``linalg_qr``, which torchax
+# lowers) in ``amp.py`` and ``torchax/ops/jaten.py``. While those modules execute, and only then, such a name
+# resolves to an inert placeholder, which their tables hold but never dispatch (torch cannot produce those ops any
+# more). ``import diffusers_tpu`` has their bodies run inside ``removed_aten_names_tolerated``
 # (``startup.torchax_importable``: no torch import until then), so ``import torchax`` works anywhere after it.
-# Guard: a no-op when the torch in use still has the overloads.
+# Guard: only the names listed here; a no-op for a torch that still has them. Checked on torch 2.13.0, 2.14.1, 2.15.0.
 _NAMED_TENSOR_MARKERS = ("dimname", "names")
+REMOVED_OPS = ("cholesky", "qr")  # removed from ``torch.ops.aten`` in torch 2.14
 
 
 class _RemovedOverload:
-    """Stands in for an aten overload that torch no longer has; never called."""
+    """Stands in for an aten op or overload that torch no longer has; never called."""
 
     def __init__(self, name: str):
         self.name = name
 
+    def __getattr__(self, key: str):  # a removed op's overloads (``aten.cholesky.default``)
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return _RemovedOverload(f"{self.name}.{key}")
+
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"<removed aten overload {self.name}>"
-
-
-def _torch_has_named_overloads() -> bool:
-    return hasattr(torch.ops.aten.prod, "dim_Dimname")
+        return f"<removed aten name {self.name}>"
 
 
 @contextlib.contextmanager
-def removed_named_overloads_tolerated():
-    """Inside: a named-tensor overload torch removed resolves to a ``_RemovedOverload``."""
-    if _torch_has_named_overloads():
-        yield
-        return
-    packet_cls = torch._ops.OpOverloadPacket
-    original = packet_cls.__getattr__
+def removed_aten_names_tolerated():
+    """Inside: a named-tensor overload or an op of ``REMOVED_OPS`` that torch removed resolves to a
+    ``_RemovedOverload``."""
+    packet_cls, namespace_cls = torch._ops.OpOverloadPacket, torch._ops._OpNamespace
+    packet_getattr, namespace_getattr = packet_cls.__getattr__, namespace_cls.__getattr__
 
-    def getattr_with_placeholders(self, key):
+    def overload_or_placeholder(self, key):
         try:
-            return original(self, key)
+            return packet_getattr(self, key)
         except AttributeError:
             if any(marker in key.lower() for marker in _NAMED_TENSOR_MARKERS):
                 return _RemovedOverload(f"{self._qualified_op_name}.{key}")
             raise
 
-    packet_cls.__getattr__ = getattr_with_placeholders
+    def op_or_placeholder(self, key):
+        try:
+            return namespace_getattr(self, key)
+        except AttributeError:
+            if getattr(self, "name", None) == "aten" and key in REMOVED_OPS:
+                return _RemovedOverload(f"aten.{key}")
+            raise
+
+    packet_cls.__getattr__, namespace_cls.__getattr__ = overload_or_placeholder, op_or_placeholder
     try:
         yield
     finally:
-        packet_cls.__getattr__ = original
-    patching.record("torchax-named-overloads")
+        packet_cls.__getattr__, namespace_cls.__getattr__ = packet_getattr, namespace_getattr
+    patching.record("torchax-removed-aten-names")
 
 
 # --- 2. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------

@@ -1,4 +1,4 @@
-"""The patches of torch itself (``torch_compat``): torchax importable on torch 2.13, whoever imports it first."""
+"""The patches of torch itself (``torch_compat``): torchax importable on torch 2.13+, whoever imports it first."""
 
 import subprocess
 import sys
@@ -10,29 +10,34 @@ from diffusers_tpu.interop import import_hooks, patching, torch_compat
 from tests.conftest import run_fresh
 
 
+def _names_removed() -> list[str]:
+    """What this torch removed of the names torchax 0.0.13 uses (named-tensor overloads, ``REMOVED_OPS``)."""
+    removed = [] if hasattr(torch.ops.aten.prod, "dim_Dimname") else ["dim_Dimname"]
+    return removed + [op for op in torch_compat.REMOVED_OPS if not hasattr(torch.ops.aten, op)]
+
+
 @pytest.mark.parametrize("first", ["", "import torch", "import torch, diffusers"])
 def test_torchax_imports_after_the_package_whatever_was_imported_before(first):
     """A user's ``import torchax`` (and its default environment, which loads ``torchax.decompositions``) works after
-    ``import diffusers_tpu``, with or without torch loaded first; on torch 2.13 only through the tolerance."""
+    ``import diffusers_tpu``, with or without torch loaded first; on torch 2.13+ only through the tolerance."""
     found = run_fresh(f"""
         import json
         {first}
         import diffusers_tpu
         import torchax
         env = torchax.default_env()
-        import torch
         from diffusers_tpu.interop import patching
-        print(json.dumps(dict(env=env is not None, shim="torchax-named-overloads" in patching.applied(),
-                              named=hasattr(torch.ops.aten.prod, "dim_Dimname"))))
+        print(json.dumps(dict(env=env is not None, shim="torchax-removed-aten-names" in patching.applied())))
     """)
-    assert found["env"] and found["shim"] == (not found["named"])
+    assert found["env"] and found["shim"]
 
 
-def test_torchax_does_not_import_on_torch_2_13_without_the_tolerance():
-    """The reason for the patch, re-measured: without ``diffusers_tpu``, torchax fails on a torch without the
-    named-tensor overloads (the day torchax stops naming them, this test says the patch can go)."""
-    if torch_compat._torch_has_named_overloads():
-        pytest.skip("this torch still has named-tensor overloads: the tolerance is a no-op")
+def test_torchax_does_not_import_on_this_torch_without_the_tolerance():
+    """The reason for the patch, re-measured: without ``diffusers_tpu``, torchax fails on a torch without the names
+    it uses (the day torchax stops naming them, this test says the patch can go)."""
+    removed = _names_removed()
+    if not removed:
+        pytest.skip("this torch still has every aten name torchax uses: the tolerance is a no-op")
     result = subprocess.run(
         [sys.executable, "-c", "import torchax; torchax.default_env()"],
         capture_output=True,
@@ -40,23 +45,25 @@ def test_torchax_does_not_import_on_torch_2_13_without_the_tolerance():
         cwd="/",
         timeout=300,
     )
-    assert result.returncode != 0 and "Dimname" in result.stderr
+    assert result.returncode != 0 and any(name.split("_")[-1] in result.stderr for name in removed), result.stderr
 
 
 def test_placeholders_only_inside_the_tolerance():
-    packet = torch.ops.aten.prod
-    if torch_compat._torch_has_named_overloads():
-        pytest.skip("this torch still has named-tensor overloads: the tolerance is a no-op")
-    with pytest.raises(AttributeError):
-        packet.dim_Dimname
-    with torch_compat.removed_named_overloads_tolerated():
-        assert isinstance(packet.dim_Dimname, torch_compat._RemovedOverload)
+    packet, removed = torch.ops.aten.prod, _names_removed()
+    with torch_compat.removed_aten_names_tolerated():
+        assert isinstance(packet.dim_Dimname, torch_compat._RemovedOverload) or "dim_Dimname" not in removed
+        for op in torch_compat.REMOVED_OPS:
+            found = getattr(torch.ops.aten, op)
+            assert isinstance(found.default, torch_compat._RemovedOverload) == (op in removed)
         with pytest.raises(AttributeError):
             packet.not_an_overload  # other missing names still fail
+        with pytest.raises(AttributeError):
+            torch.ops.aten.not_an_op_of_torch
         assert packet.dim_int is torch.ops.aten.prod.dim_int
-    with pytest.raises(AttributeError):
-        packet.dim_Dimname
-    assert "torchax-named-overloads" in patching.applied()
+    for name in removed:
+        with pytest.raises(AttributeError):
+            getattr(packet, name) if name == "dim_Dimname" else getattr(torch.ops.aten, name)
+    assert "torchax-removed-aten-names" in patching.applied()
 
 
 def test_while_importing_runs_the_body_inside_the_context_once(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit
 from diffusers_tpu.runtime import registry, support
 
+from .. import xla_flags
 from .recipes import RECIPES
 
 TOLERANCE = 1e-4
@@ -279,7 +280,7 @@ def status_of(one: dict | None, mesh: dict | None, video: bool) -> tuple[str, st
 def spawn(names: list[str], devices: int, out_file: str, claims: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     # XLA:CPU compiling fast, as in tests/conftest.py (same float32 arithmetic; a quarter of the compile time)
-    flags = env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    flags = env.get("XLA_FLAGS", "") + " " + " ".join(xla_flags.fast_compile(("--xla_backend", "--xla_cpu_use")))
     if devices > 1:
         flags += f" --xla_force_host_platform_device_count={devices}"
     env["XLA_FLAGS"] = flags.strip()
