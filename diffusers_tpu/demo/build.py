@@ -14,6 +14,9 @@ latents *are* (half-resolution) pixels, which is also what makes the demo's cont
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 from diffusers import AutoencoderKLWan
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanResample, WanResidualBlock
@@ -70,6 +73,33 @@ def word_tokenizer(words: list[str], model_max_length: int = 512):
         unk_token=WORDS_UNK,
         model_max_length=model_max_length,
     )
+
+
+def portable_tokenizer(folder: str) -> None:
+    """A saved pipeline's word tokenizer recorded as ``PreTrainedTokenizerFast``, the class transformers 4.57-5.x all
+    load: transformers 5 saves it as ``TokenizersBackend``, which transformers 4 does not have (the same
+    ``tokenizer.json`` either way)."""
+    fast = "PreTrainedTokenizerFast"
+    index_path = os.path.join(folder, "model_index.json")
+    config_path = os.path.join(folder, "tokenizer", "tokenizer_config.json")
+    index, config = _read(index_path), _read(config_path)
+    index["tokenizer"] = ["transformers", fast]
+    config["tokenizer_class"] = fast
+    config.pop("backend", None)  # transformers 5's record of the class it saved
+    _write(index_path, index)
+    _write(config_path, config)
+
+
+def _read(path: str) -> dict:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _write(path: str, value: dict) -> None:
+    with open(path + ".partial", "w") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(path + ".partial", path)
 
 
 def text_encoder(seed: int = 0):

@@ -191,6 +191,7 @@ def save(pipe, folder: str, weights: dict | None = None) -> None:
         pipe.save_pretrained(folder, safe_serialization=True)
     finally:
         pipe.transformer = transformer
+    build.portable_tokenizer(folder)
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
 from . import (
     attention,
+    diffusers_compat,
     gpu_script_calls,
     group_offload,
     loading,
@@ -486,6 +487,7 @@ def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
     _patch_device_map(pipeline_utils)
+    diffusers_compat.apply(pipeline_utils)
 
 
 def apply() -> None:

@@ -457,7 +457,9 @@ QWEN25_VL_TEXT = dict(
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=512,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+    # transformers 4.57's names (5.x reads them too: its ``rope_parameters`` alone leaves 4.57 without mrope sections)
+    rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+    rope_theta=10000.0,
     bos_token_id=None,
     eos_token_id=1,
     pad_token_id=0,

@@ -5,6 +5,8 @@ Over 400 lines: one small builder per pipeline, written out as ``ruff format`` l
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import PIL.Image
 import torch
@@ -505,9 +507,10 @@ def ltx2(seed: int = 0):
 
 
 def ltx2_i2v(seed: int = 0):
-
-    # image_crf=0: no H.264 re-compression of the conditioning image (it needs PyAV, not a dependency here)
-    return _ltx2(LTX2ImageToVideoPipeline, seed), dict(LTX2_CALL, image=test_image(32, 32), image_crf=0)
+    call = dict(LTX2_CALL, image=test_image(32, 32))
+    if "image_crf" in inspect.signature(LTX2ImageToVideoPipeline.__call__).parameters:  # newer diffusers
+        call["image_crf"] = 0  # no H.264 re-compression of the conditioning image (it needs PyAV, not a dependency)
+    return _ltx2(LTX2ImageToVideoPipeline, seed), call
 
 
 PIPELINES = {

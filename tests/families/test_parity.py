@@ -117,7 +117,7 @@ def wan22_both_experts(run):
 
 def wan_i2v_image_encoder(run):
     wan22_postprocess_on_device(run)
-    assert diffusers_tpu.sharding_of(run.pipe.image_encoder.embeddings.patch_embedding.weight) is not None
+    assert diffusers_tpu.sharding_of(run.pipe.image_encoder.get_input_embeddings().weight) is not None
 
 
 def mochi_eager_attention(run):  # its attention compacts text tokens with torch.nonzero: that module runs eagerly
