@@ -134,6 +134,12 @@ def run(cell: str, pip_arguments: list[str]) -> int:
     return 0 if entry["result"] != "failed" else 1
 
 
+def _counts(check: dict) -> str:
+    """A check's outcome in a few words: pytest's counts, else ok / FAILED."""
+    found = re.findall(r"\d+ (?:passed|failed|errors?|skipped)", check["summary"])
+    return ", ".join(found) if found else ("ok" if check["passed"] else "FAILED")
+
+
 def table() -> str:
     found = json.load(open(RESULTS))
     head = ["cell", "python", *PACKAGES, "result", "minutes", "date"]
@@ -142,9 +148,8 @@ def table() -> str:
         seen = entry["versions"]
         result = entry["result"]
         if "checks" in entry:
-            failed = [name for name, check in entry["checks"].items() if not check["passed"]]
-            result += ": " + (
-                "; ".join(failed) if failed else ", ".join(c["summary"] for c in entry["checks"].values())
+            result += ": " + "; ".join(
+                f"{name} {_counts(entry['checks'][name])}" for name in CHECKS if name in entry["checks"]
             )
         elif entry.get("reason"):
             result += f": {entry['reason']}"

@@ -4,7 +4,8 @@
                                           [--quantize int8]
 
 Reports, over the training captions and the held-out colour/direction pairs (never seen in training), the share of
-videos whose colour, shape and direction are right (each, and all three), and how clean the background is (the mean
+videos whose colour, shape and direction are right (each, and all three), the share of videos that keep a clean
+background (no blob or smear away from the shape: ``scenes.BLOB_PIXELS``), and how clean the background is (the mean
 share of the pixels away from the shape within ``scenes.CLEAN_LEVELS`` of the background colour). Seeds 0..N-1 per
 caption.
 """
@@ -46,6 +47,8 @@ def readings(pipe, items, seeds, call=None) -> list[dict]:
                     travel=read.travel,
                     fit=read.fit,
                     clean=read.clean,
+                    blob=read.blob,
+                    clean_background=read.clean_background,
                 )
             )
     return rows
@@ -60,6 +63,7 @@ def summary(rows: list[dict]) -> dict:
         direction=sum(r["direction_ok"] for r in rows) / count,
         all=sum(r["colour_ok"] and r["shape_ok"] and r["direction_ok"] for r in rows) / count,
         background=sum(r["clean"] for r in rows) / count,
+        clean_backgrounds=sum(r["clean_background"] for r in rows) / count,
     )
 
 

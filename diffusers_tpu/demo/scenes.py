@@ -42,6 +42,10 @@ STEP = 3.0
 RADIUS = 0.18
 # A background pixel is "clean" within this many levels (per channel) of BACKGROUND.
 CLEAN_LEVELS = 8
+# A blob or smear away from the shape: a 4-connected patch of pixels more than BLOB_LEVELS off the background, of at
+# least BLOB_PIXELS in one frame (0.4% of a 64x64 frame: a speckle is a pixel or two); a video with none keeps a clean
+# background (``Reading.blob``).
+BLOB_LEVELS, BLOB_PIXELS = 24, 16
 
 
 def caption(colour: str, shape: str, direction: str) -> str:
@@ -96,6 +100,12 @@ class Reading:
     shape: str | None = None  # the outline (square or circle) that fits the foreground best, None if there is none
     fit: dict = dataclasses.field(default_factory=dict)  # mean intersection-over-union with each outline
     clean: float = 1.0  # share of the pixels away from the shape within CLEAN_LEVELS of the background colour
+    blob: int = 0  # pixels of the largest patch away from the shape more than BLOB_LEVELS off the background
+
+    @property
+    def clean_background(self) -> bool:
+        """No blob or smear away from the shape (``BLOB_PIXELS``)."""
+        return self.blob < BLOB_PIXELS
 
     def follows(self, colour: str, direction: str, shape: str | None = None) -> bool:
         """Colour and direction (and the shape, when one is given) are what was asked."""
@@ -123,15 +133,36 @@ def analyse(video) -> Reading:
     coverage = float(foreground.mean())
     levels = np.abs(video - np.asarray(BACKGROUND, np.float32)).max(-1) <= CLEAN_LEVELS
     clean = float(levels[~shape_area].mean()) if (~shape_area).any() else 0.0
+    dirty = (np.abs(video - np.asarray(BACKGROUND, np.float32)).max(-1) > BLOB_LEVELS) & ~shape_area
+    blob = max((_largest_patch(frame) for frame in dirty), default=0)
     if not centroids:
-        return Reading(None, None, (0.0, 0.0), coverage, clean=clean)
+        return Reading(None, None, (0.0, 0.0), coverage, clean=clean, blob=blob)
     fit = {name: float(np.mean(values)) for name, values in fits.items()}
     colour = _name(video[foreground])
     tx, ty = (centroids[-1][0] - centroids[0][0], centroids[-1][1] - centroids[0][1])
     direction = None
     if max(abs(tx), abs(ty)) >= 0.1 and len(centroids) >= frames // 2:
         direction = ("right" if tx > 0 else "left") if abs(tx) >= abs(ty) else ("down" if ty > 0 else "up")
-    return Reading(colour, direction, (float(tx), float(ty)), coverage, max(fit, key=fit.get), fit, clean)
+    return Reading(colour, direction, (float(tx), float(ty)), coverage, max(fit, key=fit.get), fit, clean, blob)
+
+
+def _largest_patch(mask: np.ndarray) -> int:
+    """Pixels of the largest 4-connected patch of ``mask`` (a frame's few off-background pixels: a flood fill each)."""
+    seen, largest = np.zeros_like(mask), 0
+    height, width = mask.shape
+    for start in zip(*np.nonzero(mask)):
+        if seen[start]:
+            continue
+        seen[start], stack, size = True, [start], 0
+        while stack:
+            y, x = stack.pop()
+            size += 1
+            for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                if 0 <= ny < height and 0 <= nx < width and mask[ny, nx] and not seen[ny, nx]:
+                    seen[ny, nx] = True
+                    stack.append((ny, nx))
+        largest = max(largest, size)
+    return largest
 
 
 def _name(pixels: np.ndarray) -> str:

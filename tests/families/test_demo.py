@@ -69,9 +69,23 @@ def test_analyser_reads_rendered_clips(held_out):
         )
         noisy = scenes.analyse(speckled)
         assert noisy.follows(colour, direction, shape) and 0.9 < noisy.clean < 0.99, noisy
+        assert reading.clean_background and noisy.clean_background and noisy.blob == 1  # speckle is no blob
+        # a smear away from the shape in one frame: a 4x5 patch in the corner farthest from the shape's centroid
+        smeared, corner = frames.copy(), _far_corner(frames[2])
+        smeared[2, corner[0] : corner[0] + 4, corner[1] : corner[1] + 5] = np.asarray(scenes.BACKGROUND) + 40
+        blotched = scenes.analyse(smeared)
+        assert blotched.blob == 20 and not blotched.clean_background, blotched
     noise = np.random.default_rng(1).integers(0, 256, (9, 32, 32, 3), dtype=np.uint8)
     assert scenes.analyse(noise).direction is None
     assert scenes.analyse(np.zeros((9, 32, 32, 3), np.uint8) + 24).colour is None
+
+
+def _far_corner(frame) -> tuple[int, int]:
+    """The top-left pixel of the 4x5 corner box farthest from the frame's foreground centroid."""
+    ys, xs = np.nonzero(np.abs(frame.astype(int) - scenes.BACKGROUND).max(-1) > 80)
+    height, width = frame.shape[:2]
+    corners = [(0, 0), (0, width - 5), (height - 4, 0), (height - 4, width - 5)]
+    return max(corners, key=lambda c: (c[0] - ys.mean()) ** 2 + (c[1] - xs.mean()) ** 2)
 
 
 @pytest.fixture(scope="module")
