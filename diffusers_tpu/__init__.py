@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 import importlib
 import sys
 
-from .interop import import_hooks, startup
+from .interop import import_hooks, startup, versions
 
 _active = False
 
@@ -52,6 +52,7 @@ def activate() -> None:
     patches.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported
 
 
+versions.warn_outside()  # one warning naming the tested span, for any version outside it
 startup.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
 startup.torchax_importable()  # torchax imports on torch 2.13, whoever imports it first
 startup.quiet_known_noise()

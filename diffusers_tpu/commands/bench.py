@@ -28,9 +28,9 @@ from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 from ..interop import backend
 from ..interop.jit import compile_log
 from ..planner import architectures
-from ..runtime import outputs, pipeline_runtime
+from ..runtime import diffusers_private, outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
-from ..runtime.denoiser import active_hooks, hook_reference
+from ..runtime.denoiser import active_hooks
 from ..runtime.overrides import Overrides
 from ..runtime.registry import family_of
 from ..runtime.stages import call_defaults
@@ -95,7 +95,7 @@ class StageTimer:
         for sub in active_hooks(module):
             if sub is module:
                 continue
-            reference, attribute = hook_reference(sub)
+            reference, attribute = diffusers_private.innermost_forward_reference(sub)
             inner = getattr(reference, attribute)
 
             def counted(*args, _inner=inner, **kwargs):

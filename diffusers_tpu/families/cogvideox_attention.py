@@ -10,7 +10,7 @@ identity (cos 1, sin 0: ``x * 1 + y * 0`` is ``x``), and the heads transpose fol
 mask, no rotary embedding (CogVideoX-2b) — is the stock method itself.
 
 Installed per instance by ``install`` (``runtime.kernel_processors``: only over the exact stock class, undone by
-``pipe.to("cpu")``, diffusers 0.42 only).
+``pipe.to("cpu")``, only while diffusers' source is the one restated: ``kernel_processors.restates``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 from ..runtime import kernel_processors, rotary
 
 
+@kernel_processors.restates("a1ecc57eaf6a958b")
 class KernelRotaryCogVideoXAttnProcessor(CogVideoXAttnProcessor2_0):
     """``CogVideoXAttnProcessor2_0`` whose rotary self-attention rotates q and k through the kernel."""
 

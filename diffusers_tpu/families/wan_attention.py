@@ -9,7 +9,7 @@ encoder states, no added keys) is restated here, operation for operation, with t
 image keys) is the stock method itself.
 
 Installed per instance by ``install`` (``runtime.kernel_processors``: only over the exact stock class, undone by
-``pipe.to("cpu")``, diffusers 0.42 only).
+``pipe.to("cpu")``, only while diffusers' source is the one restated: ``RESTATED``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import functools
 from diffusers.models.transformers import transformer_skyreels_v2, transformer_wan
 
 from ..runtime import kernel_processors, rotary
+
+# the source digests of the stock ``__call__`` each subclass restates (``kernel_processors.restates``)
+RESTATED = {"WanAttnProcessor": "13c09feedcfe814a", "SkyReelsV2AttnProcessor": "be927e58ea7fba80"}
 
 
 def _kernel_rotary_processor(stock: type, projections):
@@ -46,7 +49,8 @@ def _kernel_rotary_processor(stock: type, projections):
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
-    return type(f"KernelRotary{stock.__name__}", (stock,), {"__call__": __call__, "__module__": __name__})
+    kind = type(f"KernelRotary{stock.__name__}", (stock,), {"__call__": __call__, "__module__": __name__})
+    return kernel_processors.restates(RESTATED[stock.__name__])(kind)
 
 
 @functools.cache

@@ -21,14 +21,13 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 import torchax
-from jax._src.sharding import IndivisibleError
 from jax.sharding import NamedSharding, PartitionSpec
 from torch.utils._python_dispatch import _disable_current_modes
 from torchax.ops import jaten, mappings, op_base, ops_registry
 from torchax.tensor import Environment, Tensor
 from torchax.view import NarrowInfo, View
 
-from . import host_scalars, patching
+from . import host_scalars, jax_private, patching
 
 # --- 2. SDPA on the torchax default environment -----------------------------------------------------------
 # Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
@@ -506,7 +505,7 @@ def _mixed_mesh_operands(stock):
     def dispatch(self, func, types, args, kwargs):
         try:
             return stock(self, func, types, args, kwargs)
-        except IndivisibleError:
+        except jax_private.indivisible_error():
             operands = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
             if not _onto_trace_mesh(operands):
                 raise

@@ -37,8 +37,9 @@ import time
 
 import jax
 import numpy as np
-from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
+
+from . import jax_private
 
 COORDINATOR_ENV = "DIFFUSERS_TPU_COORDINATOR"
 NUM_PROCESSES_ENV = "DIFFUSERS_TPU_NUM_PROCESSES"
@@ -101,9 +102,7 @@ def _multi_host_tpu_slice() -> bool:
     if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
         return False
     try:
-        from jax._src.clusters import cloud_tpu_cluster  # noqa: PLC0415 - private: its absence is answered below
-
-        endpoints, code = cloud_tpu_cluster.get_metadata("worker-network-endpoints")
+        endpoints, code = jax_private.cloud_tpu_metadata("worker-network-endpoints")
         return code == 200 and len([e for e in endpoints.split(",") if e.strip()]) > 1
     except Exception:  # not a Cloud TPU VM, or no metadata server: a single host
         return False
@@ -179,7 +178,7 @@ class _PeerWatch(threading.Thread):
 
     def __init__(self, timeout: int):
         super().__init__(name="diffusers_tpu-peer-watch", daemon=True)
-        self.client = jax_distributed.global_state.client  # the client JAX's initialize connected
+        self.client = jax_private.distributed_client()  # the client JAX's initialize connected
         self.timeout, self.me, self.count = timeout, jax.process_index(), jax.process_count()
         atexit.register(self.leave)
 

@@ -10,7 +10,7 @@ placed where the op's first input was (a transfer, not a program). ``compat`` in
 
 Random draws for the devices outside a trace are made here too (``draw``): torch on the CPU, from the caller's CPU
 generator or torch's default one, so ``torch.manual_seed`` decides them and they equal stock's CPU values.
-Imports nothing of the package.
+Imports nothing of the package but ``jax_private``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import ml_dtypes
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from jax._src import core
 from torch.utils._python_dispatch import _disable_current_modes
 from torchax.tensor import Tensor
 from torchax.view import NarrowInfo, View
+
+from . import jax_private
 
 GLUE_ELEMENTS = 4096
 _HOST_CONSTRUCTORS = ("zeros", "ones", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "eye")
@@ -108,7 +109,7 @@ def _is_glue_op(func, tensors) -> bool:
 def _host_constructor(env, func, args, kwargs):
     """``torch.zeros(1, device=...)`` and friends made on the host (outside traces: in one they are constants)."""
     device = kwargs.get("device")
-    if device is None or not env._should_use_torchax_tensor(device) or not core.trace_state_clean():
+    if device is None or not env._should_use_torchax_tensor(device) or not jax_private.trace_state_clean():
         return NOT_GLUE
     if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((args, kwargs))):
         return NOT_GLUE
@@ -128,7 +129,7 @@ def _from_scalars(env, func, args, kwargs):
     ``torch.Tensor([0.25 * sigma.log() for sigma in sigmas])``). The values are read on the host; the result is a
     host tensor, or placed on the devices when ``device`` names them."""
     leaves = [x for x in pytree.tree_leaves(args[0]) if isinstance(x, torch.Tensor)]
-    if not leaves or not core.trace_state_clean():
+    if not leaves or not jax_private.trace_state_clean():
         return NOT_GLUE
     host = {id(t): _host_tensor(t) for t in leaves}
     if any(h is None or h.numel() != 1 for h in host.values()):
@@ -154,7 +155,7 @@ def _write_into_host(func, args, kwargs):
     there, as torch writes CUDA values into a CPU tensor (SEGA keeps its per-step estimates in CPU tensors:
     ``self.edit_estimates[i, c] = noise_pred``); torchax cannot write into a host tensor."""
     target = args[0]
-    if isinstance(target, (Tensor, View)) or target.device.type != "cpu" or not core.trace_state_clean():
+    if isinstance(target, (Tensor, View)) or target.device.type != "cpu" or not jax_private.trace_state_clean():
         return NOT_GLUE
     values = [x for x in pytree.tree_leaves((args[1:], kwargs)) if isinstance(x, (Tensor, View))]
     if not values:
@@ -257,7 +258,7 @@ def draw(env, func, args, kwargs):
     or the default one, and advances it: the values a CPU run of stock draws (``vae.encode(x).latent_dist.sample()``
     without a generator: I2VGen-XL). Inside a trace torchax's keys remain (a program cannot call torch)."""
     generator = kwargs.get("generator")
-    if not core.trace_state_clean() or (generator is not None and generator.device.type != "cpu"):
+    if not jax_private.trace_state_clean() or (generator is not None and generator.device.type != "cpu"):
         return NOT_GLUE
     like = None
     if func in _DRAWS:

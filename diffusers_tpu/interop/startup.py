@@ -16,7 +16,7 @@ import os
 import sys
 import warnings
 
-from . import import_hooks
+from . import import_hooks, jax_private
 
 _applied: set[str] = set()
 
@@ -36,20 +36,8 @@ QUIET_LIBTPU = {
 }
 
 
-def _tpu_chips() -> int:
-    """TPU chips attached to this host, counted by JAX's own ``hardware_utils`` (loaded alone from its file)."""
-    jax_spec = importlib.util.find_spec("jax")
-    path = os.path.join(os.path.dirname(jax_spec.origin), "_src", "hardware_utils.py") if jax_spec else ""
-    if not os.path.isfile(path):
-        return 0
-    spec = importlib.util.spec_from_file_location("_diffusers_tpu_jax_hardware_utils", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.num_available_tpu_chips_and_device_id()[0]
-
-
 def quiet_absent_libtpu() -> None:
-    if importlib.util.find_spec("libtpu") is None or _tpu_chips():
+    if importlib.util.find_spec("libtpu") is None or jax_private.tpu_chips():
         return
     for name, value in QUIET_LIBTPU.items():
         os.environ.setdefault(name, value)

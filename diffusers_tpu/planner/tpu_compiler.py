@@ -22,10 +22,9 @@ import threading
 import time
 
 import jax
-from jax._src import xla_bridge  # backends_are_initialized: JAX has no public question for it
 from jax.experimental import topologies
 
-from ..interop import startup
+from ..interop import jax_private, startup
 from . import hlo_stats
 from .chips import CHIPS, Chip
 
@@ -62,7 +61,7 @@ def load_failure() -> str | None:
 def started() -> bool:
     """Whether libtpu may have started in this process (it reads its flags, ``LIBTPU_INIT_ARGS``, then and only then):
     after JAX's first device query (which tries every platform) or a deviceless topology."""
-    return xla_bridge.backends_are_initialized() or _devices.cache_info().currsize > 0
+    return jax_private.backends_initialized() or _devices.cache_info().currsize > 0
 
 
 def usable() -> bool:

@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
 from ..interop.jit import CompiledFunction, place_arguments
-from . import lora, quantize, repeated_blocks, stacked_weights
+from . import diffusers_private, lora, quantize, repeated_blocks, stacked_weights
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def active_hooks(root: torch.nn.Module) -> dict:
     """{module: [hook names]} for every module under ``root`` (itself included) with registered diffusers hooks."""
     found = {}
     for module in root.modules():
-        registry = getattr(module, "_diffusers_hook", None)
+        registry = diffusers_private.hook_registry(module)
         names = [n for n, hook in (registry.hooks.items() if registry is not None else ()) if not _on_jax(hook)]
         if names:
             found[module] = names
@@ -98,19 +98,9 @@ def check_hooks(root: torch.nn.Module, where: str) -> None:
                 )
 
 
-def hook_reference(module):
-    """Where a diffusers hook chain registered on ``module`` keeps the module's own forward (diffusers 0.42
-    ``HookRegistry._fn_refs``): (function reference object, attribute name), or None without hooks."""
-    registry = getattr(module, "_diffusers_hook", None)
-    if registry is None or not registry.hooks:
-        return None
-    reference = registry._fn_refs[0]
-    return reference, "original_forward" if reference.original_forward is not None else "forward"
-
-
 def innermost_forward(module):
     """The forward a hook chain on ``module`` ends in (``module.forward`` without hooks)."""
-    found = hook_reference(module)
+    found = diffusers_private.innermost_forward_reference(module)
     return module.forward if found is None else getattr(*found)
 
 
@@ -225,7 +215,10 @@ class Denoiser:
             _units_on.reset(token)
 
     def _install_units(self, hooks: dict) -> None:
-        signature = (tuple(sorted((id(m), id(hook_reference(m)[0])) for m in hooks)), frozenset(self.eager))
+        signature = (
+            tuple(sorted((id(m), id(diffusers_private.innermost_forward_reference(m)[0])) for m in hooks)),
+            frozenset(self.eager),
+        )
         if signature in self._plans:
             self._active = self._plans[signature]
             return
@@ -259,7 +252,7 @@ class Denoiser:
     def _unit(self, module, name: str, hooked: bool) -> int:
         """Make ``module`` run as its own compiled program in unit mode (its stock forward otherwise)."""
         if hooked:
-            reference, attribute = hook_reference(module)
+            reference, attribute = diffusers_private.innermost_forward_reference(module)
             stock = getattr(reference, attribute)
         else:
             stock = module.forward

@@ -13,10 +13,11 @@ import contextlib
 import weakref
 
 import torch
-from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+from diffusers.models.attention_dispatch import AttentionBackendName
 from torch.nn.attention.flex_attention import BlockMask
 
 from ..interop import static_keys
+from . import diffusers_private
 
 _KEYS_OF_MASKS: "weakref.WeakKeyDictionary[BlockMask, tuple]" = weakref.WeakKeyDictionary()
 
@@ -111,10 +112,5 @@ def flex_as_sdpa(
 @contextlib.contextmanager
 def flex_on_jax():
     """diffusers' registry serves ``flex`` with ``flex_as_sdpa`` for the duration."""
-    backends = _AttentionBackendRegistry._backends
-    stock = backends.get(AttentionBackendName.FLEX)
-    backends[AttentionBackendName.FLEX] = flex_as_sdpa
-    try:
+    with diffusers_private.serving_backend(AttentionBackendName.FLEX, flex_as_sdpa):
         yield
-    finally:
-        backends[AttentionBackendName.FLEX] = stock

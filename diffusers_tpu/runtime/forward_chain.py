@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import diffusers_private
+
 LAYERS = ("program", "recording", "family", "cfg_pairing", "user_entry")  # innermost first
 
 
@@ -52,7 +54,7 @@ class ForwardChain:
         return self.installed[name]
 
     def __repr__(self) -> str:
-        hooks = getattr(getattr(self.module, "_diffusers_hook", None), "hooks", None) or {}
+        hooks = diffusers_private.hook_names(self.module)
         inside = f" [diffusers hooks: {', '.join(hooks)}]" if hooks else ""
         layers = " > ".join(reversed(list(self.installed)))
         return f"ForwardChain({type(self.module).__name__}: {layers}{inside})"

@@ -21,9 +21,8 @@ import contextlib
 import logging
 
 import torch
-from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-from . import flex_attention
+from . import diffusers_private, flex_attention
 
 # processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
 # ``flex_attention.flex_on_jax`` serves it
@@ -182,16 +181,12 @@ def check_dtype(runtime, modules: dict) -> None:
 def native_attention_dispatch():
     """Inside JAX calls diffusers' attention dispatch uses its native (SDPA) backend, which the project routes to its
     kernel; a backend chosen with ``diffusers.attention_backend(...)`` (a CUDA library) is set aside meanwhile."""
-    previous = _AttentionBackendRegistry._active_backend
-    if previous != AttentionBackendName.NATIVE:
+    previous = diffusers_private.active_attention_backend()
+    if previous != diffusers_private.NATIVE:
         warn_once(
             f"dispatch-{previous}",
             f"attention_backend({previous.value!r}) is active: on JAX attention runs "
             "through the project's kernel (TPUConfig.attention) instead.",
         )
-    _AttentionBackendRegistry._active_backend = AttentionBackendName.NATIVE
-    try:
-        with flex_attention.flex_on_jax():
-            yield
-    finally:
-        _AttentionBackendRegistry._active_backend = previous
+    with diffusers_private.native_attention(), flex_attention.flex_on_jax():
+        yield

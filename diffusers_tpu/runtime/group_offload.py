@@ -22,7 +22,7 @@ import functools
 import torch
 
 from ..interop import backend
-from . import pipeline_runtime, shared_components
+from . import diffusers_private, pipeline_runtime, shared_components
 from .config import TPUConfig
 from .hidden_weights import HiddenWeights
 
@@ -167,7 +167,7 @@ def _move(pipe, target: str, names: list[str], runtime=None) -> None:
             hidden.release(module)
             vars(module).pop(_MARK, None)
             vars(module).pop(_TARGET, None)
-            registry = getattr(module, "_diffusers_hook", None)
+            registry = diffusers_private.hook_registry(module)
             if registry is not None and _is_on_jax(registry.get_hook(GROUP_OFFLOADING)):
                 registry.remove_hook(GROUP_OFFLOADING, recurse=False)
 

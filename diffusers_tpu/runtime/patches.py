@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 
-import diffusers
 import torch
 import torch.utils._pytree as pytree
 
@@ -43,17 +42,9 @@ logger = logging.getLogger(__name__)
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
 # to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
 # previous JAX placement. A native "tpu" torch device registered by another package is left alone.
-# Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on 0.42; other versions get a warning at patch time.
+# Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on the declared span (``interop.versions``; outside it
+# ``import diffusers_tpu`` warns).
 # Applied when diffusers' ``pipeline_utils`` finishes importing (``import_hooks``): importing it costs seconds.
-def _check_diffusers_version() -> bool:
-    tested = registry.diffusers_tested()
-    if not tested:
-        logger.warning(
-            "diffusers %s is outside the versions diffusers_tpu is tested with (%s.x); pipe.to('tpu') may misbehave.",
-            diffusers.__version__,
-            ".".join(map(str, registry.TESTED_DIFFUSERS[0])),
-        )
-    return tested
 
 
 # what ``pipe.to(...)``'s arguments ask for: torch's own signatures, (device, dtype) in either form
@@ -79,7 +70,6 @@ def _is_dtype_only(args, kwargs) -> bool:
 
 def _patch_pipeline_to(pipeline_utils):
     DiffusionPipeline = pipeline_utils.DiffusionPipeline  # the module itself: diffusers' lazy names may be mid-import
-    _check_diffusers_version()
 
     patching.wrap(DiffusionPipeline, "to", _pipeline_to, "DiffusionPipeline.to")
 

@@ -32,6 +32,7 @@ from . import (
     attention,
     cfg,
     decision,
+    diffusers_private,
     forward_chain,
     gpu_script_calls,
     host_memory,
@@ -53,7 +54,6 @@ from .denoiser import (
     TRACE_ERRORS,
     Denoiser,
     forget_unfinished,
-    hook_reference,
     innermost_forward,
 )
 from .overrides import Overrides
@@ -419,7 +419,7 @@ class PipelineRuntime:
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
         keep running around it), else as an instance attribute."""
-        found = hook_reference(module)
+        found = diffusers_private.innermost_forward_reference(module)
         if found is None:
             self.overrides.set(module, "forward", forward)
             return

@@ -27,6 +27,8 @@ import threading
 import jax
 from jax.experimental import serialize_executable
 
+from ..interop import jax_private
+
 logger = logging.getLogger(__name__)
 
 _told: set = set()  # one line per reason and folder
@@ -50,12 +52,7 @@ def _version(package: str) -> str | None:
 
 def devices_of(lowered) -> list:
     """The devices a lowered program runs on, in the mesh's order (its first sharded argument's assignment)."""
-    # jax.stages.Lowered keeps its input shardings in its private lowering (jax 0.10): the public API has none
-    for sharding in lowered._lowering.compile_args["in_shardings"]:
-        assignment = getattr(sharding, "_device_assignment", None)
-        if assignment:
-            return list(assignment)
-    return [jax.devices()[0]]
+    return jax_private.lowered_devices(lowered) or [jax.devices()[0]]
 
 
 def environment(devices) -> dict:

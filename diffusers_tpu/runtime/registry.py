@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from collections.abc import Callable, Mapping
 
 import diffusers
 import torch
 
 from ..interop.sharding import Rule
-
-# diffusers versions the project is tested with, [from, below): the ``to`` seam (``patches``) and code restated from
-# diffusers (``runtime.kernel_processors``) are checked against these.
-TESTED_DIFFUSERS = ((0, 42), (0, 43))
-
-
-def diffusers_tested() -> bool:
-    version = tuple(int(part) for part in re.findall(r"\d+", diffusers.__version__)[:2])
-    return TESTED_DIFFUSERS[0] <= version < TESTED_DIFFUSERS[1]
-
 
 DENOISERS = ("transformer", "transformer_2", "transformer_3")  # component names a denoiser may have
 

@@ -42,6 +42,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from ..interop.backend import to_jax_array, wrap
 from ..interop.jit import Retrace
 from ..interop.weights import LayerOf, gathered, materialized
+from . import diffusers_private
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def signature(block: torch.nn.Module):
     """A block's structure, weights' shapes and Python attributes; None when it carries hooks or its own forward."""
     parts = []
     for name, module in block.named_modules(remove_duplicate=False):
-        if getattr(getattr(module, "_diffusers_hook", None), "hooks", None):
+        if diffusers_private.hook_names(module):
             return None  # diffusers hooks decide per call in Python (the denoiser runs units then anyway)
         own_forward = vars(module).get("forward")
         if own_forward is not None and not getattr(own_forward, "_diffusers_tpu_unit", False):

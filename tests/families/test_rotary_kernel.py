@@ -72,6 +72,34 @@ def test_a_users_own_processor_is_kept():
     pipe.to("cpu")
 
 
+def test_every_restated_processor_is_the_installed_diffusers_source():
+    """Fails when a diffusers in the declared range changes a ``__call__`` a subclass restates: restate it again."""
+    from diffusers_tpu.families import cogvideox_attention, wan_attention
+    from diffusers_tpu.runtime import kernel_processors
+
+    kinds = [*wan_attention._processors().values(), cogvideox_attention.KernelRotaryCogVideoXAttnProcessor]
+    assert len(kinds) == 3
+    for kind in kinds:
+        assert kernel_processors.still_restated(kind), kind.__name__
+
+
+def test_a_changed_stock_source_keeps_the_stock_processor(monkeypatch):
+    """Another diffusers whose ``WanAttnProcessor.__call__`` differs: no swap, and the video is still stock's."""
+    from diffusers_tpu.runtime import kernel_processors
+
+    pipe = tiny.wan_pipeline("wan-d128")
+    reference = generate(pipe, output_type="np")
+    monkeypatch.setattr(kernel_processors, "source_digest", lambda function: "a changed source")
+    kernel_processors.still_restated.cache_clear()
+    try:
+        pipe.to("jax")
+        assert all(type(p) is WanAttnProcessor for p in processors(pipe))
+        assert_np_matches(generate(pipe, output_type="np"), reference)
+        pipe.to("cpu")
+    finally:
+        kernel_processors.still_restated.cache_clear()
+
+
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 def test_tpu_program_has_no_layout_copy_of_q_or_k():
     """Compiled for a v6e chip, the bfloat16 step holds no copy of a q/k-sized bfloat16 tensor (tokens x heads x

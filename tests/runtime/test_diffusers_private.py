@@ -1,0 +1,56 @@
+"""diffusers' private names the project uses, through ``runtime.diffusers_private``, still do what it reads them for:
+these fail when a diffusers release changes one."""
+
+import diffusers
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.models import attention_dispatch
+
+from diffusers_tpu.runtime import diffusers_private
+
+
+class _Tiny(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class _Doubling(ModelHook):
+    def new_forward(self, module, x):
+        return self.fn_ref.original_forward(x) * 2
+
+
+def test_a_hook_chain_is_read_without_creating_one_and_its_innermost_forward_found():
+    module = _Tiny()
+    assert diffusers_private.hook_registry(module) is None and diffusers_private.hook_names(module) == []
+    assert diffusers_private.innermost_forward_reference(module) is None
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(_Doubling(), "doubling")
+    assert diffusers_private.hook_names(module) == ["doubling"]
+    reference, attribute = diffusers_private.innermost_forward_reference(module)
+    assert float(getattr(reference, attribute)(torch.tensor(1.0))) == 2.0  # the module's own forward, unhooked
+    setattr(reference, attribute, lambda x: x * 10)  # what the runtime installs there runs inside the hooks
+    assert float(module(torch.tensor(1.0))) == 20.0
+
+
+def test_the_active_backend_is_read_and_native_is_entered_publicly():
+    assert diffusers_private.active_attention_backend() == diffusers_private.NATIVE
+    with diffusers.attention_backend("_native_math"):
+        assert diffusers_private.active_attention_backend() == attention_dispatch.AttentionBackendName._NATIVE_MATH
+        with diffusers_private.native_attention():
+            assert diffusers_private.active_attention_backend() == diffusers_private.NATIVE
+        assert diffusers_private.active_attention_backend() == attention_dispatch.AttentionBackendName._NATIVE_MATH
+    assert diffusers_private.active_attention_backend() == diffusers_private.NATIVE
+
+
+def test_a_backend_is_served_by_another_function_for_the_duration():
+    flex = attention_dispatch.AttentionBackendName.FLEX
+    calls = []
+
+    def served(query, key, value, **kwargs):
+        calls.append(query.shape)
+        return query
+
+    q = torch.ones(1, 4, 2, 8)
+    with diffusers_private.serving_backend(flex, served):
+        out = attention_dispatch.dispatch_attention_fn(q, q, q, backend=flex)
+    assert calls == [q.shape] and out is q
+    assert attention_dispatch._AttentionBackendRegistry._backends[flex] is not served
