@@ -26,6 +26,7 @@ nox.options.sessions = ["default"]
 CELLS = {
     "default": ("3.11", dict(torch="2.13.0", jax="0.10.2", diffusers="0.42.1", transformers=None)),
     "oldest": ("3.11", dict(torch="2.13.0", jax="0.10.2", diffusers="0.38.0", transformers="4.57.6")),
+    "middle": ("3.11", dict(torch="2.13.0", jax="0.10.2", diffusers="0.40.0", transformers="5.12.1")),
     "colab-torch2.14": ("3.12", dict(torch="2.14.1", jax=None, diffusers="0.42.1", transformers=None)),
     "colab-torch2.15": ("3.12", dict(torch="2.15.0", jax=None, diffusers="0.42.1", transformers=None)),
     "newest-3.13": ("3.13", dict(torch=None, jax=None, diffusers=None, transformers=None)),

@@ -144,13 +144,16 @@ def test_imports_run_down_the_layers():
 
 
 def test_compat_at_the_bottom_patches_at_the_top():
-    """compat imports nothing of the package but host_scalars (its policy for eager glue) and patching (the one way
-    to patch), torch_compat nothing but patching, and those import nothing; nothing but the package's __init__
-    imports patches, and bench / cli share their helpers instead of importing each other."""
+    """compat imports nothing of the package but host_scalars (its policy for eager glue), patching (the one way
+    to patch) and the private-name doors, torch_compat nothing but patching and torch's door, host_scalars nothing but
+    the doors, and the doors and patching nothing; nothing but the package's __init__ imports patches, and bench / cli
+    share their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
-    assert edges[p + "interop.compat"] == {p + "interop.host_scalars", p + "interop.patching"}
-    assert edges[p + "interop.torch_compat"] == {p + "interop.patching"}
-    assert edges[p + "interop.host_scalars"] == set() and edges[p + "interop.patching"] == set()
+    doors = {p + "interop.jax_private", p + "interop.torch_private", p + "interop.torchax_private"}
+    assert edges[p + "interop.compat"] == {p + "interop.host_scalars", p + "interop.patching"} | doors
+    assert edges[p + "interop.torch_compat"] == {p + "interop.patching", p + "interop.torch_private"}
+    assert edges[p + "interop.host_scalars"] == doors and edges[p + "interop.patching"] == set()
+    assert all(edges[door] == set() for door in doors | {p + "interop.versions", p + "runtime.diffusers_private"})
     assert {m for m, targets in edges.items() if p + "runtime.patches" in targets} == {"diffusers_tpu"}
     assert p + "commands.cli" not in edges[p + "commands.bench"]
 

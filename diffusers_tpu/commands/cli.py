@@ -17,9 +17,9 @@ STARTED = time.perf_counter()  # this module loads as the command starts (the pa
 
 def say(message: str) -> None:
     """Progress for the user: from process 0 only in a multi-host run (every host runs the same command)."""
-    from ..interop import distributed
+    from ..interop import processes
 
-    if distributed.is_main_process():
+    if processes.is_main_process():
         print(message, flush=True)
 
 
@@ -29,10 +29,10 @@ _written: list[str] = []  # outputs this command wrote (an interrupted run says 
 def _main_process_writes(write, *args) -> None:
     """Outputs are written whole and verified (``runtime.outputs``); in a multi-host run only process 0 writes
     (every process holds the same result)."""
-    from ..interop import distributed
+    from ..interop import processes
 
     interrupts.raise_if_dropped()  # a Ctrl-C Python dropped (``interrupts``) stops the run before anything is written
-    if distributed.is_main_process():
+    if processes.is_main_process():
         write(*args)
     _written.append(args[1])
 

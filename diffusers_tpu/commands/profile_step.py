@@ -18,11 +18,11 @@ import time
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 from torch.profiler import ProfilerActivity, profile
 
 from ..interop import backend, user_tensors
 from ..interop.jit import compile_log
+from ..interop.torch_private import pytree
 from ..planner import architectures
 from ..runtime import outputs, pipeline_runtime
 from ..runtime.config import TPUConfig
@@ -192,7 +192,7 @@ def run(args) -> dict:
             flush=True,
         )
     if args.torch_compile:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         try:
             report["torch_compile"] = torch_step(module, calls, torch_device, args.runs, compiled=True)
         except Exception as error:  # noqa: BLE001 (a reference that fails is reported, the JAX side still runs)

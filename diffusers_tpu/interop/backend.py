@@ -13,16 +13,15 @@ import jax
 import ml_dtypes
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 import torchax
 from jax.sharding import AxisType, Mesh
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torchax.ops import mappings
 from torchax.tensor import Tensor
 from torchax.view import View
 
-from . import distributed
+from . import processes, torch_private, torchax_private
 from .mesh_axes import MESH_AXES
+from .torch_private import pytree
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ def _modes_active(environment) -> bool:
     # Not ``environment.enabled``: torchax's dispatch enters and exits the environment around every op, which
     # resets that flag while the outer modes are still on torch's stack.
 
-    return any(mode is environment._dispatch_mode for mode in _get_current_dispatch_mode_stack())
+    return any(mode is torchax_private.dispatch_mode(environment) for mode in torch_private.dispatch_modes())
 
 
 @contextlib.contextmanager
@@ -153,7 +152,7 @@ def torch_mode():
     if not _modes_active(env()):
         yield
         return
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with torch_private.plain_torch():
         yield
 
 
@@ -204,16 +203,16 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
 
 
 def host_to_jax(tensor: torch.Tensor, sharding=None) -> jax.Array:
-    """Copy a CPU torch tensor to JAX (sharded if given; see ``distributed.place`` for several processes). A transfer,
+    """Copy a CPU torch tensor to JAX (sharded if given; see ``processes.place`` for several processes). A transfer,
     not a program: ``jnp.asarray`` would compile one per shape. The copy keeps the JAX array from sharing the tensor's
     memory (JAX on the CPU adopts aligned host buffers), which the caller may still change in place."""
     array = host_array(tensor)
-    return distributed.place(array, sharding) if sharding is not None else jax.device_put(np.array(array, copy=True))
+    return processes.place(array, sharding) if sharding is not None else jax.device_put(np.array(array, copy=True))
 
 
 def jax_to_host(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Gather a JAX array to a CPU torch tensor (optionally cast back to ``dtype``)."""
-    host = distributed.fetch(array)  # every process gets the whole array
+    host = processes.fetch(array)  # every process gets the whole array
     if host.dtype == jax.numpy.bfloat16:
         tensor = torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
     elif host.dtype in _FLOAT8_TORCH:

@@ -19,15 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 import torchax
 from jax.sharding import NamedSharding, PartitionSpec
-from torch.utils._python_dispatch import _disable_current_modes
 from torchax.ops import jaten, mappings, op_base, ops_registry
 from torchax.tensor import Environment, Tensor
 from torchax.view import NarrowInfo, View
 
-from . import host_scalars, jax_private, patching
+from . import host_scalars, jax_private, patching, torch_private, torchax_private
+from .torch_private import pytree
 
 # --- 2. SDPA on the torchax default environment -----------------------------------------------------------
 # Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
@@ -44,7 +43,7 @@ def route_sdpa(scaled_dot_product_attention) -> None:
     global _torchax_sdpa_op
 
     environment = torchax.default_env()
-    current = environment._ops.get(F.scaled_dot_product_attention)
+    current = torchax_private.op_table(environment).get(F.scaled_dot_product_attention)
     if current is None or current.func is scaled_dot_product_attention:
         return
     _torchax_sdpa_op = current
@@ -73,7 +72,7 @@ def _patch_type_as():
     def type_as(self, other):
         if self.dtype == other.dtype:
             return self
-        return Tensor(self._elem.astype(other.jax().dtype), self._env)
+        return Tensor(torchax_private.array(self).astype(other.jax().dtype), torchax_private.environment_of(self))
 
     patching.wrap(Tensor, "type_as", lambda stock: type_as, "torchax Tensor.type_as")
 
@@ -95,8 +94,8 @@ def _setitem_casting(stock):
     def __setitem__(self, key, value):
         if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
             value = value.to(self.dtype)
-        elif isinstance(value, jax.Array) and value.dtype != self._elem.dtype:
-            value = value.astype(self._elem.dtype)
+        elif isinstance(value, jax.Array) and value.dtype != torchax_private.array(self).dtype:
+            value = value.astype(torchax_private.array(self).dtype)
         elif isinstance(value, (int, float)) and self.dtype == torch.bool:
             value = bool(value)  # torch: mask[:n] = 1 sets True (Z-Image's caption mask)
         if isinstance(value, (torch.Tensor, jax.Array)) and value.ndim and value.shape[0] == 1:
@@ -122,8 +121,13 @@ def _patch_deepcopy():
         return
 
     def __deepcopy__(self, memo):
-        array = self.jax() if isinstance(self, View) else self._elem
-        copied = Tensor(array, self._env if isinstance(self, Tensor) else self.torch()._env)
+        array = self.jax() if isinstance(self, View) else torchax_private.array(self)
+        copied = Tensor(
+            array,
+            torchax_private.environment_of(self)
+            if isinstance(self, Tensor)
+            else torchax_private.environment_of(self.torch()),
+        )
         memo[id(self)] = copied
         return copied
 
@@ -132,7 +136,7 @@ def _patch_deepcopy():
 
     def host_deepcopy(self, memo):
         if self.device.type == "cpu" and not isinstance(self, (Tensor, View)):
-            with _disable_current_modes(), torch._C.DisableTorchFunction():
+            with torch_private.plain_torch():
                 return stock(self, memo)
         return stock(self, memo)
 
@@ -167,14 +171,14 @@ def _patch_mixed_host_tensors():
 # A scalar or vector indexed by tensors (a scheduler's table by a timestep) is read on the host (patch 11).
 # Guard: wraps the registered ``Tensor.__getitem__`` operator of the default environment (0.0.10 - 0.0.13) once.
 def _patch_view_getitem():
-    operator = torchax.default_env()._ops.get(torch.Tensor.__getitem__)
+    operator = torchax_private.op_table(torchax.default_env()).get(torch.Tensor.__getitem__)
     if operator is None:
         return
 
     def make(stock):
         def getitem(self, indexes):
             # ``self`` may be a CPU tensor indexed by a device tensor (DDPM's ``alphas_cumprod[t]``): the default env
-            env = getattr(self, "_env", None) or torchax.default_env()
+            env = torchax_private.environment_of(self) or torchax.default_env()
             if (found := host_scalars.getitem(env, self, indexes)) is not host_scalars.NOT_GLUE:
                 return found
             return stock(self.torch() if isinstance(self, View) else self, indexes)
@@ -203,7 +207,7 @@ def _inplace_on_views(stock):
     def dispatch(self, func, types, args, kwargs):
         if args and isinstance(args[0], View) and _mutates_first_argument(func):
             try:
-                handled = self._get_op_or_decomp(func).is_view_op
+                handled = torchax_private.op_or_decomposition(self, func).is_view_op
             except Exception:  # no lowering: let torchax raise its own error
                 handled = True
             if not handled:
@@ -237,8 +241,8 @@ def _patch_host_transfers():
         def _to_copy(self, the_tensor, new_dtype, new_device):
             moving = type(the_tensor) is torch.Tensor and the_tensor.device.type == "cpu"
             if moving and new_dtype is not None and new_dtype != the_tensor.dtype and new_device is not None:
-                if self._should_use_torchax_tensor(new_device):
-                    with _disable_current_modes(), torch._C.DisableTorchFunction():
+                if torchax_private.routes_to_jax(self, new_device):
+                    with torch_private.plain_torch():
                         the_tensor = the_tensor.to(new_dtype)
                     new_dtype = mappings.j2t_dtype(jax.dtypes.canonicalize_dtype(mappings.t2j_dtype(new_dtype)))
             return stock(self, the_tensor, new_dtype, new_device)
@@ -349,11 +353,11 @@ def _place(array, value, ranges):
 def _patch_strided_set():
     def setitem(stock):
         def __setitem__(self, key, value):
-            jax_key, jax_value = self._env.t2j_iso((key, value))
+            jax_key, jax_value = torchax_private.environment_of(self).t2j_iso((key, value))
             if isinstance(jax_value, jax.Array):
-                updated = strided_set(self._elem, jax_key, jax_value)
+                updated = strided_set(torchax_private.array(self), jax_key, jax_value)
                 if updated is not None:
-                    self._elem = updated
+                    torchax_private.set_array(self, updated)
                     return
             stock(self, key, value)
 
@@ -392,7 +396,11 @@ def _fill_diagonal(array, value, wrap: bool):
 def _patch_fill_diagonal():
     def fill_diagonal_(self, fill_value, wrap=False):
         filled = _fill_diagonal(self.jax() if isinstance(self, Tensor) else self.torch().jax(), fill_value, wrap)
-        env = self._env if isinstance(self, Tensor) else self.torch()._env
+        env = (
+            torchax_private.environment_of(self)
+            if isinstance(self, Tensor)
+            else torchax_private.environment_of(self.torch())
+        )
         self.copy_(Tensor(filled, env))
         return self
 
@@ -494,9 +502,11 @@ def _onto_trace_mesh(tensors) -> bool:
     """Replicate each torchax tensor whose array lies on another mesh onto the trace mesh; whether any moved."""
     mesh, moved = _trace_mesh.get(), False
     for tensor in tensors:
-        sharding = getattr(getattr(tensor, "_elem", None), "sharding", None)
+        sharding = getattr(torchax_private.array(tensor), "sharding", None)
         if mesh is not None and isinstance(sharding, NamedSharding) and sharding.mesh != mesh:
-            tensor._elem = jax.device_put(tensor._elem, NamedSharding(mesh, PartitionSpec()))
+            torchax_private.set_array(
+                tensor, jax.device_put(torchax_private.array(tensor), NamedSharding(mesh, PartitionSpec()))
+            )
             moved = True
     return moved
 
@@ -506,7 +516,7 @@ def _mixed_mesh_operands(stock):
         try:
             return stock(self, func, types, args, kwargs)
         except jax_private.indivisible_error():
-            operands = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
+            operands = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
             if not _onto_trace_mesh(operands):
                 raise
             return stock(self, func, types, args, kwargs)
@@ -538,7 +548,7 @@ def _patch_missing_ops():
     def register(overload, implementation, **kind):
         if overload not in ops_registry.all_aten_ops:
             ops_registry.register_torch_dispatch_op(overload, implementation, **kind)
-            env._ops[overload] = ops_registry.all_aten_ops[overload]
+            torchax_private.op_table(env)[overload] = ops_registry.all_aten_ops[overload]
 
     for name in _WINDOWS:
         packet = getattr(torch.ops.aten, name)
@@ -609,7 +619,9 @@ def _patch_outside_math():
                         host = mappings.j2t(held.jax()).clone()
                     return host.to((kwargs or {}).get("dtype") or host.dtype)
                 if target == "jax" and (kwargs or {}).get("dtype") in (None, held.dtype):  # already there
-                    return Tensor(held.jax(), held._env)  # a new wrapper of the same (immutable) buffer
+                    return Tensor(
+                        held.jax(), torchax_private.environment_of(held)
+                    )  # a new wrapper of the same (immutable) buffer
                 what = f"a {tuple(held.shape)} {held.dtype} tensor" if held is not None else "a tensor"
                 raise JaxTensorOutsideCall(
                     f"{func} on {what} that lives on JAX (a weight of a pipeline moved with pipe.to('tpu'), or one "

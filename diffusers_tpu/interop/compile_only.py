@@ -5,7 +5,7 @@ The zeros are host zeros copied to the devices at the outputs' shardings: a tran
 would compile one per shape and sharding, programs a real call never builds). ``compile_only(pool)``: programs are
 lowered here and built in the pool, concurrently; their zeros take no sharding meanwhile (it is known only once a
 program is built), so what runs between programs compiles for other shardings than a real call's (``warm_up``'s
-``workers``). Imports nothing of the package but ``distributed``.
+``workers``). Imports nothing of the package but ``processes``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 import jax
 import numpy as np
 
-from . import distributed
+from . import processes
 
 _mode = contextvars.ContextVar("diffusers_tpu_compile_only", default=None)  # None: run; True or a pool: build only
 
@@ -49,5 +49,5 @@ def zeros_of(out_info, sharded: bool = True) -> list:
     for info in jax.tree_util.tree_leaves(out_info):
         host = np.zeros(info.shape, info.dtype)
         sharding = getattr(info, "sharding", None)
-        zeros.append(distributed.place(host, sharding) if sharded and sharding is not None else jax.device_put(host))
+        zeros.append(processes.place(host, sharding) if sharded and sharding is not None else jax.device_put(host))
     return zeros

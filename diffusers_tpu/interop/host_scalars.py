@@ -10,7 +10,7 @@ placed where the op's first input was (a transfer, not a program). ``compat`` in
 
 Random draws for the devices outside a trace are made here too (``draw``): torch on the CPU, from the caller's CPU
 generator or torch's default one, so ``torch.manual_seed`` decides them and they equal stock's CPU values.
-Imports nothing of the package but ``jax_private``.
+Imports nothing of the package but the private-name doors (``jax_private``, ``torch_private``, ``torchax_private``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import jax
 import ml_dtypes
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 from torchax.tensor import Tensor
 from torchax.view import NarrowInfo, View
 
-from . import jax_private
+from . import jax_private, torch_private, torchax_private
+from .torch_private import pytree
 
 GLUE_ELEMENTS = 4096
 _HOST_CONSTRUCTORS = ("zeros", "ones", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "eye")
@@ -70,7 +69,7 @@ def _host_tensor(value) -> torch.Tensor | None:
         glue = value.numel() <= GLUE_ELEMENTS and sum(d > 1 for d in value.shape) <= 1
         return value if glue else None
     if type(value) is Tensor:
-        array = value._elem
+        array = torchax_private.array(value)
         if not _is_glue(array):
             return None
         host = _host_of(array)
@@ -90,14 +89,14 @@ def _device_array(tensors):
     """The array behind the first torchax tensor or view among ``tensors`` (where results go), or None."""
     for value in tensors:
         if type(value) is Tensor:
-            return value._elem
+            return torchax_private.array(value)
         if isinstance(value, View):
             return value.source_jax()
     return None
 
 
 def _is_glue_op(func, tensors) -> bool:
-    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in func.tags:
+    if not isinstance(func, torch_private.OpOverload) or torch.Tag.nondeterministic_seeded in func.tags:
         return False
     if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
         return False  # in place: the devices' copy must change
@@ -109,12 +108,12 @@ def _is_glue_op(func, tensors) -> bool:
 def _host_constructor(env, func, args, kwargs):
     """``torch.zeros(1, device=...)`` and friends made on the host (outside traces: in one they are constants)."""
     device = kwargs.get("device")
-    if device is None or not env._should_use_torchax_tensor(device) or not jax_private.trace_state_clean():
+    if device is None or not torchax_private.routes_to_jax(env, device) or not jax_private.trace_state_clean():
         return NOT_GLUE
     if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((args, kwargs))):
         return NOT_GLUE
     try:
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
+        with torch_private.plain_torch():
             result = func(*args, **{**kwargs, "device": "cpu"})
     except Exception:
         return NOT_GLUE
@@ -135,8 +134,8 @@ def _from_scalars(env, func, args, kwargs):
     if any(h is None or h.numel() != 1 for h in host.values()):
         return NOT_GLUE
     device = kwargs.get("device")
-    on_devices = device is not None and env._should_use_torchax_tensor(device)
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    on_devices = device is not None and torchax_private.routes_to_jax(env, device)
+    with torch_private.plain_torch():
         data = pytree.tree_map_only(torch.Tensor, lambda t: host[id(t)].reshape(()), args[0])
         result = func(data, *args[1:], **{k: v for k, v in kwargs.items() if not (on_devices and k == "device")})
     return Tensor(_placed(host_numpy(result), None), env) if on_devices else result
@@ -144,7 +143,7 @@ def _from_scalars(env, func, args, kwargs):
 
 _FROM_DATA = (torch.tensor, torch.as_tensor, torch.Tensor)
 # float(t), int(t), bool(t) of a device scalar (``torch.Tensor([...])`` of them calls ``__float__`` on each)
-_TO_PYTHON = (torch._C.TensorBase.__float__, torch._C.TensorBase.__int__, torch._C.TensorBase.__bool__)
+_TO_PYTHON = torch_private.TENSOR_TO_PYTHON
 
 
 _HOST_WRITES = (torch.Tensor.__setitem__, torch.Tensor.copy_)
@@ -162,11 +161,11 @@ def _write_into_host(func, args, kwargs):
         return NOT_GLUE
     host = {}
     for value in values:
-        array = value._elem if isinstance(value, Tensor) else value.jax()
+        array = torchax_private.array(value) if isinstance(value, Tensor) else value.jax()
         if isinstance(array, jax.core.Tracer):
             return NOT_GLUE
         host[id(value)] = _torch_of(_host_of(array))
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with torch_private.plain_torch():
         rest = pytree.tree_map_only(torch.Tensor, lambda t: host.get(id(t), t), (args[1:], kwargs))
         return func(target, *rest[0], **rest[1])
 
@@ -201,7 +200,7 @@ def run(env, func, args, kwargs):
             return NOT_GLUE
     elif func is torch.ops.aten._to_copy.default:
         device = kwargs.get("device")
-        if device is not None and not env._should_use_torchax_tensor(device):
+        if device is not None and not torchax_private.routes_to_jax(env, device):
             return NOT_GLUE  # a copy to the host is the caller's own
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
     elif not _is_glue_op(func, tensors):
@@ -213,7 +212,7 @@ def run(env, func, args, kwargs):
     if any(h is None for h in host.values()):
         return NOT_GLUE
     try:
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
+        with torch_private.plain_torch():
             host_args, host_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: host[id(t)], (args, kwargs))
             result = func(*host_args, **host_kwargs)
     except Exception:  # whatever torch on the CPU refuses goes to torchax as before
@@ -234,7 +233,7 @@ def getitem(env, tensor, indexes):
     if any(h is None for h in moved.values()):
         return NOT_GLUE
     try:
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
+        with torch_private.plain_torch():
             result = table[pytree.tree_map_only(torch.Tensor, lambda x: moved[id(x)], indexes)]
     except Exception:  # e.g. an index out of range: torchax's own error
         return NOT_GLUE
@@ -265,27 +264,27 @@ def draw(env, func, args, kwargs):
         # no device: in the environment's mode a factory makes a device tensor (AnimateDiff's FreeNoise shuffles
         # frames with ``torch.randperm(n, generator=...)``: torchax's own key gave another order than stock's)
         device = kwargs.get("device")
-        if device is not None and not env._should_use_torchax_tensor(device):
+        if device is not None and not torchax_private.routes_to_jax(env, device):
             return NOT_GLUE
-    elif not args or type(args[0]) is not Tensor or isinstance(args[0]._elem, jax.core.Tracer):
+    elif not args or type(args[0]) is not Tensor or isinstance(torchax_private.array(args[0]), jax.core.Tracer):
         return NOT_GLUE  # a view, or a host tensor: torchax's or torch's own
     elif (
         func in _DRAWS_LIKE
         and kwargs.get("device") is not None
-        and not env._should_use_torchax_tensor(kwargs["device"])
+        and not torchax_private.routes_to_jax(env, kwargs["device"])
     ):
         return NOT_GLUE
     else:
-        like = args[0]._elem
+        like = torchax_private.array(args[0])
     target = args[0] if like is not None else None
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with torch_private.plain_torch():
         host_kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if target is not None:  # only the shape and dtype of the tensor drawn like / into matter
             args = (torch.empty(like.shape, dtype=target.dtype), *args[1:])
         result = func(*args, **host_kwargs)
     array = _placed(host_numpy(result), like)
     if func in _DRAWS_IN_PLACE:  # torchax's in-place ops replace the wrapped array too
-        target._elem = array
+        torchax_private.set_array(target, array)
         return target
     return Tensor(array, env)
 

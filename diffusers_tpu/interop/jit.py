@@ -22,12 +22,11 @@ from concurrent.futures import Future
 import jax
 import jax.numpy as jnp
 import torch
-import torch.utils._pytree as pytree
-from torch.nn.utils.stateless import _reparametrize_module
 from torchax.ops import mappings
 
-from . import compile_only, module_state, static_keys, torch_compat
+from . import compile_only, module_state, static_keys, torch_compat, torch_private
 from .backend import is_jax_tensor, to_jax_array, wrap
+from .torch_private import pytree
 from .weights import Rebuilt, expand_stacked, materialized
 
 logger = logging.getLogger(__name__)
@@ -238,7 +237,7 @@ class Program:
                     setattr(owner, name, wrap(next(carried_in)))
             hook = self.trace_hook(module, raw_state, prepare) if self.trace_hook else contextlib.nullcontext()
             try:
-                with torch.no_grad(), _reparametrize_module(module, weights), bound, hook as finish:
+                with torch.no_grad(), torch_private.reparametrized(module, weights), bound, hook as finish:
                     out = method(*args, **kwargs)
                     if finish is not None:
                         finish(out)

@@ -24,11 +24,12 @@ around a trace, and classifies each attribute the trace assigned once, from one 
 
 from __future__ import annotations
 
-import jax
 import torch
-import torch.utils._pytree as pytree
 from jax.extend import core as jax_core
 from torch.nn.modules import module as torch_module
+
+from . import torchax_private
+from .torch_private import pytree
 
 MISSING = object()
 
@@ -168,9 +169,7 @@ def restore(changed: list) -> None:
 
 def holds_tracer(value) -> bool:
     leaves = pytree.tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]
-    return any(
-        isinstance(x, torch.Tensor) and hasattr(x, "_elem") and isinstance(x._elem, jax.core.Tracer) for x in leaves
-    )
+    return any(torchax_private.holds_tracer(x) for x in leaves)
 
 
 def carriable(value) -> bool:

@@ -1,6 +1,6 @@
 """Patches of torch itself, each with its reason and version guard, each set through ``patching.wrap``: what the
 torch version in use, and torchax's claim on torch's private backend, need changed in torch. The torchax-behaviour
-patches are in ``compat``. Imports nothing of the package but ``patching``.
+patches are in ``compat``. Imports nothing of the package but ``patching`` and ``torch_private``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from . import patching
+from . import patching, torch_private
 
 # --- 1. torchax imports on torch >= 2.13 ------------------------------------------------------------------
 # Reason: torchax 0.0.10-0.0.13 name aten ops and overloads that newer torch removed, in tables built when their
@@ -48,7 +48,7 @@ class _RemovedOverload:
 def removed_aten_names_tolerated():
     """Inside: a named-tensor overload or an op of ``REMOVED_OPS`` that torch removed resolves to a
     ``_RemovedOverload``."""
-    packet_cls, namespace_cls = torch._ops.OpOverloadPacket, torch._ops._OpNamespace
+    packet_cls, namespace_cls = torch_private.OpOverloadPacket, torch_private.OpNamespace
     packet_getattr, namespace_getattr = packet_cls.__getattr__, namespace_cls.__getattr__
 
     def overload_or_placeholder(self, key):
@@ -199,7 +199,7 @@ def _refuse_factory(*args, **kwargs):
 
 class _HostDeviceGuard(getattr(getattr(torch._C, "_acc", None), "DeviceGuard", object)):
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return torch_private.private_use1()
 
 
 def _patch_jax_factories() -> None:

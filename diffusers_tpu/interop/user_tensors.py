@@ -17,9 +17,9 @@ import copy
 import dataclasses
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import backend
+from .torch_private import pytree
 
 
 def _to_cpu(value):

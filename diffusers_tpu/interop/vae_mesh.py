@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .backend import is_jax_tensor, wrap
 from .sharding import constrain
+from .torch_private import pytree
 
 
 def spatial_spec(shape, devices: int) -> tuple:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
-import torch.utils._pytree as pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from torchax.ops import mappings
 
 from ..interop import backend, sharding
 from ..interop.jit import TENSOR, Program
+from ..interop.torch_private import pytree
 from ..runtime import attention, postprocess, repeated_blocks
 
 

@@ -8,9 +8,9 @@ import time
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop import backend, interrupts
+from ..interop.torch_private import pytree
 
 
 @dataclasses.dataclass

@@ -18,9 +18,9 @@ import weakref
 
 import jax.numpy as jnp
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
+from ..interop.torch_private import pytree
 
 logger = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ import logging
 
 import jax
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding
 from ..interop.jit import CompiledFunction, place_arguments
+from ..interop.torch_private import pytree
 from . import diffusers_private, lora, quantize, repeated_blocks, stacked_weights
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ import os
 import sys
 
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
+from ..interop.torch_private import pytree
 from . import (
     attention,
     diffusers_compat,

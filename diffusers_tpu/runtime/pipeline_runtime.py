@@ -25,7 +25,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..interop import backend, compat, distributed, interrupts, jit, sharding, user_tensors, vae_mesh
+from ..interop import backend, compat, interrupts, jit, processes, sharding, user_tensors, vae_mesh
 from ..interop.host_stored import program_array
 from ..interop.weights import Gathered
 from . import (
@@ -270,13 +270,13 @@ class PipelineRuntime:
         rotary tables, were split along the sequence and gathered again in every block.)"""
         batch = jit.call_batch()
         if len(array.shape) and array.shape[0] % self.mesh.shape["dp"] == 0 and batch in (None, array.shape[0]):
-            return distributed.place(array, NamedSharding(self.mesh, P("dp")))
-        return distributed.place(array, NamedSharding(self.mesh, P()))
+            return processes.place(array, NamedSharding(self.mesh, P("dp")))
+        return processes.place(array, NamedSharding(self.mesh, P()))
 
     def place_vae_input(self, array):
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
-        return distributed.place(array, NamedSharding(mesh, P(*vae_mesh.spatial_spec(array.shape, mesh.size))))
+        return processes.place(array, NamedSharding(mesh, P(*vae_mesh.spatial_spec(array.shape, mesh.size))))
 
     def _recording_output(self, forward):
         def recorded(*args, **kwargs):

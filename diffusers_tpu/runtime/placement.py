@@ -21,7 +21,7 @@ import math
 import jax
 import torch
 
-from ..interop import distributed, sharding
+from ..interop import processes, sharding
 
 # The rest (60%) is for the steps' activations and the VAE decode. Wan2.1-1.3B with UMT5-XXL holds 15.6 GiB of
 # weights: 26% of an H100's JAX pool (59.7 GiB; the last measured run with the encoder there peaked at 25.7 GiB);
@@ -55,7 +55,7 @@ def device_memory_limit(devices) -> int | None:
     if local and not any(d.platform == "cpu" for d in local):
         limits = [(d.memory_stats() or {}).get("bytes_limit") for d in local]
         limit = min(limits) if all(limits) else None
-    return distributed.smallest_across_processes(limit)
+    return processes.smallest_across_processes(limit)
 
 
 def choose(weight_bytes: int, memory_limit: int | None) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 import PIL.Image
 from diffusers.image_processor import VaeImageProcessor
 
-from ..interop import distributed
+from ..interop import processes
 from ..interop.backend import is_jax_tensor, to_jax_array, wrap
 
 
@@ -46,7 +46,7 @@ def _pil(frames: np.ndarray) -> list[PIL.Image.Image]:
 
 def frames_uint8(video) -> np.ndarray:
     """Quantize a decoded ``[B, C, F, H, W]`` video in [-1, 1] to uint8 ``[B, F, H, W, C]`` on the device."""
-    return distributed.fetch(_uint8(to_jax_array(video), True))
+    return processes.fetch(_uint8(to_jax_array(video), True))
 
 
 def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs):
@@ -58,8 +58,8 @@ def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs
     if output_type == "pt":
         return wrap(_pt(array, denormalize))
     if output_type == "np":
-        return distributed.fetch(_np(array, denormalize))
-    return [_pil(frames) for frames in distributed.fetch(_uint8(array, denormalize))]
+        return processes.fetch(_np(array, denormalize))
+    return [_pil(frames) for frames in processes.fetch(_uint8(array, denormalize))]
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
@@ -90,8 +90,8 @@ def postprocess_image(processor, stock, image, output_type: str = "pil", do_deno
     array = to_jax_array(image)
     denormalize = bool(processor.config.do_normalize) if flags is None else flags.pop()
     if output_type == "np":
-        return distributed.fetch(_image_np(array, denormalize))
-    return _pil(distributed.fetch(_image_uint8(array, denormalize)))
+        return processes.fetch(_image_np(array, denormalize))
+    return _pil(processes.fetch(_image_uint8(array, denormalize)))
 
 
 def install(processor) -> None:

@@ -36,11 +36,11 @@ import types
 import jax
 import jax.numpy as jnp
 import torch
-import torch.utils._pytree as pytree
-from torch.nn.utils.stateless import _reparametrize_module
 
+from ..interop import torch_private, torchax_private
 from ..interop.backend import to_jax_array, wrap
 from ..interop.jit import Retrace
+from ..interop.torch_private import pytree
 from ..interop.weights import LayerOf, gathered, materialized
 from . import diffusers_private
 
@@ -80,7 +80,7 @@ def _is_placeholder(value) -> bool:
 
 
 def _array(value):
-    return value._elem if hasattr(value, "_elem") else to_jax_array(value)
+    return torchax_private.array(value) if torchax_private.holds_array(value) else to_jax_array(value)
 
 
 def _value(raw):
@@ -90,7 +90,7 @@ def _value(raw):
 
 def _mark(value):
     """What identifies a tensor argument's value: a torchax tensor's array, a host tensor's object and version."""
-    return value._elem if hasattr(value, "_elem") else (id(value), value._version)
+    return torchax_private.array(value) if torchax_private.holds_array(value) else (id(value), value._version)
 
 
 def _same(a, b) -> bool:
@@ -297,13 +297,13 @@ class _BlockListCalls:
                 wrap(a) if a is not None and not _is_placeholder(x) else x for x, a in zip(call.leaves, call.arrays)
             ]
             out_args, out_kwargs = pytree.tree_unflatten(real, call.spec)
-            before = [x._elem if isinstance(x, torch.Tensor) else None for x in real]
+            before = [torchax_private.array(x) if isinstance(x, torch.Tensor) else None for x in real]
             out = pytree.tree_leaves(self.forwards[call.index](*out_args, **out_kwargs))
-            if any(isinstance(x, torch.Tensor) and x._elem is not b for x, b in zip(real, before)):
+            if any(isinstance(x, torch.Tensor) and torchax_private.array(x) is not b for x, b in zip(real, before)):
                 raise Retrace(f"{self.path}.{call.index} edits its inputs in place")
             for placeholder, value in zip(call.outputs, out):
                 if isinstance(placeholder, torch.Tensor):
-                    placeholder._elem = value._elem
+                    torchax_private.set_array(placeholder, torchax_private.array(value))
         self.pending = []
         return forward(*args, **kwargs)
 
@@ -379,15 +379,15 @@ class _BlockListCalls:
                 wrap(by_output[v]) if role == "carry" else wrap(v[0]) if role == "const" else v for role, v in roles
             ]
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
-            before = [x._elem for x in inputs]
+            before = [torchax_private.array(x) for x in inputs]
             args, kwargs = pytree.tree_unflatten(leaves, start.spec)
-            with _picked(template, dicts, scales), _reparametrize_module(template, tensors):
+            with _picked(template, dicts, scales), torch_private.reparametrized(template, tensors):
                 session.in_body = True
                 try:
                     out = forward(*args, **kwargs)
                 finally:
                     session.in_body = False
-            if any(x._elem is not b for x, b in zip(inputs, before)):
+            if any(torchax_private.array(x) is not b for x, b in zip(inputs, before)):
                 raise Retrace(f"{self.path}.1 edits its inputs in place")
             leaves, spec = pytree.tree_flatten(out)
             if spec != self.out_spec or [None if isinstance(x, torch.Tensor) else x for x in leaves] != out_static:

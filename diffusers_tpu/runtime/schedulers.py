@@ -10,9 +10,9 @@ is a plain host object (``to_host``), so a scheduler swapped in after the move, 
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop.backend import host_to_jax, is_jax_tensor, jax_to_host, wrap
+from ..interop.torch_private import pytree
 
 # scheduler class name -> tensor attributes indexed or mixed with device timesteps
 DEVICE_TABLES = {

@@ -7,9 +7,9 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.utils._pytree as pytree
 
 from ..interop import backend, sharding, user_tensors
+from ..interop.torch_private import pytree
 from . import quantize
 
 

@@ -1,5 +1,6 @@
 """Each private name of a dependency the project uses, through its one door, still does what the project reads it
-for: these fail when a release of the dependency changes one (``interop.jax_private``)."""
+for: these fail when a release of the dependency changes one (``interop.jax_private``, ``interop.torch_private``,
+``interop.torchax_private``)."""
 
 import gc
 import os
@@ -73,3 +74,102 @@ def test_jax_lowered_devices_are_the_input_mesh_in_order():
 def test_jax_adds_the_gc_callback_interrupts_watches():
     jnp.ones(2).block_until_ready()
     assert jax_private.GC_CALLBACK in {getattr(c, "__name__", "") for c in gc.callbacks}
+
+
+def test_torch_pytree_flattens_what_the_project_passes():
+    import torch
+
+    from diffusers_tpu.interop.torch_private import pytree
+
+    tree = {"a": [torch.ones(1), (2, torch.zeros(2))]}
+    leaves, spec = pytree.tree_flatten(tree)
+    assert len(leaves) == 3 and pytree.tree_unflatten(leaves, spec)["a"][1][0] == 2
+    assert pytree.tree_map_only(torch.Tensor, lambda t: t + 1, tree)["a"][1][1].tolist() == [1.0, 1.0]
+
+
+def test_torch_op_types_and_scalar_reads_are_recognised():
+    import torch
+
+    from diffusers_tpu.interop import torch_private
+
+    assert isinstance(torch.ops.aten.add.Tensor, torch_private.OpOverload)
+    assert isinstance(torch.ops.aten.add, torch_private.OpOverloadPacket)
+    assert isinstance(torch.ops.aten, torch_private.OpNamespace)
+    seen = []
+
+    class Spy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func in torch_private.TENSOR_TO_PYTHON)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    float(torch.tensor(2.0).as_subclass(Spy))
+    assert True in seen
+
+
+def test_torch_plain_inside_a_dispatch_mode_and_modes_listed():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from diffusers_tpu.interop import torch_private
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting() as mode:
+        assert mode in torch_private.dispatch_modes()
+        torch.ones(2) + 1
+        counted = Counting.calls
+        with torch_private.plain_torch():
+            torch.ones(2) + 1
+        assert Counting.calls == counted > 0
+
+
+def test_torch_reparametrized_swaps_weights_for_the_duration():
+    import torch
+
+    from diffusers_tpu.interop import torch_private
+
+    linear = torch.nn.Linear(2, 1, bias=False)
+    with torch_private.reparametrized(linear, {"weight": torch.ones(1, 2)}):
+        assert linear(torch.ones(2)).item() == 2.0
+    assert not torch.equal(linear.weight, torch.ones(1, 2))
+    assert torch_private.private_use1() is torch._C._autograd.DeviceType.PrivateUse1  # named "JAX" once torchax loads
+
+
+def test_torchax_tensor_internals_read_and_write():
+    import torch
+    import torchax
+
+    from diffusers_tpu.interop import torchax_private
+
+    env = torchax.default_env()
+    with env:
+        tensor = torch.ones(3, device="jax")
+    assert torchax_private.holds_array(tensor) and not torchax_private.holds_array(torch.ones(1))
+    assert isinstance(torchax_private.array(tensor), jax.Array) and torchax_private.array(torch.ones(1)) is None
+    assert torchax_private.environment_of(tensor) is env
+    torchax_private.set_array(tensor, jnp.full(3, 7.0))
+    assert tensor.jax().tolist() == [7.0, 7.0, 7.0]
+    seen = []
+    jax.jit(lambda x: seen.append(torchax_private.holds_tracer(torchax.tensor.Tensor(x, env))) or x)(jnp.ones(1))
+    assert seen == [True] and not torchax_private.holds_tracer(tensor)
+
+
+def test_torchax_environment_internals():
+    import torch
+    import torch.nn.functional as F
+    import torchax
+
+    from diffusers_tpu.interop import torch_private, torchax_private
+
+    env = torchax.default_env()
+    assert F.scaled_dot_product_attention in torchax_private.op_table(env)
+    assert torchax_private.op_or_decomposition(env, torch.ops.aten.add.Tensor) is not None
+    assert torchax_private.routes_to_jax(env, "jax") and not torchax_private.routes_to_jax(env, "cpu")
+    with env:
+        assert torchax_private.dispatch_mode(env) in torch_private.dispatch_modes()

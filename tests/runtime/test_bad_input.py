@@ -187,14 +187,14 @@ def test_config_rejects_nonsense(kwargs, message):
 )
 def test_bad_cluster_environment_is_named(monkeypatch, env, message):
     """A malformed multi-process environment fails with the variable and the fix, before JAX is touched."""
-    from diffusers_tpu.interop import distributed
+    from diffusers_tpu.interop import distributed, processes
 
     monkeypatch.setenv("DIFFUSERS_TPU_COORDINATOR", "127.0.0.1:1234")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=re.escape(message)):
         distributed.initialize_from_env()
-    assert not distributed.is_multi_process()
+    assert not processes.is_multi_process()
 
 
 def test_late_cluster_start_says_to_import_first(monkeypatch):

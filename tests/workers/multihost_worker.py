@@ -56,10 +56,10 @@ def wan_runs(report):
     )
     pipe.to("cpu")
     # Each process reads its own devices' memory; the placement rule decides on the smallest, the same everywhere.
-    from diffusers_tpu.interop import distributed
+    from diffusers_tpu.interop import processes
 
-    report["agreed_limit"] = distributed.smallest_across_processes(100 - 50 * jax.process_index())
-    report["agreed_none"] = distributed.smallest_across_processes(None if jax.process_index() else 7)
+    report["agreed_limit"] = processes.smallest_across_processes(100 - 50 * jax.process_index())
+    report["agreed_none"] = processes.smallest_across_processes(None if jax.process_index() else 7)
     # Different host inputs on the processes (another seed on process 1) must fail loudly, not mix.
     pipe.to("tpu", config=TPUConfig(mesh=MESHES["dp2-sp1-tp4"], attention_kv_threshold=16))
     try:
