@@ -7,5 +7,5 @@ torchax environment and the mesh (``backend``), weight placement (``sharding``),
 
 May import: the standard library, torch, torchax, JAX, and ``diffusers_tpu.kernels``. Never a layer above it
 (runtime, families, planner, testing, demo, commands): the layers above give it their rules through its hooks
-(``sharding.register_adapter_naming``, ``compile.Rebuilt``) instead.
+(``sharding.register_adapter_naming``, ``weights.Rebuilt``) instead.
 """

@@ -1,7 +1,7 @@
 """Compile a module method with jax.jit, and account for compilations.
 
-``jit_method(module, "forward", ...)`` installs an instance attribute that shadows the class method, so the
-module stays the same object (its config, hooks and cache contexts keep working) while every call runs one
+``compiled_method(module, "forward", ...)`` is installed as an instance attribute that shadows the class method, so
+the module stays the same object (its config, hooks and cache contexts keep working) while every call runs one
 compiled XLA program per (non-tensor arguments, input shapes). Weights are arguments of the program, never
 constants baked into it, so sharded weights stay sharded and a dtype change just retraces.
 

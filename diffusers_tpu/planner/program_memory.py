@@ -122,7 +122,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
     """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
     through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
-    the host around them, each program answering with zeros of its outputs (``compile.lowered_zero_outputs``);
+    the host around them, each program answering with zeros of its outputs (``jit.lowered_zero_outputs``);
     ``latents``: one video's, as the denoising loop leaves them."""
     return vae_method_started(pipe, config, runtime, latents, size, vae_submit(compiled_now, config, runtime))()
 

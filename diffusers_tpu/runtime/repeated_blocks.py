@@ -3,7 +3,7 @@
 A video transformer is a stack of identical blocks (Wan 30-40, CogVideoX 42, HunyuanVideo 54) that stock code
 calls in a Python loop (``for block in self.blocks: h = block(h, ...)``). Traced as it is, the program holds one copy
 of the block per layer and XLA compiles every copy: compile time grows with depth. Here the loop stays stock code;
-what changes is what the calls do while the whole forward is traced (``compile.CompiledFunction(trace_hook=...)``):
+what changes is what the calls do while the whole forward is traced (``jit.CompiledFunction(trace_hook=...)``):
 
 - block 0 runs as usual (it tells each output's shape);
 - blocks 1 .. N-2 return placeholders instead of computing, after checking that the call is a chain: every tensor
@@ -21,7 +21,7 @@ Anything else keeps the exact stock meaning. Blocks that differ in any way (clas
 hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a residual added between blocks, a
 skipped block) makes the pending blocks run one by one, exactly as unrolled. A placeholder read by anything but
 the next block, a block that edits its inputs in place, or any error while a scan was traced: the whole forward is
-traced again unrolled (``compile.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
+traced again unrolled (``jit.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
 
 Over 400 lines on purpose: the chain check, the placeholders and the scan belong to one trace-time protocol.
 """
