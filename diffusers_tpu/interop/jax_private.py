@@ -88,3 +88,10 @@ def lowered_devices(lowered) -> list | None:
 # The name of the garbage-collector callback JAX adds (``jax._src.lib``): a Ctrl-C CPython drops inside it is raised
 # again by ``interop.interrupts`` (the name is only checked by the test; nothing calls it).
 GC_CALLBACK = "_xla_gc_callback"
+
+
+# XLA's quick compile: effort level O0, passed by its enum value (9: ``xla::EffortLevel::kO0``; jax 0.12 names it
+# ``jax._src.compiler.CompilerEffortLevel.O0``, jax 0.10 has no name for it). Why this spelling: jax 0.10's compiler
+# also took ``exec_time_optimization_effort=-1.0``, which builds the same program (identical compiled text on libtpu
+# 0.0.42.1), but jax 0.12 refuses that name ("No such compile option"); the enum value is accepted by both.
+QUICK_COMPILE = {"optimization_level": 9}

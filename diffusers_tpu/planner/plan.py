@@ -280,11 +280,14 @@ def plan_all(
     """``plan`` for each configuration in turn, yielding the rows in order, faster: XLA compiles without the GIL,
     so candidates' programs compile in background threads (one per core, at most ``COMPILE_THREADS``) while this
     thread traces the next ones; what does not depend on the mesh (the VAE) is analysed once. ``ahead``: candidates
-    started before the first row is awaited (default: one per thread; 1 when the caller may stop at any row);
+    started before the first row is awaited (default: one per thread, every one when ``quick``; 1 when the caller may
+    stop at any row);
     ``vae=False``: the denoiser steps only; ``quick``: the steps compiled at XLA's quick effort (a screening: same
     FLOPs and collectives, other bytes and temporaries than the runtime's full-effort program)."""
     shared, workers = {}, max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0))))
-    ahead = ahead or workers
+    # a screening traces every candidate at once: the first row waits for the VAE's programs (a minute at 720p), and
+    # the pool would idle meanwhile; each traced step (blocks scanned) holds a small program
+    ahead = ahead or (len(configs) if quick else workers)
     with ThreadPoolExecutor(workers, thread_name_prefix="diffusers_tpu-plan-compile") as compiler:
         started = deque()
         for config in configs:

@@ -235,7 +235,7 @@ def compiled_figures(lowered) -> dict:
 
 # XLA's quick effort: a real-size step compiles in about a quarter of the time (Wan2.1-14B 720p, v6e-8: 11 s vs 44 s
 # on 2 cores) with the same FLOPs and collectives; its bytes and temporaries differ a little (BENCHMARKS.md)
-QUICK_EFFORT = {"exec_time_optimization_effort": -1.0}
+QUICK_EFFORT = jax_private.QUICK_COMPILE
 
 
 def quick_figures(lowered) -> dict:

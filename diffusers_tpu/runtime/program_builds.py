@@ -1,13 +1,14 @@
 """How the runtime turns a lowered program into the executable its calls run: XLA's compile effort, and tiers.
 
 The TPU compiler spends minutes on a float32 3-D VAE decoder at its default effort (each distinct convolution shape
-costs it tens of seconds) and a small fraction of that at ``exec_time_optimization_effort=-1`` (BENCHMARKS.md, "Time
-to ready"). The effort does not change what a program computes — the same optimized HLO semantics, the traced
-matmul precision kept — only how hard XLA works on its speed; the quick program's run time on a TPU is not measured
+costs it tens of seconds) and a small fraction of that at XLA's effort level O0 (``jax_private.QUICK_COMPILE``; the
+``exec_time_optimization_effort=-1`` of jax 0.10; BENCHMARKS.md, "Time to ready"). The effort does not change what a
+program computes — the same optimized HLO semantics, the traced matmul precision kept — only how hard XLA works on its
+speed; the quick program's run time on a TPU is not measured
 yet (no TPU here). ``TPUConfig.vae_compile`` chooses for the VAE's programs (the denoiser step always compiles at
 full effort: it runs every step, and compiles in seconds):
 
-- ``"quick"``: effort -1;
+- ``"quick"``: effort level O0;
 - ``"full"``: XLA's default effort;
 - ``"tiered"``: the quick program serves at once; the full one is built on a background thread and replaces it at
   the first call after it is built, when the devices' free memory then holds what it needs (else the quick one
@@ -26,11 +27,11 @@ from collections.abc import Callable
 
 import jax
 
-from ..interop import jit
+from ..interop import jax_private, jit
 
 logger = logging.getLogger(__name__)
 
-QUICK = {"exec_time_optimization_effort": -1.0}  # XLA's compile option; 0 is its default
+QUICK = jax_private.QUICK_COMPILE  # XLA's effort level O0; the default is its own choice
 _pending: set[Tiered] = set()  # tiered programs whose full build is still running
 _pending_lock = threading.Lock()
 

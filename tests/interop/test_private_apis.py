@@ -173,3 +173,23 @@ def test_torchax_environment_internals():
     assert torchax_private.routes_to_jax(env, "jax") and not torchax_private.routes_to_jax(env, "cpu")
     with env:
         assert torchax_private.dispatch_mode(env) in torch_private.dispatch_modes()
+
+
+def test_jax_quick_compile_is_accepted_and_is_effort_minus_one_where_that_exists():
+    """The quick VAE/screening compile option: accepted by the installed jax's TPU compiler; where jax still takes
+    ``exec_time_optimization_effort=-1`` (0.10), the two build the same program."""
+    from diffusers_tpu.planner import tpu_compiler
+
+    if not tpu_compiler.usable():
+        pytest.skip("libtpu (the TPU compiler) not usable here")
+    device = tpu_compiler._devices("v6e:1x1")[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    spec = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=sharding)
+    lowered = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b).lower(spec, spec)
+    quick = lowered.compile(jax_private.QUICK_COMPILE).as_text()
+    try:
+        legacy = lowered.compile({"exec_time_optimization_effort": -1.0}).as_text()
+    except Exception as error:  # noqa: BLE001 - jax 0.12 refuses the old name
+        assert "exec_time_optimization_effort" in str(error)
+        return
+    assert quick == legacy
