@@ -171,7 +171,6 @@ def main(args, argv: list[str] | None = None) -> int:
             attention_efficiency=args.attention_efficiency,
         )
         format_rows = []
-        early = plan_screening.EarlyConfirmations(pipe, call, devices, planned) if screening else None
         for number, row in enumerate(
             plan_all(pipe, call, configs, devices, ahead=1 if narrow else None, quick=screening, **planned), 1
         ):
@@ -182,18 +181,13 @@ def main(args, argv: list[str] | None = None) -> int:
             rows.append(row)
             format_rows.append(row)
             print(f"[{number}/{len(configs)}, {time.perf_counter() - start:.0f} s] {plan_lines.line(row)}", flush=True)
-            if early is not None and number < len(configs):
-                early.after_row(format_rows)  # the likely leader's full-effort compile overlaps the last rows'
             if row["fits"] and narrow:
                 if number < len(configs):
                     skipped = [c.mesh for c in configs[number:]]
                     print(f"not compiled: {len(skipped)} less preferred candidate(s) {skipped} (--all compiles them)")
                 break
         if screening:
-            try:
-                plan_screening.confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start, early)
-            finally:
-                early.close()
+            plan_screening.confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start)
         fitting = [row for row in format_rows if row["fits"]]
         if fitting and recommended is None:
             if ranking:

@@ -84,29 +84,6 @@ def test_when_nothing_fits_the_candidates_near_the_limit_are_confirmed(confirmat
     assert done == [{"dp": 2}] and rows[0]["fits"] and rows[1]["step_effort"] == "quick"
 
 
-def test_a_confirmation_started_during_the_screening_is_used_not_repeated(confirmations, monkeypatch):
-    """After each screened row, what would need confirming is started at once (the leader whose fit is in doubt);
-    the confirmation then waits for it instead of compiling again, and a row that stops mattering is left unread."""
-    done, _ = confirmations
-    started = []
-
-    def start_plan(pipe, call, config, devices, chip, hbm_gib, text_tokens, **options):
-        started.append(config)
-        return lambda: _row(config, 0.98, 30.5, effort="full")
-
-    monkeypatch.setattr(plan_screening, "start_plan", start_plan)
-    early = plan_screening.EarlyConfirmations(None, {}, None, dict(PLANNED, text_tokens=16, attention_efficiency=0.5))
-    rows = [_row({"dp": 2, "sp": 4}, 0.98, 30.5)]
-    early.after_row(rows)  # the only row so far leads, and its fit is in doubt: started
-    early.after_row(rows)  # not started twice
-    rows.append(_row({"dp": 2, "tp": 4}, 1.0, 11.0))
-    early.after_row(rows)  # compute-bound, far from the limit: nothing more
-    assert started == [{"dp": 2, "sp": 4}]
-    plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0, early)
-    early.close()
-    assert done == [] and rows[0]["step_effort"] == "full"  # the started one was used: plan_all never called
-
-
 @needs_libtpu
 def test_the_screening_chooses_what_compiling_every_candidate_at_full_effort_chooses(tmp_path, capsys):
     from diffusers_tpu.commands import cli
