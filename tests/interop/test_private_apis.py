@@ -9,6 +9,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
