@@ -9,8 +9,8 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import pytest
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from diffusers_tpu.interop import jax_private
