@@ -6,18 +6,24 @@ may load).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 CHECKED_ON = ("0.10.2", "0.12.0.1")
 
 
+@functools.cache
+def _core():
+    from jax._src import core  # noqa: PLC0415 - resolved once: ``trace_state_clean`` runs for every eager op
+
+    return core
+
+
 def trace_state_clean() -> bool:
     """Whether no JAX trace is in progress (``jax._src.core.trace_state_clean``). Why private: JAX has no public
     question for it; the host-side fast paths (``interop.host_scalars``) must not run inside a trace."""
-    from jax._src import core  # noqa: PLC0415
-
-    return core.trace_state_clean()
+    return _core().trace_state_clean()
 
 
 def indivisible_error() -> type[Exception]:
