@@ -27,7 +27,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import outputs
+from diffusers_tpu.runtime.files import outputs
 
 # ``-m`` imports the package (torch, JAX, diffusers) before this module runs: the first phase includes it
 PHASES = ("python start and imports", "load onto devices", "call to first step dispatched")

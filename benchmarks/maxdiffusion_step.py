@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     columns["maxdiffusion"] = theirs(args.maxdiffusion, args.arch, args.chips, size, args.theirs)
     print(table(columns))
     if args.json:
-        from diffusers_tpu.runtime import outputs
+        from diffusers_tpu.runtime.files import outputs
 
         outputs.write_text(args.json, json.dumps(columns, indent=1, default=str))
     return 0

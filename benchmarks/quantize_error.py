@@ -20,8 +20,9 @@ import torch
 from diffusers_tpu.families import wan
 from diffusers_tpu.interop.sharding import keep_in_fp32
 from diffusers_tpu.planner import architectures
-from diffusers_tpu.runtime import outputs, quantize
 from diffusers_tpu.runtime.config import TPUConfig
+from diffusers_tpu.runtime.files import outputs
+from diffusers_tpu.runtime.weights import quantize
 from diffusers_tpu.testing import tiny
 
 

@@ -46,10 +46,10 @@ def activate() -> None:
 
     jit.count_programs()  # JAX's own count of the process's programs, from before the first one (``stats``)
     from . import families
-    from .runtime import patches, registry
+    from .runtime import entry_points, registry
 
     registry.register_loader(families.load_all)
-    patches.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported
+    entry_points.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported
 
 
 versions.warn_outside()  # one warning naming the tested span, for any version outside it
@@ -71,14 +71,19 @@ _NAMES = {
     "WanImageToVideoPipeline": "families.wan",
     "WanPipeline": "families.wan",
     "sharding_of": "interop.sharding",
-    "CallStats": "runtime.pipeline_runtime",
-    "stats": "runtime.pipeline_runtime",
+    "CallStats": "runtime.attach.pipeline_runtime",
+    "stats": "runtime.attach.pipeline_runtime",
     "TPUConfig": "runtime.config",
-    "from_pretrained": "runtime.loading",
+    "from_pretrained": "runtime.weights.loading",
     "supported_pipelines": "runtime.support",
-    "warm_up": "runtime.warmup",
+    "warm_up": "runtime.programs.warmup",
 }
-_MOVED = {"tiny": "testing.tiny", "stages": "runtime.stages", "lowering": "planner.lowering", "wan": "families.wan"}
+_MOVED = {
+    "tiny": "testing.tiny",
+    "stages": "runtime.files.stages",
+    "lowering": "planner.lowering",
+    "wan": "families.wan",
+}
 
 
 def __getattr__(name: str):

@@ -117,6 +117,6 @@ def run_fresh(code: str) -> dict:
 
 def compiled_method(pipe, module, method: str = "forward"):
     """The compiled method ``pipe.to`` installed for ``module.<method>`` (it holds ``programs``), found by name."""
-    from diffusers_tpu.runtime import pipeline_runtime
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     return pipeline_runtime.runtime_of(pipe).compiled_of(module, method)

@@ -112,13 +112,13 @@ def test_graph_sees_the_package():
     assert {
         "diffusers_tpu",
         "diffusers_tpu.interop.sharding",
-        "diffusers_tpu.runtime.pipeline_runtime",
+        "diffusers_tpu.runtime.attach.pipeline_runtime",
         "diffusers_tpu.families.wan",
         "diffusers_tpu.kernels",
         "diffusers_tpu.commands.cli",
     } <= set(edges)
     assert (
-        "diffusers_tpu.interop.backend" in edges["diffusers_tpu.runtime.pipeline_runtime"]
+        "diffusers_tpu.interop.backend" in edges["diffusers_tpu.runtime.attach.pipeline_runtime"]
     )  # relative imports resolved
     assert "diffusers_tpu.runtime.registry" in edges["diffusers_tpu.families.generic"]
 
@@ -146,15 +146,15 @@ def test_imports_run_down_the_layers():
 def test_compat_at_the_bottom_patches_at_the_top():
     """compat imports nothing of the package but host_scalars (its policy for eager glue), patching (the one way
     to patch) and the private-name doors, torch_compat nothing but patching and torch's door, host_scalars nothing but
-    the doors, and the doors and patching nothing; nothing but the package's __init__ imports patches, and bench / cli
-    share their helpers instead of importing each other."""
+    the doors, and the doors and patching nothing; nothing but the package's __init__ imports entry_points, and
+    bench / cli share their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
     doors = {p + "interop.jax_private", p + "interop.torch_private", p + "interop.torchax_private"}
     assert edges[p + "interop.compat"] == {p + "interop.host_scalars", p + "interop.patching"} | doors
     assert edges[p + "interop.torch_compat"] == {p + "interop.patching", p + "interop.torch_private"}
     assert edges[p + "interop.host_scalars"] == doors and edges[p + "interop.patching"] == set()
     assert all(edges[door] == set() for door in doors | {p + "interop.versions", p + "runtime.diffusers_private"})
-    assert {m for m, targets in edges.items() if p + "runtime.patches" in targets} == {"diffusers_tpu"}
+    assert {m for m, targets in edges.items() if p + "runtime.entry_points" in targets} == {"diffusers_tpu"}
     assert p + "commands.cli" not in edges[p + "commands.bench"]
 
 
@@ -174,15 +174,15 @@ def test_the_checks_catch_what_they_look_for(edges, circle):
 def test_wrong_way_imports_are_caught():
     p = "diffusers_tpu."
     edges = {
-        p + "interop.sharding": {p + "runtime.lora"},
-        p + "runtime.lora": {p + "interop.sharding"},
+        p + "interop.sharding": {p + "runtime.weights.lora"},
+        p + "runtime.weights.lora": {p + "interop.sharding"},
         p + "demo.build": {p + "testing.tiny"},
         p + "commands.cli": {p + "testing.tiny"},
         p + "testing.tiny": set(),
     }
     assert wrong_way(edges) == [
         f"{p}demo.build (demo) imports {p}testing.tiny (testing)",
-        f"{p}interop.sharding (interop) imports {p}runtime.lora (runtime)",
+        f"{p}interop.sharding (interop) imports {p}runtime.weights.lora (runtime)",
     ]
 
 

@@ -151,7 +151,7 @@ def call_arguments(pipe, call: dict) -> dict:
 
 def call_sizes(pipe, args, model: str) -> dict:
     """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
-    from ..runtime.stages import call_defaults
+    from ..runtime.files.stages import call_defaults
 
     defaults = call_defaults(pipe)
     config = pipe.transformer.config

@@ -28,12 +28,14 @@ from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 from ..interop import backend
 from ..interop.jit import compile_log
 from ..planner import architectures
-from ..runtime import diffusers_private, outputs, pipeline_runtime
+from ..runtime import diffusers_private
+from ..runtime.attach import pipeline_runtime
+from ..runtime.attach.overrides import Overrides
+from ..runtime.call.denoiser import active_hooks
 from ..runtime.config import TPUConfig
-from ..runtime.denoiser import active_hooks
-from ..runtime.overrides import Overrides
+from ..runtime.files import outputs
+from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
-from ..runtime.stages import call_defaults
 from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import peak_memory as _peak_memory

@@ -41,7 +41,7 @@ def write_audio(audio, path: str, rate: int) -> None:
     """``audio``: float [channels, samples] in [-1, 1] -> 16-bit PCM WAV."""
     import numpy as np
 
-    from ..runtime import outputs
+    from ..runtime.files import outputs
 
     audio = np.asarray(audio, dtype=np.float32)
     if audio.ndim != 2 or audio.shape[0] < 1:
@@ -84,7 +84,7 @@ def _prepare(args, model: str):
 
 
 def _report(pipe) -> None:
-    from ..runtime import pipeline_runtime
+    from ..runtime.attach import pipeline_runtime
 
     if pipeline_runtime.is_attached(pipe) and pipeline_runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
         say(pipeline_runtime.stats(pipe).summary())
@@ -95,7 +95,7 @@ def _write(frames, args) -> None:
     import numpy as np
     import PIL.Image
 
-    from ..runtime import outputs
+    from ..runtime.files import outputs
 
     images = [PIL.Image.fromarray(f) for f in frames] if isinstance(frames, np.ndarray) else frames
     _main_process_writes(outputs.write_video, images, args.output, args.fps)
@@ -113,7 +113,7 @@ def _size_call(args) -> dict:
 def generate(args) -> int:
     import torch
 
-    from ..runtime import stages
+    from ..runtime.files import stages
 
     model = args.model or DEFAULT_MODEL
     pipe = _prepare(args, model)
@@ -183,14 +183,14 @@ def _check_output(pipe, args) -> None:
 
 
 def _write_image(image, path: str) -> None:
-    from ..runtime import outputs
+    from ..runtime.files import outputs
 
     _main_process_writes(outputs.write_image, image, path)
     say(f"wrote a {image.width}x{image.height} image to {path}")
 
 
 def stage(args) -> int:
-    from ..runtime import stages
+    from ..runtime.files import stages
 
     recorded = stages.StageDir(args.stage_dir).settings("encode")
     if args.command != "encode" and recorded is None:
@@ -279,7 +279,7 @@ def _run(args, argv: list[str] | None) -> int:
         print(f"diffusers-tpu: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # an output could not be written (the old file is unchanged; nothing partial is left)
-        from ..runtime.outputs import OutputError
+        from ..runtime.files.outputs import OutputError
 
         if not isinstance(error, OutputError):
             raise

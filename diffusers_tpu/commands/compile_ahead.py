@@ -24,8 +24,9 @@ import torch
 from ..interop import jit
 from ..planner import architectures, plan, tpu_compiler
 from ..planner.chips import CHIPS
-from ..runtime import outputs, program_store, warmup
 from ..runtime.config import TPUConfig
+from ..runtime.files import outputs
+from ..runtime.programs import program_store, warmup
 from .arguments import load_pipeline
 from .program_table import programs_of, render, text_tokens
 

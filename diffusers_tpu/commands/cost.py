@@ -20,8 +20,8 @@ import torch
 
 from ..planner import architectures, kernel_work, plan, step_estimate, tpu_compiler
 from ..planner.chips import CHIPS
-from ..runtime import outputs
 from ..runtime.config import TPUConfig
+from ..runtime.files import outputs
 from ..runtime.registry import family_of
 from .arguments import load_pipeline
 

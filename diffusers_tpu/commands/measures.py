@@ -9,7 +9,7 @@ import importlib.metadata as metadata
 
 import torch
 
-from ..runtime import pipeline_runtime
+from ..runtime.attach import pipeline_runtime
 
 # Dense bf16 peak TFLOP/s per chip (vendor figures). device_kind substrings, most specific first.
 PEAK_TFLOPS = (

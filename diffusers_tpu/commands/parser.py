@@ -329,7 +329,7 @@ def _model_of(args) -> str | None:
 
 def _check_destinations(args, model: str | None) -> None:
     """Every path the command will write: checked before anything is loaded or compiled."""
-    from ..runtime import outputs
+    from ..runtime.files import outputs
 
     if getattr(args, "json", None):
         outputs.check_destination(args.json, what="--json")

@@ -22,8 +22,10 @@ from ..planner.architectures import folder_pipeline
 from ..planner.chips import CHIPS, GIB, candidate_meshes
 from ..planner.plan import plan_all
 from ..planner.step_estimate import describe, estimable, rank
-from ..runtime import decision, outputs, pipeline_runtime
+from ..runtime import decision
+from ..runtime.attach import pipeline_runtime
 from ..runtime.config import TPUConfig
+from ..runtime.files import outputs
 from ..runtime.registry import family_of
 from . import plan_lines, plan_screening
 from .arguments import load_pipeline

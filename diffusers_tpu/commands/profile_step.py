@@ -24,10 +24,11 @@ from ..interop import backend, user_tensors
 from ..interop.jit import compile_log
 from ..interop.torch_private import pytree
 from ..planner import architectures
-from ..runtime import outputs, pipeline_runtime
+from ..runtime.attach import pipeline_runtime
 from ..runtime.config import TPUConfig
+from ..runtime.files import outputs
+from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
-from ..runtime.stages import call_defaults
 from . import kernel_breakdown
 from .arguments import call_sizes, device_for, load_pipeline, sequence_length
 from .measures import peak_memory, peak_tflops, versions

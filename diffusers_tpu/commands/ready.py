@@ -20,8 +20,8 @@ import torch
 
 from ..planner import architectures, hlo_stats, plan, tpu_compiler
 from ..planner.chips import CHIPS
-from ..runtime import outputs
 from ..runtime.config import TPUConfig
+from ..runtime.files import outputs
 from .arguments import load_pipeline
 from .program_table import programs_of, render, text_tokens
 

@@ -21,7 +21,7 @@ import diffusers_tpu
 
 from ..interop.backend import device_for
 from ..interop.mesh_axes import mesh_arg
-from ..runtime import outputs
+from ..runtime.files import outputs
 from . import CALL, load_pipeline, scenes
 
 

@@ -31,7 +31,7 @@ from diffusers.video_processor import VideoProcessor
 
 from ..interop import backend
 from ..interop.jit import compile_log
-from ..runtime import pipeline_runtime
+from ..runtime.attach import pipeline_runtime
 from ..runtime.registry import Family, register
 from . import wan, wan_vae
 from .causal_wan import CausalWanTransformer3DModel

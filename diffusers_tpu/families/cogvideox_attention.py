@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
-from ..runtime import kernel_processors, rotary
+from ..runtime.attention import kernel_processors, rotary
 
 
 @kernel_processors.restates("a1ecc57eaf6a958b")

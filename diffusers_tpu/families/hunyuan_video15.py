@@ -37,7 +37,7 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 from diffusers.utils import apply_lora_scale
 
 from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
-from ..runtime import rotary
+from ..runtime.attention import rotary
 from ..runtime.config import TEXT_PADDING_MODES
 from ..runtime.registry import CFGBatching, Family, register
 

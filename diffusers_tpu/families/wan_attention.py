@@ -18,7 +18,7 @@ import functools
 
 from diffusers.models.transformers import transformer_skyreels_v2, transformer_wan
 
-from ..runtime import kernel_processors, rotary
+from ..runtime.attention import kernel_processors, rotary
 
 # the source digests of the stock ``__call__`` each subclass restates (``kernel_processors.restates``)
 RESTATED = {"WanAttnProcessor": "13c09feedcfe814a", "SkyReelsV2AttnProcessor": "be927e58ea7fba80"}

@@ -35,7 +35,7 @@ from ..families import cogvideox, hunyuan_video15, wan
 from ..families.causal_wan import CAUSAL_DEFAULTS, CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
 from ..interop.sharding import keep_in_fp32
-from ..runtime import loading
+from ..runtime.weights import loading
 from . import standins
 
 # UMT5-XXL (Wan's text encoder) and T5-v1.1-XXL (CogVideoX's), encoder halves.

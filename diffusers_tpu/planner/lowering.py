@@ -17,7 +17,8 @@ from torchax.ops import mappings
 from ..interop import backend, sharding
 from ..interop.jit import TENSOR, Program
 from ..interop.torch_private import pytree
-from ..runtime import attention, postprocess, repeated_blocks
+from ..runtime.attention import sdpa
+from ..runtime.call import postprocess, repeated_blocks
 
 
 def abstract(shape, dtype, mesh=None, spec=()) -> jax.ShapeDtypeStruct:
@@ -75,10 +76,10 @@ def export_method(
     method = getattr(module, name)
     scan = repeated_blocks.scanning if scan_blocks and attention_impl is not None else None  # as a denoiser runs
     program = Program(module, method, spec, static, trace_hook=scan)
-    settings = attention.SAFE
+    settings = sdpa.SAFE
     if attention_impl is not None:
-        settings = attention.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)
-    with backend.jax_mode(), attention.use(settings), jax.default_matmul_precision(matmul_precision):
+        settings = sdpa.AttentionSettings(mesh, attention_impl, kv_threshold, block_sizes)
+    with backend.jax_mode(), sdpa.use(settings), jax.default_matmul_precision(matmul_precision):
         export = jax.export.export(program.jitted, platforms=list(platforms))
         return program.without_hook_if_needed(export, state, [x for a, x in zip(is_array, leaves) if a], [], [])
 

@@ -32,9 +32,10 @@ from torchax.ops import mappings
 from ..interop import backend, jit
 from ..interop.backend import jax_dtype
 from ..interop.weights import Gathered, LayerOf, expand_stacked
-from ..runtime import decision, host_memory, quantize, stacked_weights
-from ..runtime.pipeline_runtime import PipelineRuntime
+from ..runtime import decision
+from ..runtime.attach.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
+from ..runtime.weights import host_memory, quantize, stacked_weights
 from . import call_probe, lowering, program_memory, step_estimate, tpu_compiler
 from .chips import GIB, Chip
 

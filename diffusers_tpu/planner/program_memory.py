@@ -13,7 +13,9 @@ from torch.utils import _pytree as pytree
 
 from ..families import wan_vae
 from ..interop import jit, sharding
-from ..runtime import host_memory, placement, program_builds
+from ..runtime.attach import placement
+from ..runtime.programs import program_builds
+from ..runtime.weights import host_memory
 from . import call_probe, lowering
 
 

@@ -25,8 +25,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..interop import jit
+from ..runtime.call.denoiser import TRACE_ERRORS
 from ..runtime.config import TPUConfig
-from ..runtime.denoiser import TRACE_ERRORS
 from ..runtime.registry import family_of
 from . import call_probe, plan, program_memory, tpu_compiler
 

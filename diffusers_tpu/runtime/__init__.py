@@ -1,14 +1,18 @@
 """The pipeline runtime: a stock diffusers pipeline attached to JAX by ``pipe.to("tpu")``, run, and detached.
 
-Holds the user's knobs (``config.TPUConfig``), the family contract and registry (``registry``), attaching and
-detaching a pipeline (``pipeline_runtime``; what it changed on the user's objects and how to put each back:
-``overrides``),
-the compiled denoiser entry (``denoiser``), attention on the mesh (``attention``), batched classifier-free guidance
-(``cfg``), on-device postprocessing (``postprocess``), scheduler fixes (``schedulers``), GPU-script semantics
-(``gpu_script_calls``), stock code kept on the host (``stock_on_host``), calls too large refused first
-(``oversized_calls``), LoRA (``lora``), weight quantization (``quantize``), sharded loading (``loading``), staged
-runs (``stages``) and the patches of diffusers/peft/torch (``patches``).
+At the root, what every room reads: the user's knobs (``config.TPUConfig``), the family contract (``registry``),
+what "supported" means (``support``), what ``pipe.to`` will do (``decision``), where the project enters stock code
+(``entry_points``) and the doors to diffusers' private names and older releases (``diffusers_private``,
+``diffusers_compat``). The rooms:
 
-May import: ``interop`` and ``kernels``. Never ``families`` (they register themselves into ``registry``), the
-planner, ``testing``, ``demo`` or ``commands``.
+    attach/      pipe.to("tpu"): place, shard, wrap; pipe.to("cpu") undoes it
+    call/        what runs in a call: the denoiser's compiled entry, guidance as one batch, the step's glue
+    attention/   torch's SDPA, diffusers' backends and processors routed to the kernels
+    weights/     stacked, quantized, in host memory, loaded by slices, LoRA
+    gpu_script/  offloading, casting and the other GPU-script calls on JAX
+    programs/    how programs are built, stored ahead, warmed up
+    files/       outputs written atomically, staged runs
+
+docs/layout.md has every module in one line and the two paths pictured. May import: ``interop`` and ``kernels``.
+Never ``families`` (they register themselves into ``registry``), the planner, ``testing``, ``demo`` or ``commands``.
 """

@@ -11,7 +11,7 @@ import torch
 
 from ..interop.mesh_axes import MESH_AXES
 from ..kernels import BlockSizes
-from . import quantize
+from .weights import quantize
 
 ATTENTION_IMPLEMENTATIONS = ("splash_exp2", "splash", "xla", "cudnn")
 TEXT_ENCODER_PLACEMENTS = ("auto", "host", "jax")

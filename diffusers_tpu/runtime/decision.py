@@ -14,10 +14,12 @@ import dataclasses
 import torch
 
 from ..interop import backend, sharding
-from . import host_memory, placement, program_builds, quantize
+from .attach import placement
+from .call.denoiser import active_hooks, check_hooks
 from .config import TPUConfig
-from .denoiser import active_hooks, check_hooks
+from .programs import program_builds
 from .registry import Family, family_of
+from .weights import host_memory, quantize
 
 _FROM_DEVICES = object()  # decide(memory_limit=...): read the devices' own limit
 

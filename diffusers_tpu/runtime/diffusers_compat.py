@@ -6,7 +6,7 @@ does for a pipeline on JAX: each entry with its reason, the versions it was chec
 from __future__ import annotations
 
 from ..interop import patching
-from . import pipeline_runtime
+from .attach import pipeline_runtime
 
 
 # --- 1. ``pipe.device`` names the accelerator --------------------------------------------------------------------

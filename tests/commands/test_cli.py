@@ -136,7 +136,7 @@ def test_a_failed_write_keeps_the_previous_video(tmp_path, monkeypatch):
     import diffusers.utils
 
     monkeypatch.setattr(diffusers.utils, "export_to_video", broken)
-    from diffusers_tpu.runtime import outputs
+    from diffusers_tpu.runtime.files import outputs
 
     with pytest.raises(outputs.OutputError, match="disk full"):
         outputs.write_video([np.zeros((4, 4, 3))], str(path), fps=8)

@@ -8,7 +8,8 @@ import torch
 
 from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
 from diffusers_tpu.interop import backend, jit
-from diffusers_tpu.runtime import attention, pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.runtime.attention import sdpa
 from diffusers_tpu.testing import tiny
 
 # (frames per block, sinks, window, latent frames): the first wraps the ring (4 blocks, 3-frame window + 1 sink).
@@ -70,12 +71,12 @@ def _on_jax(model, implementation="splash_exp2", dtype=None):
         name: backend.host_to_jax(value.detach().to(dtype or value.dtype))
         for name, value in [*model.named_parameters(), *model.named_buffers()]
     }
-    settings = attention.AttentionSettings(None, implementation)
+    settings = sdpa.AttentionSettings(None, implementation)
 
     def active():
         stack = contextlib.ExitStack()
         stack.enter_context(backend.jax_mode())
-        stack.enter_context(attention.use(settings))
+        stack.enter_context(sdpa.use(settings))
         return stack
 
     return jit.CompiledFunction(
@@ -128,7 +129,7 @@ def test_bf16_cache_path():
     def active():
         stack = contextlib.ExitStack()
         stack.enter_context(backend.jax_mode())
-        stack.enter_context(attention.use(attention.AttentionSettings(None, "xla")))
+        stack.enter_context(sdpa.use(sdpa.AttentionSettings(None, "xla")))
         return stack
 
     full = jit.CompiledFunction(

@@ -72,7 +72,7 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
             streamed = torch.cat([decoder.decode(latents[:, :, i : i + per_block]) for i in range(0, 6, per_block)], 2)
             torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
     from diffusers_tpu.interop import jit
-    from diffusers_tpu.runtime import pipeline_runtime
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     attached = pipeline_runtime.runtime_of(pipe)
     for per_block in (1, 3):

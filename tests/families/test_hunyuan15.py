@@ -12,7 +12,8 @@ import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import hunyuan_video15
 from diffusers_tpu.interop import backend, jit
-from diffusers_tpu.runtime import decision, pipeline_runtime
+from diffusers_tpu.runtime import decision
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import all_equations, assert_np_matches, compiled_method, stock_pil
 
@@ -156,11 +157,11 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
     with torch.no_grad():
         expected = attn(video, text, attention_mask=mask)
-    settings = diffusers_tpu.runtime.attention.AttentionSettings(None, attention)
+    settings = diffusers_tpu.runtime.attention.sdpa.AttentionSettings(None, attention)
     weights = {name: backend.host_to_jax(value) for name, value in attn.state_dict().items()}
 
     def active():
-        return contextlib_nested(backend.jax_mode(), diffusers_tpu.runtime.attention.use(settings))
+        return contextlib_nested(backend.jax_mode(), diffusers_tpu.runtime.attention.sdpa.use(settings))
 
     for mode in ("mask", "zero_kv"):
         processor = hunyuan_video15.KeyMaskProcessor(mode)

@@ -11,7 +11,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.planner import tpu_compiler
-from diffusers_tpu.runtime import rotary
+from diffusers_tpu.runtime.attention import rotary
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -75,7 +75,7 @@ def test_a_users_own_processor_is_kept():
 def test_every_restated_processor_is_the_installed_diffusers_source():
     """Fails when a diffusers in the declared range changes a ``__call__`` a subclass restates: restate it again."""
     from diffusers_tpu.families import cogvideox_attention, wan_attention
-    from diffusers_tpu.runtime import kernel_processors
+    from diffusers_tpu.runtime.attention import kernel_processors
 
     kinds = [*wan_attention._processors().values(), cogvideox_attention.KernelRotaryCogVideoXAttnProcessor]
     assert len(kinds) == 3
@@ -85,7 +85,7 @@ def test_every_restated_processor_is_the_installed_diffusers_source():
 
 def test_a_changed_stock_source_keeps_the_stock_processor(monkeypatch):
     """Another diffusers whose ``WanAttnProcessor.__call__`` differs: no swap, and the video is still stock's."""
-    from diffusers_tpu.runtime import kernel_processors
+    from diffusers_tpu.runtime.attention import kernel_processors
 
     pipe = tiny.wan_pipeline("wan-d128")
     reference = generate(pipe, output_type="np")

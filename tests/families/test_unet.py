@@ -13,7 +13,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.families import unet as unet_family
-from diffusers_tpu.runtime import attention
+from diffusers_tpu.runtime.attention import sdpa
 from diffusers_tpu.testing import tiny_unet
 from tests.conftest import assert_np_matches
 
@@ -81,14 +81,14 @@ def test_many_tiny_attentions_take_xla_and_the_rest_the_kernel(monkeypatch):
     """Temporal attention over a few frames at every pixel is one dense XLA op; other calls use the kernel.
     Both give the reference's values."""
     calls = []
-    kernel = attention.KERNELS["splash_exp2"]
-    monkeypatch.setitem(attention.KERNELS, "splash_exp2", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
-    settings = attention.AttentionSettings(mesh=None, implementation="splash_exp2")
+    kernel = sdpa.KERNELS["splash_exp2"]
+    monkeypatch.setitem(sdpa.KERNELS, "splash_exp2", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
+    settings = sdpa.AttentionSettings(mesh=None, implementation="splash_exp2")
     key = np.random.default_rng(0)
     for shape, kernel_calls in (((128, 2, 16, 8), 0), ((2, 4, 16, 8), 1), ((64, 4, 136, 8), 1)):
         q, k, v = (jnp.asarray(key.standard_normal(shape), jnp.float32) for _ in range(3))
-        out = attention._attention(q, k, v, None, scale=None, is_causal=False, enable_gqa=False, settings=settings)
-        expected = attention.reference_attention(q, k, v)
+        out = sdpa._attention(q, k, v, None, scale=None, is_causal=False, enable_gqa=False, settings=settings)
+        expected = sdpa.reference_attention(q, k, v)
         assert float(jnp.abs(out - expected).max()) <= 1e-5
         assert len(calls) == kernel_calls, shape
         calls.clear()

@@ -7,7 +7,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, assert_np_matches, generate
 
@@ -130,7 +130,7 @@ def test_a_class_s_own_progress_bar_options_pass_through():
     """Marigold's ``progress_bar(..., desc=..., leave=False)`` through the timed bar (it raised TypeError)."""
     from types import SimpleNamespace
 
-    from diffusers_tpu.runtime import call_stats
+    from diffusers_tpu.runtime.call import call_stats
 
     seen = []
     bar = call_stats.timed_progress_bar(SimpleNamespace(), lambda *a, **k: seen.append((a, k)) or "bar")
@@ -176,7 +176,7 @@ def test_compile_cache_dir_knob(tmp_path):
 
 
 def test_save_pretrained_while_on_jax_round_trips(tmp_path):
-    from diffusers_tpu.runtime import pipeline_runtime
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     pipe = tiny.wan_pipeline("wan-4head")
     reference = generate(pipe, output_type="np")

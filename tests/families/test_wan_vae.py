@@ -11,7 +11,7 @@ import torch
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
 from diffusers_tpu.interop import backend, jit, sharding
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 

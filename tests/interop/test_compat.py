@@ -1,4 +1,4 @@
-"""The torchax compatibility layer (``compat``) and the diffusers-level patches (``patches``)."""
+"""The torchax compatibility layer (``compat``) and the diffusers-level patches (``entry_points``)."""
 
 import logging
 
@@ -8,15 +8,15 @@ import torch
 import torchax
 
 from diffusers_tpu.interop import patching
-from diffusers_tpu.runtime import patches
+from diffusers_tpu.runtime import entry_points
 
 
 def test_patches_are_idempotent_and_listed():
     from diffusers import DiffusionPipeline
 
-    before = patches.applied()
-    patches.apply()
-    assert patches.applied() == before
+    before = entry_points.applied()
+    entry_points.apply()
+    assert entry_points.applied() == before
     assert "DiffusionPipeline.to" in before and "DiffusionPipeline.to" in patching.labels(DiffusionPipeline.to)
 
 
@@ -26,7 +26,7 @@ def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
     from diffusers_tpu.interop import backend
     from diffusers_tpu.interop.backend import host_to_jax, wrap
 
-    assert "torchax Tensor.type_as" in patches.applied()
+    assert "torchax Tensor.type_as" in entry_points.applied()
     with backend.jax_mode():
         weight = wrap(host_to_jax(torch.randn(4, 2, 3, 3).to(torch.bfloat16)))
         x = wrap(host_to_jax(torch.randn(1, 2, 5, 5)))  # float32
@@ -42,7 +42,7 @@ def test_setitem_casts_to_the_destination_dtype_like_torch():
     from diffusers_tpu.interop import backend
     from diffusers_tpu.interop.backend import host_to_jax, wrap
 
-    assert "torchax Tensor.__setitem__" in patches.applied()
+    assert "torchax Tensor.__setitem__" in entry_points.applied()
     with backend.jax_mode(), warnings.catch_warnings():
         warnings.simplefilter("error")  # JAX's "will result in an error" FutureWarning must not fire
         out = wrap(host_to_jax(torch.zeros(2, 4, dtype=torch.bfloat16)))
@@ -75,7 +75,7 @@ def test_strided_writes_match_torch_without_a_scatter(case, through_view):
 
     from diffusers_tpu.interop import backend
 
-    assert "strided slice assignment without scatter" in patches.applied()
+    assert "strided slice assignment without scatter" in entry_points.applied()
     shape, key = STRIDED_WRITES[case]
     generator = torch.Generator().manual_seed(len(case))
     base = torch.randn(shape, generator=generator).to(torch.bfloat16)
@@ -238,7 +238,7 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     tensors — however small — still run on the devices."""
     from diffusers_tpu.interop import backend, jit
 
-    assert "schedule glue on the host" in patches.applied() and "torchax host transfers" in patches.applied()
+    assert "schedule glue on the host" in entry_points.applied() and "torchax host transfers" in entry_points.applied()
     host = torch.linspace(1.0, 0.0, 7) ** 1.7 * 1000.0
     with backend.jax_mode():
         with jit.compile_log() as log:
@@ -335,7 +335,7 @@ def test_torch_compile_works_beside_torchax():
     and on an H100). ``torch.accelerator`` now answers as stock does: CUDA when present, else no accelerator."""
     from diffusers.utils.torch_utils import get_device
 
-    assert "torch.accelerator" in patches.applied()
+    assert "torch.accelerator" in entry_points.applied()
     expected = torch.device("cuda") if torch.cuda.is_available() else None
     assert torch.accelerator.current_accelerator() == expected
     assert torch.accelerator.is_available() == torch.cuda.is_available()
@@ -539,7 +539,7 @@ def test_torchax_key_seeded_on_the_host_is_jax_own(x64):
 
     from diffusers_tpu.interop import compat, jit
 
-    assert patches.applied()  # the environment exists: it was built under the patch
+    assert entry_points.applied()  # the environment exists: it was built under the patch
     jit.count_programs()
     with jax.enable_x64(x64):
         for seed in (0, 5, 2**31 - 1, 2**31, 67280421310721, 2**62 + 12345, torch.initial_seed() % (1 << 63)):

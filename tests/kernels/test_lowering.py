@@ -143,12 +143,12 @@ def test_attention_is_traced_once_per_distinct_call(monkeypatch):
     """The denoiser's attention calls enter the program as one nested function per distinct call (shapes and
     settings), not one copy per block: Wan's self- and cross-attention are traced once each whatever the depth
     (lowering 60 copies was most of a real-size warm start's lowering time; BENCHMARKS "A restarted process")."""
-    from diffusers_tpu.runtime import attention
+    from diffusers_tpu.runtime.attention import sdpa
 
     traced = []
-    stock = attention.attend
-    monkeypatch.setattr(attention, "attend", lambda q, k, *a, **kw: traced.append(k.shape[2]) or stock(q, k, *a, **kw))
-    attention._attention_jitted.clear_cache()  # what earlier tests in this process traced would be reused
+    stock = sdpa.attend
+    monkeypatch.setattr(sdpa, "attend", lambda q, k, *a, **kw: traced.append(k.shape[2]) or stock(q, k, *a, **kw))
+    sdpa._attention_jitted.clear_cache()  # what earlier tests in this process traced would be reused
     pipe = tiny.wan_pipeline("wan")
     assert len(pipe.transformer.blocks) >= 2
     pipe.to("jax")

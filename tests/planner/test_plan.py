@@ -8,7 +8,7 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
 from diffusers_tpu.interop import jit
 from diffusers_tpu.planner import architectures, call_probe, chips, plan
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny, tiny_unet
 
 CALL = dict(
@@ -199,7 +199,8 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
     import json
 
     from diffusers_tpu.commands import cli
-    from diffusers_tpu.runtime import decision, pipeline_runtime, placement
+    from diffusers_tpu.runtime import decision
+    from diffusers_tpu.runtime.attach import pipeline_runtime, placement
 
     config = TPUConfig(dtype=torch.bfloat16)  # plan's --dtype default
     weights = decision.weights_per_device(tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1})
@@ -265,7 +266,7 @@ def test_check_needs_an_accelerator(capfd):
 
 def test_plan_reports_the_runtime_vae_decode_programs():
     """The Wan VAE's two decode programs, planned with abstract weights, match the placed runtime's programs."""
-    from diffusers_tpu.runtime import pipeline_runtime
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     config = TPUConfig(vae_decode_chunk=2)
     planned = plan.denoiser_memory(
@@ -287,7 +288,7 @@ def test_plan_reports_the_runtime_vae_decode_programs():
 def test_json_reports_get_the_users_file_mode(tmp_path):
     import os
 
-    from diffusers_tpu.runtime.outputs import write_atomically as _write_atomically
+    from diffusers_tpu.runtime.files.outputs import write_atomically as _write_atomically
 
     path = tmp_path / "report.json"
     _write_atomically(str(path), lambda temp: open(temp, "w").write("{}"))

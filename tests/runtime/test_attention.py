@@ -11,16 +11,16 @@ from jax.sharding import PartitionSpec as P
 
 from diffusers_tpu.interop import backend
 from diffusers_tpu.interop.backend import host_to_jax, wrap
-from diffusers_tpu.runtime import attention
+from diffusers_tpu.runtime.attention import sdpa
 
 
 def settings(implementation="splash_exp2", threshold=64):
     mesh = backend.build_mesh({"dp": 1, "sp": 1, "tp": 1}, jax.devices()[:1])
-    return attention.AttentionSettings(mesh, implementation, threshold)
+    return sdpa.AttentionSettings(mesh, implementation, threshold)
 
 
 def run_on_jax(config, *tensors, **kwargs):
-    with backend.jax_mode(), attention.use(config):
+    with backend.jax_mode(), sdpa.use(config):
         args = [wrap(host_to_jax(t)) for t in tensors]
         mask = kwargs.get("attn_mask")
         if mask is not None:
@@ -104,25 +104,25 @@ def test_attention_choice_must_fit_the_platform():
 
 def fake_settings(threshold=100, **axes):
     shape = {"dp": 1, "sp": 1, "tp": 1} | axes
-    return attention.AttentionSettings(types.SimpleNamespace(shape=shape), "xla", threshold)
+    return sdpa.AttentionSettings(types.SimpleNamespace(shape=shape), "xla", threshold)
 
 
 def test_long_kv_shards_heads_short_kv_shards_the_query_sequence():
     config = fake_settings(dp=2, sp=2, tp=2)
-    q_spec, kv_spec, mask_spec, seq = attention.specs((4, 6, 1000, 64), 1000, config)
+    q_spec, kv_spec, mask_spec, seq = sdpa.specs((4, 6, 1000, 64), 1000, config)
     assert (q_spec, kv_spec, mask_spec, seq) == (
         P("dp", "tp", "sp", None),
         P("dp", "tp", None, None),
         P("dp", None),
         "sp",
     )
-    q_spec, kv_spec, _, seq = attention.specs((4, 6, 1000, 64), 99, config)
+    q_spec, kv_spec, _, seq = sdpa.specs((4, 6, 1000, 64), 99, config)
     assert (q_spec, kv_spec, seq) == (P("dp", None, ("sp", "tp"), None), P("dp", None, None, None), ("sp", "tp"))
 
 
 def test_axes_that_do_not_divide_are_dropped():
     config = fake_settings(dp=2, tp=4)
-    q_spec, kv_spec, mask_spec, _ = attention.specs((1, 6, 1000, 64), 1000, config)  # batch 1, 6 heads
+    q_spec, kv_spec, mask_spec, _ = sdpa.specs((1, 6, 1000, 64), 1000, config)  # batch 1, 6 heads
     assert q_spec == P(None, None, "sp", None) and kv_spec == P(None, None, None, None) and mask_spec == P(None, None)
 
 

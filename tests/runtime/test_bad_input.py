@@ -11,7 +11,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import backend, jit
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
 

@@ -8,7 +8,8 @@ import torch
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import backend, sharding
 from diffusers_tpu.planner import plan, tpu_compiler
-from diffusers_tpu.runtime import decision, pipeline_runtime
+from diffusers_tpu.runtime import decision
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 
 SIZE = dict(height=32, width=32, num_frames=9, guidance_scale=5.0)

@@ -18,7 +18,8 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.commands import cli
-from diffusers_tpu.runtime import loading, outputs, stages
+from diffusers_tpu.runtime.files import outputs, stages
+from diffusers_tpu.runtime.weights import loading
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL
 
@@ -163,7 +164,7 @@ def test_a_deleted_stage_file_is_remade_by_the_command_the_error_names(pipe, tmp
 
 
 def test_a_call_that_cannot_fit_is_refused_before_allocating(pipe):
-    from diffusers_tpu.runtime import pipeline_runtime
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"take \d+\.\d GB decoded.*more than the .* GB of memory.*diffusers-tpu plan"):

@@ -1,10 +1,10 @@
-"""diffusers' flex backend on JAX (runtime/flex_attention.py): a BlockMask made dense equals torch's flex attention."""
+"""diffusers' flex backend on JAX (runtime/attention/flex_attention.py): a BlockMask made dense equals torch's flex."""
 
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from diffusers_tpu.runtime.flex_attention import dense_mask, flex_as_sdpa
+from diffusers_tpu.runtime.attention.flex_attention import dense_mask, flex_as_sdpa
 
 LENGTH, BLOCK = 256, 64  # 4 x 4 blocks: some full, some partial, some empty
 

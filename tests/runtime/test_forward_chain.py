@@ -3,7 +3,8 @@
 import pytest
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.runtime import forward_chain, overrides, pipeline_runtime
+from diffusers_tpu.runtime.attach import overrides, pipeline_runtime
+from diffusers_tpu.runtime.call import forward_chain
 from diffusers_tpu.testing import tiny
 
 

@@ -13,7 +13,8 @@ from diffusers.hooks.group_offloading import (
 )
 
 from diffusers_tpu.interop import jit, sharding
-from diffusers_tpu.runtime import pipeline_runtime, stacked_weights
+from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.runtime.weights import stacked_weights
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.runtime import loading
+from diffusers_tpu.runtime.weights import loading
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 

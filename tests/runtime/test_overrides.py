@@ -2,7 +2,7 @@
 
 import torch
 
-from diffusers_tpu.runtime.overrides import Overrides
+from diffusers_tpu.runtime.attach.overrides import Overrides
 
 
 class Box:

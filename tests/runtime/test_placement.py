@@ -6,7 +6,7 @@ from torchax.tensor import Tensor
 
 import diffusers_tpu
 from diffusers_tpu.interop import sharding
-from diffusers_tpu.runtime import pipeline_runtime, placement
+from diffusers_tpu.runtime.attach import pipeline_runtime, placement
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -73,8 +73,8 @@ def test_explicit_placements_override_the_rule(pipe, monkeypatch):
 
 
 def test_per_device_bytes_follow_the_sharding_and_the_weight_format(pipe):
-    from diffusers_tpu.runtime import quantize
     from diffusers_tpu.runtime.registry import family_of
+    from diffusers_tpu.runtime.weights import quantize
 
     transformer = pipe.transformer
     whole = _weight_bytes(transformer)

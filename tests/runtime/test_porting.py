@@ -10,7 +10,8 @@ import torch
 from diffusers.callbacks import PipelineCallback
 
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import model_offload, pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.runtime.gpu_script import model_offload
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, assert_np_matches, generate
 

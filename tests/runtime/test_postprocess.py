@@ -7,7 +7,7 @@ from diffusers.video_processor import VideoProcessor
 
 from diffusers_tpu.interop import backend
 from diffusers_tpu.interop.backend import host_to_jax, wrap
-from diffusers_tpu.runtime import postprocess
+from diffusers_tpu.runtime.call import postprocess
 
 
 def video(dtype=torch.float32, channels=3):

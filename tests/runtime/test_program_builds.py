@@ -8,7 +8,8 @@ import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit
-from diffusers_tpu.runtime import pipeline_runtime, program_builds
+from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.runtime.programs import program_builds
 from diffusers_tpu.testing import tiny
 
 

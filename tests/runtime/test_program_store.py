@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.runtime import program_store
+from diffusers_tpu.runtime.programs import program_store
 from tests.conftest import run_fresh
 
 RUN = """

@@ -10,7 +10,7 @@ import torch
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit, sharding
-from diffusers_tpu.runtime import quantize
+from diffusers_tpu.runtime.weights import quantize
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
 

@@ -8,7 +8,8 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import backend, jit
-from diffusers_tpu.runtime import attention, repeated_blocks
+from diffusers_tpu.runtime.attention import sdpa
+from diffusers_tpu.runtime.call import repeated_blocks
 
 WIDTH = 8
 
@@ -85,7 +86,7 @@ def on_jax(model, scan=True):
     def active():
         stack = contextlib.ExitStack()
         stack.enter_context(backend.jax_mode())
-        stack.enter_context(attention.use(attention.SAFE))
+        stack.enter_context(sdpa.use(sdpa.SAFE))
         return stack
 
     return jit.CompiledFunction(

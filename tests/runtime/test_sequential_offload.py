@@ -14,7 +14,8 @@ import torch
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.planner import hlo_stats, plan, tpu_compiler
-from diffusers_tpu.runtime import pipeline_runtime, stacked_weights
+from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.runtime.weights import stacked_weights
 from diffusers_tpu.testing import tiny, tiny_unet
 from tests.conftest import generate
 

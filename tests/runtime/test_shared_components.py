@@ -9,7 +9,7 @@ import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import sharding
-from diffusers_tpu.runtime import pipeline_runtime
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 
 CALL = dict(num_inference_steps=2, height=32, width=32, num_frames=5, output_type="np")

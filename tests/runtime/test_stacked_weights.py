@@ -9,7 +9,7 @@ import torch
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import jit, sharding
 from diffusers_tpu.planner import hlo_stats, tpu_compiler
-from diffusers_tpu.runtime import stacked_weights
+from diffusers_tpu.runtime.weights import stacked_weights
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.runtime import stages
+from diffusers_tpu.runtime.files import stages
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, pil_array
 

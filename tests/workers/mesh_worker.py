@@ -173,7 +173,7 @@ def fully_sharded_run():
     devices (a quarter of the per-device bytes the tensor-parallel rules alone give), each layer gathered where the
     loop reads it; the video equals stock, the weights read back exactly."""
     from diffusers_tpu.interop import sharding
-    from diffusers_tpu.runtime import stacked_weights
+    from diffusers_tpu.runtime.weights import stacked_weights
 
     pipe = tiny.wan_pipeline("wan-4head")
     ref = generate(pipe, output_type="np")

@@ -1,0 +1,1 @@
+"""Attention on the mesh: torch's SDPA, diffusers' backends and processors routed to the kernels."""

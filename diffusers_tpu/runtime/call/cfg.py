@@ -1,0 +1,243 @@
+"""Classifier-free guidance as ONE batch, without copying any pipeline's ``__call__``.
+
+Stock loops (Wan) call the denoiser twice per step, inside ``cache_context("cond")`` and then
+``cache_context("uncond")``, with the same latents and timestep. Their negative embeddings come from
+``encode_prompt`` before the loop. So on the "cond" call this wrapper runs ``[cond; uncond]`` as one batch
+(sharded over dp, each half on its own devices), returns the cond half and keeps the uncond half; the
+"uncond" call that follows gets it if — and only if — its inputs are the ones that were batched (same latents
+and timestep objects, same negative embeddings). Anything else (a callback that swapped embeddings, a
+different loop) simply runs the call normally, so the pairing can never change a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import weakref
+
+import jax.numpy as jnp
+import torch
+
+from ...interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
+from ...interop.torch_private import pytree
+
+logger = logging.getLogger(__name__)
+
+
+# cache-context names of the two passes: the pipelines' own loops, and diffusers guiders' ("pred_cond" / "pred_uncond")
+_ROLES = {"cond": "cond", "uncond": "uncond", "pred_cond": "cond", "pred_uncond": "uncond"}
+
+
+@dataclasses.dataclass
+class _UncondComputedAhead:
+    """The uncond pass computed in the cond call's batch, returned by the loop's own uncond call if it matches."""
+
+    module: torch.nn.Module
+    others: dict
+    negative: tuple
+    uncond: object
+
+
+class CFGPairing:
+    """The guidance pair of one runtime batched as its family says (``registry.CFGBatching``: the denoiser keywords
+    that differ between the "cond" and "uncond" calls — one for Wan, embeddings + mask + pooled projections for
+    HunyuanVideo — and how the negative value(s) are picked from ``encode_prompt``, in that order)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.negative_call = spec.negative_call  # which encode_prompt call of a pipeline call gives the negative
+        # the text lengths of cond and uncond may differ (each padded to its own longest prompt): pad both to the
+        # longer one with masked (zero) tokens, exact where the model masks padded keys (Qwen-Image's key mask)
+        self.pad_text = spec.pad_text
+        self.encodes = 0
+        condition_args = spec.condition_args
+        self.condition_args = (condition_args,) if isinstance(condition_args, str) else tuple(condition_args)
+        self.batched_args = spec.batched_args
+        self.grouped_args = spec.grouped_args
+        self.negative = None  # what encode_prompt returned for the negative prompt (a tuple)
+        self.accepted = None  # the negative tensor objects the loop actually passes (learned at step 0)
+        self.pending: _UncondComputedAhead | None = None
+        self.context: dict[int, str | None] = {}
+        self.batched_steps = 0
+        self._moved: dict[int, tuple] = {}  # id -> (weakref to the host tensor, its device copy)
+
+    def reset(self) -> None:
+        self._moved.clear()
+        self.negative = self.accepted = self.pending = None
+        self.batched_steps = self.encodes = 0
+
+    # -- seams ------------------------------------------------------------------------------------------
+    def capture_negative(self, encode_prompt):
+        pick = self.spec.negative
+
+        def encode(*args, **kwargs):
+            out = encode_prompt(*args, **kwargs)
+            if self.encodes == self.negative_call:
+                picked = pick(out)
+                picked = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
+                self.negative = tuple(
+                    p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else self._on_device(p) for p in picked
+                )
+                self.accepted = None
+            self.encodes += 1
+            return out
+
+        encode.__wrapped__ = encode_prompt
+        return encode
+
+    def track_context(self, module, cache_context):
+        @contextlib.contextmanager
+        def tracked(name, **kwargs):
+            previous = self.context.get(id(module))
+            self.context[id(module)] = name
+            try:
+                with cache_context(name, **kwargs):
+                    yield
+            finally:
+                self.context[id(module)] = previous
+
+        tracked.__wrapped__ = cache_context
+        return tracked
+
+    def wrap_denoiser(self, module, forward, hooked=lambda: False):
+        """``hooked()``: diffusers hooks (a step cache) keep per-context state, so those calls stay separate."""
+
+        def paired(*args, **kwargs):
+            conditions = self._conditions(kwargs)
+            name = _ROLES.get(self.context.get(id(module))) or self._role(conditions)
+            if args or name not in ("cond", "uncond") or conditions is None or hooked():
+                self.pending = None
+                return forward(*args, **kwargs)
+            if name == "cond":
+                return self._cond(module, forward, kwargs, conditions)
+            return self._uncond(module, forward, kwargs, conditions)
+
+        paired.__wrapped__ = forward
+        return paired
+
+    # -- the pairing --------------------------------------------------------------------------------------
+    def _conditions(self, kwargs):
+        values = tuple(kwargs.get(name) for name in self.condition_args)
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return None
+        return tuple(v if is_jax_tensor(v) else self._on_device(v) for v in values)
+
+    def _on_device(self, tensor):
+        """A condition the pipeline left on the host (HunyuanVideo's pooled CLIP embeddings), moved once per object
+        so identity checks keep working from step to step."""
+        source, moved = self._moved.get(id(tensor), (None, None))
+        if source is None or source() is not tensor:
+            moved = wrap(host_to_jax(tensor))
+            self._moved[id(tensor)] = (weakref.ref(tensor), moved)
+        return moved
+
+    def _role(self, conditions):
+        """A loop without cache contexts (Wan video-to-video): the call with the negative embeddings is "uncond",
+        any other one while a negative prompt exists is "cond" (its batched uncond half is only used if the next
+        call's inputs match exactly)."""
+        if self.negative is None or conditions is None:
+            return None
+        known = [self.negative, self.accepted, self.pending.negative if self.pending is not None else None]
+        if any(k is not None and all(a is b for a, b in zip(conditions, k)) for k in known):
+            return "uncond"
+        if self.pending is not None and all(_equal(a, b) for a, b in zip(conditions, self.pending.negative)):
+            return "uncond"
+        return "cond"
+
+    def _negatives_for(self, conditions):
+        candidates = self.accepted if self.accepted is not None else self.negative
+        if candidates is None or len(candidates) != len(conditions):
+            return None
+        negatives = []
+        for candidate, condition in zip(candidates, conditions):
+            if not is_jax_tensor(candidate) or candidate.ndim != condition.ndim:
+                return None
+            if candidate.shape != condition.shape and not (
+                self.pad_text
+                and candidate.ndim >= 2
+                and candidate.shape[0] == condition.shape[0]
+                and candidate.shape[2:] == condition.shape[2:]
+            ):
+                return None
+            if candidate.dtype != condition.dtype:  # the loop casts embeddings to the denoiser dtype
+                candidate = wrap(to_jax_array(candidate).astype(to_jax_array(condition).dtype))
+            negatives.append(candidate)
+        return tuple(negatives)
+
+    def _cond(self, module, forward, kwargs, conditions):
+        self.pending = None
+        negatives = self._negatives_for(conditions)
+        if negatives is None:
+            return forward(**kwargs)
+        batch = conditions[0].shape[0]
+        batched = dict(kwargs)
+        for name in self.batched_args:
+            value = kwargs.get(name)
+            rows = value.shape[0] if is_jax_tensor(value) and value.ndim else None
+            if rows is not None and (rows == batch or name in self.grouped_args and rows % batch == 0):
+                batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
+            elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
+                batched[name] = value * 2
+        length = max(x.shape[1] for x in conditions + negatives) if self.pad_text else None
+        for name, condition, negative in zip(self.condition_args, conditions, negatives):
+            pair = [to_jax_array(condition), to_jax_array(negative)]
+            if length is not None:
+                pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
+            batched[name] = wrap(jnp.concatenate(pair))
+        out = forward(**batched)
+        cond, uncond = _split(out, batch)
+        others = {k: v for k, v in kwargs.items() if k not in self.condition_args}
+        self.pending = _UncondComputedAhead(module, others, negatives, uncond)
+        self.batched_steps += 1
+        return cond
+
+    def _same(self, previous: dict, current: dict) -> bool:
+        """The other arguments of the uncond call are the batched call's: the same objects, or equal values (a
+        loop that rebuilds ``timestep / 1000`` or zero text ids per call)."""
+        if set(previous) != {k for k in current if k not in self.condition_args}:
+            return False
+        for key, value in previous.items():
+            other = current[key]
+            if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+                if value is not other and not _equal(value, other):
+                    return False
+            elif value != other:
+                return False
+        return True
+
+    def _uncond(self, module, forward, kwargs, conditions):
+        pending, self.pending = self.pending, None
+        if pending is not None and pending.module is module and self._same(pending.others, kwargs):
+            if (
+                all(c is n for c, n in zip(conditions, pending.negative))
+                or self.accepted is not None
+                and all(c is a for c, a in zip(conditions, self.accepted))
+            ):
+                return pending.uncond
+            if self.accepted is None and all(_equal(c, n) for c, n in zip(conditions, pending.negative)):
+                self.accepted = conditions  # later steps match by identity: no device sync
+                return pending.uncond
+        if pending is not None:
+            logger.info("CFG pairing skipped: the unconditional call's inputs differ from the batched ones.")
+        return forward(**kwargs)
+
+
+def _split(out, batch):
+    leaves, spec = pytree.tree_flatten(out)
+    first, second = [], []
+    for leaf in leaves:
+        if is_jax_tensor(leaf) and leaf.ndim and leaf.shape[0] == 2 * batch:
+            array = to_jax_array(leaf)
+            first.append(wrap(array[:batch]))
+            second.append(wrap(array[batch:]))
+        else:
+            first.append(leaf)
+            second.append(leaf)
+    return pytree.tree_unflatten(first, spec), pytree.tree_unflatten(second, spec)
+
+
+def _equal(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(jnp.array_equal(to_jax_array(a), to_jax_array(b)))

@@ -1,0 +1,306 @@
+"""The compiled entry of a denoising transformer: one program per call, or compiled units under diffusers hooks.
+
+Without hooks, a call runs ONE compiled program (the whole forward), its repeated blocks traced as one loop
+(``repeated_blocks``: compiled once, not once per layer). The program's inputs are the weights, the
+tensor arguments and the LoRA scales (``lora.Scalings``); its key includes which adapters exist and are active.
+Before each call the entry brings the placement up to date (adapters loaded or deleted after the move).
+
+diffusers' step caches (``transformer.enable_cache(...)``: FirstBlockCache, MagCache, TaylorSeer, Pyramid
+Attention Broadcast, FasterCache) and other ``HookRegistry`` hooks decide in Python, per call, what to compute —
+a decision a single traced program would freeze at its first trace (a cached run silently differed from torch).
+So while hooks are present the forward runs in **units**: the stock forward and the hooks run eagerly on the
+host, exactly the stock code, and every submodule below the hooks (each transformer block, the embeddings, the
+output head) runs as its own compiled program. The hooks' decisions come from cheap device scalars (First Block
+Cache's ``.item()``) or host state (MagCache's schedule); skipped blocks are simply not called. Memory- and
+device-placement hooks (layerwise casting, group offloading, context parallelism) have TPU equivalents and are
+refused with a clear error.
+
+Hooks registered before ``pipe.to("tpu")`` wrap the stock ``forward`` of their module; the unit program is spliced
+into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 0.42), so the hooks run around it.
+
+Code a trace cannot take (data-dependent shapes: ``torch.nonzero``, boolean indexing, ``.item()`` deciding control
+flow) takes the same route: a module whose forward fails to trace runs eagerly from then on, its submodules as
+compiled units — slower, never different. One warning names the module; a family file can then replace the code
+with a jit-safe equivalent (as ``hunyuan_video15.py`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+
+import jax
+import torch
+
+from ...interop import backend, sharding
+from ...interop.jit import CompiledFunction, place_arguments
+from ...interop.torch_private import pytree
+from .. import diffusers_private
+from ..weights import lora, quantize, stacked_weights
+from . import repeated_blocks
+
+logger = logging.getLogger(__name__)
+
+# Hooks that manage weights or devices themselves: on JAX the mesh, TPUConfig dtypes and the runtime do that.
+REFUSED_HOOKS = {
+    "layerwise_casting": "enable_layerwise_casting (use TPUConfig(dtype=...) or torch_dtype=torch.bfloat16)",
+    "peft_autocast_disable": "enable_layerwise_casting (use TPUConfig(dtype=...))",
+    "group_offloading": "enable_group_offload onto a torch device (use enable_group_offload(onload_device='tpu'))",
+    "layer_execution_tracker": "enable_group_offload",
+    "lazy_prefetch_group_offloading": "enable_group_offload",
+}
+_units_on: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_units", default=False)
+# what a trace raises on data-dependent Python control flow or shapes (the module then runs eagerly)
+TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+def forget_unfinished(compiled) -> None:
+    """Drop the programs of ``compiled`` whose trace failed half-way."""
+    for key in [k for k, program in compiled.programs.items() if program.out_spec is None]:
+        del compiled.programs[key]
+
+
+def active_hooks(root: torch.nn.Module) -> dict:
+    """{module: [hook names]} for every module under ``root`` (itself included) with registered diffusers hooks."""
+    found = {}
+    for module in root.modules():
+        registry = diffusers_private.hook_registry(module)
+        names = [n for n, hook in (registry.hooks.items() if registry is not None else ()) if not _on_jax(hook)]
+        if names:
+            found[module] = names
+    return found
+
+
+def _on_jax(hook) -> bool:
+    """A hook the runtime registered itself (``group_offload``'s ``OnJax``), which does nothing on JAX."""
+    return getattr(hook, "on_jax", False)
+
+
+def check_hooks(root: torch.nn.Module, where: str) -> None:
+    """Refuse hooks that cannot work on JAX, naming the module, the call that installed them and the alternative."""
+    hooks = active_hooks(root)
+    names = {id(m): n for n, m in root.named_modules()} if hooks else {}
+    for module, hook_names in hooks.items():
+        for name in hook_names:
+            base = name.split("---")[0]
+            if base in REFUSED_HOOKS or base.startswith("cp_"):
+                what = REFUSED_HOOKS.get(base, "enable_parallelism (use TPUConfig(mesh=...) for parallelism)")
+                call, _, instead = what.partition(" (")
+                path = names.get(id(module)) or "(the model itself)"
+                raise ValueError(
+                    f"{where}: {type(root).__name__}.{path} has a '{name}' hook from {call}, which cannot run on "
+                    f"JAX; {instead.rstrip(')')}. Remove it first (reload the model without it)."
+                )
+
+
+def innermost_forward(module):
+    """The forward a hook chain on ``module`` ends in (``module.forward`` without hooks)."""
+    found = diffusers_private.innermost_forward_reference(module)
+    return module.forward if found is None else getattr(*found)
+
+
+class Denoiser:
+    """The callable installed as a placed denoiser's ``forward`` (see the module docstring)."""
+
+    def __init__(self, runtime, module: torch.nn.Module, forward, rules, settings, place_input, state=None):
+        self.runtime, self.module, self.forward, self.rules = runtime, module, forward, rules
+        self.settings, self.place_input = settings, place_input
+        self.scalings = lora.Scalings(module)
+        scan = repeated_blocks.scanning if runtime.config.scan_blocks else None
+        self.whole = CompiledFunction(
+            module,
+            forward,
+            state=state or self._state(""),
+            activate=self._activate,
+            place_input=place_input,
+            extras=self.scalings,
+            trace_hook=scan,
+            build=runtime.program_build,
+        )
+        # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
+        self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
+        self._lora_key = lora.structure_key(module)
+        self._units: dict[int, object] = {}  # id(submodule) -> compiled unit
+        self._plans: dict = {}
+        self._active: set[int] = set()  # units of the current plan
+        self._hooks: dict = {}
+        self.eager: set[int] = set()  # modules whose forward a trace cannot take: run eagerly, children as units
+        self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
+        self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
+
+    def _activate(self):
+        return self.runtime.active(self.settings)
+
+    def _state(self, prefix: str):
+        cache: dict = {}
+
+        def state() -> dict:
+            slots = sharding.slots_of(self.module)
+            if cache.get("slots") is not slots:  # resync makes a new list
+                cache["slots"] = slots
+                cache["mine"] = [s for s in slots if s.qualified.startswith(prefix)]
+            if not prefix:  # the whole forward: stacked weights as one argument each
+                return stacked_weights.program_state(cache["mine"], quantize.program_value)
+            return {
+                s.qualified[len(prefix) :]: quantize.program_value(s, sharding.tensor_of(s).jax())
+                for s in cache["mine"]
+            }
+
+        return state
+
+    # -- before every call ---------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Unmerge disabled merged adapters (stock does it inside forward) and place adapters added since."""
+        lora.prepare(self.module)
+        key = lora.structure_key(self.module)
+        if key != self._lora_key or sharding.needs_resync(self.module):
+            sharding.resync(self.module, self.runtime.mesh, self.rules)
+            self._lora_key = key
+
+    def hooked(self) -> bool:
+        """Hooks anywhere on the denoiser (its own included): its calls must not be batched together."""
+        return bool(active_hooks(self.module))
+
+    def __call__(self, *args, **kwargs):
+        if not self.runtime.attached:
+            return self.forward(*args, **kwargs)
+        self.sync()
+        check_hooks(self.module, f"{type(self.module).__name__} call")
+        # hooks on the denoiser itself run around this entry; only hooks inside it need units
+        hooks = {m: names for m, names in active_hooks(self.module).items() if m is not self.module}
+        with lora.scale_from_kwargs(self.module, kwargs) as kwargs:
+            if not hooks and id(self.module) not in self.eager:
+                try:
+                    return self.whole(*args, **kwargs)
+                except TRACE_ERRORS as error:
+                    self._cannot_trace(self.module, self.whole, error)
+            return self._run_units(hooks, args, kwargs)
+
+    def _cannot_trace(self, module, compiled, error) -> None:
+        """``module``'s forward failed to trace: forget the half-built program, run it eagerly from now on."""
+        forget_unfinished(compiled)
+        self.eager.add(id(module))
+        self._plans.clear()
+        names = {id(m): n for n, m in self.module.named_modules()}
+        logger.warning(
+            "%s.%s cannot be traced by JAX (%s: %s); it now runs eagerly with its submodules compiled "
+            "one by one: the same results, slower. A family file can make it jit-safe.",
+            type(self.module).__name__,
+            names.get(id(module)) or "forward",
+            type(error).__name__,
+            str(error).splitlines()[0][:200],
+        )
+
+    # -- units under hooks ---------------------------------------------------------------------------------
+    def _run_units(self, hooks: dict, args, kwargs):
+        self._hooks = hooks
+        self._install_units(hooks)
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        placed = place_arguments(self.place_input, [backend.to_jax_array(leaves[i]) for i in tensors])
+        for i, array in zip(tensors, placed):
+            leaves[i] = backend.wrap(array)
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        token = _units_on.set(True)
+        try:
+            with self._activate():
+                return self.forward(*args, **kwargs)
+        finally:
+            _units_on.reset(token)
+
+    def _install_units(self, hooks: dict) -> None:
+        signature = (
+            tuple(sorted((id(m), id(diffusers_private.innermost_forward_reference(m)[0])) for m in hooks)),
+            frozenset(self.eager),
+        )
+        if signature in self._plans:
+            self._active = self._plans[signature]
+            return
+        names = {id(m): name for name, m in self.module.named_modules()}
+        hooked = {names[id(m)] for m in hooks}
+        eager = {names[i] for i in self.eager if i in names} | hooked  # their own forward runs eagerly
+
+        def holds_eager(name):  # eager itself or above an eager module
+            return any(e == name or e.startswith(f"{name}.") for e in eager)
+
+        def eager_below(name):
+            return any(e.startswith(f"{name}.") for e in eager)
+
+        units: set[int] = set()
+
+        def visit(parent, prefix):
+            for child_name, child in parent.named_children():
+                name = f"{prefix}{child_name}"
+                if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                    visit(child, f"{name}.")
+                elif not holds_eager(name):
+                    units.add(self._unit(child, name, hooked=False))
+                elif name in hooked and not eager_below(name) and id(child) not in self.eager:
+                    units.add(self._unit(child, name, hooked=True))
+                else:
+                    visit(child, f"{name}.")
+
+        visit(self.module, "")
+        self._active = self._plans[signature] = units
+
+    def _unit(self, module, name: str, hooked: bool) -> int:
+        """Make ``module`` run as its own compiled program in unit mode (its stock forward otherwise)."""
+        if hooked:
+            reference, attribute = diffusers_private.innermost_forward_reference(module)
+            stock = getattr(reference, attribute)
+        else:
+            stock = module.forward
+        if getattr(stock, "_diffusers_tpu_unit", False):
+            return id(module)  # installed before (a hook registered on top of it keeps it innermost)
+        compiled = CompiledFunction(
+            module,
+            stock,
+            state=self._state(f"{name}."),
+            activate=self._activate,
+            extras=lora.Scalings(module),
+            build=self.runtime.program_build,
+        )
+        entry, key = self, id(module)
+
+        def unit(*args, **kwargs):
+            if not _units_on.get() or key not in entry._active or not entry.runtime.attached:
+                return stock(*args, **kwargs)
+            entry.unit_calls += 1
+            entry.hooked_calls += hooked
+            try:
+                with units_off():  # what it calls (and traces) is plain stock code
+                    return compiled(*args, **kwargs)
+            except TRACE_ERRORS as error:
+                entry._cannot_trace(module, compiled, error)
+                entry._install_units(entry._hooks)  # its submodules become units, from this call on
+                return stock(*args, **kwargs)
+
+        unit._diffusers_tpu_unit = True
+        unit.__wrapped__ = stock
+        if hooked:
+            setattr(reference, attribute, unit)
+            self.runtime.overrides.add_undo(
+                lambda: setattr(reference, attribute, stock) if getattr(reference, attribute) is unit else None,
+                f"{type(reference).__name__}.{attribute}",
+            )
+        else:
+            self.runtime.overrides.set(module, "forward", unit)
+        return key
+
+
+@contextlib.contextmanager
+def units_off():
+    """Run submodules with their stock forward even inside a unit-mode call (e.g. a nested trace)."""
+    token = _units_on.set(False)
+    try:
+        yield
+    finally:
+        _units_on.reset(token)

@@ -1,0 +1,85 @@
+"""Stock code run with plain torch on the host while the pipeline is on JAX: text encoders placed on the host,
+pipeline methods that build small tensors from sizes (``encode_prompt``'s glue, RoPE tables), and ``state_dict`` of
+placed modules (gathered, so ``save_pretrained`` works)."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ...interop import backend, sharding, user_tensors
+from ...interop.torch_private import pytree
+from ..weights import quantize
+
+
+def host_state_dict(state_dict, module):
+    """``state_dict()`` of a placed module as host tensors (gathered), so ``save_pretrained`` works on JAX; quantized
+    weights as stock holds them, never their int8 values."""
+
+    def gathered(*args, **kwargs):
+        result = state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
+        for key, value in result.items():
+            result[key] = quantize.host_weight(quantized[key]) if key in quantized else user_tensors._to_cpu(value)
+        return result
+
+    gathered.__wrapped__ = state_dict
+    return gathered
+
+
+def parameters(method) -> tuple[str, ...]:
+    return tuple(inspect.signature(method).parameters) if callable(method) else ()
+
+
+# Stock pipeline helpers that build tensors from sizes alone (CogVideoX's 3-D RoPE tables: ~100 one-off device
+# programs of iota/cumsum/outer products on a first call), run on the host like ``encode_prompt``.
+HOST_HELPERS = ("_prepare_rotary_positional_embeddings",)
+
+
+def run_on_host(method, runtime):
+    """A stock pipeline method with a ``device`` parameter, run on the host (``device="cpu"``, plain torch) as a
+    whole, its tensor results moved to the devices in one transfer at the end. For ``encode_prompt`` with host text
+    encoders, the glue around the encoders (each prompt trimmed to its length and padded again, repeats, casts) then
+    runs where their outputs are, as stock does, instead of as a dozen one-off device programs per prompt length."""
+    signature = inspect.signature(method)
+
+    def on_host(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["device"] = torch.device("cpu")
+        runtime._encoding_on_host += 1
+        try:
+            with backend.torch_mode():
+                args = [_on_host(value) for value in bound.args]
+                out = method(*args, **{name: _on_host(value) for name, value in bound.kwargs.items()})
+        finally:
+            runtime._encoding_on_host -= 1
+        return user_tensors.to_device(out) if runtime._depth else out
+
+    on_host.__wrapped__ = method
+    return on_host
+
+
+def _on_host(value):
+    """``value`` with its tensors on the host; plain values (strings, numbers, lists of them) are passed as they are,
+    the caller's own objects: stock code writes into them (Z-Image's ``encode_prompt`` puts its chat template into
+    the caller's prompt list, and the next call with that list encodes those strings)."""
+    if all(isinstance(leaf, (str, int, float, type(None))) for leaf in pytree.tree_leaves(value)):
+        return value
+    return pytree.tree_map(user_tensors._to_cpu, value)
+
+
+def on_host(forward, runtime):
+    """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
+    outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
+    tensors, e.g. Qwen-Image's masked selection); called by the user, it returns host tensors."""
+
+    def host_forward(*args, **kwargs):
+        with backend.torch_mode():
+            args, kwargs = pytree.tree_map(user_tensors._to_cpu, (args, kwargs))
+            out = forward(*args, **kwargs)
+        return user_tensors.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
+
+    host_forward.__wrapped__ = forward
+    return host_forward

@@ -1,0 +1,1 @@
+"""What a user keeps on disk: outputs written atomically, staged runs."""
