@@ -26,7 +26,7 @@ import jax
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.files import outputs
 
 # ``-m`` imports the package (torch, JAX, diffusers) before this module runs: the first phase includes it
@@ -55,7 +55,7 @@ def child(folder: str, height: int, width: int, frames: int, device: str, scan_b
     pipe.transformer.forward = first_call
     # the tiny text encoder's width is not the real denoiser's: text embeddings of the real shape instead
     text = torch.zeros(1, 512, pipe.transformer.config.text_dim, dtype=torch.bfloat16)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         pipe(
             prompt_embeds=text,
             negative_prompt_embeds=text,

@@ -38,7 +38,7 @@ if mode in ("execute", "zero"):
     report = diffusers_tpu.warm_up(pipe, [size], execute=mode == "execute",
                                    **{k: v for k, v in call.items() if k not in size})
 ready = time.perf_counter() - start
-with jit.compile_log() as log:
+with compile_accounting.compile_log() as log:
     frames = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
 np.save(out_path, frames)
 print(json.dumps(dict(mode=mode, ready_seconds=ready, call_compilations=log.compilations,

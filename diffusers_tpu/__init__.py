@@ -42,9 +42,9 @@ def activate() -> None:
 
     distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
 
-    from .interop import jit
+    from .interop import compile_accounting
 
-    jit.count_programs()  # JAX's own count of the process's programs, from before the first one (``stats``)
+    compile_accounting.count_programs()  # JAX's own count of the process's programs, from the start (``stats``)
     from . import families
     from .runtime import entry_points, registry
 

@@ -26,7 +26,7 @@ from diffusers import FirstBlockCacheConfig, MagCacheConfig
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
 from ..interop import backend
-from ..interop.jit import compile_log
+from ..interop.compile_accounting import compile_log
 from ..planner import architectures
 from ..runtime import diffusers_private
 from ..runtime.attach import pipeline_runtime

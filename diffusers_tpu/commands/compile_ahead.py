@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..interop import jit
+from ..interop import program_figures
 from ..planner import architectures, plan, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.config import TPUConfig
@@ -76,7 +76,7 @@ def _for_slice(args, dtype, size, store) -> dict:
         compiled = lowered.compile()
         seconds = time.perf_counter() - began
         saved = store.save(lowered, options, compiled)
-        report = jit.memory_report(compiled)  # what plan reads of every program
+        report = program_figures.memory_report(compiled)  # what plan reads of every program
         return dict(
             report,
             compile_seconds=round(seconds, 1),

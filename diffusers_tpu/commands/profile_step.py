@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..interop import backend, user_tensors
-from ..interop.jit import compile_log
+from ..interop.compile_accounting import compile_log
 from ..interop.torch_private import pytree
 from ..planner import architectures
 from ..runtime.attach import pipeline_runtime

@@ -30,7 +30,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from ..interop import backend
-from ..interop.jit import compile_log
+from ..interop.compile_accounting import compile_log
 from ..runtime.attach import pipeline_runtime
 from ..runtime.registry import Family, register
 from . import wan, wan_vae

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import re
 
-from ..interop.jit import memory_report
+from ..interop.program_figures import memory_report
 from .hlo_text import ARRAY, Instruction, parse, shape_bytes
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from torchax.ops import mappings
 
 from ..interop import backend, sharding
-from ..interop.jit import TENSOR, Program
+from ..interop.program import TENSOR, Program
 from ..interop.torch_private import pytree
 from ..runtime.attention import sdpa
 from ..runtime.call import postprocess, repeated_blocks

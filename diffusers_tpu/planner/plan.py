@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torchax.ops import mappings
 
-from ..interop import backend, jit
+from ..interop import backend, program_figures
 from ..interop.backend import jax_dtype
 from ..interop.weights import Gathered, LayerOf, expand_stacked
 from ..runtime import decision
@@ -159,7 +159,7 @@ def start_denoiser_memory(
             return lambda lowered: compiler.submit(function, lowered)
         return lambda lowered: program_memory.compiled_now(lowered, function)
 
-    analyse = prepared(analyse or jit.compiled_memory)
+    analyse = prepared(analyse or program_figures.compiled_memory)
     submit = submitter(analyse)
     submit_step = submitter(prepared(step_analyse)) if step_analyse is not None else submit
 
@@ -176,7 +176,7 @@ def start_denoiser_memory(
         batch = 2 if runtime.pairing is not None and guided else 1
         args, kwargs = pytree.tree_map(lambda value: call_probe.concrete(value, batch), (args, kwargs))
         passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
-        lowered = [jit.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
+        lowered = [program_figures.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         for number, (program, _) in enumerate(lowered):
             program.label = "the denoiser step" + (f" (pass {number + 1})" if len(lowered) > 1 else "")
         pending = [submit_step(program) for program, _ in lowered]

@@ -12,7 +12,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..families import wan_vae
-from ..interop import jit, sharding
+from ..interop import jit, program_figures, sharding
 from ..runtime.attach import placement
 from ..runtime.programs import program_builds
 from ..runtime.weights import host_memory
@@ -36,12 +36,12 @@ def vae_decode_started(pipe, config, runtime, latent_shape: tuple, chunk: int, s
     programs = vae._diffusers_tpu_programs
     batch, channels, frames, height, width = latent_shape
     head = torch.zeros(batch, channels, min(frames, wan_vae.FIRST_FRAMES), height, width)
-    first, (_, cache) = jit.lowered_output_shapes(programs["decode_first"], head)
+    first, (_, cache) = program_figures.lowered_output_shapes(programs["decode_first"], head)
     first.label = "the VAE decode of frame 0"
     pending = {"decode_first": submit(first)}
     if frames > wan_vae.FIRST_FRAMES:
         body = torch.zeros(batch, channels, chunk, height, width)
-        rest = jit.lower(programs["decode_chunk"], body, cache)
+        rest = program_figures.lower(programs["decode_chunk"], body, cache)
         rest.label = "the VAE decode chunk"
         pending["decode_chunk"] = submit(rest)
 
@@ -116,7 +116,7 @@ class _Larger:
 def compiled_now(lowered, analyse=None) -> Future:
     """Compile here and now (``plan`` without a background compiler)."""
     done = Future()
-    done.set_result((analyse or jit.compiled_memory)(lowered))
+    done.set_result((analyse or program_figures.compiled_memory)(lowered))
     return done
 
 
@@ -124,7 +124,7 @@ def vae_method_memory(pipe, config, runtime, latents: torch.Tensor, size: dict) 
     """XLA's memory analysis (bytes per device) of every program the stock decode (``Family.decode_latents``) runs
     through the family's compiled VAE methods (``Family.vae_methods``: HunyuanVideo-1.5's whole-video decoder,
     CogVideoX's frame batches with their carried cache) for the latents the denoiser makes: the stock code runs on
-    the host around them, each program answering with zeros of its outputs (``jit.lowered_zero_outputs``);
+    the host around them, each program answering with zeros of its outputs (``program_figures.lowered_zero_outputs``);
     ``latents``: one video's, as the denoising loop leaves them."""
     return vae_method_started(pipe, config, runtime, latents, size, vae_submit(compiled_now, config, runtime))()
 
@@ -176,7 +176,7 @@ def _zero_answers(compiled, programs: dict, submit=None):
         leaves = pytree.tree_leaves((args, kwargs))
         key = (id(compiled), tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves))
         if key not in programs:
-            lowered, out = jit.lowered_zero_outputs(compiled, *args, **kwargs)
+            lowered, out = program_figures.lowered_zero_outputs(compiled, *args, **kwargs)
             lowered.label = f"{type(compiled.module).__name__}.{compiled.name}"
             programs[key] = ((submit or compiled_now)(lowered), out)
         return programs[key][1]

@@ -24,7 +24,7 @@ import inspect
 import torch
 from torch.utils import _pytree as pytree
 
-from ..interop import jit
+from ..interop import program_figures
 from ..runtime.call.denoiser import TRACE_ERRORS
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
@@ -97,7 +97,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     (default: ``TPUConfig()``, text encoders on the host); ``analyse``: default the memory analysis; ``vae=False``:
     the denoiser step only."""
     config = config or TPUConfig(text_encoder="host")
-    analyse = analyse or jit.compiled_memory
+    analyse = analyse or program_figures.compiled_memory
     family = family_of(pipe)
     keywords = _keywords(pipe, call)
     seen: dict = {}
@@ -128,7 +128,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
             for name, value in kwargs.items()
         }
         try:
-            lowered, _ = jit.lowered_output_shapes(entry.whole, *args, **kwargs)
+            lowered, _ = program_figures.lowered_output_shapes(entry.whole, *args, **kwargs)
             results["denoiser_step"] = analyse(lowered)
         except TRACE_ERRORS as error:  # the runtime runs such a forward eagerly, its parts as units
             results["denoiser_step"] = {"eager": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
@@ -156,7 +156,7 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
                 owned = {n[len(prefix) :]: v for n, v in weights.items() if n.startswith(prefix)}
                 compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
                 results[f"vae_{prefix}{method}_{number}"] = submit(
-                    jit.lower(compiled, *recorded_args, **recorded_kwargs)
+                    program_figures.lower(compiled, *recorded_args, **recorded_kwargs)
                 ).result()
     return results
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
-from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop import backend, compile_accounting, jit
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.attention import sdpa
 from diffusers_tpu.testing import tiny
@@ -36,7 +36,7 @@ def _blockwise(forward, model, x, t, text, per_block, tokens_per_frame, as_offse
     cache = model.new_kv_cache(x.shape[0], tokens_per_frame, max_frames=x.shape[2])
     outs, logs = [], []
     for start in range(0, x.shape[2], per_block):
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             out, cache = forward(x[:, :, start : start + per_block], t, text, cache, as_offset(start))
         outs.append(pipeline_runtime.to_host(out))
         logs.append(log.compilations)

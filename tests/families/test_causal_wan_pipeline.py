@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from diffusers_tpu.families import wan_vae
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
@@ -71,14 +72,14 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
             decoder = wan_vae.StreamingDecoder(vae)
             streamed = torch.cat([decoder.decode(latents[:, :, i : i + per_block]) for i in range(0, 6, per_block)], 2)
             torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
-    from diffusers_tpu.interop import jit
+    from diffusers_tpu.interop import compile_accounting
     from diffusers_tpu.runtime.attach import pipeline_runtime
 
     attached = pipeline_runtime.runtime_of(pipe)
     for per_block in (1, 3):
         decoder, pieces, compilations = wan_vae.StreamingDecoder(pipe.vae), [], []
         for i in range(0, 6, per_block):
-            with attached.active(), jit.compile_log() as log:
+            with attached.active(), compile_accounting.compile_log() as log:
                 pieces.append(pipeline_runtime.to_host(decoder.decode(latents[:, :, i : i + per_block])))
             compilations.append(log.compilations)
         assert (torch.cat(pieces, 2) - whole).abs().max() <= 1e-4
@@ -112,9 +113,8 @@ def test_block_options_act_on_the_right_blocks(pipes):
 )
 def test_bad_input_fails_before_anything_runs(pipes, bad, message):
     _, pipe = pipes
-    from diffusers_tpu.interop import jit
 
-    with jit.compile_log() as log, pytest.raises(ValueError, match=message):
+    with compile_accounting.compile_log() as log, pytest.raises(ValueError, match=message):
         _run(pipe, **bad)
     assert log.compilations == 0
 

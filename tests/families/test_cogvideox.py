@@ -4,7 +4,7 @@ import diffusers
 import pytest
 
 import diffusers_tpu
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -34,7 +34,10 @@ def test_a_bfloat16_denoiser_in_a_float32_pipeline_is_refused_before_anything_co
     from diffusers_tpu import TPUConfig
 
     pipe = tiny.cogvideox_pipeline("cogvideox-5b").to("jax", config=TPUConfig(dtype=torch.bfloat16))
-    with jit.compile_log() as log, pytest.raises(ValueError, match="pipe.to\\(torch.bfloat16\\) before the move"):
+    with (
+        compile_accounting.compile_log() as log,
+        pytest.raises(ValueError, match="pipe.to\\(torch.bfloat16\\) before the move"),
+    ):
         generate(pipe, output_type="latent", max_sequence_length=32, num_frames=9)
     assert log.compilations == 0
     pipe.to("cpu").to(torch.bfloat16).to("jax")

@@ -7,7 +7,7 @@ import torch
 
 from diffusers_tpu import demo
 from diffusers_tpu.demo import build, scenes, train
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 
 pytestmark = pytest.mark.slow  # minutes in all: CI's second command (setup.cfg)
 
@@ -121,7 +121,10 @@ def test_demo_model_follows_the_prompt_on_jax_as_on_torch(torch_videos):
     # its transformer's temporal patch spans the whole clip: other frame counts (which fail inside stock's first
     # step, see below) are refused before anything compiles
     refusal = r"num_frames=17 gives 9 latent frames, not a multiple of the transformer's temporal patch \(5\)"
-    with jit.compile_log() as log, pytest.raises(ValueError, match=refusal + r". Use num_frames=9 or 19"):
+    with (
+        compile_accounting.compile_log() as log,
+        pytest.raises(ValueError, match=refusal + r". Use num_frames=9 or 19"),
+    ):
         _generate(pipe, PROMPTS[0], num_frames=17)
     assert log.compilations == 0
     np.testing.assert_array_equal(_generate(pipe, PROMPTS[0]), on_jax[PROMPTS[0]])  # and the pipeline still works

@@ -12,6 +12,7 @@ import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import hunyuan_video15
 from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop.program import Program
 from diffusers_tpu.runtime import decision
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
@@ -43,14 +44,14 @@ def stock():
 def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = compiled_method(pipe, pipe.transformer)
-    calls, call = [], jit.Program.__call__
-    jit.Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
+    calls, call = [], Program.__call__
+    Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
         calls.append((self, state, dynamic)) or call(self, state, dynamic, extra, carried)
     )
     try:
         generate(pipe, output_type="latent", num_inference_steps=1)
     finally:
-        jit.Program.__call__ = call
+        Program.__call__ = call
     program, state, dynamic = [c for c in calls if c[0] in compiled.programs.values()][-1]
     with compiled.activate():
         jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, [], []).jaxpr

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_unet
 from tests.conftest import CALL, assert_np_matches, assert_pil_matches, compiled_method, stock_pil
 
@@ -256,7 +256,7 @@ def test_matches_stock_torch(name, caplog, monkeypatch):
         assert runtime.pairing is None
     elif case.batched_steps is not ...:
         assert runtime.pairing.batched_steps == case.batched_steps  # every step ran cond and uncond as one batch
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         call(pipe, arguments, "np")
     assert log.compilations == 0
     if case.check is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import CALL, assert_np_matches, generate
@@ -16,7 +16,7 @@ def test_second_identical_call_compiles_nothing():
     pipe = tiny.wan_pipeline("wan").to("jax")
     first = generate(pipe, output_type="np")
     assert diffusers_tpu.stats(pipe).compilations > 0
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         second = generate(pipe, output_type="np")
     assert log.compilations == 0, f"{log.compilations} programs compiled on a warm call"
     assert diffusers_tpu.stats(pipe).compilations == 0

@@ -10,7 +10,7 @@ import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
-from diffusers_tpu.interop import backend, jit, sharding
+from diffusers_tpu.interop import backend, jit, program_figures, sharding
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
@@ -109,10 +109,12 @@ def test_two_programs_for_any_frame_count_and_memory_independent_of_it():
         # the same two executables serve every frame count: their memory cannot depend on it
         assert all(len(built) == 1 for built in executables.values()), (frames, executables)
         assert seen.setdefault("executables", executables) == executables, frames
-        whole_temp[frames] = jit.memory_analysis(unchunked(pipe, "_decode"), z, return_dict=False)["temp_bytes"]
+        whole_temp[frames] = program_figures.memory_analysis(unchunked(pipe, "_decode"), z, return_dict=False)[
+            "temp_bytes"
+        ]
     with backend.jax_mode():
         _, cache = programs["decode_first"](latents(wan_vae.FIRST_FRAMES))
-        chunk = jit.memory_analysis(programs["decode_chunk"], latents(2), cache)
+        chunk = program_figures.memory_analysis(programs["decode_chunk"], latents(2), cache)
     assert 0 < chunk["temp_bytes"] < whole_temp[3]
     assert whole_temp[3] < whole_temp[5] < whole_temp[9]  # the whole-video program's memory grows with frames
 
@@ -165,7 +167,7 @@ def test_matmul_precision_reaches_compiled_programs(precision):
     pipe = tiny.wan_pipeline("wan").to("jax", config=TPUConfig(matmul_precision=precision))
     try:
         pipe.vae.decode(latents(2))
-        text = jit.lower(pipe.vae._diffusers_tpu_programs["decode_first"], latents(1)).as_text()
+        text = program_figures.lower(pipe.vae._diffusers_tpu_programs["decode_first"], latents(1)).as_text()
     finally:
         pipe.to("cpu")
     products = [

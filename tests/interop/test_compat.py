@@ -7,7 +7,7 @@ import pytest
 import torch
 import torchax
 
-from diffusers_tpu.interop import patching
+from diffusers_tpu.interop import compile_accounting, patching
 from diffusers_tpu.runtime import entry_points
 
 
@@ -236,12 +236,12 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
     """Scalars and vectors between programs (timesteps, sigmas) are computed by torch on the host: no program is
     compiled, the values are torch's own, views and in-place writes still reach the device tensor, and latent-shaped
     tensors — however small — still run on the devices."""
-    from diffusers_tpu.interop import backend, jit
+    from diffusers_tpu.interop import backend, compile_accounting
 
     assert "schedule glue on the host" in entry_points.applied() and "torchax host transfers" in entry_points.applied()
     host = torch.linspace(1.0, 0.0, 7) ** 1.7 * 1000.0
     with backend.jax_mode():
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             sigmas = torch.linspace(1.0, 0.0, 7, device="jax") ** 1.7 * 1000.0  # constructor, pow, mul
             sigmas = torch.cat([sigmas, torch.zeros(1, device="jax")])
             steps = [t.expand(2).to(torch.bfloat16) for t in sigmas[:3]]  # iteration, expand, cast
@@ -257,7 +257,7 @@ def test_schedule_glue_runs_on_the_host_without_programs_and_as_torch_computes_i
         got = backend.jax_to_host(sigmas.jax())
         sigmas[1:3].mul_(0.0)  # an in-place write through a view still reaches the device tensor
         zeroed = backend.jax_to_host(sigmas.jax())
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             latents = torch.ones(2, 3, 2, device="jax")  # several dimensions: the devices' work
             latents = latents * dt
         assert log.compilations > 0
@@ -318,10 +318,10 @@ def test_schedule_glue_keeps_the_placement_of_its_inputs():
 def test_host_tensors_enter_jax_as_private_copies():
     """``host_to_jax`` and torchax's own conversion are transfers, not programs, and never share the tensor's memory
     (JAX on the CPU adopts aligned buffers): a later in-place change of the host tensor must not reach the copy."""
-    from diffusers_tpu.interop import backend, jit
+    from diffusers_tpu.interop import backend
 
     host = torch.zeros(64, 64)
-    with backend.jax_mode(), jit.compile_log() as log:
+    with backend.jax_mode(), compile_accounting.compile_log() as log:
         ours, theirs = backend.host_to_jax(host), host.to("jax").jax()
         half = torch.zeros(3, 5, dtype=torch.bfloat16).to("jax")
     host += 1
@@ -427,7 +427,7 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
     """torchax maps a function it defines anew on every call: run eagerly, each group norm compiled again."""
     import numpy as np
 
-    from diffusers_tpu.interop import backend, jit
+    from diffusers_tpu.interop import backend
 
     torch.manual_seed(0)
     norm = torch.nn.GroupNorm(4, 8)
@@ -435,7 +435,7 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
     with backend.jax_mode():
         weight, bias = (backend.wrap(backend.host_to_jax(p.detach())) for p in (norm.weight, norm.bias))
         got = [torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(xs[0])), 4, weight, bias, 1e-5)]
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             got += [
                 torch.nn.functional.group_norm(backend.wrap(backend.host_to_jax(x)), 4, weight, bias, 1e-5)
                 for x in xs[1:]
@@ -537,15 +537,15 @@ def test_torchax_key_seeded_on_the_host_is_jax_own(x64):
     program."""
     import jax
 
-    from diffusers_tpu.interop import compat, jit
+    from diffusers_tpu.interop import compat
 
     assert entry_points.applied()  # the environment exists: it was built under the patch
-    jit.count_programs()
+    compile_accounting.count_programs()
     with jax.enable_x64(x64):
         for seed in (0, 5, 2**31 - 1, 2**31, 67280421310721, 2**62 + 12345, torch.initial_seed() % (1 << 63)):
-            before = jit.process_programs().compilations
+            before = compile_accounting.process_programs().compilations
             made = compat.host_seeded_key(seed)
-            assert jit.process_programs().compilations == before
+            assert compile_accounting.process_programs().compilations == before
             expected = jax.random.key(seed)
             assert made.dtype == expected.dtype
             np.testing.assert_array_equal(
@@ -558,15 +558,15 @@ def test_a_host_tensor_moved_with_a_new_dtype_is_cast_on_the_host():
     not a program, with torch's values."""
     import jax
 
-    from diffusers_tpu.interop import backend, jit
+    from diffusers_tpu.interop import backend
 
     host = torch.from_numpy(np.array([999.7, 500.2, 1.9], np.float32))
-    jit.count_programs()
+    compile_accounting.count_programs()
     with backend.jax_mode():
-        before = jit.process_programs().compilations
+        before = compile_accounting.process_programs().compilations
         moved = host.to(device="jax", dtype=torch.int64)
         halves = torch.ones(3).to("jax", torch.float16)
-        assert jit.process_programs().compilations == before
+        assert compile_accounting.process_programs().compilations == before
     assert moved.dtype in (torch.int32, torch.int64) and halves.dtype == torch.float16
     np.testing.assert_array_equal(np.asarray(moved.jax()), host.to(torch.int64).numpy())
     assert isinstance(moved.jax(), jax.Array)

@@ -121,7 +121,7 @@ def test_warm_up_compiles_ahead_for_the_served_sizes(execute):
     import torch
 
     import diffusers_tpu
-    from diffusers_tpu.interop import jit
+    from diffusers_tpu.interop import compile_accounting
     from diffusers_tpu.testing import tiny
 
     pipe = tiny.wan_pipeline("wan", scheduler="unipc")
@@ -143,10 +143,10 @@ def test_warm_up_compiles_ahead_for_the_served_sizes(execute):
         jax.stages.Compiled.__call__ = call
     assert warmed["programs"] > 0
     assert bool(runs) == execute  # zero-execution: the programs were built and never run
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         frames = pipe(**request, generator=torch.Generator().manual_seed(1)).frames
     assert log.compilations == 0 and frames.shape == (1, 9, 32, 32, 3)
     assert np.array_equal(frames, expected)  # the walk left nothing behind (scheduler state, caches)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         pipe(**served, prompt="a cat", height=32, width=48, num_frames=9)
     assert log.compilations > 0

@@ -6,7 +6,7 @@ import contextlib
 import numpy as np
 import torch
 
-from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop import backend, compile_accounting, jit
 
 
 class Streaming(torch.nn.Module):
@@ -65,7 +65,7 @@ def test_state_between_calls_is_carried_and_a_cache_is_not():
     moved.load_state_dict(stock.state_dict())
     compiled = on_jax(moved)
     frames = [torch.randn(1, n, 4) for n in (1, 3, 3, 3)]
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         for x in frames:
             expected = stock(x)
             got = compiled(x)
@@ -75,7 +75,7 @@ def test_state_between_calls_is_carried_and_a_cache_is_not():
     assert carried == {"previous"}  # the table depends on no input: a cache, dropped after each trace
     assert moved.table is None and moved.set_up and not compiled.eager
     compilations = log.compilations
-    with jit.compile_log() as log:  # the same shapes and state signature again: nothing compiles
+    with compile_accounting.compile_log() as log:  # the same shapes and state signature again: nothing compiles
         np.testing.assert_allclose(
             np.asarray(backend.to_jax_array(compiled(frames[-1]))), stock(frames[-1]).detach().numpy(), atol=1e-5
         )
@@ -176,7 +176,7 @@ def test_a_processor_put_in_place_of_another_gets_the_state_and_another_class_it
     x = torch.randn(1, 6, 8)
     for call in range(3):
         stock.processor, moved.processor = CrossAttnStoreProcessor(), CrossAttnStoreProcessor()
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             got = compiled(x)
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(got)), stock(x).detach().numpy(), atol=1e-5)
         np.testing.assert_allclose(
@@ -186,7 +186,7 @@ def test_a_processor_put_in_place_of_another_gets_the_state_and_another_class_it
         )
         assert log.compilations == 0 or call == 0, call
     stock.processor, moved.processor = AttnProcessor(), AttnProcessor()
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(), atol=1e-5)
     assert log.compilations > 0  # another class: its own program
 
@@ -220,7 +220,7 @@ def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
         moved.proj.register_forward_hook(lambda m, a, out: seen["jax"].append(out.detach().clone())),
     ]
     frames = [torch.randn(1, 3, 4) for _ in range(3)]
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         for x in frames:
             np.testing.assert_allclose(
                 np.asarray(backend.to_jax_array(compiled(x))), stock(x).detach().numpy(), atol=1e-5
@@ -231,7 +231,7 @@ def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
         np.testing.assert_allclose(np.asarray(backend.to_jax_array(got)), expected.numpy(), atol=1e-5)
     for handle in handles:
         handle.remove()
-    with jit.compile_log() as log:  # no hook left: compiled again
+    with compile_accounting.compile_log() as log:  # no hook left: compiled again
         compiled(frames[0])
     assert log.compilations > 0
 
@@ -239,7 +239,7 @@ def test_forward_hooks_run_at_every_call_as_stock_runs_them(caplog):
     compiled = on_jax(setting_up)
     x = torch.randn(2, 4)
     compiled(x)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         np.testing.assert_allclose(
             np.asarray(backend.to_jax_array(compiled(x))), (setting_up.proj(x) * 2).detach().numpy(), atol=1e-5
         )

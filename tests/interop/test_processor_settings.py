@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -52,7 +52,7 @@ def test_a_changed_processor_setting_is_traced_anew(kind):
     for gain in (1.0, 3.0, 1.0):
         processor.gain[0] = gain
         assert_np_matches(generate(pipe, output_type="np"), stock[gain])
-    with jit.compile_log() as log:  # both settings traced: a repeat compiles nothing
+    with compile_accounting.compile_log() as log:  # both settings traced: a repeat compiles nothing
         processor.gain[0] = 3.0
         generate(pipe, output_type="np")
     assert log.compilations == 0
@@ -78,7 +78,7 @@ def test_freeu_enabled_after_the_first_call_is_traced_anew():
     pipe.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4)
     assert_np_matches(run(), freeu)
     pipe.disable_freeu()
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         assert_np_matches(run(), plain)
     assert log.compilations == 0
     pipe.to("cpu")

@@ -6,7 +6,7 @@ import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import wan_vae
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import program_figures
 from diffusers_tpu.planner import architectures, call_probe, chips, plan
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny, tiny_unet
@@ -38,7 +38,7 @@ def runtime_step_memory(pipe, config, call=CALL) -> list[dict]:
     entry.whole = recorded
     try:
         pipe(**call, generator=torch.Generator().manual_seed(0))
-        return [jit.memory_analysis(whole, *args, **kwargs) for args, kwargs in calls.values()]
+        return [program_figures.memory_analysis(whole, *args, **kwargs) for args, kwargs in calls.values()]
     finally:
         entry.whole = whole
         pipe.to("cpu")
@@ -280,8 +280,8 @@ def test_plan_reports_the_runtime_vae_decode_programs():
         _, cache = programs["decode_first"](head)
     chunk = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
     assert frames > 2
-    assert planned["decode_first"] == jit.memory_analysis(programs["decode_first"], head)
-    assert planned["decode_chunk"] == jit.memory_analysis(programs["decode_chunk"], chunk, cache)
+    assert planned["decode_first"] == program_figures.memory_analysis(programs["decode_first"], head)
+    assert planned["decode_chunk"] == program_figures.memory_analysis(programs["decode_chunk"], chunk, cache)
     pipe.to("cpu")
 
 
@@ -314,7 +314,7 @@ def runtime_decoder_memory(pipe, call) -> list[dict]:
     try:
         pipe(**call, generator=torch.Generator().manual_seed(0))
         compiled = pipeline_runtime.runtime_of(pipe).compiled_of(decoder)  # the decoder's program, found by name
-        return [jit.memory_analysis(compiled, *args, **kwargs) for args, kwargs in seen.values()]
+        return [program_figures.memory_analysis(compiled, *args, **kwargs) for args, kwargs in seen.values()]
     finally:
         vars(decoder)["forward"] = guarded
         pipe.to("cpu")
@@ -363,7 +363,9 @@ def test_plan_reports_the_runtime_text_encoder_programs():
             **dict(HUNYUAN_CALL, prompt=call_probe.PLAN_PROMPT, negative_prompt=""),
             generator=torch.Generator().manual_seed(0),
         )
-        analyses = [jit.memory_analysis(compiled, *calls[0][0], **calls[0][1]) for _, _, compiled, calls in actual]
+        analyses = [
+            program_figures.memory_analysis(compiled, *calls[0][0], **calls[0][1]) for _, _, compiled, calls in actual
+        ]
     finally:
         for module, outer, _, _ in actual:
             vars(module)["forward"] = outer

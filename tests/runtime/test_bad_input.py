@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop import backend, compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
@@ -31,7 +31,7 @@ def assert_untouched(pipe, reference):
 def test_tpu_without_a_tpu(pipe_and_reference, monkeypatch):
     pipe, reference = pipe_and_reference
     monkeypatch.delenv("DIFFUSERS_TPU_PLATFORM", raising=False)
-    with jit.compile_log() as log, pytest.raises(RuntimeError) as error:
+    with compile_accounting.compile_log() as log, pytest.raises(RuntimeError) as error:
         pipe.to("tpu")
     message = str(error.value)
     assert "no TPU" in message and "pipe.to('jax')" in message and "DIFFUSERS_TPU_PLATFORM" in message
@@ -49,7 +49,7 @@ def test_unknown_platform_override(pipe_and_reference, monkeypatch):
 
 def test_mesh_product_differs_from_device_count(pipe_and_reference):
     pipe, reference = pipe_and_reference
-    with jit.compile_log() as log, pytest.raises(ValueError) as error:
+    with compile_accounting.compile_log() as log, pytest.raises(ValueError) as error:
         pipe.to("jax", config=diffusers_tpu.TPUConfig(mesh={"dp": 2, "tp": 2}))
     assert "spans 4 devices but there are 1" in str(error.value)
     assert log.compilations == 0
@@ -108,7 +108,7 @@ def test_invalid_height_is_stocks_error_and_compiles_nothing(pipe_and_reference)
     pipe.to("jax")
     try:
         generate(pipe, output_type="np")  # warm
-        with jit.compile_log() as log, pytest.raises(ValueError) as error:
+        with compile_accounting.compile_log() as log, pytest.raises(ValueError) as error:
             generate(pipe, height=40, output_type="np")
         assert str(error.value) == str(stock_error.value)
         assert log.compilations == 0

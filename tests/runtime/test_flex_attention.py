@@ -73,7 +73,7 @@ class MaskedSum(torch.nn.Module):
 def test_an_equal_block_mask_made_anew_compiles_nothing_and_another_mask_its_own_program():
     import contextlib
 
-    from diffusers_tpu.interop import backend, jit
+    from diffusers_tpu.interop import backend, compile_accounting, jit
 
     def active():
         stack = contextlib.ExitStack()
@@ -92,7 +92,7 @@ def test_an_equal_block_mask_made_anew_compiles_nothing_and_another_mask_its_own
 
     got, want = run(200)
     assert torch.equal(got, want)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         got, want = run(200)
     assert log.compilations == 0 and len(compiled.programs) == 1 and torch.equal(got, want)
     got, want = run(LENGTH)  # another mask: another program, its own result

@@ -12,7 +12,7 @@ from diffusers.hooks.group_offloading import (
     _maybe_remove_and_reapply_group_offloading,
 )
 
-from diffusers_tpu.interop import jit, sharding
+from diffusers_tpu.interop import compile_accounting, sharding
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.weights import stacked_weights
 from diffusers_tpu.testing import tiny
@@ -49,7 +49,7 @@ def test_components_offloaded_onto_jax_move_their_pipeline_when_it_is_called():
         layer = pipe.transformer.blocks[2].attn1.to_q._parameters["weight"]
         assert stacked_weights.is_view(layer) and layer.stack.array.sharding.memory_kind == "pinned_host"
     assert sharding.sharding_of(pipe.vae.decoder.conv_in.weight).memory_kind == "device"  # not offloaded
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         np.testing.assert_allclose(run(pipe), reference, atol=1e-4)
     assert log.compilations == 0
     _maybe_remove_and_reapply_group_offloading(pipe.transformer)  # what a LoRA change does: no new move

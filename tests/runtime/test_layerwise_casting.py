@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
 
@@ -32,7 +32,7 @@ def test_layerwise_casting_on_jax_matches_stocks():
     pipe.transformer.enable_layerwise_casting(**CASTING)
     assert narrow(pipe.transformer) == stock_narrow  # exactly the layers stock casts, stored narrow on the devices
     np.testing.assert_allclose(run(pipe), reference, atol=1e-4)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         run(pipe)
     assert log.compilations == 0
 

@@ -5,7 +5,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -78,7 +78,7 @@ def test_lifecycle_matches_stock(tmp_path, base):
         operation(ref)
         operation(pipe)
         expected = run(ref, **call)
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             out = run(pipe, **call)
         assert_np_matches(out, expected)
         if expect_compiles is not None:

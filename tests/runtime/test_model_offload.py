@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit, sharding
+from diffusers_tpu.interop import compile_accounting, sharding
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
@@ -37,7 +37,7 @@ def test_each_component_is_on_the_devices_only_while_it_runs():
     assert placed_while_running == {"transformer": True, "vae": False}
     assert all(m.device.type == "cpu" for m in modules(pipe).values())  # all back on the host after the call
     assert all(isinstance(m._hf_hook, accelerate.hooks.CpuOffload) for m in modules(pipe).values())
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         np.testing.assert_allclose(run(pipe), reference, atol=1e-5)
     assert log.compilations == 0  # the same shapes and shardings come back every call
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from diffusers.callbacks import PipelineCallback
 
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.gpu_script import model_offload
 from diffusers_tpu.testing import tiny
@@ -206,7 +206,10 @@ def test_set_up_before_the_move(stock, caplog):
 
     casting = tiny.wan_pipeline("wan")
     casting.transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
-    with jit.compile_log() as log, pytest.raises(ValueError, match="enable_layerwise_casting.*TPUConfig"):
+    with (
+        compile_accounting.compile_log() as log,
+        pytest.raises(ValueError, match="enable_layerwise_casting.*TPUConfig"),
+    ):
         casting.to("jax")
     assert log.compilations == 0 and not pipeline_runtime.is_attached(casting)
     assert all(type(p) is torch.nn.Parameter for p in casting.transformer.parameters())
@@ -250,7 +253,7 @@ def test_vae_slicing_and_compiled_tiling(stock, moved):
     try:
         decoded, latent = moved.vae.decode(z).sample, moved.vae.encode(x).latent_dist.mode()
         assert torch.allclose(decoded, expected, atol=1e-4) and torch.allclose(latent, expected_latent, atol=1e-4)
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             moved.vae.decode(z)
         assert log.compilations == 0
         shapes = {key[2][0][0] for key in moved.vae._diffusers_tpu_programs["decode_first"].programs}

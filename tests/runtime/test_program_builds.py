@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.programs import program_builds
 from diffusers_tpu.testing import tiny
@@ -39,14 +39,14 @@ def test_tiered_programs_serve_quick_then_full_with_the_same_frames(tmp_path):
     full.to("cpu")
     config = TPUConfig(vae_compile="tiered", compile_cache_dir=str(tmp_path))
     pipe = tiny.wan_pipeline("wan").to("jax", config=config)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         first = pipeline_runtime.to_host(pipe.vae.decode(z).sample)
         tiered = decode_programs(pipe)
         assert len(tiered) == 2 and all(isinstance(e, program_builds.Tiered) for e in tiered)
         assert all(e.tier == "quick" for e in tiered)  # served before any full build was asked for
         assert program_builds.wait_for_builds(timeout=300)
     assert log.background == 2  # the two full builds, not counted as the call's compilations
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         second = pipeline_runtime.to_host(pipe.vae.decode(z).sample)
     assert log.compilations == 0 and all(e.tier == "full" for e in tiered)  # swapped in at this call
     assert np.array_equal(first.numpy(), expected.numpy()) and np.array_equal(second.numpy(), expected.numpy())

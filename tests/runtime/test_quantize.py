@@ -9,7 +9,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit, sharding
+from diffusers_tpu.interop import compile_accounting, sharding
 from diffusers_tpu.runtime.weights import quantize
 from diffusers_tpu.testing import tiny
 from tests.conftest import generate
@@ -70,7 +70,7 @@ def test_int8_pipeline_close_to_unquantized_and_compiles_once(reference):
     ref, bf16, _, _ = reference
     pipe = tiny.wan_pipeline(VARIANT).to("jax", config=TPUConfig(quantize="int8"))  # float32 compute
     out = generate(pipe, output_type="np")
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         again = generate(pipe, output_type="np")
     assert log.compilations == 0
     np.testing.assert_array_equal(out, again)

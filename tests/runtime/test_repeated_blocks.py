@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import diffusers_tpu
-from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop import backend, compile_accounting, jit, program_figures
 from diffusers_tpu.runtime.attention import sdpa
 from diffusers_tpu.runtime.call import repeated_blocks
 
@@ -104,7 +104,7 @@ def inputs(seed=0):
 
 
 def lowered_text(model, scan=True):
-    return jit.lower(on_jax(model, scan), *inputs()).as_text()
+    return program_figures.lower(on_jax(model, scan), *inputs()).as_text()
 
 
 def jax_result(model, scan=True):
@@ -183,7 +183,7 @@ def test_wan_with_per_layer_lora_scales_scans_and_equals_torch(monkeypatch):
         per_layer(ref, scale)
         per_layer(pipe, scale)
         expected = generate(ref, output_type="np", num_inference_steps=2)
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             got = generate(pipe, output_type="np", num_inference_steps=2)
         assert_np_matches(got, expected)
         compiles.append(log.compilations)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit, sharding
+from diffusers_tpu.interop import compile_accounting, sharding
 from diffusers_tpu.planner import hlo_stats, plan, tpu_compiler
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.weights import stacked_weights
@@ -45,7 +45,7 @@ def test_weights_stream_from_host_memory_and_the_video_is_stock():
     assert all(isinstance(m._hf_hook, accelerate.hooks.AlignDevicesHook) for m in modules(pipe).values())
     np.testing.assert_allclose(run(pipe), reference, atol=1e-4)
     assert all(m.device.type == "meta" for m in modules(pipe).values())
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         np.testing.assert_allclose(run(pipe), reference, atol=1e-4)
     assert log.compilations == 0
     pipe.remove_all_hooks()  # the modules hold their weights again, still in host memory

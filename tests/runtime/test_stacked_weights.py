@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit, sharding
+from diffusers_tpu.interop import compile_accounting, program_figures, sharding
 from diffusers_tpu.planner import hlo_stats, tpu_compiler
 from diffusers_tpu.runtime.weights import stacked_weights
 from diffusers_tpu.testing import tiny
@@ -46,7 +46,7 @@ def test_blocks_are_stacked_once_and_the_video_is_stock():
     plain = sum(sharding.tensor_of(s).jax().nbytes for s in sharding.slots_of(pipe.transformer) if not s.stack)
     assert sum(stored.values()) + plain == expected_bytes and len(stored) >= 20
     assert_np_matches(run(pipe), expected)
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         run(pipe)
     assert log.compilations == 0
     # state_dict reads each layer out of its stack; the way back to torch is exact
@@ -92,7 +92,7 @@ def compiled_step_text(pipe) -> str:
     finally:
         entry.whole = whole
     args, kwargs = captured["call"]
-    return jit.lower(whole, *args, **kwargs).compile().as_text()
+    return program_figures.lower(whole, *args, **kwargs).compile().as_text()
 
 
 def test_the_compiled_loop_indexes_stacks_without_a_switch():

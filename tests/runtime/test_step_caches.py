@@ -12,7 +12,7 @@ from diffusers import (
 )
 
 from diffusers_tpu.commands import bench
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -70,7 +70,7 @@ def test_cache_gives_stock_video(name, uncached):
     assert_np_matches(run(pipe), expected)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
     before = entry.unit_calls
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         assert_np_matches(run(pipe), expected)  # the caches' state resets between calls, as stock
     assert log.compilations == 0 and entry.unit_calls > before
 
@@ -102,7 +102,7 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
     assert jax_cache["denoiser_passes"] == 2 * STEPS  # cond and uncond stay separate calls under a cache
     for p in (ref, pipe):
         p.transformer.disable_cache()
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         out = run(pipe)
     assert log.compilations > 0  # back to the one-program forward (compiled now: never used under the cache)
     assert_np_matches(out, run(ref))

@@ -40,7 +40,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime import registry, support
 
 from .. import xla_flags
@@ -111,7 +111,7 @@ def second_calls(pipe, call, ref) -> dict:
 
 
 def _warm_compilations(pipe, call) -> dict:
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         _run(pipe, call)
     return dict(warm_compilations=log.compilations)
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 import diffusers_tpu  # noqa: F401  (registers the backend)
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny, tiny_families, tiny_images
 
 PROMPTS = dict(
@@ -35,7 +35,7 @@ def main(names: list[str]) -> None:
         if names and name not in names:
             continue
         pipe.to("jax")
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             pipe(**call, output_type="np", generator=torch.Generator().manual_seed(0))
         report[name] = {"programs": log.compilations, "cache_hits": log.cache_hits, "seconds": round(log.seconds, 2)}
     print(json.dumps(report))

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.planner import lowering
 from diffusers_tpu.testing import tiny  # noqa: E402
 from tests.conftest import generate, pil_array, stock_pil  # noqa: E402
@@ -106,7 +106,7 @@ def main(part: str):
             pipe.to("cpu")
             continue
         out, pil_out = generate(pipe, output_type="np"), generate(pipe, output_type="pil")
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             generate(pipe, output_type="np")
         report["runs"][name] = dict(
             compare(out, ref, pil_out, pil_ref),
@@ -186,7 +186,7 @@ def fully_sharded_run():
         per_device[full] = sum(stack.array.addressable_shards[0].data.nbytes for stack in stacks.values())
         if full:
             out = generate(pipe, output_type="np")
-            with jit.compile_log() as log:
+            with compile_accounting.compile_log() as log:
                 generate(pipe, output_type="np")
             view = pipe.transformer.blocks[1].ffn.net[0].proj.weight
             embedder = pipe.transformer.condition_embedder.time_proj.weight
@@ -272,7 +272,7 @@ def hunyuan15_runs():
     for name, (mesh, threshold) in cases.items():
         pipe.to("jax", config=TPUConfig(mesh=mesh, attention_kv_threshold=threshold))
         out, pil_out = generate(pipe, output_type="np", **HY_CALL), generate(pipe, output_type="pil", **HY_CALL)
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             generate(pipe, output_type="np", **HY_CALL)
         weight = pipe.transformer.transformer_blocks[0].attn.add_q_proj.weight
         runs[name] = dict(
@@ -303,7 +303,7 @@ def causal_wan_runs():
         out = run(output_type="np")
         first = [block.compilations for block in pipe.block_timings]
         pil_out = run(output_type="pil")
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             run(output_type="np")
         weight = pipe.transformer.blocks[0].attn1.to_q.weight
         runs[name] = dict(
@@ -331,7 +331,7 @@ def odd_width_run():
     pipe.to("jax")
     try:
         out, pil_out = run("np"), run("pil")
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             run("np")
         return dict(
             compare(out, ref, pil_out, stock_pil(ref)),
@@ -397,7 +397,7 @@ def lora_runs():
         pipe.set_adapters(["a", "b"], adapter_weights=[0.6, 0.4])
         out = generate(pipe, **call)
         pipe.set_adapters(["a", "b"], adapter_weights=[1.0, -0.5])
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             out_2 = generate(pipe, **call)
         block = pipe.transformer.blocks[0]
         specs = {
@@ -424,7 +424,7 @@ def quantize_run():
     """int8 weights on dp2-sp1-tp4 (float32 compute): layout and output, compared in test_mesh with one device."""
     pipe = tiny.wan_pipeline("wan-4head").to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}, quantize="int8"))
     out = generate(pipe, output_type="np")
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         generate(pipe, output_type="np")
     layout = weight_layout(pipe)
     layout["dtypes"] = {
@@ -449,7 +449,7 @@ def _offloaded(mesh: dict, enable):
     enable(pipe)
     out = generate(pipe, output_type="np")
     devices = {name: m.device.type for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         again = generate(pipe, output_type="np")
     report = dict(
         max_abs=float(np.abs(out - ref).max()),
@@ -537,7 +537,7 @@ def cache_runs():
         pipe.transformer.enable_cache(CACHES[cache](pipe))
         pipe.to("jax", config=TPUConfig(mesh=MESHES_13[name]))
         out = generate(pipe, **call)
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             generate(pipe, **call)
         runs[f"{cache}-{name}"] = dict(
             np_max_abs=float(np.abs(out - expected).max()),

@@ -21,7 +21,7 @@ import jax  # noqa: E402
 import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import cli
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny, tiny_families  # noqa: E402
 from tests.conftest import generate  # noqa: E402
 
@@ -38,7 +38,7 @@ def wan_runs(report):
     for name, mesh in MESHES.items():
         pipe.to("tpu", config=TPUConfig(mesh=mesh, attention_kv_threshold=16))
         out = generate(pipe, output_type="np")
-        with jit.compile_log() as log:
+        with compile_accounting.compile_log() as log:
             generate(pipe, output_type="np")
         report[f"wan-{name}"] = dict(
             np_max_abs=float(np.abs(out - reference).max()),

@@ -25,7 +25,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ...interop import backend, compat, interrupts, jit, processes, sharding, user_tensors, vae_mesh
+from ...interop import backend, compat, compile_accounting, interrupts, jit, processes, sharding, user_tensors, vae_mesh
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered
 from .. import decision, diffusers_private, support
@@ -86,7 +86,7 @@ class PipelineRuntime:
         self._compiled: dict = {}  # (id(module), method name) -> its CompiledFunction (``compiled_of``)
         self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
         self._last_output = None
-        self._log: jit.CompileLog | None = None
+        self._log: compile_accounting.CompileLog | None = None
         self.placing_programs = 0  # programs ``place`` built (``CallStats.placing_programs``)
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
         # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
@@ -175,7 +175,7 @@ class PipelineRuntime:
             self.pairing.reset()
         start = time.perf_counter()
         try:
-            with interrupts.watch(), self.active(), self.weights_shown(), jit.compile_log() as log:
+            with interrupts.watch(), self.active(), self.weights_shown(), compile_accounting.compile_log() as log:
                 with self._schedulers_on_device():
                     self._log = log
                     out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
@@ -185,7 +185,7 @@ class PipelineRuntime:
         self.last_call.compile_seconds, self.last_call.compilations = log.seconds, log.compilations
         self.last_call.cache_hits = log.cache_hits
         self.last_call.placing_programs = self.placing_programs
-        self.last_call.process_programs = jit.process_programs().compilations
+        self.last_call.process_programs = compile_accounting.process_programs().compilations
         logger.info("%s on %s: %s", type(pipe).__name__, self.target.platform, self.last_call.summary())
         return out
 
@@ -552,7 +552,7 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     denoisers = {c.name: c.module for c in decided.components if c.role == "denoiser"}
     gpu_script_calls.check_dtype(runtime, denoisers)
     try:
-        with jit.compile_log() as placing:
+        with compile_accounting.compile_log() as placing:
             runtime.place(decided.plans)
         runtime.placing_programs = placing.compilations
     except BaseException:

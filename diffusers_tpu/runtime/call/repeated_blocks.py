@@ -21,7 +21,7 @@ Anything else keeps the exact stock meaning. Blocks that differ in any way (clas
 hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a residual added between blocks, a
 skipped block) makes the pending blocks run one by one, exactly as unrolled. A placeholder read by anything but
 the next block, a block that edits its inputs in place, or any error while a scan was traced: the whole forward is
-traced again unrolled (``jit.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
+traced again unrolled (``program.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
 
 Over 400 lines on purpose: the chain check, the placeholders and the scan belong to one trace-time protocol.
 """
@@ -39,7 +39,7 @@ import torch
 
 from ...interop import torch_private, torchax_private
 from ...interop.backend import to_jax_array, wrap
-from ...interop.jit import Retrace
+from ...interop.program import Retrace
 from ...interop.torch_private import pytree
 from ...interop.weights import LayerOf, gathered, materialized
 from .. import diffusers_private

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import jax
 
-from ...interop import jax_private, jit
+from ...interop import compile_accounting, jax_private
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def builder(mode: str, platform: str, cache_dir: str | None = None, store=None) 
         return lambda lowered: Tiered(lowered, cache_dir, store)
     options = QUICK if mode == "quick" else {}
     if store is None:
-        return quick if options else jit.compile_now
+        return quick if options else compile_accounting.compile_now
 
     def build(lowered):
         return _stored_build(lowered, options, store)
@@ -66,7 +66,7 @@ def _stored_build(lowered, options: dict, store):
     loaded = store.load(lowered, options) if store is not None else None
     if loaded is not None:
         return loaded
-    compiled, cached = jit.from_persistent_cache(lambda: lowered.compile(options or None))
+    compiled, cached = compile_accounting.from_persistent_cache(lambda: lowered.compile(options or None))
     if store is not None and not cached:  # (JAX's cache keeps it; its copy cannot be written again)
         store.save(lowered, options, compiled)
     return compiled
@@ -122,8 +122,8 @@ class Tiered:
 
     def _build_full(self, lowered) -> None:
         try:
-            with jit.background_compiles():
-                self.full, cached = jit.from_persistent_cache(lowered.compile)
+            with compile_accounting.background_compiles():
+                self.full, cached = compile_accounting.from_persistent_cache(lowered.compile)
             if self._note is not None:
                 _write_note(self._note)
             if self._store is not None and not cached:

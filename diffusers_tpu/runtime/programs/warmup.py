@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ...interop import compile_only, jit
+from ...interop import compile_accounting, compile_only
 from ..attach.pipeline_runtime import is_attached
 
 
@@ -50,7 +50,7 @@ def warm_up(pipe, sizes: list[dict], execute: bool = False, workers: int | None 
             pipe(**arguments)
 
     start = time.perf_counter()
-    with jit.compile_log() as log:
+    with compile_accounting.compile_log() as log:
         if execute:
             walk()
         else:
