@@ -144,13 +144,15 @@ def test_imports_run_down_the_layers():
 
 
 def test_compat_at_the_bottom_patches_at_the_top():
-    """compat imports nothing of the package but host_scalars (its policy for eager glue), patching (the one way
-    to patch) and the private-name doors, torch_compat nothing but patching and torch's door, host_scalars nothing but
+    """compat imports nothing of the package but its section modules, host_scalars (its policy for eager glue),
+    patching (the one way to patch) and the private-name doors, torch_compat nothing but patching and torch's door, host_scalars nothing but
     the doors, and the doors and patching nothing; nothing but the package's __init__ imports entry_points, and
     bench / cli share their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
     doors = {p + "interop.jax_private", p + "interop.torch_private", p + "interop.torchax_private"}
-    assert edges[p + "interop.compat"] == {p + "interop.host_scalars", p + "interop.patching"} | doors
+    sections = {p + "interop.compat_views", p + "interop.compat_mesh", p + "interop.compat_ops"}
+    assert edges[p + "interop.compat"] <= {p + "interop.host_scalars", p + "interop.patching"} | doors | sections
+    assert all(edges[s] <= {p + "interop.host_scalars", p + "interop.patching"} | doors for s in sections)
     assert edges[p + "interop.torch_compat"] == {p + "interop.patching", p + "interop.torch_private"}
     assert edges[p + "interop.host_scalars"] == doors and edges[p + "interop.patching"] == set()
     assert all(edges[door] == set() for door in doors | {p + "interop.versions", p + "runtime.diffusers_private"})

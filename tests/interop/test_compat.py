@@ -353,7 +353,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat, patching
+from diffusers_tpu.interop import compat, compat_mesh, patching
 import torchax
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
 env = torchax.default_env()
@@ -368,7 +368,7 @@ for channels, rows, kernel, stride, padding in [(64, 6, 4, 2, 0), (8, 4, 3, 1, 0
             out = torch.nn.functional.conv2d(env.j2t_iso(a), env.j2t_iso(b), stride=stride, padding=padding)
             return env.t2j_iso(out)
     split = jax.device_put(x.numpy(), NamedSharding(mesh, P("dp", None, "tp", None)))
-    with compat.mesh_of_traces(mesh):
+    with compat_mesh.mesh_of_traces(mesh):
         got = np.asarray(jax.jit(conv)(split, w.numpy()))
     worst = max(worst, float(np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max()))
 print("WORST", worst)
@@ -394,7 +394,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat, patching
+from diffusers_tpu.interop import compat, compat_mesh, patching
 import torchax
 devices = np.array(jax.devices())
 vae_mesh = Mesh(devices.reshape(1, 8), ("batch", "spatial"))
@@ -406,7 +406,7 @@ with env:
     # a VAE statistic's product on the VAE mesh, a transformer output on the pipeline mesh (LTX-2 DFR's latents)
     x = env.j2t_iso(jax.device_put(a.numpy(), NamedSharding(vae_mesh, P())))
     y = env.j2t_iso(jax.device_put(b.numpy(), NamedSharding(mesh, P("dp", ("sp", "tp")))))
-    with compat.mesh_of_traces(mesh):
+    with compat_mesh.mesh_of_traces(mesh):
         got = np.asarray(env.t2j_iso(x - y))
 print("WORST", float(np.abs(got - (a - b).numpy()).max()))
 """

@@ -25,7 +25,17 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ...interop import backend, compat, compile_accounting, interrupts, jit, processes, sharding, user_tensors, vae_mesh
+from ...interop import (
+    backend,
+    compat_mesh,
+    compile_accounting,
+    interrupts,
+    jit,
+    processes,
+    sharding,
+    user_tensors,
+    vae_mesh,
+)
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered
 from .. import decision, diffusers_private, support
@@ -104,7 +114,7 @@ class PipelineRuntime:
     def active(self, settings: sdpa.AttentionSettings | None = None, mesh=None):
         """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe);
         ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
-        ``compat.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
+        ``compat_mesh.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
         otherwise run float32 products in bfloat16 / TF32 and leave stock's results)."""
         with (
             backend.jax_mode(),
@@ -112,7 +122,7 @@ class PipelineRuntime:
             gpu_script_calls.native_attention_dispatch(),
             jax.default_device(self.home_device),
             jax.default_matmul_precision(self.config.matmul_precision),
-            compat.mesh_of_traces(mesh or self.mesh),
+            compat_mesh.mesh_of_traces(mesh or self.mesh),
         ):
             yield
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from ...interop import compat
+from ...interop import compat, compat_mesh
 from ...interop.backend import to_jax_array, wrap
 from ...interop.sharding import axis_size
 from ...kernels import (
@@ -143,7 +143,7 @@ ROWS_SPLIT, _ROWS_SPLIT_LOGITS = "xla_rows_split", 1 << 22
 def _rows_split_mesh(q):
     """The trace mesh when it has several devices and ``q`` is traced in a program on it or spread over its
     devices; else None."""
-    mesh = compat.trace_mesh()
+    mesh = compat_mesh.trace_mesh()
     if mesh is None or mesh.size == 1:
         return None
     return mesh if isinstance(q, jax.core.Tracer) or len(q.sharding.device_set) == mesh.size else None
