@@ -145,9 +145,9 @@ def test_imports_run_down_the_layers():
 
 def test_compat_at_the_bottom_patches_at_the_top():
     """compat imports nothing of the package but its section modules, host_scalars (its policy for eager glue),
-    patching (the one way to patch) and the private-name doors, torch_compat nothing but patching and torch's door, host_scalars nothing but
-    the doors, and the doors and patching nothing; nothing but the package's __init__ imports entry_points, and
-    bench / cli share their helpers instead of importing each other."""
+    patching (the one way to patch) and the private-name doors; torch_compat nothing but patching and torch's door;
+    host_scalars nothing but the doors; the doors and patching nothing; nothing but the package's __init__ imports
+    entry_points; and bench / cli share their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
     doors = {p + "interop.jax_private", p + "interop.torch_private", p + "interop.torchax_private"}
     sections = {p + "interop.compat_views", p + "interop.compat_mesh", p + "interop.compat_ops"}

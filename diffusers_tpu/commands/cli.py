@@ -84,10 +84,10 @@ def _prepare(args, model: str):
 
 
 def _report(pipe) -> None:
-    from ..runtime.attach import pipeline_runtime
+    from ..runtime.attach import moves, pipeline_runtime
 
-    if pipeline_runtime.is_attached(pipe) and pipeline_runtime.stats(pipe).total_seconds > 0:  # a pipeline call ran
-        say(pipeline_runtime.stats(pipe).summary())
+    if pipeline_runtime.is_attached(pipe) and moves.stats(pipe).total_seconds > 0:  # a pipeline call ran
+        say(moves.stats(pipe).summary())
 
 
 def _write(frames, args) -> None:

@@ -1,5 +1,5 @@
 """What ``pipe.to("tpu")`` will do, decided once: ``decide`` gives a frozen, printable record that ``pipe.to``
-(``pipeline_runtime.attach``) carries out and that ``plan``, ``cost`` and ``ready`` read for described TPU devices,
+(``moves.attach``) carries out and that ``plan``, ``cost`` and ``ready`` read for described TPU devices,
 so the three cannot disagree.
 
 It holds the family, the mesh (and the VAE's), where the text encoders run, every placed component's sharding

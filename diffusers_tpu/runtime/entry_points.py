@@ -21,7 +21,7 @@ import torch
 from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
 from ..interop.torch_private import pytree
 from . import diffusers_compat, registry, support
-from .attach import pipeline_runtime, shared_components
+from .attach import moves, pipeline_runtime, shared_components
 from .attention import sdpa
 from .gpu_script import gpu_script_calls, group_offload
 from .weights import loading, lora
@@ -75,14 +75,14 @@ def _pipeline_to(stock_to):
         if target is not None:
             for cls in type(self).__mro__:  # subclasses with their own __call__ (diffusers_tpu's, users')
                 wrap_pipeline_call(cls)
-            return pipeline_runtime.attach(self, target, config=config, dtype=_dtype_of(args, kwargs))
+            return moves.attach(self, target, config=config, dtype=_dtype_of(args, kwargs))
         if config is not None:
             raise ValueError(
                 "`config=` only applies when moving a pipeline to JAX: use pipe.to('tpu', config=...) or "
                 "pipe.to('jax', config=...)."
             )
         if pipeline_runtime.is_attached(self) and _is_dtype_only(args, kwargs):
-            return pipeline_runtime.cast(self, _dtype_of(args, kwargs))
+            return moves.cast(self, _dtype_of(args, kwargs))
         dtype = _dtype_of(args, kwargs)
         if _device_arg(args, kwargs) is None and all(
             dtype is None or getattr(m, "dtype", dtype) == dtype
@@ -90,7 +90,7 @@ def _pipeline_to(stock_to):
             if isinstance(m, torch.nn.Module)
         ):  # ``to()``, or ``to(dtype)`` with every component in it (``from_pipe`` ends so): nothing moves, on JAX too
             return self
-        pipeline_runtime.leave_jax(self)
+        moves.leave_jax(self)
         return stock_to(self, *args, **kwargs)
 
     return to
@@ -111,7 +111,7 @@ def wrap_pipeline_call(pipeline_cls) -> None:
         @functools.wraps(stock_call)
         def __call__(self, *args, **kwargs):
             group_offload.before_call(self)
-            attached = pipeline_runtime.for_call(self)
+            attached = moves.for_call(self)
             if attached is None:
                 return stock_call(self, *args, **kwargs)
             return attached.run_pipeline_call(stock_call, self, args, kwargs)
@@ -393,11 +393,11 @@ def _on_host_then_moved_again(stock):
         if runtime is None or not runtime.attached:
             return stock(pipe, *args, **kwargs)
         kind, config, dtype = runtime.moved_with
-        pipeline_runtime.detach(pipe)
+        moves.detach(pipe)
         try:
             return stock(pipe, *args, **kwargs)
         finally:
-            pipeline_runtime.attach(pipe, kind, config=config, dtype=dtype)
+            moves.attach(pipe, kind, config=config, dtype=dtype)
 
     return run
 

@@ -23,7 +23,7 @@ import torch
 
 from ...interop import backend
 from .. import diffusers_private
-from ..attach import pipeline_runtime, shared_components
+from ..attach import moves, pipeline_runtime, shared_components
 from ..config import TPUConfig
 from ..weights.hidden_weights import HiddenWeights
 
@@ -102,7 +102,7 @@ def pipeline_method(stock):
         runtime = pipeline_runtime.runtime_of(self)
         if runtime is not None:
             target = runtime.target.requested
-            pipeline_runtime.detach(self)  # stock's part meets host modules (excluded ones: ``.to(onload)``)
+            moves.detach(self)  # stock's part meets host modules (excluded ones: ``.to(onload)``)
         if "onload_device" in kwargs:
             kwargs["onload_device"] = torch.device("jax")
         else:
@@ -145,7 +145,7 @@ def _move(pipe, target: str, names: list[str], runtime=None) -> None:
     runtime = pipeline_runtime.runtime_of(pipe) or runtime
     marks = {name: (getattr(getattr(pipe, name), _MARK), vars(getattr(pipe, name)).get(_TARGET)) for name in names}
     if pipeline_runtime.runtime_of(pipe) is not None:
-        pipeline_runtime.detach(pipe)  # its modules hold their host tensors again (and lose their marks)
+        moves.detach(pipe)  # its modules hold their host tensors again (and lose their marks)
     for name, (config, requested) in marks.items():
         _mark(getattr(pipe, name), config)
         if requested is not None:
@@ -156,7 +156,7 @@ def _move(pipe, target: str, names: list[str], runtime=None) -> None:
         config = config.replace(weights_in_host_memory=tuple(sorted(set(stored or ()) | set(names))))
     modules = {name: getattr(pipe, name) for name in names}
     host = {name: _host_tensors(module) for name, module in modules.items()}
-    pipeline_runtime.attach(pipe, target, config=config, dtype=runtime.user_dtype if runtime is not None else None)
+    moves.attach(pipe, target, config=config, dtype=runtime.user_dtype if runtime is not None else None)
     runtime = pipeline_runtime.runtime_of(pipe)
     hidden = runtime.hidden_weights = runtime.hidden_weights or HiddenWeights()
     for name, module in modules.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module
 
-from ..attach import pipeline_runtime
+from ..attach import moves, pipeline_runtime
 from ..config import TPUConfig
 from ..weights.hidden_weights import HiddenWeights
 from . import model_offload
@@ -65,7 +65,7 @@ def enable(pipe, args, kwargs) -> None:
     target = model_offload.requested_target(args, kwargs) or (runtime.target.requested if runtime else "jax")
     config = runtime.config if runtime is not None else TPUConfig.from_environment()
     dtype = runtime.user_dtype if runtime is not None else None
-    pipeline_runtime.attach(pipe, target, config=config.replace(weights_in_host_memory=True), dtype=dtype)
+    moves.attach(pipe, target, config=config.replace(weights_in_host_memory=True), dtype=dtype)
     runtime = pipeline_runtime.runtime_of(pipe)
     hidden = runtime.hidden_weights = HiddenWeights()
     pipe._offload_device, pipe._offload_gpu_id = runtime.target.torch_device, 0
