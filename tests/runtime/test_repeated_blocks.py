@@ -9,7 +9,7 @@ import torch
 import diffusers_tpu
 from diffusers_tpu.interop import backend, compile_accounting, jit, program_figures
 from diffusers_tpu.runtime.attention import sdpa
-from diffusers_tpu.runtime.call import repeated_blocks
+from diffusers_tpu.runtime.call import block_signature, repeated_blocks
 
 WIDTH = 8
 
@@ -144,15 +144,15 @@ def test_loops_that_are_not_a_plain_chain_run_as_the_stock_loop(mode):
 
 def test_signature_sees_attributes_and_hooks():
     a, b = Block(), Block()
-    assert repeated_blocks.signature(a) == repeated_blocks.signature(b)
+    assert block_signature.signature(a) == block_signature.signature(b)
     b.norm.eps = 1e-3
-    assert repeated_blocks.signature(a) != repeated_blocks.signature(b)
+    assert block_signature.signature(a) != block_signature.signature(b)
     c = Block()
     c.fc.register_forward_hook(lambda *args: None)  # a closure: not provably the same as another block's
-    assert repeated_blocks.signature(a) != repeated_blocks.signature(c)
+    assert block_signature.signature(a) != block_signature.signature(c)
     d = Block()
     d.forward = lambda *args: None  # one block patched by hand
-    assert repeated_blocks.signature(d) is None
+    assert block_signature.signature(d) is None
 
 
 def test_scan_blocks_knob():

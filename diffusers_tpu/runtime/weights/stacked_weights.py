@@ -7,7 +7,7 @@ The module keeps its stock structure: every layer's parameter is a ``LayerView``
 stack when an op assigns it in place. ``state_dict``, ``pipe.to("cpu")``, LoRA (merging runs on host copies that come
 back as plain tensors: ``program_state`` writes them into the stack and puts the views back), unit mode under step
 caches (each unit gets its layer's slice) and sharded loading (weights are placed per layer first, then stacked,
-one weight name at a time) work unchanged. Which weights stack: those of a list ``repeated_blocks.block_lists``
+one weight name at a time) work unchanged. Which weights stack: those of a list ``block_signature.block_lists``
 finds (interchangeable blocks), every layer's the same shape, dtype and sharding, not quantized, not tied, not held
 for an exact restore, not a 16-bit float weight on CPU devices (``_cpu_bf16``). ``TPUConfig(scan_blocks=False)``
 keeps per-layer storage.
@@ -34,7 +34,7 @@ from ...interop import sharding
 from ...interop.backend import host_to_jax, is_jax_tensor, wrap
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered, Stacked
-from ..call import repeated_blocks
+from ..call import block_signature
 
 
 class Stack:
@@ -179,7 +179,7 @@ def groups(module: torch.nn.Module, slots: list, mesh=None) -> list[tuple[str, l
     for slot in slots:
         counts[id(sharding.tensor_of(slot))] = counts.get(id(sharding.tensor_of(slot)), 0) + 1
     found = []
-    for path, blocks in repeated_blocks.block_lists(module):
+    for path, blocks in block_signature.block_lists(module):
         template = blocks[0]
         names = [n for n, _ in template.named_parameters(remove_duplicate=False)]
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
