@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from diffusers_tpu.commands import bench, subcommand_arguments
+from diffusers_tpu.commands import bench, stage_timer, subcommand_arguments
 from diffusers_tpu.families import cogvideox, wan
 
 
@@ -59,7 +59,7 @@ def test_peak_memory_after_each_stage(monkeypatch, tmp_path, capsys):
     """Where a call's peak happens: the device's peak so far after each stage, for the first call (which compiles)
     and the last. CPU devices report no memory, so a growing reading stands in for one."""
     readings = iter(range(1, 10**6))
-    monkeypatch.setattr(bench, "_peak_memory", lambda pipe, cuda: next(readings) * 2**30)
+    monkeypatch.setattr(stage_timer, "_peak_memory", lambda pipe, cuda: next(readings) * 2**30)
     path = tmp_path / "report.json"
     assert bench.main(subcommand_arguments.build().parse_args(["bench", "--runs", "1", "--json", str(path)])) == 0
     peaks = json.loads(path.read_text())["jax"]["peak_memory_after_stage"]

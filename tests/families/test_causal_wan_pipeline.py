@@ -129,10 +129,10 @@ def test_wrong_scheduler_names_the_fix():
 
 
 def test_bench_reports_per_block_figures(pipes):
-    from diffusers_tpu.commands import bench
+    from diffusers_tpu.commands import bench, stage_timer
 
     _, pipe = pipes
-    report, frames = bench.measure(pipe, dict(CALL, output_type="pil", num_frames=9), runs=2, warmup=1)
+    report, frames = stage_timer.measure(pipe, dict(CALL, output_type="pil", num_frames=9), runs=2, warmup=1)
     blocks = report["blocks"]
     assert blocks["forward"]["count"] == 2 * 3 * 4 and blocks["forwards_per_block"] == 4  # 3 steps + refresh
     assert blocks["block"]["count"] == 2 * 2 and blocks["frames_per_block"] == 8 and blocks["fps"] > 0

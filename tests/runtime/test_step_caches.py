@@ -11,7 +11,7 @@ from diffusers import (
     TaylorSeerCacheConfig,
 )
 
-from diffusers_tpu.commands import bench
+from diffusers_tpu.commands import stage_timer
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
@@ -83,7 +83,7 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
     reports = []
     for p in (ref, pipe):
         p.transformer.enable_cache(CACHES[name](p))  # on the moved pipeline: after the move
-        report, _ = bench.measure(
+        report, _ = stage_timer.measure(
             p,
             dict(
                 prompt="a fox",
