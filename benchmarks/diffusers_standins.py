@@ -153,7 +153,7 @@ def _qwen2_vl(cls):
 def _gemma3(cls):
     """A tiny Gemma-3 of the Hub's tiny test model's text width (32: LTX-2's tests size their text connectors'
     attention, 4 heads of 8, to it)."""
-    from diffusers_tpu.testing.tiny_families import gemma3_config
+    from diffusers_tpu.testing.tiny_ltx import gemma3_config
 
     return _seeded(lambda: cls(gemma3_config(hidden_size=32, max_positions=1024)).eval())
 

@@ -24,7 +24,7 @@ import json, os, sys, time
 import numpy as np, torch
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import jit
+from diffusers_tpu.interop import compile_accounting, jit
 from diffusers_tpu.testing import tiny
 
 mode, programs, size, steps, model, out_path = sys.argv[1:7]

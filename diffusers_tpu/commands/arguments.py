@@ -139,16 +139,6 @@ def load_pipeline(model: str):
     return diffusers.DiffusionPipeline.from_pretrained(model, use_safetensors=True, dtype=torch.float32)
 
 
-def call_arguments(pipe, call: dict) -> dict:
-    """``call`` minus the arguments this pipeline's ``__call__`` does not take. Pipelines that guide through a
-    diffusers guider (HunyuanVideo-1.5) take ``guidance_scale`` on their guider instead."""
-    accepted = inspect.signature(type(pipe).__call__).parameters
-    scale = call.get("guidance_scale")
-    if "guidance_scale" not in accepted and scale is not None and getattr(pipe, "guider", None) is not None:
-        pipe.guider = pipe.guider.new(guidance_scale=scale)
-    return {name: value for name, value in call.items() if name in accepted}
-
-
 def call_sizes(pipe, args, model: str) -> dict:
     """Explicit sizes (FLOPs need numbers): the arguments, else the tiny/demo model's, else the pipeline's defaults."""
     from ..runtime.files.stages import call_defaults

@@ -27,9 +27,10 @@ from ..runtime.files import outputs
 from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
 from . import stage_timer
-from .arguments import call_arguments, call_sizes, device_for, load_pipeline, sequence_length
+from .arguments import call_sizes, device_for, load_pipeline, sequence_length
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import versions as _versions
+from .pipeline_call import call_arguments
 from .subcommand_arguments import BENCH_MODEL, CACHES
 
 

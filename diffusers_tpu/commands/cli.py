@@ -9,8 +9,9 @@ import time
 from ..interop import interrupts
 from . import parser as arguments_parser
 from . import subcommand_arguments
-from .arguments import call_arguments, device_for, fill_defaults, load_pipeline, makes_images, sequence_length
+from .arguments import device_for, fill_defaults, load_pipeline, makes_images, sequence_length
 from .parser import DEFAULT_MODEL, IMAGE_SUFFIXES
+from .pipeline_call import call_arguments
 
 STARTED = time.perf_counter()  # this module loads as the command starts (the package's import is light)
 

@@ -19,9 +19,8 @@ from ..runtime.attach import pipeline_runtime
 from ..runtime.attach.overrides import Overrides
 from ..runtime.call.denoiser import active_hooks
 from ..runtime.registry import family_of
-from .arguments import call_arguments
-from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import peak_memory as _peak_memory
+from .pipeline_call import call_arguments
 
 
 def summarize(values: list[float]) -> dict:

@@ -3,24 +3,16 @@
 The tokenizer is a character-level WordLevel model built with the `tokenizers` library, so prompts of different
 lengths pad differently, exactly what masking and padding bugs need to be seen.
 
-Over 400 lines: the tiny configurations as data, one argument a line as ``ruff format`` lays them.
+The parts they are built from (text encoders, image processors, helpers) are ``tiny_parts``.
 """
 
 from __future__ import annotations
 
-import inspect
-
-import diffusers
-import numpy as np
-import PIL.Image
 import torch
 import transformers
 from diffusers import (
-    AutoencoderKL,
     AutoencoderKLCogVideoX,
-    AutoencoderKLHunyuanVideo15,
     AutoencoderKLWan,
-    ClassifierFreeGuidance,
     CogVideoXDDIMScheduler,
     CogVideoXDPMScheduler,
     CogVideoXPipeline,
@@ -28,35 +20,24 @@ from diffusers import (
     DDIMScheduler,
     FlowMatchEulerDiscreteScheduler,
     FlowMatchLCMScheduler,
-    HunyuanVideo15Pipeline,
-    HunyuanVideo15Transformer3DModel,
-    PriorTransformer,
     UniPCMultistepScheduler,
     WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
 )
 from transformers import (
-    ByT5Tokenizer,
-    CLIPTextConfig,
-    CLIPTextModel,
-    CLIPTextModelWithProjection,
     CLIPVisionConfig,
     CLIPVisionModel,
-    CLIPVisionModelWithProjection,
-    Gemma2Config,
-    Gemma2Model,
-    Qwen2_5_VLTextConfig,
-    Qwen2_5_VLTextModel,
-    T5Config,
-    T5EncoderModel,
-    UMT5Config,
-    UMT5EncoderModel,
 )
 
 from ..families.causal_wan import CausalWanTransformer3DModel
 from ..families.causal_wan_pipeline import CausalWanPipeline
 from ..planner.standins import COGVIDEOX_SCHEDULER, HUNYUAN15_TEMPLATE_TOKENS, char_tokenizer, chat_tokenizer  # noqa: F401
+from .tiny_hunyuan import hunyuan15_pipeline  # noqa: F401 - the notebooks call it as tiny.hunyuan15_pipeline
+from .tiny_parts import (
+    tiny_t5,
+    tiny_umt5,
+)
 
 # Transformer shapes parity is tested on: "wan-4head" has heads that tp=4 divides (8-device mesh); "wan-d128"
 # the real models' head size.
@@ -182,85 +163,6 @@ COGVIDEOX_VAE = dict(
 )
 
 
-def tiny_umt5(seed: int = 0):
-    torch.manual_seed(seed)
-    return UMT5EncoderModel(UMT5Config(**UMT5)).eval()
-
-
-def tiny_t5(seed: int = 0):
-    torch.manual_seed(seed)
-    config = {k: v for k, v in UMT5.items() if k != "is_encoder_decoder"}
-    return T5EncoderModel(T5Config(**config)).eval()
-
-
-def tiny_clip(seed: int, hidden: int = 32, projection: bool = False):
-    """A CLIP text encoder for the character tokenizer (pad 0, eos 1): pooled at the eos token; with ``projection``
-    the class with a text projection (SDXL's second encoder, unCLIP priors)."""
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        hidden_size=hidden,
-        intermediate_size=37,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        projection_dim=hidden,
-        max_position_embeddings=77,
-        vocab_size=128,
-        bos_token_id=None,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config).eval()
-
-
-def tiny_clip_vision(seed: int, hidden: int = 32):
-    """A CLIP vision encoder with a projection for 32-px images (8-px patches), 2 layers, 4 heads."""
-    torch.manual_seed(seed)
-    return CLIPVisionModelWithProjection(
-        CLIPVisionConfig(
-            hidden_size=hidden,
-            intermediate_size=37,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            projection_dim=hidden,
-            image_size=32,
-            patch_size=8,
-        )
-    ).eval()
-
-
-def tiny_gemma2(seed: int):
-    """A Gemma 2 text model, 32 wide, 2 layers (Sana, Sana Video, SANA-WM)."""
-    return seeded(
-        seed,
-        lambda: Gemma2Model(
-            Gemma2Config(
-                hidden_size=32,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=16,
-                vocab_size=128,
-                max_position_embeddings=256,
-                pad_token_id=0,
-                eos_token_id=1,
-                bos_token_id=2,
-            )
-        ),
-    )
-
-
-def clip_image_processor():
-    """CLIP's image processor at 32 px (its PIL class where torchvision, which the default needs, is absent)."""
-    return getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)(crop_size=32, size=32)
-
-
-def tiny_prior(seed: int):
-    """An unCLIP prior (``PriorTransformer``): CLIP text states to a 32-wide image embedding, 2 layers."""
-    torch.manual_seed(seed)
-    return PriorTransformer(num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2).eval()
-
-
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
     """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
     if variant not in WAN_TRANSFORMERS:
@@ -341,57 +243,6 @@ def causal_wan_pipeline(seed: int = 0, **causal):
     return CausalWanPipeline(**components)
 
 
-def test_image(height: int = 32, width: int = 32, seed: int = 0):
-    """A deterministic RGB PIL image (for image-to-video)."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return PIL.Image.fromarray(pixels)
-
-
-def test_mask(height: int = 32, width: int = 32):
-    """A PIL mask with its right half set (for inpainting)."""
-    return PIL.Image.fromarray(((np.arange(width)[None, :] > width // 2) * 255).astype(np.uint8).repeat(height, 0))
-
-
-def seeded(seed: int, build):
-    """``build()`` under ``torch.manual_seed(seed)``, in eval mode."""
-    torch.manual_seed(seed)
-    return build().eval()
-
-
-def kl_vae(seed: int, latent_channels: int = 4, blocks: int = 2, **extra):
-    """A tiny ``AutoencoderKL`` (8 channels a block); SD3-style shift and scaling factors unless ``extra`` says."""
-    extra = dict(dict(shift_factor=0.0609, scaling_factor=1.5035), **extra)  # SD3-style pipelines read both
-    return seeded(
-        seed,
-        lambda: AutoencoderKL(
-            block_out_channels=(8,) * blocks,
-            down_block_types=("DownEncoderBlock2D",) * blocks,
-            up_block_types=("UpDecoderBlock2D",) * blocks,
-            norm_num_groups=2,
-            latent_channels=latent_channels,
-            **extra,
-        ),
-    )
-
-
-def rebuilt(seed: int, model, **changes):
-    """A fresh model of ``model``'s class and config with ``changes`` (``from_config`` would keep a changed value
-    that the original left at its default at that default: it reads ``_use_default_values``)."""
-    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
-    return seeded(seed, lambda: type(model).from_config(dict(config, **changes)))
-
-
-def fit(cls_name: str, parts: dict, call: dict):
-    """The diffusers class ``cls_name`` built from the parts its constructor takes, and the call arguments its
-    ``__call__`` takes (a family's classes differ in both: no negative prompt for LCM, no image encoder for
-    InstructPix2Pix...)."""
-
-    cls = getattr(diffusers, cls_name)
-    built = set(inspect.signature(cls.__init__).parameters)
-    called = set(inspect.signature(cls.__call__).parameters)
-    return cls(**{k: v for k, v in parts.items() if k in built}), {k: v for k, v in call.items() if k in called}
-
-
 def save_wan_pipeline(path, variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> str:
     """Write a tiny Wan pipeline as a local diffusers folder (safetensors) usable with ``from_pretrained``."""
     wan_pipeline(variant, seed, scheduler).save_pretrained(str(path), safe_serialization=True)
@@ -423,96 +274,3 @@ def cogvideox_pipeline(variant: str = "cogvideox-5b", seed: int = 0, scheduler: 
     """A tiny stock ``diffusers.CogVideoXPipeline`` (or ``cls``) on CPU."""
     cls = CogVideoXPipeline if cls is None else cls
     return cls(**cogvideox_components(variant, seed, scheduler))
-
-
-# HunyuanVideo-1.5 in miniature: a Qwen2.5-VL text model (the MLLM encoder), ByT5 for quoted glyph text, the
-# 1.5 VAE (8x spatial here instead of 16x, so tiny frames keep a few tokens per latent frame).
-HUNYUAN15_TRANSFORMER = dict(
-    in_channels=9,
-    out_channels=4,
-    num_attention_heads=4,
-    attention_head_dim=8,
-    num_layers=2,
-    num_refiner_layers=2,
-    mlp_ratio=2.0,
-    text_embed_dim=16,
-    text_embed_2_dim=32,
-    image_embed_dim=12,
-    rope_axes_dim=(2, 2, 4),
-    target_size=32,
-    task_type="t2v",
-)
-HUNYUAN15_VAE = dict(
-    latent_channels=4,
-    block_out_channels=(8, 8, 8, 8),
-    layers_per_block=1,
-    spatial_compression_ratio=8,
-    temporal_compression_ratio=4,
-)
-QWEN25_VL_TEXT = dict(
-    vocab_size=128,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=512,
-    # transformers 4.57's names (5.x reads them too: its ``rope_parameters`` alone leaves 4.57 without mrope sections)
-    rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
-    rope_theta=10000.0,
-    bos_token_id=None,
-    eos_token_id=1,
-    pad_token_id=0,
-)
-# The stock pipeline crops this many template tokens (its system prompt) off the encoder output.
-# The stock lengths (1000 MLLM tokens, 256 ByT5 tokens, 729 image tokens) shortened for CPU tests.
-HUNYUAN15_LENGTHS = dict(tokenizer_max_length=40, tokenizer_2_max_length=24, vision_num_semantic_tokens=6)
-
-
-def hunyuan15_pipeline(seed: int = 0, cls=None):
-    """A tiny stock ``diffusers.HunyuanVideo15Pipeline`` (or ``cls``) on CPU, text lengths shortened
-    (``HUNYUAN15_LENGTHS``). Quoted text in a prompt (``'a sign saying "hi"'``) goes through ByT5."""
-    cls = HunyuanVideo15Pipeline if cls is None else cls
-    torch.manual_seed(seed)
-    transformer = HunyuanVideo15Transformer3DModel(**HUNYUAN15_TRANSFORMER).eval()
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKLHunyuanVideo15(**HUNYUAN15_VAE).eval()
-    torch.manual_seed(seed + 2)
-    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**QWEN25_VL_TEXT)).eval()
-    pipe = cls(
-        transformer=transformer,
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-        text_encoder=text_encoder,
-        tokenizer=chat_tokenizer(),
-        text_encoder_2=tiny_t5(seed + 3),
-        tokenizer_2=ByT5Tokenizer(),
-        guider=ClassifierFreeGuidance(guidance_scale=6.0),
-    )
-    for name, value in HUNYUAN15_LENGTHS.items():
-        setattr(pipe, name, value)
-    return pipe
-
-
-class PassThroughGuardrail(torch.nn.Module):
-    """Stands in for Cosmos' guardrail (the ``cosmos_guardrail`` package, not installed here): every prompt and
-    video passes unchanged. Stock refuses to run without a checker; this one changes no value, so the comparison
-    is of the pipeline itself."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("_where", torch.zeros(()), persistent=False)  # the pipeline asks its modules' device
-
-    @property
-    def device(self) -> torch.device:
-        return self._where.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._where.dtype
-
-    def check_text_safety(self, prompt: str) -> bool:
-        return True
-
-    def check_video_safety(self, frames):
-        return frames

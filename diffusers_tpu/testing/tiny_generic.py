@@ -19,7 +19,8 @@ from diffusers import (
 )
 from transformers import Qwen2Config, Qwen2Model
 
-from .tiny import char_tokenizer, tiny_t5
+from .tiny import char_tokenizer
+from .tiny_parts import tiny_t5
 
 PROMPTS = dict(
     prompt=["a squirrel eats", "a red fox jumps over the sleeping dog"], negative_prompt=["low", "low quality, static"]

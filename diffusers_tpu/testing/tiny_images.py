@@ -17,7 +17,8 @@ from diffusers import (
 )
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model
 
-from .tiny import char_tokenizer, tiny_clip, tiny_t5
+from .tiny import char_tokenizer
+from .tiny_parts import tiny_clip, tiny_t5
 
 PROMPTS = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],

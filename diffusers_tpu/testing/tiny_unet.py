@@ -27,7 +27,8 @@ from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionS
 from PIL import Image
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from .tiny import char_tokenizer, tiny_clip
+from .tiny import char_tokenizer
+from .tiny_parts import tiny_clip
 
 PROMPTS = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.commands import arguments, parser, subcommand_arguments
+from diffusers_tpu.commands import arguments, parser, pipeline_call, subcommand_arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAVY = ("torch", "jax", "diffusers", "transformers", "torchax")
@@ -153,7 +153,7 @@ def _made(pipe, model, **size) -> tuple:
     }
     call = {name: value for name, value in call.items() if value is not None}
     try:
-        output = pipe(**arguments.call_arguments(pipe, call), generator=torch.Generator().manual_seed(0))
+        output = pipe(**pipeline_call.call_arguments(pipe, call), generator=torch.Generator().manual_seed(0))
     except (ValueError, RuntimeError):
         return None
     if hasattr(output, "images"):

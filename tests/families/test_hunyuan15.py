@@ -15,7 +15,7 @@ from diffusers_tpu.interop import backend, jit
 from diffusers_tpu.interop.program import Program
 from diffusers_tpu.runtime import decision
 from diffusers_tpu.runtime.attach import pipeline_runtime
-from diffusers_tpu.testing import tiny
+from diffusers_tpu.testing import tiny, tiny_hunyuan
 from tests.conftest import all_equations, assert_np_matches, compiled_method, stock_pil
 
 # A CFG pair of different padded lengths; the prompt's quoted text goes through ByT5, the negative has none (all
@@ -272,7 +272,7 @@ def test_subclass_from_pretrained(tmp_path):
     tiny.hunyuan15_pipeline().save_pretrained(str(tmp_path), safe_serialization=True)
     loaded = diffusers_tpu.HunyuanVideo15Pipeline.from_pretrained(str(tmp_path))
     assert type(loaded) is diffusers_tpu.HunyuanVideo15Pipeline and isinstance(loaded, diffusers.HunyuanVideo15Pipeline)
-    for name, value in tiny.HUNYUAN15_LENGTHS.items():
+    for name, value in tiny_hunyuan.HUNYUAN15_LENGTHS.items():
         setattr(loaded, name, value)
     reference = generate(loaded, output_type="np", num_inference_steps=2)
     loaded.to("jax")
@@ -338,7 +338,7 @@ def test_cli_generates_with_guider_scale_and_staged(tmp_path):
 
 
 def test_guidance_scale_goes_to_the_guider():
-    from diffusers_tpu.commands.cli import call_arguments
+    from diffusers_tpu.commands.pipeline_call import call_arguments
 
     pipe = tiny.hunyuan15_pipeline()
     call = call_arguments(pipe, dict(prompt="a", guidance_scale=3.5, max_sequence_length=None, num_frames=5))

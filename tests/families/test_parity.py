@@ -20,7 +20,7 @@ import torch
 
 import diffusers_tpu
 from diffusers_tpu.interop import compile_accounting
-from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_unet
+from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_parts, tiny_unet
 from tests.conftest import CALL, assert_np_matches, assert_pil_matches, compiled_method, stock_pil
 
 
@@ -151,11 +151,15 @@ PARITY = {
     # Wan 2.2 and image-to-video
     "wan2.2-a14b": Case(with_call(tiny.wan22_a14b_pipeline), "wan", check=wan22_both_experts),
     "wan2.2-ti2v": Case(with_call(tiny.wan22_ti2v_pipeline), "wan", check=wan22_postprocess_on_device),
-    "wan2.1-i2v": Case(with_call(tiny.wan_i2v_pipeline, image=tiny.test_image()), "wan", check=wan_i2v_image_encoder),
+    "wan2.1-i2v": Case(
+        with_call(tiny.wan_i2v_pipeline, image=tiny_parts.test_image()), "wan", check=wan_i2v_image_encoder
+    ),
     # first-last-frame: two images' tokens a sample, which the CFG batch must double whole (it refused to concatenate)
     "wan2.1-flf": Case(
         with_call(
-            lambda: tiny.wan_i2v_pipeline(first_last=True), image=tiny.test_image(), last_image=tiny.test_image(seed=1)
+            lambda: tiny.wan_i2v_pipeline(first_last=True),
+            image=tiny_parts.test_image(),
+            last_image=tiny_parts.test_image(seed=1),
         ),
         "wan",
         config=PAIRED,

@@ -12,7 +12,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.planner import tpu_compiler
 from diffusers_tpu.runtime.attention import rotary
-from diffusers_tpu.testing import tiny
+from diffusers_tpu.testing import tiny, tiny_hunyuan
 from tests.conftest import assert_np_matches, generate
 
 
@@ -126,7 +126,9 @@ def test_hunyuan15_rotary_runs_through_the_kernel_and_matches_stock(monkeypatch)
 
     pipe = tiny.hunyuan15_pipeline()
     torch.manual_seed(0)
-    config = dict(tiny.HUNYUAN15_TRANSFORMER, num_attention_heads=2, attention_head_dim=128, rope_axes_dim=(32, 48, 48))
+    config = dict(
+        tiny_hunyuan.HUNYUAN15_TRANSFORMER, num_attention_heads=2, attention_head_dim=128, rope_axes_dim=(32, 48, 48)
+    )
     pipe.transformer = diffusers.HunyuanVideo15Transformer3DModel(**config).eval()
     call = dict(CALL, num_inference_steps=2)
     reference = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np").frames

@@ -127,7 +127,7 @@ import jax, jax.numpy as jnp, numpy as np
 from diffusers_tpu.interop import backend
 from diffusers_tpu.kernels import rotary as kernel
 from diffusers_tpu.kernels.rotary import rotary_reference
-from diffusers_tpu.runtime import attention, rotary
+from diffusers_tpu.runtime.attention import rotary, sdpa
 calls, pallas = [], kernel._pallas_rotary
 kernel._pallas_rotary = lambda *a, **k: calls.append(1) or pallas(*a, **k)
 rng = np.random.default_rng(3)
@@ -136,7 +136,7 @@ cases = (({"dp": 2, "sp": 2, "tp": 2}, 50, 128), ({"sp": 8}, 45, 128), ({"dp": 1
          ({"dp": 2, "sp": 2, "tp": 2}, 50, 64))  # 64: two heads per device, one lane tile
 for shape, tokens, dim in cases:
     mesh = backend.build_mesh(shape, jax.devices())
-    settings = attention.AttentionSettings(mesh=mesh, implementation="splash_exp2")
+    settings = sdpa.AttentionSettings(mesh=mesh, implementation="splash_exp2")
     q, k = (jnp.asarray(rng.standard_normal((2, tokens, 4, dim)), jnp.float32) for _ in range(2))
     cos, sin = (jnp.asarray(rng.standard_normal((1, tokens, 1, dim)), jnp.float32) for _ in range(2))
     text = rotary._rotate_jitted.lower((q, k), cos, sin, settings=settings).as_text()

@@ -97,7 +97,7 @@ _SLOW_WRITER = """
 import signal, sys, time
 # Ctrl-C as in a terminal: a shell that started the suite in the background leaves SIGINT ignored in its children
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from diffusers_tpu.runtime import outputs
+from diffusers_tpu.runtime.files import outputs
 def write(temp):
     open(temp, "wb").write(b"half a video")
     print("writing", flush=True)

@@ -15,7 +15,7 @@ from diffusers.hooks.group_offloading import (
 from diffusers_tpu.interop import compile_accounting, sharding
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.weights import stacked_weights
-from diffusers_tpu.testing import tiny
+from diffusers_tpu.testing import tiny, tiny_parts
 from tests.conftest import generate
 
 
@@ -25,7 +25,7 @@ def run(pipe):
 
 def four_block_wan():
     pipe = tiny.wan_pipeline("wan")
-    pipe.transformer = tiny.rebuilt(0, pipe.transformer, num_layers=4)  # blocks 1..3 in the loop
+    pipe.transformer = tiny_parts.rebuilt(0, pipe.transformer, num_layers=4)  # blocks 1..3 in the loop
     return pipe
 
 

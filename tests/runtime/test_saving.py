@@ -4,13 +4,13 @@ component too (``MultiAdapter`` saves each of its adapters with their own ``save
 import diffusers
 import torch
 
-from diffusers_tpu.testing import tiny, tiny_unet
+from diffusers_tpu.testing import tiny_parts, tiny_unet
 
 
 def test_a_moved_multi_adapter_saves_each_adapter(tmp_path):
     sd, _ = tiny_unet.pipeline("sd")
     adapters = [
-        tiny.seeded(seed, lambda: diffusers.T2IAdapter(channels=[32, 64], num_res_blocks=1, downscale_factor=2))
+        tiny_parts.seeded(seed, lambda: diffusers.T2IAdapter(channels=[32, 64], num_res_blocks=1, downscale_factor=2))
         for seed in (1, 2)
     ]
     host = [{k: v.clone() for k, v in a.state_dict().items()} for a in adapters]

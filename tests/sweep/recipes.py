@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import diffusers
 
-from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_unet
-from diffusers_tpu.testing.tiny_families import PROMPTS, test_frames
+from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_parts, tiny_unet
+from diffusers_tpu.testing.tiny_families import test_frames
+from diffusers_tpu.testing.tiny_parts import PROMPTS
 
 from . import (
     tiny_conditioned_video_classes,
@@ -26,7 +27,7 @@ VIDEO_CALL = dict(PROMPTS, height=32, width=32, num_frames=9, num_inference_step
 
 
 def _image(height=32, width=32, seed=0):
-    return tiny.test_image(height, width, seed)
+    return tiny_parts.test_image(height, width, seed)
 
 
 def _named(module, name):
@@ -144,7 +145,7 @@ RECIPES.update(
             "FluxInpaintPipeline",
             _named(tiny_images, "flux"),
             image=_image(16, 16),
-            mask_image=tiny.test_mask(16, 16),
+            mask_image=tiny_parts.test_mask(16, 16),
             strength=0.8,
         ),
         "FluxKontextPipeline": _as(
@@ -161,7 +162,7 @@ RECIPES.update(
             "QwenImageInpaintPipeline",
             _named(tiny_images, "qwen-image"),
             image=_image(),
-            mask_image=tiny.test_mask(),
+            mask_image=tiny_parts.test_mask(),
             strength=0.8,
         ),
         "ZImageImg2ImgPipeline": _as(
@@ -171,7 +172,7 @@ RECIPES.update(
             "ZImageInpaintPipeline",
             _named(tiny_images, "z-image"),
             image=_image(),
-            mask_image=tiny.test_mask(),
+            mask_image=tiny_parts.test_mask(),
             strength=0.8,
         ),
         "StableDiffusionXLImg2ImgPipeline": _as(
@@ -200,7 +201,7 @@ RECIPES.update(
             tiny_transformer_classes.sd3,
             "StableDiffusion3InpaintPipeline",
             image=_image(),
-            mask_image=tiny.test_mask(),
+            mask_image=tiny_parts.test_mask(),
             strength=0.8,
         ),
         "StableDiffusion3PAGPipeline": _sweep(
@@ -268,14 +269,14 @@ RECIPES.update(
             "StableDiffusionXLInpaintPipeline",
             _named(tiny_unet, "sdxl"),
             image=_image(),
-            mask_image=tiny.test_mask(),
+            mask_image=tiny_parts.test_mask(),
             strength=0.8,
         ),
         "StableDiffusionControlNetImg2ImgPipeline": _controlnet_variant(
             "StableDiffusionControlNetImg2ImgPipeline", strength=0.8
         ),
         "StableDiffusionControlNetInpaintPipeline": _controlnet_variant(
-            "StableDiffusionControlNetInpaintPipeline", mask_image=tiny.test_mask(), strength=0.8
+            "StableDiffusionControlNetInpaintPipeline", mask_image=tiny_parts.test_mask(), strength=0.8
         ),
         "LTX2ConditionPipeline": _as("LTX2ConditionPipeline", _named(tiny_families, "ltx2")),
         "AnyFlowPipeline": _sweep(tiny_transformer_classes.anyflow),

@@ -10,8 +10,10 @@ import transformers
 from diffusers import LTX2DFRPipeline, LTXEulerAncestralRFScheduler
 from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
 
-from diffusers_tpu.testing.tiny import WAN22_VAE, char_tokenizer, fit, seeded, test_image, tiny_gemma2
-from diffusers_tpu.testing.tiny_families import PROMPTS, hunyuan_video, pipeline, test_frames
+from diffusers_tpu.testing.tiny import WAN22_VAE, char_tokenizer
+from diffusers_tpu.testing.tiny_families import pipeline, test_frames
+from diffusers_tpu.testing.tiny_hunyuan import hunyuan_video
+from diffusers_tpu.testing.tiny_parts import PROMPTS, fit, seeded, test_image, tiny_gemma2
 
 LTX2_DFR_CALL = dict(
     prompt=PROMPTS["prompt"],

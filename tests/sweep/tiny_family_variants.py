@@ -12,16 +12,8 @@ from diffusers import DiTPipeline, DiTTransformer2DModel
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from diffusers_tpu.testing import tiny_images, tiny_unet
-from diffusers_tpu.testing.tiny import (
-    CLIP_VISION,
-    clip_image_processor,
-    fit,
-    kl_vae,
-    rebuilt,
-    seeded,
-    test_image,
-    test_mask,
-)
+from diffusers_tpu.testing.tiny import CLIP_VISION
+from diffusers_tpu.testing.tiny_parts import clip_image_processor, fit, kl_vae, rebuilt, seeded, test_image, test_mask
 
 PROMPTS = tiny_unet.PROMPTS
 

@@ -13,18 +13,9 @@ import torch
 import transformers
 from diffusers.pipelines.kandinsky6 import pipeline_kandinsky6_ti2va
 
-from diffusers_tpu.testing import tiny_families, tiny_images
-from diffusers_tpu.testing.tiny import (
-    WAN_VAE,
-    PassThroughGuardrail,
-    char_tokenizer,
-    fit,
-    kl_vae,
-    seeded,
-    test_image,
-    test_mask,
-    tiny_clip,
-)
+from diffusers_tpu.testing import tiny_hunyuan, tiny_images, tiny_parts
+from diffusers_tpu.testing.tiny import WAN_VAE, char_tokenizer
+from diffusers_tpu.testing.tiny_parts import PassThroughGuardrail, fit, kl_vae, seeded, test_image, test_mask, tiny_clip
 
 VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 
@@ -120,7 +111,7 @@ def kandinsky5(seed: int = 0, cls_name: str = "Kandinsky5T2VPipeline"):
             visual_cond="I2V" in cls_name or "I2I" in cls_name,
         ),
     )
-    vae = kl_vae(seed + 1, latent_channels=16, blocks=4) if image else tiny_families.hunyuan_video(seed)[0].vae  # 8x
+    vae = kl_vae(seed + 1, latent_channels=16, blocks=4) if image else tiny_hunyuan.hunyuan_video(seed)[0].vae  # 8x
     parts = dict(
         transformer=transformer,
         vae=vae,
@@ -131,7 +122,7 @@ def kandinsky5(seed: int = 0, cls_name: str = "Kandinsky5T2VPipeline"):
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0),
     )
     call = dict(
-        tiny_families.PROMPTS,
+        tiny_parts.PROMPTS,
         height=64,
         width=64,
         num_frames=9,
@@ -294,7 +285,7 @@ def kandinsky6(seed: int = 0):
     )
     parts = dict(
         transformer=transformer,
-        vae=tiny_families.hunyuan_video(seed)[0].vae,
+        vae=tiny_hunyuan.hunyuan_video(seed)[0].vae,
         text_encoder=encoder,
         tokenizer=processor,
         text_encoder_2=tiny_clip(seed + 3),
@@ -303,7 +294,7 @@ def kandinsky6(seed: int = 0):
     )
     images = [test_image(64, 64, seed + 4), test_image(64, 64, seed + 5)]  # one a prompt
     call = dict(
-        tiny_families.PROMPTS,
+        tiny_parts.PROMPTS,
         image=images,
         height=64,
         width=64,

@@ -20,8 +20,9 @@ from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import 
 from transformers import CLIPProcessor, CLIPVisionConfig, DPTConfig, DPTForDepthEstimation
 
 from diffusers_tpu.testing import tiny_unet
-from diffusers_tpu.testing.tiny import (
-    char_tokenizer,
+from diffusers_tpu.testing.tiny import char_tokenizer
+from diffusers_tpu.testing.tiny_parts import (
+    PROMPTS,
     clip_image_processor,
     fit,
     rebuilt,
@@ -32,7 +33,6 @@ from diffusers_tpu.testing.tiny import (
     tiny_clip_vision,
     tiny_prior,
 )
-from diffusers_tpu.testing.tiny_families import PROMPTS
 
 from .tiny_unet_samplers import UNET_2D, movq
 

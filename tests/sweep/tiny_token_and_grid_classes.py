@@ -17,8 +17,9 @@ from transformers import (
 )
 
 from diffusers_tpu.testing import tiny_images
-from diffusers_tpu.testing.tiny import (
-    char_tokenizer,
+from diffusers_tpu.testing.tiny import char_tokenizer
+from diffusers_tpu.testing.tiny_parts import (
+    PROMPTS,
     fit,
     kl_vae,
     rebuilt,
@@ -28,7 +29,6 @@ from diffusers_tpu.testing.tiny import (
     tiny_clip,
     tiny_t5,
 )
-from diffusers_tpu.testing.tiny_families import PROMPTS
 
 
 def amused(seed: int = 0, cls_name: str = "AmusedPipeline"):

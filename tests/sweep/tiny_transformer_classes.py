@@ -78,16 +78,11 @@ from diffusers_tpu.testing.tiny import (
     WAN_VAE,
     char_tokenizer,
     cogvideox_components,
-    kl_vae,
-    seeded,
-    test_image,
-    tiny_clip,
-    tiny_gemma2,
-    tiny_t5,
-    tiny_umt5,
     wan_components,
 )
-from diffusers_tpu.testing.tiny_families import hunyuan_video, test_frames, unipc
+from diffusers_tpu.testing.tiny_families import test_frames, unipc
+from diffusers_tpu.testing.tiny_hunyuan import hunyuan_video
+from diffusers_tpu.testing.tiny_parts import kl_vae, seeded, test_image, tiny_clip, tiny_gemma2, tiny_t5, tiny_umt5
 from diffusers_tpu.testing.tiny_unet import animatediff
 
 PROMPTS = dict(

@@ -9,8 +9,8 @@ import diffusers
 import torch
 from diffusers.pipelines.kandinsky.text_encoder import MCLIPConfig, MultilingualCLIP
 
-from diffusers_tpu.testing.tiny import (
-    char_tokenizer,
+from diffusers_tpu.testing.tiny import char_tokenizer
+from diffusers_tpu.testing.tiny_parts import (
     clip_image_processor,
     fit,
     seeded,

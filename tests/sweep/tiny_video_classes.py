@@ -43,11 +43,12 @@ from transformers import (
 from transformers.models.t5gemma2 import T5Gemma2Encoder, T5Gemma2EncoderConfig
 
 from diffusers_tpu.testing import tiny_unet
-from diffusers_tpu.testing.tiny import (
-    CLIP_VISION,
-    WAN_VAE,
+from diffusers_tpu.testing.tiny import CLIP_VISION, WAN_VAE, char_tokenizer
+from diffusers_tpu.testing.tiny_families import pipeline, test_frames
+from diffusers_tpu.testing.tiny_generic import easyanimate_pipeline
+from diffusers_tpu.testing.tiny_hunyuan import hunyuan_video
+from diffusers_tpu.testing.tiny_parts import (
     PassThroughGuardrail,
-    char_tokenizer,
     fit,
     kl_vae,
     rebuilt,
@@ -56,8 +57,6 @@ from diffusers_tpu.testing.tiny import (
     tiny_clip,
     tiny_t5,
 )
-from diffusers_tpu.testing.tiny_families import hunyuan_video, pipeline, test_frames
-from diffusers_tpu.testing.tiny_generic import easyanimate_pipeline
 
 ONE_PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
 

@@ -20,7 +20,7 @@ import diffusers_tpu  # noqa: E402
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.planner import lowering
-from diffusers_tpu.testing import tiny  # noqa: E402
+from diffusers_tpu.testing import tiny, tiny_parts
 from tests.conftest import generate, pil_array, stock_pil  # noqa: E402
 
 # (mesh, attention_kv_threshold, attention). Tokens: self-attention 24 keys, cross-attention 512. Threshold 16:
@@ -240,7 +240,7 @@ def wan22_runs():
     cases = {
         "a14b": (tiny.wan22_a14b_pipeline, {}),
         "ti2v": (tiny.wan22_ti2v_pipeline, {}),
-        "i2v": (tiny.wan_i2v_pipeline, {"image": tiny.test_image(32, 64)}),
+        "i2v": (tiny.wan_i2v_pipeline, {"image": tiny_parts.test_image(32, 64)}),
     }
     for name, (make, extra) in cases.items():
         pipe = make()
