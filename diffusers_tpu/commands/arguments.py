@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from .parser import DEFAULT_MODEL, DEMO_MODEL, TINY_PREFIX  # noqa: F401
+from .model_names import DEMO_MODEL, TINY_PREFIX
 
 
 def device_for(platform: str) -> str:

@@ -10,7 +10,8 @@ from ..interop import interrupts
 from . import parser as arguments_parser
 from . import subcommand_arguments
 from .arguments import device_for, fill_defaults, load_pipeline, makes_images, sequence_length
-from .parser import DEFAULT_MODEL, IMAGE_SUFFIXES
+from .model_names import DEFAULT_MODEL
+from .parser import IMAGE_SUFFIXES
 from .pipeline_call import call_arguments
 
 STARTED = time.perf_counter()  # this module loads as the command starts (the package's import is light)

@@ -27,56 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.utils import _pytree as pytree
-from torchax.ops import mappings
 
 from ..interop import backend, program_figures
-from ..interop.backend import jax_dtype
-from ..interop.weights import Gathered, LayerOf, expand_stacked
 from ..runtime import decision
 from ..runtime.attach.pipeline_runtime import PipelineRuntime
 from ..runtime.registry import family_of
-from ..runtime.weights import host_memory, quantize, stacked_weights
-from . import call_probe, lowering, program_memory, step_estimate, tpu_compiler
+from ..runtime.weights import host_memory
+from . import abstract_weights, call_probe, program_memory, step_estimate, tpu_compiler
 from .chips import GIB, Chip
-
-
-def reported_dtype(module, state: dict) -> torch.dtype:
-    """What ``module.dtype`` (diffusers' ``get_parameter_dtype``) reports once placed: the first floating weight on
-    the devices outside ``_keep_in_fp32_modules`` (quantized weights are not floating)."""
-
-    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-    state = expand_stacked(state)
-    for name, _ in module.named_parameters():
-        value = state[name].array if isinstance(state[name], (LayerOf, Gathered)) else state[name]
-        if isinstance(value, quantize.Quantized) or any(m in name for m in keep):
-            continue
-        dtype = mappings.j2t_dtype(value.dtype)
-        if dtype.is_floating_point:
-            return dtype
-    return torch.float32
-
-
-def abstract_component(component, mesh, config) -> dict:
-    """A decided component's weights (``decision.ComponentPlan``) as the runtime holds them on ``mesh``."""
-    state = _as_held(
-        component.module,
-        list(component.slots),
-        mesh,
-        config.quantize if component.role == "denoiser" else None,
-        config.scan_blocks and component.role == "denoiser",
-        config.fully_sharded_weights,
-        component.dtype,
-    )
-    return host_memory.abstract(state) if config.in_host_memory(component.name) else state
-
-
-def _as_held(module, slots, mesh, quantize_format, stacked, fully_sharded, dtype) -> dict:
-    state = lowering.abstract_slots(slots, mesh)
-    for name in quantize.targets(module) if quantize_format else ():
-        state[name] = quantize.abstract(state[name], quantize_format, jax_dtype(dtype or torch.float32))
-    if stacked:
-        state = stacked_weights.abstract(module, slots, state, mesh, fully_sharded)
-    return state
 
 
 def _vae_key(config, devices, *shape) -> tuple:
@@ -168,10 +126,10 @@ def start_denoiser_memory(
         family, mesh = runtime.family, runtime.mesh
         denoiser = runtime.decision.component(family.denoisers[0])  # as pipe.to places it
         module, rules = denoiser.module, denoiser.rules
-        state = abstract_component(denoiser, mesh, config)
+        state = abstract_weights.abstract_component(denoiser, mesh, config)
         hosted = host_memory.bytes_per_device(state)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)  # before the probe takes its place
-        reported = reported_dtype(module, state)
+        reported = abstract_weights.reported_dtype(module, state)
         args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
         batch = 2 if runtime.pairing is not None and guided else 1
         args, kwargs = pytree.tree_map(lambda value: call_probe.concrete(value, batch), (args, kwargs))

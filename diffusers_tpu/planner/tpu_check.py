@@ -28,7 +28,7 @@ from ..interop import program_figures
 from ..runtime.call.denoiser import TRACE_ERRORS
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
-from . import call_probe, plan, program_memory, tpu_compiler
+from . import abstract_weights, call_probe, plan, program_memory, tpu_compiler
 
 
 def _keywords(pipe, call: dict) -> dict:
@@ -107,13 +107,13 @@ def compile_call(pipe, call: dict, devices, config=None, analyse=None, vae: bool
     with plan.attached(pipe, config, devices) as runtime:
         denoiser = runtime.decision.component(family.denoisers[0])  # as pipe.to places it
         module, rules = denoiser.module, denoiser.rules
-        state = plan.abstract_component(denoiser, runtime.mesh, config)
+        state = abstract_weights.abstract_component(denoiser, runtime.mesh, config)
         entry = runtime.denoiser_entry(module, rules, state=lambda: state)
         args, kwargs, guided = call_probe.probe_denoiser_call(
             pipe,
             {**keywords, "guidance_scale": call.get("guidance_scale", 5.0)},
             None,
-            plan.reported_dtype(module, state),
+            abstract_weights.reported_dtype(module, state),
             runtime,
             prompt=call.get("prompt"),
             keywords=keywords,

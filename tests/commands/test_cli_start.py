@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_tpu.commands import arguments, parser, pipeline_call, subcommand_arguments
+from diffusers_tpu.commands import arguments, model_names, parser, pipeline_call, subcommand_arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAVY = ("torch", "jax", "diffusers", "transformers", "torchax")
@@ -111,9 +111,9 @@ def test_mistakes_are_named_before_heavy_imports_and_the_fix_is_accepted(argv, w
 
 def test_a_folder_without_model_index_and_a_folder_class_rule(tmp_path):
     with pytest.raises(ValueError, match="no model_index.json"):
-        parser.check_model(str(tmp_path))
+        model_names.check_model(str(tmp_path))
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "LTXPipeline"}))
-    parser.check_model(str(tmp_path))
+    model_names.check_model(str(tmp_path))
     args = subcommand_arguments.build().parse_args(
         ["generate", "--model", str(tmp_path), "--height", "48", "--output", str(tmp_path / "v.mp4")]
     )
@@ -130,12 +130,12 @@ def test_demo_prompt_outside_its_grammar_warns_once_naming_the_words():
 def test_the_parsers_lists_match_what_the_package_builds():
     from diffusers_tpu.planner import architectures
 
-    assert sorted(parser.TINY_MODELS) == sorted(arguments.tiny_models())
-    assert sorted(parser.ARCHITECTURES) == sorted(architectures.ARCHITECTURES)
-    assert set(parser.BUILT_IN_RULES) == {
-        parser.DEMO_MODEL,
-        *parser.ARCHITECTURES,
-        *(parser.TINY_PREFIX + name for name in parser.TINY_MODELS),
+    assert sorted(model_names.TINY_MODELS) == sorted(arguments.tiny_models())
+    assert sorted(model_names.ARCHITECTURES) == sorted(architectures.ARCHITECTURES)
+    assert set(model_names.BUILT_IN_RULES) == {
+        model_names.DEMO_MODEL,
+        *model_names.ARCHITECTURES,
+        *(model_names.TINY_PREFIX + name for name in model_names.TINY_MODELS),
     }
 
 
@@ -162,11 +162,11 @@ def _made(pipe, model, **size) -> tuple:
     return video.shape[1], video.shape[2], video.shape[0]
 
 
-@pytest.mark.parametrize("model", sorted(set(parser.BUILT_IN_RULES) - set(parser.ARCHITECTURES)))
+@pytest.mark.parametrize("model", sorted(set(model_names.BUILT_IN_RULES) - set(model_names.ARCHITECTURES)))
 def test_built_in_size_rules_are_what_the_stock_pipeline_does(model):
     """The rule's sizes come out as asked; half a multiple off (and a frame count off the rule) is refused or changed
     by the stock pipeline itself, so refusing it before loading takes nothing away."""
-    rule = parser.BUILT_IN_RULES[model]
+    rule = model_names.BUILT_IN_RULES[model]
     pipe = arguments.load_pipeline(model)
     height, width = 2 * rule.multiple, 3 * rule.multiple
     frames = {} if rule.every is None else {"num_frames": rule.first + rule.every}

@@ -157,7 +157,7 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
     arguments shrink), and the layer loop gathers each layer's weights (all-gathers in its body)."""
     from diffusers_tpu.interop.backend import Target, build_mesh
     from diffusers_tpu.interop.weights import Gathered, Stacked
-    from diffusers_tpu.planner import plan
+    from diffusers_tpu.planner import abstract_weights, plan
     from diffusers_tpu.runtime import decision
 
     pipe = tiny.wan_pipeline("wan-4head")
@@ -170,7 +170,7 @@ def test_fully_sharded_weights_divide_the_step_arguments_on_tpu():
         denoiser = decision.decide(pipe, config, Target("tpu", "tpu"), devices, memory_limit=None).component(
             "transformer"
         )
-        state = plan.abstract_component(denoiser, mesh, config)
+        state = abstract_weights.abstract_component(denoiser, mesh, config)
         arrays = [v.array if isinstance(v, (Stacked, Gathered)) else v for v in state.values() if isinstance(v, kinds)]
         return sum(np.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in arrays)
 
