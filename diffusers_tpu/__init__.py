@@ -27,6 +27,7 @@ import sys
 from .interop import import_hooks, startup, versions
 
 _active = False
+_deactivated = False
 
 
 def activate() -> None:
@@ -37,6 +38,9 @@ def activate() -> None:
     global _active
     if _active:
         return
+    if _deactivated:  # on again: what the import settled once
+        startup.quiet_absent_libtpu()
+        startup.quiet_known_noise()
     _active = True
     from .interop import distributed
 
@@ -50,6 +54,24 @@ def activate() -> None:
 
     registry.register_loader(families.load_all)
     entry_points.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported
+
+
+def deactivate() -> None:
+    """Undo ``activate`` and everything ``import diffusers_tpu`` changed: every pipeline on JAX goes back to the host
+    (as ``pipe.to("cpu")`` does), then every patch of torch, torchax, diffusers and peft is put back as it was, last
+    first, and no patch waits for a module's import any more. Stock code then runs as in a process that never
+    imported ``diffusers_tpu`` (tested bit for bit); ``activate()`` switches it on again. What stays: torchax and JAX
+    themselves, once imported, and JAX's compilation-cache setting."""
+    global _active, _deactivated
+    if "diffusers_tpu.runtime.attach.moves" in sys.modules:
+        from .runtime.attach import moves
+
+        moves.detach_all()
+    from .interop import import_hooks, patching
+
+    import_hooks.forget_all()
+    patching.undo_all()
+    _active, _deactivated = False, True
 
 
 versions.warn_outside()  # one warning naming the tested span, for any version outside it

@@ -44,9 +44,22 @@ def route_sdpa(scaled_dot_product_attention) -> None:
     if current is None or current.func is scaled_dot_product_attention:
         return
     _torchax_sdpa_op = current
-    for op in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention):
+    table = torchax_private.op_table(environment)
+    ops = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention)
+    saved = {op: table.get(op) for op in ops}
+    for op in ops:
         environment.override_op_definition(op, scaled_dot_product_attention)
-    patching.record("torchax SDPA override")
+
+    def undo():
+        global _torchax_sdpa_op
+        for op, entry in saved.items():
+            if entry is None:
+                table.pop(op, None)
+            else:
+                table[op] = entry
+        _torchax_sdpa_op = None
+
+    patching.record("torchax SDPA override", undo)
 
 
 def torchax_sdpa(*args):
@@ -128,7 +141,8 @@ def _patch_deepcopy():
         memo[id(self)] = copied
         return copied
 
-    Tensor.__deepcopy__ = View.__deepcopy__ = __deepcopy__
+    patching.replace(Tensor, "__deepcopy__", __deepcopy__, "torchax Tensor.__deepcopy__")
+    patching.replace(View, "__deepcopy__", __deepcopy__, "torchax Tensor.__deepcopy__")
     stock = torch.Tensor.__deepcopy__
 
     def host_deepcopy(self, memo):
@@ -137,8 +151,7 @@ def _patch_deepcopy():
                 return stock(self, memo)
         return stock(self, memo)
 
-    torch.Tensor.__deepcopy__ = host_deepcopy
-    patching.record("torchax Tensor.__deepcopy__")
+    patching.replace(torch.Tensor, "__deepcopy__", host_deepcopy, "torchax Tensor.__deepcopy__")
 
 
 # --- 6. A host tensor mixed into a JAX op is moved, as torch moves a CPU index or scalar ------------------------

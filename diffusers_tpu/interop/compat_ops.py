@@ -57,11 +57,18 @@ def _host_window(overload):
 
 def patch_missing_ops():
     env = torchax.default_env()  # built already: its op table is a copy of the registry
+    added = []
 
     def register(overload, implementation, **kind):
         if overload not in ops_registry.all_aten_ops:
             ops_registry.register_torch_dispatch_op(overload, implementation, **kind)
             torchax_private.op_table(env)[overload] = ops_registry.all_aten_ops[overload]
+            added.append(overload)
+
+    def undo():
+        for overload in added:
+            ops_registry.all_aten_ops.pop(overload, None)
+            torchax_private.op_table(env).pop(overload, None)
 
     for name in _WINDOWS:
         packet = getattr(torch.ops.aten, name)
@@ -73,7 +80,7 @@ def patch_missing_ops():
         (torch.ops.aten.cumprod_, torch.ops.aten.cumprod),
     ):
         register(inplace.default, op_base.InplaceOp(functional), is_jax_function=False, is_view_op=True)
-    patching.record("window functions and in-place cumulative sums")
+    patching.record("window functions and in-place cumulative sums", undo)
 
 
 # --- 19. Group norm run eagerly ----------------------------------------------------------------------------------

@@ -82,3 +82,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_module
         return spec
+
+
+def forget_all() -> None:
+    """Drop every waiting callback and wrapper, and the finder with them (``diffusers_tpu.deactivate``): modules
+    imported from now on import as stock."""
+    _waiting.clear()
+    _around.clear()
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _Finder)]

@@ -4,14 +4,17 @@
 already part of it (applying twice changes nothing), sets ``make(current)`` and records the label. Every wrapper
 carries the labels of those it wraps, so several patches may stack on one attribute (torchax's
 ``Environment.dispatch`` holds four, in the order ``compat.DISPATCH_LAYERS`` names) and each still knows whether it is
-in. Imports nothing of the package."""
+in. Every patch is recorded with how to undo it: ``undo_all`` puts every attribute back as it was, last patch first
+(``diffusers_tpu.deactivate``). Imports nothing of the package."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 _LABELS = "_diffusers_tpu_patches"  # the labels of the wrappers an attribute's current value is made of
+_MISSING = object()  # the attribute was not in the owner's own namespace (inherited, or absent)
 _applied: list[str] = []
+_undo: list[tuple[str, Callable[[], None]]] = []
 
 
 def labels(value) -> tuple[str, ...]:
@@ -26,15 +29,44 @@ def wrap(owner, name: str, make: Callable, label: str) -> bool:
         return False
     new = make(current)
     setattr(new, _LABELS, (label, *labels(current)))
-    setattr(owner, name, new)
-    record(label)
+    replace(owner, name, new, label)
     return True
 
 
-def record(label: str) -> None:
-    """A patch applied some other way (one that adds a missing attribute, or sets several at once)."""
+def replace(owner, name: str, value, label: str) -> None:
+    """``owner.<name> = value``, recorded with its undo (the owner's own previous value, or none)."""
+    previous = vars(owner).get(name, _MISSING)
+    setattr(owner, name, value)
+    record(label, lambda: _restore(owner, name, value, previous))
+
+
+def _restore(owner, name: str, value, previous) -> None:
+    if vars(owner).get(name, _MISSING) is not value:  # replaced since by someone else: theirs stays
+        return
+    if previous is _MISSING:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, previous)
+
+
+def record(label: str, undo: Callable[[], None] | None = None) -> None:
+    """A patch applied (by ``wrap``/``replace``, or some other way: an op table entry, a registration), with the
+    function that undoes it (None: nothing of it outlives the call that applied it)."""
     if label not in _applied:
         _applied.append(label)
+    if undo is not None:
+        _undo.append((label, undo))
+
+
+def undo_all() -> list[str]:
+    """Undo every recorded patch, last first; the labels undone. Applying a patch again afterwards re-applies it."""
+    undone = []
+    while _undo:
+        label, undo = _undo.pop()
+        undo()
+        undone.append(label)
+    _applied.clear()
+    return undone
 
 
 def applied() -> list[str]:

@@ -16,7 +16,7 @@ import os
 import sys
 import warnings
 
-from . import import_hooks, jax_private
+from . import import_hooks, jax_private, patching
 
 _applied: set[str] = set()
 
@@ -39,9 +39,11 @@ QUIET_LIBTPU = {
 def quiet_absent_libtpu() -> None:
     if importlib.util.find_spec("libtpu") is None or jax_private.tpu_chips():
         return
-    for name, value in QUIET_LIBTPU.items():
-        os.environ.setdefault(name, value)
+    set_here = [name for name in QUIET_LIBTPU if name not in os.environ]
+    for name in set_here:
+        os.environ[name] = QUIET_LIBTPU[name]
     _applied.add("quiet libtpu without TPU chips")
+    patching.record("quiet libtpu without TPU chips", lambda: [os.environ.pop(name, None) for name in set_here])
 
 
 def in_a_cluster() -> bool:
@@ -96,4 +98,13 @@ def quiet_known_noise() -> None:
     if _torchvision_fallback_filter not in import_utils_logger.filters:
         import_utils_logger.addFilter(_torchvision_fallback_filter)
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning, module="subprocess")
+    fork_filter = warnings.filters[0]
     _applied.add("known noise silenced")
+
+    def undo():
+        import_utils_logger.removeFilter(_torchvision_fallback_filter)
+        if fork_filter in warnings.filters:
+            warnings.filters.remove(fork_filter)
+        _applied.discard("known noise silenced")
+
+    patching.record("known noise silenced", undo)

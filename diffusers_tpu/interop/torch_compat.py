@@ -143,12 +143,16 @@ def _patch_accelerator():
             target = getattr(torch.cuda, _CUDA_NAMES.get(name, name), None) if cuda else None
             replacements[name] = target if target is not None else no_accelerator(name)
     for name, function in replacements.items():
-        setattr(accelerator, name, function)
+        patching.replace(accelerator, name, function, "torch.accelerator")
+    _forget_detected_device()
+    patching.record("torch.accelerator", _forget_detected_device)  # undone first: the stock answers come back
+
+
+def _forget_detected_device() -> None:
     utils = sys.modules.get("diffusers.utils.torch_utils")  # diffusers caches its answer on first use
     detect = getattr(getattr(utils, "TorchDeviceBackend", None), "_detect_device_type", None)
     if hasattr(detect, "cache_clear"):
         detect.cache_clear()
-    patching.record("torch.accelerator")
 
 
 # --- 4. Outside a pipeline call, the 'jax' device is the host --------------------------------------------------------

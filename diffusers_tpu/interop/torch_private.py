@@ -52,3 +52,10 @@ def reparametrized(module: torch.nn.Module, tensors: dict):
 def private_use1():
     """The ``DeviceType`` torchax registers its device under (``torch._C._autograd.DeviceType.PrivateUse1``)."""
     return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def deregister(node_type: type) -> None:
+    """Forget a pytree node type registered with ``pytree.register_pytree_node`` (``diffusers_tpu.deactivate``). Why
+    private: torch offers registration only; ``_deregister_pytree_node`` is its one way back."""
+    if node_type in pytree.SUPPORTED_NODES:
+        pytree._deregister_pytree_node(node_type)

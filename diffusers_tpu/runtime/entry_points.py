@@ -194,8 +194,9 @@ def _patch_device_map(pipeline_utils) -> None:
             return loading.from_pretrained(os.fspath(path), device=target, pipeline_class=chosen, **kwargs)
         return stock(pipeline_class, path, *args, **kwargs).to(target)
 
-    cls.from_pretrained = classmethod(from_pretrained)
-    patching.record("DiffusionPipeline.from_pretrained(device_map='tpu')")
+    patching.replace(
+        cls, "from_pretrained", classmethod(from_pretrained), "DiffusionPipeline.from_pretrained(device_map='tpu')"
+    )
 
 
 # --- 14. Group offloading onto a JAX device ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from ..interop import import_hooks, patching
+from ..interop import import_hooks, patching, torch_private
 from ..interop.torch_private import pytree
 from . import registry, support, to_arguments
 from .attach import moves, pipeline_runtime, shared_components
@@ -134,7 +134,9 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
         unflatten_cache,
         serialized_type_name="diffusers.Flux2KVCache",
     )
-    patching.record("Flux2KVCache as a pytree")
+    patching.record(
+        "Flux2KVCache as a pytree", lambda: (torch_private.deregister(layer), torch_private.deregister(cache))
+    )
 
 
 # --- 9. enable_layerwise_casting on a denoiser that is on JAX ----------------------------------------------------
@@ -220,8 +222,7 @@ def _patch_from_unet(module, cls_name: str, method: str) -> None:
             return lora.module_on_host_copies(lambda model: stock(owner, model, *args, **kwargs))(unet)
 
         from_unet.on_host_copies = True
-        setattr(cls, method, classmethod(from_unet))
-        patching.record(f"{cls_name}.{method} on host copies")
+        patching.replace(cls, method, classmethod(from_unet), f"{cls_name}.{method} on host copies")
 
 
 def register() -> None:

@@ -31,3 +31,28 @@ def test_torchax_dispatch_holds_its_layers_in_the_declared_order():
     compat.apply()
     declared = tuple(label for label, _ in compat.DISPATCH_LAYERS)
     assert patching.labels(Environment.dispatch) == declared[::-1]
+
+
+def test_undo_all_puts_back_what_was_there_and_leaves_what_others_set_since():
+    """In a fresh process (undoing here would undo this process's real patches): an added attribute is removed, a
+    replaced one restored, one that someone replaced after us keeps theirs; last patch first."""
+    from tests.conftest import run_fresh
+
+    report = run_fresh(
+        """
+        import json, types
+        from diffusers_tpu.interop import patching
+        owner = types.SimpleNamespace(greet=lambda: "stock")
+        stock = owner.greet
+        patching.wrap(owner, "greet", lambda s: (lambda: s().upper()), "loud")
+        patching.wrap(owner, "greet", lambda s: (lambda: s() + "!"), "excited")
+        patching.replace(owner, "added", 1, "added")
+        patching.replace(owner, "taken", 2, "taken")
+        owner.taken = "theirs"
+        undone = patching.undo_all()
+        print(json.dumps({"undone": undone, "stock": owner.greet is stock, "added": hasattr(owner, "added"),
+                          "taken": owner.taken, "left": patching.applied()}))
+        """
+    )
+    assert report["undone"][:4] == ["taken", "added", "excited", "loud"]  # then what the import itself set
+    assert report["stock"] and not report["added"] and report["taken"] == "theirs" and report["left"] == []

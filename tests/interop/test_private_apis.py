@@ -88,6 +88,20 @@ def test_torch_pytree_flattens_what_the_project_passes():
     assert pytree.tree_map_only(torch.Tensor, lambda t: t + 1, tree)["a"][1][1].tolist() == [1.0, 1.0]
 
 
+def test_torch_pytree_node_registered_then_deregistered():
+    class Pair:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    from diffusers_tpu.interop import torch_private
+
+    torch_private.pytree.register_pytree_node(Pair, lambda p: ((p.a, p.b), None), lambda c, _: Pair(*c))
+    assert len(torch_private.pytree.tree_leaves(Pair(1, 2))) == 2
+    torch_private.deregister(Pair)
+    assert torch_private.pytree.tree_leaves(Pair(1, 2))[0].__class__ is Pair  # a leaf again
+    torch_private.deregister(Pair)  # twice: nothing to do
+
+
 def test_torch_op_types_and_scalar_reads_are_recognised():
     import torch
 

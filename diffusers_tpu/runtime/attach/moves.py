@@ -21,7 +21,7 @@ from ..config import TPUConfig
 from ..gpu_script import gpu_script_calls
 from ..registry import family_of
 from . import shared_components
-from .pipeline_runtime import PipelineRuntime, hold, release, runtime_of
+from .pipeline_runtime import PipelineRuntime, attached_pipelines, hold, release, runtime_of
 
 logger = logging.getLogger(__name__)
 
@@ -146,3 +146,10 @@ def stats(pipe) -> CallStats:
     if runtime is None:
         raise ValueError("This pipeline is not on JAX; move it with pipe.to('tpu') or pipe.to('jax') first.")
     return runtime.last_call
+
+
+def detach_all() -> None:
+    """Every pipeline on JAX back on the host, as ``pipe.to("cpu")`` leaves it (``diffusers_tpu.deactivate``)."""
+    for pipe in attached_pipelines():
+        detach(pipe)
+        shared_components.forget(pipe)

@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import time
+import weakref
 
 import diffusers
 import jax
@@ -38,6 +39,7 @@ from .placing import Placing
 
 logger = logging.getLogger(__name__)
 _ATTR = "_diffusers_tpu_runtime"
+_held: weakref.WeakSet = weakref.WeakSet()  # every pipeline holding a runtime (``moves.detach_all``)
 
 
 def runtime_of(pipe) -> PipelineRuntime | None:
@@ -47,11 +49,18 @@ def runtime_of(pipe) -> PipelineRuntime | None:
 def hold(pipe, runtime: PipelineRuntime) -> None:
     """``pipe`` runs on ``runtime`` from now on (``moves.attach``)."""
     vars(pipe)[_ATTR] = runtime
+    _held.add(pipe)
 
 
 def release(pipe) -> PipelineRuntime | None:
     """``pipe`` no longer holds its runtime (``moves.detach``): the one it held, if any."""
+    _held.discard(pipe)
     return vars(pipe).pop(_ATTR, None)
+
+
+def attached_pipelines() -> list:
+    """Every live pipeline that holds a runtime."""
+    return [pipe for pipe in list(_held) if runtime_of(pipe) is not None]
 
 
 def is_attached(pipe) -> bool:
