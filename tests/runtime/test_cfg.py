@@ -1,0 +1,90 @@
+"""``runtime.call.cfg``: the guidance pair's two denoiser calls run as one batch, and only when the second call's
+inputs are the batched ones (anything else runs as it came: the pairing can never change a result)."""
+
+import contextlib
+import types
+
+import torch
+
+from diffusers_tpu.interop import backend
+from diffusers_tpu.runtime.call import cfg
+
+SPEC = types.SimpleNamespace(
+    negative_call=0,
+    pad_text=False,
+    condition_args="encoder_hidden_states",
+    batched_args=("hidden_states", "timestep"),
+    grouped_args=(),
+    negative=lambda out: out[1],
+)
+
+
+def _device(tensor):
+    return backend.wrap(backend.host_to_jax(tensor))
+
+
+def _host(tensor):
+    return backend.jax_to_host(backend.to_jax_array(tensor))
+
+
+def _setup():
+    module = torch.nn.Identity()
+    pairing = cfg.CFGPairing(SPEC)
+    calls = []
+
+    def forward(hidden_states, timestep, encoder_hidden_states):
+        calls.append(hidden_states.shape[0])
+        return hidden_states * 2 + encoder_hidden_states.mean(dim=(1, 2), keepdim=True)[:, :, None] + timestep
+
+    positive, negative = torch.randn(1, 5, 4), torch.randn(1, 5, 4)
+    encode = pairing.capture_negative(lambda: (positive, negative))
+    context = pairing.track_context(module, lambda name, **kwargs: contextlib.nullcontext())
+    paired = pairing.wrap_denoiser(module, forward)
+    return pairing, paired, context, encode, forward, calls
+
+
+def _expected(forward, latents, step, embeds):
+    return _host(forward(_device(latents), step, _device(embeds)))
+
+
+def test_cond_and_uncond_run_as_one_batch_and_give_each_call_its_own_result():
+    with backend.jax_mode():
+        pairing, paired, context, encode, forward, calls = _setup()
+        positive, negative = (_device(x) for x in encode())
+        negative = pairing.negative[0]  # what the loop passes: the negative the pairing captured, on the devices
+        latents, step = torch.randn(1, 3, 2, 2), _device(torch.tensor([7.0]))
+        x = _device(latents)
+        with context("cond"):
+            cond = paired(hidden_states=x, timestep=step, encoder_hidden_states=positive)
+        with context("uncond"):
+            uncond = paired(hidden_states=x, timestep=step, encoder_hidden_states=negative)
+        assert calls == [2] and pairing.batched_steps == 1  # one call, both halves in it
+        calls.clear()
+        torch.testing.assert_close(_host(cond), _expected(forward, latents, step, _host(positive)), rtol=0, atol=0)
+        torch.testing.assert_close(_host(uncond), _expected(forward, latents, step, _host(negative)), rtol=0, atol=0)
+
+
+def test_an_uncond_call_with_other_latents_runs_on_its_own():
+    with backend.jax_mode():
+        pairing, paired, context, encode, forward, calls = _setup()
+        positive, _ = (_device(x) for x in encode())
+        negative = pairing.negative[0]
+        step = _device(torch.tensor([3.0]))
+        latents, changed = torch.randn(1, 3, 2, 2), torch.randn(1, 3, 2, 2)  # a callback swapped the latents
+        with context("cond"):
+            paired(hidden_states=_device(latents), timestep=step, encoder_hidden_states=positive)
+        with context("uncond"):
+            uncond = paired(hidden_states=_device(changed), timestep=step, encoder_hidden_states=negative)
+        assert calls[0] == 2 and calls[1:] == [1]  # the batched half was not used
+        calls.clear()
+        torch.testing.assert_close(_host(uncond), _expected(forward, changed, step, _host(negative)), rtol=0, atol=0)
+
+
+def test_without_a_cache_context_or_a_negative_every_call_runs_as_it_came():
+    with backend.jax_mode():
+        pairing, paired, context, encode, forward, calls = _setup()
+        x, step, embeds = _device(torch.randn(1, 3, 2, 2)), _device(torch.tensor([1.0])), _device(torch.randn(1, 5, 4))
+        paired(hidden_states=x, timestep=step, encoder_hidden_states=embeds)  # no negative captured yet
+        assert calls == [1] and pairing.batched_steps == 0
+        pairing.reset()
+        assert pairing.negative is None and pairing.pending is None
