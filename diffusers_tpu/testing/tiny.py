@@ -106,22 +106,6 @@ CLIP_VISION = dict(
     intermediate_size=32,
     patch_size=8,
 )
-UMT5 = dict(
-    vocab_size=384,
-    d_model=32,
-    d_kv=8,
-    d_ff=64,
-    num_layers=2,
-    num_heads=4,
-    relative_attention_num_buckets=8,
-    relative_attention_max_distance=32,
-    dropout_rate=0.0,
-    feed_forward_proj="gated-gelu",
-    is_encoder_decoder=False,
-    pad_token_id=0,
-    eos_token_id=1,
-    decoder_start_token_id=0,
-)
 
 
 _COGVIDEOX = dict(

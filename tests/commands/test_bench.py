@@ -179,14 +179,14 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     """The --arch path (random weights, no download) end to end, on a small registered architecture; the real
     ones differ only in their configs (too large for a CI machine's RAM)."""
     from diffusers_tpu.planner import architectures
-    from diffusers_tpu.testing import tiny
+    from diffusers_tpu.testing import tiny, tiny_parts
 
     small = dict(
         family="wan",
         transformer=tiny.WAN_TRANSFORMERS["wan-4head"],
         flow_shift=3.0,
         vae=tiny.WAN_VAE,
-        text_encoder={k: v for k, v in tiny.UMT5.items() if k != "decoder_start_token_id"},
+        text_encoder={k: v for k, v in tiny_parts.UMT5.items() if k != "decoder_start_token_id"},
     )
     monkeypatch.setitem(architectures.ARCHITECTURES, "Wan-Test", small)
     path = tmp_path / "arch.json"
