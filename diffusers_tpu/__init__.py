@@ -124,4 +124,4 @@ def __dir__():
     return sorted(set(globals()) | set(_NAMES) | set(_MOVED))
 
 
-__all__ = sorted(_NAMES) + ["__version__", "activate"]
+__all__ = sorted(_NAMES) + ["__version__", "activate", "deactivate"]
