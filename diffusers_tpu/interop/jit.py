@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -59,6 +60,28 @@ def _by_value(static: tuple) -> tuple:
     return tuple(x if x is TENSOR else static_keys.key_of(x) for x in static)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Structure:
+    """A module's structure, found once at its compiled method's first call (every later call reads it)."""
+
+    places: list  # the places holding plain objects (``module_state.places``)
+    modules: list  # every module under it
+    setting_owners: list  # the modules whose settings select the program (an attention processor's)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One call, flattened: its arguments, the program key, and the carried attributes at their places now."""
+
+    leaves: list
+    spec: object
+    static: tuple
+    key: tuple  # (spec, static by value, shapes, extras, settings, carried_key, held objects)
+    carried_key: tuple  # the carried attributes' signatures
+    live: tuple  # (owner, name) of each carried attribute now
+    values: list  # their values
+
+
 def compiled_method(module: torch.nn.Module, name: str, **options) -> CompiledFunction:
     """A compiled version of ``module.<name>``, meant to be installed as an instance attribute."""
     return CompiledFunction(module, getattr(module, name), **options)
@@ -103,8 +126,7 @@ class CompiledFunction:
         # (owner, attribute) found to carry state from one call to the next (``module_state``); a held object's
         # owner is its ``Place``
         self.carried: list = []
-        # [places holding plain objects, every module, the modules with an attention processor]: at the first call
-        self.held: list = []
+        self.held: _Structure | None = None  # the module's structure, found at the first call
         self.caches: set = set()  # (id(owner), attribute) found to be caches: dropped after each trace
         self.eager: list = []  # the reason, once state was found that no program can carry: then it runs eagerly
         self.traced_hooks: set = set()  # hooks a trace itself registered (transformers' output capture)
@@ -118,7 +140,7 @@ class CompiledFunction:
             if self.eager:
                 return self.__wrapped__(*args, **kwargs)
             self._hold()
-            hooks = module_state.hooks(self.held[1])
+            hooks = module_state.hooks(self.held.modules)
             if hooks - self.traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
                 if not self.hooked:
                     self.hooked = True
@@ -129,13 +151,13 @@ class CompiledFunction:
                 return self._compiled_call(args, kwargs)
             finally:
                 if len(self.programs) != traces:  # only a trace registers hooks of its own
-                    self.traced_hooks.update(module_state.hooks(self.held[1]) - hooks)
+                    self.traced_hooks.update(module_state.hooks(self.held.modules) - hooks)
 
     def _hold(self) -> None:
         """The module's structure, found once at the first call (every later call reads it)."""
-        if not self.held:
+        if self.held is None:
             modules = list(self.module.modules())
-            self.held.extend((module_state.places(self.module), modules, module_state.setting_owners(modules)))
+            self.held = _Structure(module_state.places(self.module), modules, module_state.setting_owners(modules))
 
     def _new_program(self, spec, static, live, carried_key) -> Program:
         return Program(
@@ -154,19 +176,21 @@ class CompiledFunction:
         )
 
     def _compiled_call(self, args, kwargs):
-        leaves, spec, static, key, live, values = self.call_key(args, kwargs)
+        call = self.call_key(args, kwargs)
+        key = call.key
         try:
             program = self.programs.get(key)
         except TypeError:
             raise TypeError(
                 f"{type(self.module).__name__}.{self.name} on JAX takes tensors and hashable values (numbers, "
-                f"strings, None, tuples); got {[type(x).__name__ for x in static if x is not TENSOR]}."
+                f"strings, None, tuples); got {[type(x).__name__ for x in call.static if x is not TENSOR]}."
             ) from None
         if program is None:
-            program = self.programs[key] = self._new_program(spec, static, live, key[-2])
-        program.carried = live  # the objects now at the carried places
-        dynamic = place_arguments(self.place_input, [to_jax_array(x) for x in leaves if isinstance(x, torch.Tensor)])
-        carried_in = [to_jax_array(value) for value in values if isinstance(value, torch.Tensor)]
+            program = self.programs[key] = self._new_program(call.spec, call.static, call.live, call.carried_key)
+        program.carried = call.live  # the objects now at the carried places
+        tensors = [to_jax_array(x) for x in call.leaves if isinstance(x, torch.Tensor)]
+        dynamic = place_arguments(self.place_input, tensors)
+        carried_in = [to_jax_array(value) for value in call.values if isinstance(value, torch.Tensor)]
         extra = self.extras.values() if self.extras is not None else []
         weights = self.state()
         try:
@@ -211,7 +235,7 @@ class CompiledFunction:
                 self.name,
                 ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state),
             )
-            held = self.held[0]
+            held = self.held.places
             self.carried.extend((module_state.where(owner, held), attribute) for owner, attribute in new_state)
             del self.programs[key]
             return self(*args, **kwargs)
@@ -223,8 +247,8 @@ class CompiledFunction:
         return self.__wrapped__(*args, **kwargs)
 
     def call_key(self, args, kwargs):
-        """``(leaves, spec, static, key, live, values)`` of a call: the program key, the carried attributes at their
-        places now (``live``: (owner, name)) and their values."""
+        """A call's ``_Call``: its flattened arguments, the program key, the carried attributes at their places now
+        (``live``: (owner, name)) and their values."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         static = tuple(TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
         # Shapes are part of the key: an output's structure may depend on them (the Wan VAE's feature cache holds
@@ -239,21 +263,21 @@ class CompiledFunction:
             _by_value(static),
             shapes,
             self.extras.key() if self.extras is not None else None,
-            module_state.settings_key(self.held[2]),
+            module_state.settings_key(self.held.setting_owners),
             carried_key,
-            module_state.held_key(self.held[0]),
+            module_state.held_key(self.held.places),
         )
-        return leaves, spec, static, key, live, values
+        return _Call(leaves, spec, static, key, carried_key, live, values)
 
     def lowered(self, args, kwargs) -> tuple[jax.stages.Lowered, Program]:
         """The program this call runs, lowered in its context (the runtime's exact program: same weights, placement
         and settings), not compiled; tensor arguments taken abstractly (no data moves)."""
-        leaves, spec, static, key, live, values = self.call_key(args, kwargs)
-        program = self.programs.get(key) or self._new_program(spec, static, live, key[-2])
-        program.carried = live
-        carried_in = [_abstract(value) for value in values if isinstance(value, torch.Tensor)]
+        call = self.call_key(args, kwargs)
+        program = self.programs.get(call.key) or self._new_program(call.spec, call.static, call.live, call.carried_key)
+        program.carried = call.live
+        carried_in = [_abstract(value) for value in call.values if isinstance(value, torch.Tensor)]
         # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
-        dynamic = place_arguments(self.place_input, [_abstract(x) for x in leaves if isinstance(x, torch.Tensor)])
+        dynamic = place_arguments(self.place_input, [_abstract(x) for x in call.leaves if isinstance(x, torch.Tensor)])
         cut = len(dynamic) if program.donate is None else program.donate
         extra = self.extras.values() if self.extras is not None else []
         with self.activate():
