@@ -74,7 +74,7 @@ class Program:
         # [(owner, name, kind)] assigned during the trace and not carried: classified by the caller
         self.discovered = None
         self.report = None  # analysis: [(owner, name)] whose post-trace tensors the trace returns instead
-        self.report_changed = set()  # analysis: (id(owner), name) the analysis trace assigned again
+        self.report_reassigned = set()  # analysis: (id(owner), name) the analysis trace assigned again
 
         def prepare(value):
             if isinstance(value, Rebuilt):  # int8 weights rebuilt next to their matmuls
@@ -119,19 +119,19 @@ class Program:
                 torch_compat.tracing.reset(token)
                 # traced values (and carried attributes) go back: the caller sets state; plain values a trace assigns
                 # stay (a one-time set-up, e.g. transformers' output-capturing hooks flag) unless this is an analysis
-                changed = module_state.changes(attributes)
+                reassigned = module_state.changes(attributes)
                 module_state.restore(
-                    changed
+                    reassigned
                     if self.report is not None
                     else [
                         (owner, name, before)
-                        for owner, name, before in changed
+                        for owner, name, before in reassigned
                         if (id(owner), name) in frozenset((id(o), n) for o, n in self.carried)
                         or module_state.kind(vars(owner).get(name, module_state.MISSING)) in ("tensor", "container")
                     ]
                 )
             if self.report is not None:  # ``state_dependence``: the reported attributes' tensors, per attribute
-                self.report_changed = {(id(owner), name) for owner, name, *_ in assigned}
+                self.report_reassigned = {(id(owner), name) for owner, name, *_ in assigned}
                 return [
                     [to_jax_array(x) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
                     for value in reported
@@ -144,12 +144,12 @@ class Program:
                 raise module_state.Uncarriable(uncarriable)
             self.carried_post = [CARRIED_TENSOR if isinstance(value, torch.Tensor) else value for value in post]
             # a list argument the method changed (a feature cache filled in place) is written back by the caller
-            changed = {
+            edited_lists = {
                 key: value
                 for key, value in lists.items()
                 if len(value) != len(before[key]) or any(a is not b for a, b in zip(value, before[key]))
             }
-            out_leaves, self.out_spec = pytree.tree_flatten((out, changed))
+            out_leaves, self.out_spec = pytree.tree_flatten((out, edited_lists))
             self.out_static = [TENSOR if isinstance(x, torch.Tensor) else x for x in out_leaves]
             placed = place_output or (lambda tensor: tensor)
             return [to_jax_array(placed(x)) for x in out_leaves if isinstance(x, torch.Tensor)] + [
@@ -210,7 +210,8 @@ class Program:
             self.report = None
         flat = iter(module_state.depends_on_inputs(closed, [True] * len(closed.jaxpr.invars)))
         return [
-            any([next(flat) for _ in per_attribute]) or (not per_attribute and (id(owner), name) in self.report_changed)
+            any([next(flat) for _ in per_attribute])
+            or (not per_attribute and (id(owner), name) in self.report_reassigned)
             for (owner, name), per_attribute in zip(pairs, shapes)
         ]
 
@@ -228,9 +229,9 @@ class Program:
     def rebuild(self, arrays, args=(), kwargs=None):
         it = iter(arrays)
         leaves = [wrap(next(it)) if s is TENSOR else s for s in self.out_static]
-        out, changed = pytree.tree_unflatten(leaves, self.out_spec)
+        out, edited_lists = pytree.tree_unflatten(leaves, self.out_spec)
         callers = argument_lists(args, kwargs or {})
-        for key, contents in changed.items():
+        for key, contents in edited_lists.items():
             callers[key][:] = contents
         for (owner, name), value in zip(self.carried, self.carried_post or ()):  # as stock torch leaves the module
             if value is module_state.MISSING:
