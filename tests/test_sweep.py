@@ -13,6 +13,7 @@ import torch
 import diffusers_tpu
 from diffusers_tpu.runtime import support
 from diffusers_tpu.testing import tiny
+from tests import call_depth
 from tests.sweep import recipes as sweep_recipes
 from tests.sweep import run as sweep
 
@@ -201,6 +202,8 @@ def test_the_sweep_confirms_the_table():
         if row["status"].startswith("verified") and row["warm_compilations"]
     }
     assert recompiled == {}, recompiled
+    deep = {name: row["deepest_frames"] for name, row in measured.items() if row["deepest_frames"] > call_depth.MOST}
+    assert deep == {}, f"more than {call_depth.MOST} of the project's frames between stock code and a program: {deep}"
     drifted = {
         name: (committed[name]["batched_steps_mesh"], row["batched_steps_mesh"])
         for name, row in measured.items()

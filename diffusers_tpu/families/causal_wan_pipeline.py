@@ -260,8 +260,8 @@ class CausalWanPipeline(DiffusionPipeline):
                 self.block_timings.append(record)
                 bar.update()
                 yield frames
-        if attached is not None and not attached._depth:
-            attached._last_output = None  # the progress bar's sync handle; it would pin the last cache
+        if attached is not None and not attached.inside_call():
+            attached.recorded = None  # the progress bar's sync handle; it would pin the last cache
 
     @torch.no_grad()
     def __call__(

@@ -15,8 +15,8 @@ What stock diffusers 0.42 does that XLA cannot take, and what replaces it here (
   indexing (``text[text_mask]``), which has no static shape. ``forward`` below replaces the branch with a
   multiplication by the image mask (bit-identical: ``x * 1.0 == x``) and the compaction with a gather along a
   stable argsort of the validity masks (valid tokens first, each group in order: exactly stock's order). The
-  permutation depends only on the prompt: ``with_token_order`` computes it once per prompt outside the compiled
-  program and passes it in. Rotary tables depend only on shapes, so XLA folds them into constants.
+  permutation depends only on the prompt: the ``family`` hook (``TokenOrder``) computes it once per prompt outside
+  the compiled program and passes it in. Rotary tables depend only on shapes, so XLA folds them into constants.
 - The VAE's ``prepare_causal_attention_mask`` fills an S x S mask row by row in Python (tens of thousands of
   traced ops); ``frame_causal_mask`` builds the same mask from two iotas.
 - The scheduler looks its first step up with ``.item()`` (a host sync); the loop always starts at the first
@@ -38,6 +38,7 @@ from diffusers.utils import apply_lora_scale
 
 from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
 from ..runtime.attention import rotary
+from ..runtime.call.hook_chain import Hook
 from ..runtime.config import TEXT_PADDING_MODES
 from ..runtime.registry import CFGBatching, Family, register
 
@@ -217,24 +218,26 @@ def _token_order_on_host(*tensors):
         return text_token_order(*host)
 
 
-def with_token_order(compiled_forward):
-    """Wrap the compiled transformer so the token permutation is computed once per prompt, outside it."""
-    memo = _PromptMemo()
+class TokenOrder(Hook):
+    """The transformer's ``family`` hook: the token permutation computed once per prompt, outside the compiled
+    forward, which takes it as ``token_order``."""
 
-    def call(*args, **kwargs):
+    name = "family"
+
+    def __init__(self):
+        self.memo = _PromptMemo()
+
+    def pre_call(self, call) -> None:
+        kwargs = call.kwargs
         masks = (
             kwargs.get("encoder_attention_mask"),
             kwargs.get("encoder_attention_mask_2"),
             kwargs.get("image_embeds"),
         )
-        if args or any(m is None for m in masks) or "token_order" in kwargs:
-            return compiled_forward(*args, **kwargs)
-        order, _ = memo.get(masks, _token_order_on_host)
-        return compiled_forward(*args, token_order=order, **kwargs)
-
-    call.__wrapped__ = compiled_forward
-    call.memo = memo
-    return call
+        if call.args or any(m is None for m in masks) or "token_order" in kwargs:
+            return
+        order, _ = self.memo.get(masks, _token_order_on_host)
+        call.kwargs = dict(kwargs, token_order=order)
 
 
 def frame_causal_mask(n_frame: int, n_hw: int, dtype, device, batch_size: int | None = None):
@@ -253,7 +256,7 @@ def _prepare(pipe, runtime) -> None:
     for module in transformer.modules():
         if isinstance(getattr(module, "processor", None), HunyuanVideo15AttnProcessor2_0):
             runtime.overrides.set(module, "processor", processor)
-    runtime.chain_of(transformer).add("family", with_token_order)
+    runtime.chain_of(transformer).register(TokenOrder())
     for module in pipe.vae.modules():
         if isinstance(module, HunyuanVideo15AttnBlock):
             runtime.overrides.set(module, "prepare_causal_attention_mask", frame_causal_mask)

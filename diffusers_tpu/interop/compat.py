@@ -22,7 +22,16 @@ from torchax.ops import mappings
 from torchax.tensor import Environment, Tensor
 from torchax.view import View
 
-from . import compat_mesh, compat_ops, compat_views, host_scalars, patching, torch_private, torchax_private
+from . import (
+    compat_mesh,
+    compat_ops,
+    compat_views,
+    host_scalars,
+    jax_private,
+    patching,
+    torch_private,
+    torchax_private,
+)
 from .torch_private import pytree
 
 # --- 2. SDPA on the torchax default environment -----------------------------------------------------------
@@ -303,18 +312,47 @@ def apply() -> None:
     _patch_dispatch()
 
 
-# torchax's ``Environment.dispatch`` (every eager op and every traced one) wrapped by these layers, innermost first:
-# each sees what the layers after it pass down. The mesh retry is outermost (it reruns whatever the others do); the
-# host-scalar glue and the random draws never both answer a call (torch tags draws ``nondeterministic_seeded``).
-DISPATCH_LAYERS = (
-    ("zero-dim operands promote as in torch", compat_ops.zero_dim_promotion),  # 21
-    ("torchax in-place ops on views", compat_views.inplace_on_views),  # 9
-    ("schedule glue on the host", compat_views.glue_on_host),  # 11
-    ("random draws from torch's generators", compat_ops.random_draws),  # 15
-    ("eager ops on two meshes", compat_mesh.mixed_mesh_operands),  # 17
+# torchax's ``Environment.dispatch`` (every eager op and every traced one) wrapped ONCE, its steps run from that one
+# frame in this order (each step's reason and guard at its number): ops the host answers never reach torchax, then
+# the op (on a view's copy when torchax would lose its write), its dtype as torch's, and the whole again once on
+# JAX's IndivisibleError with the operands on one mesh. The random draws and the glue never both answer a call
+# (torch tags draws ``nondeterministic_seeded``).
+DISPATCH_STEPS = (
+    "random draws from torch's generators",  # 15 (compat_ops, host_scalars.draw)
+    "schedule glue on the host",  # 11 (compat_views, host_scalars.run)
+    "torchax in-place ops on views",  # 9 (compat_views.written_through_view)
+    "zero-dim operands promote as in torch",  # 21 (compat_ops.promote_zero_dim)
+    "eager ops on two meshes",  # 17 (compat_mesh.onto_trace_mesh)
 )
 
 
+def _dispatch(stock):
+    def dispatch(self, func, types, args, kwargs):
+        for again in (False, True):
+            try:
+                result = host_scalars.NOT_GLUE
+                if func in host_scalars.RANDOM_DRAWS:
+                    result = host_scalars.draw(self, func, args, kwargs or {})
+                if result is host_scalars.NOT_GLUE:
+                    result = host_scalars.run(self, func, args, kwargs or {})
+                if result is not host_scalars.NOT_GLUE:
+                    return result
+                if compat_views.written_through_view(self, func, args):
+                    view, copy = args[0], args[0].torch()
+                    stock(self, func, types, (copy, *args[1:]), kwargs)
+                    view.update(copy)
+                    return view
+                out = stock(self, func, types, args, kwargs)
+                return compat_ops.promote_zero_dim(stock, self, func, types, args, kwargs, out)
+            except jax_private.indivisible_error():
+                operands = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
+                if again or not compat_mesh.onto_trace_mesh(operands):
+                    raise
+
+    return dispatch
+
+
 def _patch_dispatch():
-    for label, layer in DISPATCH_LAYERS:
-        patching.wrap(Environment, "dispatch", layer, label)
+    patching.wrap(Environment, "dispatch", _dispatch, "torchax dispatch: " + "; ".join(DISPATCH_STEPS))
+    for step in DISPATCH_STEPS:  # each listed as applied (``entry_points.applied``); undone with the wrapper
+        patching.record(step)

@@ -12,10 +12,8 @@ import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 from torchax.ops import jaten, ops_registry
-from torchax.tensor import Tensor
 
-from . import jax_private, patching, torchax_private
-from .torch_private import pytree
+from . import patching, torchax_private
 
 # --- 16. Convolutions never split a small spatial dimension over the mesh ---------------------------------------
 # Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a
@@ -82,8 +80,9 @@ def patch_convolution_inputs():
 # statistics, then subtracts a transformer output) lets XLA pick an output sharding that JAX cannot name on the
 # first operand's mesh, and JAX raises ``IndivisibleError`` before anything is computed. Such an op is run again
 # with the operands off the current trace mesh replicated onto it (in place: same tensor objects, same values).
-# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; costs nothing unless that error is raised.
-def _onto_trace_mesh(tensors) -> bool:
+# Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13); costs nothing unless that error
+# is raised.
+def onto_trace_mesh(tensors) -> bool:
     """Replicate each torchax tensor whose array lies on another mesh onto the trace mesh; whether any moved."""
     mesh, moved = _trace_mesh.get(), False
     for tensor in tensors:
@@ -94,19 +93,6 @@ def _onto_trace_mesh(tensors) -> bool:
             )
             moved = True
     return moved
-
-
-def mixed_mesh_operands(stock):
-    def dispatch(self, func, types, args, kwargs):
-        try:
-            return stock(self, func, types, args, kwargs)
-        except jax_private.indivisible_error():
-            operands = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
-            if not _onto_trace_mesh(operands):
-                raise
-            return stock(self, func, types, args, kwargs)
-
-    return dispatch
 
 
 # --- 22. FFTs on a simulated CPU mesh take their input whole ---------------------------------------------------

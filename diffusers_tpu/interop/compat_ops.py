@@ -13,8 +13,7 @@ import torchax
 from torchax.ops import jaten, mappings, op_base, ops_registry
 from torchax.tensor import Tensor
 
-from . import host_scalars, patching, torchax_private
-
+from . import patching, torchax_private
 
 # --- 15. Random draws outside a program follow torch's generators ----------------------------------------------
 # Reason: torchax draws ``torch.randn(..., device=jax)``, ``randn_like`` and ``normal_`` from its own key, so
@@ -25,16 +24,7 @@ from . import host_scalars, patching, torchax_private
 # such draws are made by torch on the host (``host_scalars.draw``) and placed on the devices. The draws are never
 # glue ops (torch tags them ``nondeterministic_seeded``), so this wrapper and the glue one (11) never both answer a
 # call.
-# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once.
-def random_draws(stock):
-    def dispatch(self, func, types, args, kwargs):
-        if func in host_scalars.RANDOM_DRAWS:
-            drawn = host_scalars.draw(self, func, args, kwargs or {})
-            if drawn is not host_scalars.NOT_GLUE:
-                return drawn
-        return stock(self, func, types, args, kwargs)
-
-    return dispatch
+# Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13).
 
 
 # --- 18. aten ops torchax does not lower: window factories, in-place cumulative sums ------------------------------
@@ -116,7 +106,8 @@ def patch_eager_group_norm():
 # scheduler does not cast back (DDIM, PNDM; flow matching does) fed float32 latents to its next step: Latte in
 # bfloat16 failed ("Input type (float) and bias type (BFloat16)"), others silently left stock's dtype. The result of
 # those elementwise ops is cast to the dtype torch gives (``torch.result_type`` of the operands' dtypes and ranks).
-# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; acts only when a 0-dim and a dimensioned tensor meet.
+# Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13); acts only when a 0-dim and a
+# dimensioned tensor meet.
 _TWO_OPERANDS = {
     torch.ops.aten.add.Tensor,
     torch.ops.aten.sub.Tensor,
@@ -139,19 +130,16 @@ def _torch_result_dtype(operands):
     return torch.result_type(*stand_ins)
 
 
-def zero_dim_promotion(stock):
-    def dispatch(self, func, types, args, kwargs):
-        out = stock(self, func, types, args, kwargs)
-        if func in _TWO_OPERANDS or func is torch.ops.aten.where.self:
-            operands = args[:2] if func in _TWO_OPERANDS else args[1:3]
-            expected = _torch_result_dtype(operands)
-            true_division = func is torch.ops.aten.div.Tensor or (
-                func is torch.ops.aten.div.Tensor_mode and (kwargs or {}).get("rounding_mode") is None
-            )
-            if expected is not None and true_division and not (expected.is_floating_point or expected.is_complex):
-                expected = torch.get_default_dtype()  # torch divides integers into floats
-            if expected is not None and isinstance(out, Tensor) and out.dtype != expected:
-                out = stock(self, torch.ops.aten._to_copy.default, types, (out,), {"dtype": expected})
-        return out
-
-    return dispatch
+def promote_zero_dim(dispatch, env, func, types, args, kwargs, out):
+    """``out`` of ``func`` in the dtype torch gives it when one operand is a 0-dim tensor (cast with ``dispatch``)."""
+    if func in _TWO_OPERANDS or func is torch.ops.aten.where.self:
+        operands = args[:2] if func in _TWO_OPERANDS else args[1:3]
+        expected = _torch_result_dtype(operands)
+        true_division = func is torch.ops.aten.div.Tensor or (
+            func is torch.ops.aten.div.Tensor_mode and (kwargs or {}).get("rounding_mode") is None
+        )
+        if expected is not None and true_division and not (expected.is_floating_point or expected.is_complex):
+            expected = torch.get_default_dtype()  # torch divides integers into floats
+        if expected is not None and isinstance(out, Tensor) and out.dtype != expected:
+            out = dispatch(env, torch.ops.aten._to_copy.default, types, (out,), {"dtype": expected})
+    return out

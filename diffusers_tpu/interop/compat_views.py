@@ -45,7 +45,8 @@ def patch_view_getitem():
 # reaches its lowering with the view materialized as a copy, so the write is lost without a word. LTX-2's split
 # rotary embedding does ``out[..., :1, :].addcmul_(...)``: its attention silently differed by 0.3. Every in-place
 # op whose first argument is a view now runs on the materialized copy and writes the copy back through the view.
-# Guard: wraps ``Environment.dispatch`` (0.0.10 - 0.0.13) once; ops torchax already handles on views pass through.
+# Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13); ops torchax already handles on
+# views pass through.
 def _mutates_first_argument(func) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or not schema.arguments or schema.arguments[0].kwarg_only:
@@ -54,21 +55,15 @@ def _mutates_first_argument(func) -> bool:
     return alias is not None and alias.is_write
 
 
-def inplace_on_views(stock):
-    def dispatch(self, func, types, args, kwargs):
-        if args and isinstance(args[0], View) and _mutates_first_argument(func):
-            try:
-                handled = torchax_private.op_or_decomposition(self, func).is_view_op
-            except Exception:  # no lowering: let torchax raise its own error
-                handled = True
-            if not handled:
-                view, copy = args[0], args[0].torch()
-                stock(self, func, types, (copy, *args[1:]), kwargs)
-                view.update(copy)
-                return view
-        return stock(self, func, types, args, kwargs)
-
-    return dispatch
+def written_through_view(env, func, args) -> bool:
+    """Whether ``func`` writes its first argument, a view, in a way torchax's lowering would lose: the op then runs on
+    the view's materialized copy, written back through the view (``compat``'s dispatch)."""
+    if not (args and isinstance(args[0], View) and _mutates_first_argument(func)):
+        return False
+    try:
+        return not torchax_private.op_or_decomposition(env, func).is_view_op
+    except Exception:  # no lowering: let torchax raise its own error
+        return False
 
 
 # --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
@@ -76,15 +71,8 @@ def inplace_on_views(stock):
 # many such ops of schedule glue between their models. Ops whose tensors are all scalars or
 # vectors run in torch on the host and their results are placed on the devices (``host_scalars`` says what qualifies).
 # torchax views get their shape without running the slice, and a view of such a vector is read on the host.
-# Guard: wraps ``Environment.dispatch``, ``NarrowInfo.calculate_output_shape`` and ``View.jax`` (0.0.10 - 0.0.13) once.
-def glue_on_host(stock):
-    def dispatch(self, func, types, args, kwargs):
-        result = host_scalars.run(self, func, args, kwargs or {})
-        return stock(self, func, types, args, kwargs) if result is host_scalars.NOT_GLUE else result
-
-    return dispatch
-
-
+# Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper; wraps ``NarrowInfo.calculate_output_shape`` and
+# ``View.jax`` (0.0.10 - 0.0.13) once.
 def patch_glue_views():
 
     def calculate_output_shape(self, source):

@@ -136,28 +136,73 @@ class CompiledFunction:
         return f"<compiled {type(self.module).__name__}.{self.name}: {len(self.programs)} programs>"
 
     def __call__(self, *args, **kwargs):
+        # One frame from the caller to the executable (the project keeps at most five between stock code and any
+        # compiled program): the steady path is inline; building, state discovery and eager fallbacks branch off.
         with self.activate():
             if self.eager:
                 return self.__wrapped__(*args, **kwargs)
             self._hold()
             hooks = module_state.hooks(self.held.modules)
             if hooks - self.traced_hooks:  # each call must run them, as stock does: eagerly while they are registered
-                if not self.hooked:
-                    self.hooked = True
-                    logger.warning(HOOKED, type(self.module).__name__, self.name)
-                return self.__wrapped__(*args, **kwargs)
-            traces = len(self.programs)
+                return self._run_hooked(hooks, args, kwargs)
+            call = self.call_key(args, kwargs)
+            program = self._program_for(call)
+            program.carried = call.live  # the objects now at the carried places
+            tensors = [to_jax_array(x) for x in call.leaves if isinstance(x, torch.Tensor)]
+            dynamic = place_arguments(self.place_input, tensors)
+            carried_in = [to_jax_array(value) for value in call.values if isinstance(value, torch.Tensor)]
+            extra = self.extras.values() if self.extras is not None else []
+            weights = self.state()
+            arguments = program.arguments(weights, dynamic, extra, carried_in)
+            traces = program.executable is None  # this call traces it
             try:
-                return self._compiled_call(args, kwargs)
+                arrays = program.prepare(arguments)
+                if arrays is None and program.varying:
+                    arrays = program.dispatched(arguments)
+                elif arrays is None:
+                    try:
+                        arrays = program.executable(*arguments)
+                    except (TypeError, ValueError) as error:
+                        arrays = program.dispatched(arguments, error)
+            except module_state.Uncarriable as reason:
+                del self.programs[call.key]
+                what = f"attributes {list(reason.args[0])} left holding containers of tensors"
+                return self._run_eagerly(what, args, kwargs)
             finally:
-                if len(self.programs) != traces:  # only a trace registers hooks of its own
+                if traces:  # only a trace registers hooks of its own
                     self.traced_hooks.update(module_state.hooks(self.held.modules) - hooks)
+            if program.discovered is not None:  # traced in this call: what it assigned
+                found = [entry for entry in program.discovered if (id(entry[0]), entry[1]) not in self.caches]
+                program.discovered = None
+                if found and self.donate is None:
+                    inputs = (weights, dynamic, extra, carried_in)
+                    return self._state_found(program, call.key, found, inputs, arrays, args, kwargs)
+            return program.rebuild(arrays, args, kwargs)
+
+    def _run_hooked(self, hooks, args, kwargs):
+        if not self.hooked:
+            self.hooked = True
+            logger.warning(HOOKED, type(self.module).__name__, self.name)
+        return self.__wrapped__(*args, **kwargs)
 
     def _hold(self) -> None:
         """The module's structure, found once at the first call (every later call reads it)."""
         if self.held is None:
             modules = list(self.module.modules())
             self.held = _Structure(module_state.places(self.module), modules, module_state.setting_owners(modules))
+
+    def _program_for(self, call: _Call) -> Program:
+        """The program of ``call``'s key, made (not yet traced) at its first call."""
+        try:
+            program = self.programs.get(call.key)
+        except TypeError:
+            raise TypeError(
+                f"{type(self.module).__name__}.{self.name} on JAX takes tensors and hashable values (numbers, "
+                f"strings, None, tuples); got {[type(x).__name__ for x in call.static if x is not TENSOR]}."
+            ) from None
+        if program is None:
+            program = self.programs[call.key] = self._new_program(call.spec, call.static, call.live, call.carried_key)
+        return program
 
     def _new_program(self, spec, static, live, carried_key) -> Program:
         return Program(
@@ -175,68 +220,22 @@ class CompiledFunction:
             self.build,
         )
 
-    def _compiled_call(self, args, kwargs):
-        call = self.call_key(args, kwargs)
-        key = call.key
-        try:
-            program = self.programs.get(key)
-        except TypeError:
-            raise TypeError(
-                f"{type(self.module).__name__}.{self.name} on JAX takes tensors and hashable values (numbers, "
-                f"strings, None, tuples); got {[type(x).__name__ for x in call.static if x is not TENSOR]}."
-            ) from None
-        if program is None:
-            program = self.programs[key] = self._new_program(call.spec, call.static, call.live, call.carried_key)
-        program.carried = call.live  # the objects now at the carried places
-        tensors = [to_jax_array(x) for x in call.leaves if isinstance(x, torch.Tensor)]
-        dynamic = place_arguments(self.place_input, tensors)
-        carried_in = [to_jax_array(value) for value in call.values if isinstance(value, torch.Tensor)]
-        extra = self.extras.values() if self.extras is not None else []
-        weights = self.state()
-        try:
-            arrays = program(weights, dynamic, extra, carried_in)
-        except module_state.Uncarriable as reason:
-            del self.programs[key]
-            return self._run_eagerly(
-                f"attributes {list(reason.args[0])} left holding containers of tensors", args, kwargs
-            )
-        found = [entry for entry in program.discovered or () if (id(entry[0]), entry[1]) not in self.caches]
-        program.discovered = None
-        if found and self.donate is None:
-            return self._state_found(program, key, found, (weights, dynamic, extra, carried_in), arrays, args, kwargs)
-        return program.rebuild(arrays, args, kwargs)
-
     def _state_found(self, program, key, found, inputs, arrays, args, kwargs):
         """Attributes a trace assigned: caches (dropped), state a program carries (the call runs again carrying
-        it), or state no program can carry (eager from now on)."""
-        pairs = [(owner, attribute) for owner, attribute, *_ in found]
-        is_state = program.state_dependence(pairs, *inputs)
-        new_state = [
-            (owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state) if yes and kind == "tensor"
-        ]
-        eager_state = [
-            (owner, attribute, kind, before)
-            for (owner, attribute, kind, before), yes in zip(found, is_state)
-            if yes and kind != "tensor"
-        ]
-        self.caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
-        if eager_state:  # changed on every call, or tensors in a container: no program carries that
-            what = ", ".join(f"{type(o).__name__}.{a}" for o, a, *_ in eager_state)
-            if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
-                self.eager.append(what)  # this call's result and its plain values are stock's; eager from now on
-                logger.warning(EAGER, type(self.module).__name__, self.name, what)
-                return program.rebuild(arrays, args, kwargs)
-            module_state.restore([(o, a, before) for o, a, _, before in eager_state])
-            return self._run_eagerly(what, args, kwargs)
-        if new_state:  # this run could not leave the state behind: run the call again, carrying it
+        it), or state no program can carry (eager from now on): ``module_state.settle``."""
+        carried, eager = module_state.settle(program, found, inputs, self.held.places, self.caches)
+        if eager is not None:
+            self.eager.append(eager.reason)
+            logger.warning(EAGER, type(self.module).__name__, self.name, eager.reason)
+            return program.rebuild(arrays, args, kwargs) if eager.keep_result else self.__wrapped__(*args, **kwargs)
+        if carried:  # this run could not leave the state behind: run the call again, carrying it
             logger.info(
                 "%s.%s keeps state between calls (%s): carried through its programs",
                 type(self.module).__name__,
                 self.name,
-                ", ".join(f"{type(o).__name__}.{a}" for o, a in new_state),
+                ", ".join(f"{type(owner).__name__}.{attribute}" for owner, attribute in carried),
             )
-            held = self.held.places
-            self.carried.extend((module_state.where(owner, held), attribute) for owner, attribute in new_state)
+            self.carried.extend(carried)
             del self.programs[key]
             return self(*args, **kwargs)
         return program.rebuild(arrays, args, kwargs)

@@ -24,6 +24,8 @@ around a trace, and classifies each attribute the trace assigned once, from one 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from jax.extend import core as jax_core
 from torch.nn.modules import module as torch_module
@@ -36,6 +38,35 @@ MISSING = object()
 
 class Uncarriable(Exception):
     """A carried attribute was left holding a value no program can carry (the method then runs eagerly)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Eager:
+    """State no program can carry: the method runs eagerly from now on. ``keep_result``: the traced call's result
+    is stock's (only plain values changed); else the call itself runs again eagerly."""
+
+    reason: str
+    keep_result: bool
+
+
+def settle(program, found: list, inputs: tuple, held: list, caches: set) -> tuple[list, Eager | None]:
+    """What a trace assigned (``found``: [(owner, attribute, kind, before)]), classified from one more trace
+    (``program.state_dependence``): caches are added to ``caches`` (dropped from now on); returns the state to carry
+    ([(place, attribute)], ``held``: the module's places) and, when some state cannot be carried, ``Eager``."""
+    pairs = [(owner, attribute) for owner, attribute, *_ in found]
+    is_state = program.state_dependence(pairs, *inputs)
+    new_state = [
+        (owner, attribute) for (owner, attribute, kind, _), yes in zip(found, is_state) if yes and kind == "tensor"
+    ]
+    eager_state = [entry for entry, yes in zip(found, is_state) if yes and entry[2] != "tensor"]
+    caches.update((id(owner), attribute) for (owner, attribute, *_), yes in zip(found, is_state) if not yes)
+    if eager_state:  # changed on every call, or tensors in a container: no program carries that
+        what = ", ".join(f"{type(owner).__name__}.{attribute}" for owner, attribute, *_ in eager_state)
+        if not new_state and all(kind in ("value", "object") for _, _, kind, _ in eager_state):
+            return [], Eager(what, keep_result=True)  # the call's result and its plain values are stock's
+        restore([(owner, attribute, before) for owner, attribute, _, before in eager_state])
+        return [], Eager(what, keep_result=False)
+    return [(where(owner, held), attribute) for owner, attribute in new_state], None
 
 
 def _held(value) -> bool:

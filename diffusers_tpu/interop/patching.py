@@ -2,9 +2,8 @@
 
 ``wrap(owner, name, make, label)`` looks the current attribute up, returns at once when a wrapper of that label is
 already part of it (applying twice changes nothing), sets ``make(current)`` and records the label. Every wrapper
-carries the labels of those it wraps, so several patches may stack on one attribute (torchax's
-``Environment.dispatch`` holds four, in the order ``compat.DISPATCH_LAYERS`` names) and each still knows whether it is
-in. Every patch is recorded with how to undo it: ``undo_all`` puts every attribute back as it was, last patch first
+carries the labels of those it wraps, so several patches may stack on one attribute and each still knows whether it
+is in. Every patch is recorded with how to undo it: ``undo_all`` puts every attribute back as it was, last patch first
 (``diffusers_tpu.deactivate``). Imports nothing of the package."""
 
 from __future__ import annotations

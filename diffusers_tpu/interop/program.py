@@ -164,9 +164,15 @@ class Program:
             compiler_options=getattr(self.build, "compiler_options", None),  # the build's XLA options, if it has any
         )
 
-    def __call__(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()):
+    def arguments(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()) -> tuple:
+        """The jitted function's arguments for one call (the tensor arguments past ``donate`` donated)."""
         cut = len(dynamic) if self.donate is None else self.donate
-        arguments = (state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in))
+        return (state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in))
+
+    def prepare(self, arguments: tuple):
+        """Build the executable at the first call (``build``). Returns None when the caller runs it
+        (``executable``), or the zeros that stand for the outputs while programs are only compiled
+        (``compile_only``)."""
         pool = compile_only.pool()
         if self.executable is None:
             lowered = self.without_hook_if_needed(self.jitted.lower, *arguments)
@@ -181,18 +187,18 @@ class Program:
             self.executable = self.executable.result()
         if compile_only.compiling_only():  # built, not run; zeros stand for the outputs
             return compile_only.zeros_of(self.executable.out_info)
-        if self.varying:
-            return self.without_hook_if_needed(self.jitted, *arguments)
-        try:
-            return self.executable(*arguments)
-        except (TypeError, ValueError) as error:
+        return None
+
+    def dispatched(self, arguments: tuple, error: Exception | None = None):
+        """Run through jit's own dispatch (one program per argument layout): when the executable refused arguments
+        laid out unlike the ones it was built for (``error``; anything else is raised again), and from then on."""
+        if error is not None:
             if not ARGUMENTS_CHANGED.search(str(error)):
-                raise
-            # arguments unlike the built program's (inputs sharded otherwise by what made them, weights placed anew):
-            # from now on jit's own dispatch, one program per argument layout, as before the build
+                raise error
+            # arguments unlike the built program's (inputs sharded otherwise by what made them, weights placed anew)
             logger.info("a compiled program got arguments laid out otherwise: jit keeps one program per layout")
             self.varying = True
-            return self.without_hook_if_needed(self.jitted, *arguments)
+        return self.without_hook_if_needed(self.jitted, *arguments)
 
     def state_dependence(self, pairs: list, state: dict, dynamic: list, extra: list, carried_in: list) -> list[bool]:
         """Per attribute of ``pairs`` (assigned by the method, found in a trace), from one more trace: a tensor (or

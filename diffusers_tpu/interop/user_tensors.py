@@ -22,7 +22,7 @@ from . import backend
 from .torch_private import pytree
 
 
-def _to_cpu(value):
+def to_cpu(value):
     if backend.is_jax_tensor(value):
         return backend.jax_to_host(value.jax())
     if (
@@ -32,7 +32,7 @@ def _to_cpu(value):
     ):
         # e.g. vae.encode(...).latent_dist (DiagonalGaussianDistribution): a copy holding host tensors
         host = copy.copy(value)
-        host.__dict__.update({k: _to_cpu(v) for k, v in vars(value).items()})
+        host.__dict__.update({k: to_cpu(v) for k, v in vars(value).items()})
         return host
     return value
 
@@ -50,7 +50,7 @@ def _tree_map(function, value):
 
 def to_host(value):
     """JAX tensors in ``value`` (any pytree) become CPU torch tensors."""
-    return _tree_map(_to_cpu, value)
+    return _tree_map(to_cpu, value)
 
 
 def to_device(value):

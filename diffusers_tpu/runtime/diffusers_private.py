@@ -4,8 +4,6 @@ release changes one. Where diffusers has a public way it is used instead (``atte
 
 from __future__ import annotations
 
-import contextlib
-
 import diffusers
 from diffusers.models import attention_dispatch
 
@@ -37,26 +35,46 @@ def innermost_forward_reference(module):
 
 
 def active_attention_backend() -> attention_dispatch.AttentionBackendName:
-    """The backend diffusers' attention dispatch uses now (set by ``diffusers.attention_backend(...)`` or
-    ``set_attention_backend``). Why private: ``_AttentionBackendRegistry.get_active_backend`` is the only reader."""
+    """The backend diffusers' attention dispatch uses for processors that name none (set by
+    ``diffusers.attention_backend(...)`` or ``DIFFUSERS_ATTN_BACKEND``). Why private:
+    ``_AttentionBackendRegistry.get_active_backend`` is the only reader."""
     return attention_dispatch._AttentionBackendRegistry.get_active_backend()[0]
 
 
+def make_active(backend: attention_dispatch.AttentionBackendName) -> None:
+    """Make ``backend`` the process's active one again (``ModelMixin.set_attention_backend`` also makes the backend it
+    names active for every processor). Why private: the public ``attention_backend(...)`` context restores on exit only;
+    there is no public setter."""
+    attention_dispatch._AttentionBackendRegistry.set_active_backend(backend)
+
+
 def native_attention():
-    """The public ``diffusers.attention_backend("native")`` context: inside JAX calls the dispatch takes SDPA, which
-    the project routes to its kernel."""
+    """The public ``diffusers.attention_backend("native")`` context."""
     return diffusers.attention_backend(NATIVE)
 
 
-@contextlib.contextmanager
-def serving_backend(name: attention_dispatch.AttentionBackendName, function):
-    """diffusers' dispatch serves backend ``name`` with ``function`` for the duration. Why private: the registry has no
-    public way to replace a registered backend's function (``_AttentionBackendRegistry._backends``); the ``flex``
-    backend's torch function cannot run on JAX (``runtime.flex_attention``)."""
+def processor_backend(processor):
+    """The backend a processor names (``set_attention_backend`` sets it; None: the active one). Why private:
+    ``processor._attention_backend`` has no public reader, and a user's choice must come back on ``pipe.to("cpu")``."""
+    return getattr(processor, "_attention_backend", None)
+
+
+def name_processor_backend(processor, backend) -> None:
+    """Name ``backend`` on one processor (``set_attention_backend`` names one for all of a model's). Why private: no
+    public way sets a single processor's, and a user's per-processor choices must come back exactly."""
+    processor._attention_backend = backend
+
+
+def serve_backend(name: attention_dispatch.AttentionBackendName, function):
+    """diffusers' dispatch serves backend ``name`` with ``function(stock)`` from now on; returns the undo. Why private:
+    the registry has no public way to replace a registered backend's function (``_AttentionBackendRegistry._backends``);
+    the ``flex`` backend's torch function cannot run on JAX (``runtime.attention.flex_attention``)."""
     backends = attention_dispatch._AttentionBackendRegistry._backends
     stock = backends.get(name)
-    backends[name] = function
-    try:
-        yield
-    finally:
-        backends[name] = stock
+    served = backends[name] = function(stock)
+
+    def undo():
+        if backends.get(name) is served:
+            backends[name] = stock
+
+    return undo

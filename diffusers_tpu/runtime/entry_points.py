@@ -88,15 +88,28 @@ def wrap_pipeline_call(pipeline_cls) -> None:
     def make(stock_call):
         @functools.wraps(stock_call)
         def __call__(self, *args, **kwargs):
-            group_offload.before_call(self)
-            attached = moves.for_call(self)
-            if attached is None:
+            runtime = catch_up(self)
+            if runtime is None:
                 return stock_call(self, *args, **kwargs)
-            return attached.run_pipeline_call(stock_call, self, args, kwargs)
+            return runtime.run_pipeline_call(stock_call, self, args, kwargs)
 
         return __call__
 
     patching.wrap(pipeline_cls, "__call__", make, f"{pipeline_cls.__name__}.__call__")
+
+
+def catch_up(pipe):
+    """The one step a pipeline call takes before it runs: the placement brought up to date with what the user changed
+    since the move, each change named in a log line (nothing else re-places anything during a call). Components marked
+    for group offloading onto JAX move the pipeline there with them (``group_offload.before_call``); a component
+    replaced, or held on JAX by another pipeline sharing it, moves the pipeline again as it was moved
+    (``moves.for_call``); a ``torch.compile``'d component runs its original module and weights an offload hook left
+    on the host come back (``PipelineRuntime.catch_up``). Returns the runtime the call runs in, None for plain torch."""
+    group_offload.before_call(pipe)
+    runtime = moves.for_call(pipe)
+    if runtime is not None and not runtime.inside_call():  # (a subclass's __call__ around the stock one: done)
+        runtime.catch_up()
+    return runtime
 
 
 # --- 4. torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------

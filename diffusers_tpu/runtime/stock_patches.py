@@ -12,12 +12,9 @@ import torch
 
 from ..interop import import_hooks, patching, torch_private
 from ..interop.torch_private import pytree
-from . import registry, support, to_arguments
+from . import diffusers_private, registry, support, to_arguments
 from .attach import moves, pipeline_runtime, shared_components
 from .weights import lora
-
-logger = logging.getLogger(__name__)
-
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +222,20 @@ def _patch_from_unet(module, cls_name: str, method: str) -> None:
         patching.replace(cls, method, classmethod(from_unet), f"{cls_name}.{method} on host copies")
 
 
+# --- 14. diffusers' flex attention backend on JAX tensors -----------------------------------------------------------
+# Reason: models that build a ``BlockMask`` name the ``flex`` backend themselves (AnyFlow FAR, Kandinsky 6 SR); torch's
+# ``flex_attention`` has no JAX lowering. The registry's flex function is served once, for the process: JAX tensors
+# take ``flex_attention.flex_as_sdpa`` (the mask made dense, the project's attention), any other the stock function.
+# Guard: replaces the one registered ``AttentionBackendName.FLEX`` function (diffusers 0.38 - 0.42) once; undone by
+# ``deactivate``.
+def _serve_flex_on_jax(attention_dispatch) -> None:
+    from .attention import flex_attention  # noqa: PLC0415 - imports torch's flex attention: only with the dispatch
+
+    if "flex attention on JAX tensors" not in patching.applied():
+        undo = diffusers_private.serve_backend(attention_dispatch.AttentionBackendName.FLEX, flex_attention.serving_jax)
+        patching.record("flex attention on JAX tensors", undo)
+
+
 def register() -> None:
     """Each patch applied when its module is imported (now, if it is imported already)."""
     import_hooks.when_imported("diffusers.models.modeling_utils", _patch_model_methods)
@@ -242,3 +253,4 @@ def register() -> None:
     import_hooks.when_imported("peft.tuners.lora.model", _patch_peft_model)
     import_hooks.when_imported("diffusers.modular_pipelines.modular_pipeline", _patch_modular_pipelines)
     import_hooks.when_imported("diffusers.models.transformers.transformer_flux2", _register_flux2_kv_cache)
+    import_hooks.when_imported("diffusers.models.attention_dispatch", _serve_flex_on_jax)

@@ -44,14 +44,14 @@ def stock():
 def _traced_shapes(pipe):
     """Shapes inside the transformer program the pipeline runs, traced with the arguments of its last call."""
     compiled = compiled_method(pipe, pipe.transformer)
-    calls, call = [], Program.__call__
-    Program.__call__ = lambda self, state, dynamic, extra=(), carried=(): (
-        calls.append((self, state, dynamic)) or call(self, state, dynamic, extra, carried)
+    calls, arguments = [], Program.arguments
+    Program.arguments = lambda self, state, dynamic, extra=(), carried=(): (
+        calls.append((self, state, dynamic)) or arguments(self, state, dynamic, extra, carried)
     )
     try:
         generate(pipe, output_type="latent", num_inference_steps=1)
     finally:
-        Program.__call__ = call
+        Program.arguments = arguments
     program, state, dynamic = [c for c in calls if c[0] in compiled.programs.values()][-1]
     with compiled.activate():
         jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, [], []).jaxpr

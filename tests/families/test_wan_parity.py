@@ -75,7 +75,7 @@ def test_single_prompt_without_guidance_and_several_videos_per_prompt():
 
 def _compiled(pipe):
     """A placed transformer's compiled program, found by its layer's name."""
-    return pipeline_runtime.runtime_of(pipe).chain_of(pipe.transformer).get("program").whole
+    return pipeline_runtime.runtime_of(pipe).compiled_of(pipe.transformer)
 
 
 def test_cfg_pair_runs_as_one_batch():

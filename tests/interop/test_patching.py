@@ -23,14 +23,13 @@ def test_wrap_once_stacks_with_labels_and_records():
     assert {"test: loud", "test: excited"} <= set(patching.applied())
 
 
-def test_torchax_dispatch_holds_its_layers_in_the_declared_order():
-    """Outermost first on the attribute, innermost first in ``DISPATCH_LAYERS``: the order is the tuple's, not the
-    order of lines in ``apply``; applying again adds nothing."""
+def test_torchax_dispatch_is_wrapped_once_with_every_step_named():
+    """One wrapper (one frame per eager op) naming its steps in the declared order; applying again adds nothing."""
     from torchax.tensor import Environment
 
     compat.apply()
-    declared = tuple(label for label, _ in compat.DISPATCH_LAYERS)
-    assert patching.labels(Environment.dispatch) == declared[::-1]
+    (label,) = patching.labels(Environment.dispatch)
+    assert label == "torchax dispatch: " + "; ".join(compat.DISPATCH_STEPS)
 
 
 def test_undo_all_puts_back_what_was_there_and_leaves_what_others_set_since():

@@ -7,7 +7,7 @@ import types
 import torch
 
 from diffusers_tpu.interop import backend
-from diffusers_tpu.runtime.call import cfg
+from diffusers_tpu.runtime.call import cfg, hook_chain
 
 SPEC = types.SimpleNamespace(
     negative_call=0,
@@ -37,9 +37,12 @@ def _setup():
         return hidden_states * 2 + encoder_hidden_states.mean(dim=(1, 2), keepdim=True)[:, :, None] + timestep
 
     positive, negative = torch.randn(1, 5, 4), torch.randn(1, 5, 4)
-    encode = pairing.capture_negative(lambda: (positive, negative))
+    owner = types.SimpleNamespace(forward=forward, encode_prompt=lambda: (positive, negative))
+    encode = hook_chain.HookChain(owner, "encode_prompt", lambda: True)
+    encode.register(pairing.negative_hook())
     context = pairing.track_context(module, lambda name, **kwargs: contextlib.nullcontext())
-    paired = pairing.wrap_denoiser(module, forward)
+    paired = hook_chain.HookChain(owner, "forward", lambda: True)
+    paired.register(pairing.denoiser_hook(module))
     return pairing, paired, context, encode, forward, calls
 
 

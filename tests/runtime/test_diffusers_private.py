@@ -1,6 +1,8 @@
 """diffusers' private names the project uses, through ``runtime.diffusers_private``, still do what it reads them for:
 these fail when a diffusers release changes one."""
 
+import types
+
 import diffusers
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -41,16 +43,39 @@ def test_the_active_backend_is_read_and_native_is_entered_publicly():
     assert diffusers_private.active_attention_backend() == before
 
 
-def test_a_backend_is_served_by_another_function_for_the_duration():
+def test_a_backend_is_served_by_another_function_until_undone():
     flex = attention_dispatch.AttentionBackendName.FLEX
+    registered = attention_dispatch._AttentionBackendRegistry._backends[flex]
     calls = []
 
-    def served(query, key, value, **kwargs):
-        calls.append(query.shape)
-        return query
+    def serving(stock):
+        def served(query, key, value, **kwargs):
+            calls.append(stock)
+            return query
+
+        return served
 
     q = torch.ones(1, 4, 2, 8)
-    with diffusers_private.serving_backend(flex, served):
+    undo = diffusers_private.serve_backend(flex, serving)
+    try:
         out = attention_dispatch.dispatch_attention_fn(q, q, q, backend=flex)
-    assert calls == [q.shape] and out is q
-    assert attention_dispatch._AttentionBackendRegistry._backends[flex] is not served
+    finally:
+        undo()
+    assert calls == [registered] and out is q
+    assert attention_dispatch._AttentionBackendRegistry._backends[flex] is registered
+
+
+def test_a_processor_s_backend_is_read_and_named_and_the_active_one_made_active_again():
+    processor = types.SimpleNamespace(_attention_backend=None)
+    assert diffusers_private.processor_backend(processor) is None
+    diffusers_private.name_processor_backend(processor, attention_dispatch.AttentionBackendName.FLEX)
+    assert diffusers_private.processor_backend(processor) == attention_dispatch.AttentionBackendName.FLEX
+    before = diffusers_private.active_attention_backend()
+    try:
+        attention_dispatch._AttentionBackendRegistry.set_active_backend(
+            attention_dispatch.AttentionBackendName._NATIVE_MATH
+        )
+        diffusers_private.make_active(before)
+        assert diffusers_private.active_attention_backend() == before
+    finally:
+        diffusers_private.make_active(before)

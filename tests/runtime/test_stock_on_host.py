@@ -6,14 +6,14 @@ import types
 import torch
 
 from diffusers_tpu.interop import backend
-from diffusers_tpu.runtime.call import stock_on_host
+from diffusers_tpu.runtime.call import hook_chain, stock_on_host
 
 
-def _runtime(depth: int):
-    return types.SimpleNamespace(_depth=depth, _encoding_on_host=0)
+def _runtime(depth: int, encoding: int = 0):
+    return types.SimpleNamespace(inside_call=lambda: depth > 0, encoding_on_host=encoding)
 
 
-def test_run_on_host_passes_the_device_as_cpu_and_host_tensors_and_keeps_plain_lists():
+def test_the_on_host_hook_passes_the_device_as_cpu_and_host_tensors_and_keeps_plain_lists():
     seen = {}
     prompts = ["a cat", "a dog"]
 
@@ -26,11 +26,15 @@ def test_run_on_host_passes_the_device_as_cpu_and_host_tensors_and_keeps_plain_l
         runtime = _runtime(depth)
         with backend.jax_mode():
             moved = backend.wrap(backend.host_to_jax(embeds))
-            out = stock_on_host.run_on_host(encode_prompt, runtime)(prompts, embeds=moved, device="jax")
+            chain = hook_chain.HookChain(
+                types.SimpleNamespace(encode_prompt=encode_prompt), "encode_prompt", lambda: True
+            )
+            chain.register(stock_on_host.OnHost(encode_prompt, runtime))
+            out = chain(prompts, embeds=moved, device="jax")
             assert backend.is_jax_tensor(out) is on_devices
         assert seen["device"] == torch.device("cpu") and seen["embeds_device"] == "cpu"
         assert seen["prompt"] is prompts  # the caller's own list: stock code may write into it
-        assert runtime._encoding_on_host == 0
+        assert runtime.encoding_on_host == 0
 
 
 def test_on_host_runs_a_module_on_the_host_and_places_its_outputs_only_inside_a_call():
@@ -38,7 +42,7 @@ def test_on_host_runs_a_module_on_the_host_and_places_its_outputs_only_inside_a_
     x = torch.randn(4, 3)
     expected = linear(x)
     for depth, encoding, on_devices in ((0, 0, False), (1, 0, True), (1, 1, False)):
-        runtime = types.SimpleNamespace(_depth=depth, _encoding_on_host=encoding)
+        runtime = _runtime(depth, encoding)
         forward = stock_on_host.on_host(linear.forward, runtime)
         with backend.jax_mode():
             out = forward(backend.wrap(backend.host_to_jax(x)))

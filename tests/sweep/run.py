@@ -43,7 +43,7 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime import registry, support
 
-from .. import xla_flags
+from .. import call_depth, xla_flags
 from .recipes import RECIPES
 
 TOLERANCE = 1e-4
@@ -171,11 +171,15 @@ def measure(name: str, devices: int) -> dict:
         )
     try:  # no persistent compile cache: no two classes share a program, so writing them would only cost time
         pipe.to("jax", config=TPUConfig(mesh=MESH if devices > 1 else None, compile_cache_dir=False))
-        out = _run(pipe, call, sound=sound)
+        with call_depth.measured(__file__) as depths:  # the project's frames between stock code and each program
+            out = _run(pipe, call, sound=sound)
     except Exception as error:
         return dict(error=f"jax: {type(error).__name__}: {str(error)[:300]}", seconds=time.perf_counter() - began)
     runtime = pipe._diffusers_tpu_runtime
     found = dict(batched_steps=runtime.pairing.batched_steps if runtime.pairing else 0)  # CFG pairs run as one batch
+    found["deepest_frames"] = depths.deepest
+    if depths.deepest > call_depth.MOST:
+        found["deepest_chain"] = " > ".join(depths.examples[depths.deepest])
     if len(sound) == 2:  # the soundtrack, compared as the frames are
         same = sound[1].shape == sound[0].shape and np.isfinite(sound[1]).all()
         found["audio_max_abs"] = float(np.abs(sound[1] - sound[0]).max()) if same else None
@@ -389,6 +393,7 @@ def table(measured: dict) -> dict:
             pil_levels_off_mesh=(result["mesh"] or {}).get("pil_levels_off"),
             batched_steps_mesh=(result["mesh"] or {}).get("batched_steps"),
             warm_compilations=max((result[k] or {}).get("warm_compilations", 0) for k in ("one", "mesh")),
+            deepest_frames=max((result[k] or {}).get("deepest_frames", 0) for k in ("one", "mesh")),
         )
         if any((result[k] or {}).get("quantized") for k in ("one", "mesh")):  # judged by the 8-bit rule
             rows[name].update(

@@ -2,8 +2,10 @@
 
 Each entry is undone in reverse order. ``set`` replaces an attribute of an object (a module's ``forward``, a
 pipeline's ``encode_prompt``) and records how to restore it exactly: the instance attribute that was there, or none.
-A function set this way is guarded: after ``undo_all`` it calls what was there before, so a wrapper someone installed
-on top of ours meanwhile (a diffusers hook) keeps working, and undoing leaves that wrapper in place."""
+A ``forward`` function set this way is guarded: after ``undo_all`` it calls what was there before, so a diffusers hook
+registered on top of ours meanwhile (``HookRegistry`` wraps ``forward``) keeps working, and undoing leaves that hook in
+place. Other attributes are not wrapped (a guard is one more frame on every call; ``hook_chain.HookChain`` guards
+itself)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class Overrides:
         """Set ``owner.<name>`` (bypassing ``__setattr__``: torch modules would register a module) until undone."""
         had = name in vars(owner)
         previous = vars(owner).get(name)
-        if isinstance(value, _FUNCTIONS):
+        if name == "forward" and isinstance(value, _FUNCTIONS):
             value = self._guarded(owner, name, value, previous if had else None)
         object.__setattr__(owner, name, value)
 

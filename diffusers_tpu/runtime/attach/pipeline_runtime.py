@@ -8,7 +8,6 @@ The moves that create and drop it are ``moves`` (``attach``, ``detach``, ``for_c
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import logging
 import time
@@ -29,7 +28,7 @@ from ...interop import (
 )
 from .. import decision
 from ..attention import sdpa
-from ..call import cfg, forward_chain, oversized_calls, schedulers
+from ..call import cfg, hook_chain, oversized_calls, schedulers
 from ..call.call_stats import CallStats
 from ..call.denoiser import Denoiser
 from ..gpu_script import gpu_script_calls
@@ -96,15 +95,15 @@ class PipelineRuntime(Placing):
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
-        self.chains: dict[str, forward_chain.ForwardChain] = {}  # the layers around each denoiser's forward
+        self.chains: dict[tuple, hook_chain.HookChain] = {}  # (id(owner), method) -> the hooks around it
         self._compiled: dict = {}  # (id(module), method name) -> its CompiledFunction (``compiled_of``)
         self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
-        self._last_output = None
-        self._log: compile_accounting.CompileLog | None = None
+        self.recorded = None  # the denoiser's last output (``hook_chain.Recording``)
+        self.compile_log: compile_accounting.CompileLog | None = None  # the running call's
         self.placing_programs = 0  # programs ``place`` built (``CallStats.placing_programs``)
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
-        # > 0 inside a method run on the host (``stock_on_host.run_on_host``): text encoders' outputs stay there
-        self._encoding_on_host = 0
+        # > 0 inside a method run on the host (``stock_on_host.OnHost``): text encoders' outputs stay there
+        self.encoding_on_host = 0
         self.text_encoder_placement = decided.text_encoders  # "host" or "jax"
         # weights the modules show as ``meta`` between calls (``sequential_offload``); None: modules hold their own
         self.hidden_weights = None
@@ -123,7 +122,7 @@ class PipelineRuntime(Placing):
         with (
             backend.jax_mode(),
             sdpa.use(settings or sdpa.SAFE),
-            gpu_script_calls.native_attention_dispatch(),
+            gpu_script_calls.attention_dispatch_on_jax(),
             jax.default_device(self.home_device),
             jax.default_matmul_precision(self.config.matmul_precision),
             compat_mesh.mesh_of_traces(mesh or self.mesh),
@@ -154,22 +153,9 @@ class PipelineRuntime(Placing):
         finally:
             self._depth = depth
 
-    def user_entry(self, method):
-        """An entry point users call: outside a pipeline call its tensor inputs may be CPU tensors and its outputs
-        are CPU tensors (``user_tensors``); inside one it passes JAX tensors through."""
-
-        @functools.wraps(method)
-        def entry(*args, **kwargs):
-            if self._depth:
-                return method(*args, **kwargs)
-            self._depth += 1
-            try:
-                with self.active(), self.weights_shown():
-                    return user_tensors.to_host(method(*user_tensors.to_device(args), **user_tensors.to_device(kwargs)))
-            finally:
-                self._depth -= 1
-
-        return entry
+    def inside_call(self) -> bool:
+        """Inside a pipeline call or a public entry point: JAX tensors flow between methods."""
+        return self._depth > 0
 
     def run_pipeline_call(self, stock_call, pipe, args, kwargs):
         if self._depth:  # a subclass __call__ wrapping the stock one
@@ -182,8 +168,6 @@ class PipelineRuntime(Placing):
         if self.family.check_call is not None:  # bad input fails here, before anything compiles
             self.family.check_call(pipe, checked.arguments)
         self._host_callback(bound)
-        self._unwrap_compiled_components()
-        self._weights_in_place()
         self._depth, self.last_call = 1, CallStats()
         if self.pairing:
             self.pairing.reset()
@@ -191,10 +175,10 @@ class PipelineRuntime(Placing):
         try:
             with interrupts.watch(), self.active(), self.weights_shown(), compile_accounting.compile_log() as log:
                 with self._schedulers_on_device():
-                    self._log = log
+                    self.compile_log = log
                     out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
         finally:
-            self._depth, self._last_output, self._log = 0, None, None
+            self._depth, self.recorded, self.compile_log = 0, None, None
         self.last_call.total_seconds = time.perf_counter() - start
         self.last_call.compile_seconds, self.last_call.compilations = log.seconds, log.compilations
         self.last_call.cache_hits = log.cache_hits
@@ -223,6 +207,12 @@ class PipelineRuntime(Placing):
             for name, (module, _, _) in self.decision.plans.items()
             if now[name] is not module and getattr(now[name], "_orig_mod", None) is not module  # torch.compile'd
         ]
+
+    def catch_up(self) -> None:
+        """Before a call (``entry_points.catch_up``): a ``torch.compile``'d component runs its original module, and
+        weights an offload hook no longer manages come back to the devices."""
+        self._unwrap_compiled_components()
+        self._weights_in_place()
 
     def _weights_in_place(self) -> None:
         """Components whose weights went to the host with an offload hook that is gone (``pipe.remove_all_hooks()``)

@@ -14,7 +14,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ...interop import (
-    interrupts,
     jit,
     processes,
     sharding,
@@ -24,7 +23,7 @@ from ...interop import (
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered
 from .. import diffusers_private
-from ..call import forward_chain, postprocess, stock_on_host
+from ..call import hook_chain, postprocess, stock_on_host
 from ..call.call_stats import timed_progress_bar
 from ..call.denoiser import TRACE_ERRORS, Denoiser, forget_unfinished, innermost_forward
 from ..gpu_script import gpu_script_calls
@@ -52,16 +51,6 @@ class Placing:
         """VAE inputs on the VAE's own mesh: width over every device when it divides, else height, else whole."""
         mesh = self.vae_mesh
         return processes.place(array, NamedSharding(mesh, P(*vae_mesh.spatial_spec(array.shape, mesh.size))))
-
-    def _recording_output(self, forward):
-        def recorded(*args, **kwargs):
-            interrupts.raise_if_dropped()  # a Ctrl-C Python dropped stops the call here, within a step
-            out = forward(*args, **kwargs)
-            self._last_output = out
-            return out
-
-        recorded.__wrapped__ = forward
-        return recorded
 
     def place(self, plans: dict) -> None:
         pipe, family = self.pipe, self.family
@@ -97,7 +86,7 @@ class Placing:
                 self.enter_public_vae_methods(module)
             else:
                 self._jit(module, "forward", state)
-                self.overrides.set(module, "forward", self.user_entry(module.forward))
+                self.chain(module, "forward").register(hook_chain.UserEntry(self))
         host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
@@ -105,15 +94,21 @@ class Placing:
             self.overrides.set(module, "forward", stock_on_host.on_host(module.forward, self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
+        on_host = [
+            name
+            for name in stock_on_host.HOST_HELPERS
+            if "device" in stock_on_host.parameters(getattr(pipe, name, None))
+        ]
         if host_encoders and "device" in stock_on_host.parameters(getattr(pipe, "encode_prompt", None)):
-            self.overrides.set(pipe, "encode_prompt", stock_on_host.run_on_host(pipe.encode_prompt, self))
-        for name in stock_on_host.HOST_HELPERS:
-            if "device" in stock_on_host.parameters(getattr(pipe, name, None)):
-                self.overrides.set(pipe, name, stock_on_host.run_on_host(getattr(pipe, name), self))
-        if self.pairing is not None:
-            self.overrides.set(pipe, "encode_prompt", self.pairing.capture_negative(pipe.encode_prompt))
+            on_host.append("encode_prompt")
+        for name in on_host:
+            chain = self.chain(pipe, name)
+            chain.register(stock_on_host.OnHost(chain.inner, self))
         if callable(getattr(pipe, "encode_prompt", None)):  # users call it too, e.g. to precompute embeddings
-            self.overrides.set(pipe, "encode_prompt", self.user_entry(pipe.encode_prompt))
+            encode_prompt = self.chain(pipe, "encode_prompt")
+            encode_prompt.register(hook_chain.UserEntry(self))
+            if self.pairing is not None:
+                encode_prompt.register(self.pairing.negative_hook())
         self.overrides.set(pipe, "progress_bar", timed_progress_bar(self, pipe.progress_bar))
         processor = getattr(pipe, "video_processor", None)
         if self.config.postprocess_on_device and processor is not None:
@@ -128,14 +123,12 @@ class Placing:
             self.overrides.add_undo(functools.partial(postprocess.uninstall, image_processor, "postprocess"))
         if family.prepare is not None:
             family.prepare(pipe, self)
-        for name, entry in self.denoisers.items():
-            module, chain = entry.module, self.chains[name]
-            if self.pairing is not None:  # around the family's own wrappers: they see the batched pair
-                chain.add(
-                    "cfg_pairing", lambda inner, m=module, e=entry: self.pairing.wrap_denoiser(m, inner, e.hooked)
-                )
+        for entry in self.denoisers.values():
+            module, chain = entry.module, self.chain_of(entry.module)
+            if self.pairing is not None:  # around the family's own hook: it sees the batched pair
+                chain.register(self.pairing.denoiser_hook(module, entry.hooked))
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
-            chain.add("user_entry", self.user_entry)  # outermost: direct calls get host tensors
+            chain.register(hook_chain.UserEntry(self))  # outermost: direct calls get host tensors
 
     def put_on_devices(self, name: str) -> None:
         """Place component ``name``'s weights as decided (sharded, quantized, the denoiser's blocks stacked); on a
@@ -176,20 +169,20 @@ class Placing:
     def _place_denoiser(self, name: str, module, rules) -> None:
         entry = self.denoiser_entry(module, rules)
         self.denoisers[name] = entry
-        chain = self.chains[name] = forward_chain.ForwardChain(module, self.overrides)
-        chain.add("program", lambda inner: entry, install=functools.partial(self._install_forward, module))
-        chain.add("recording", self._recording_output)
+        self._install_forward(module, entry)
+        self.chain(module, "forward").register(hook_chain.Recording(self))
 
-    def chain_of(self, module) -> forward_chain.ForwardChain:
-        """The declared layers around a denoiser's ``forward`` (``forward_chain``); for one the runtime has not
-        placed (``plan``'s probe of the stock call), a chain of its own from here on."""
-        for name, entry in self.denoisers.items():
-            if entry.module is module:
-                return self.chains[name]
-        key = f"unplaced {id(module)}"
+    def chain(self, owner, method: str) -> hook_chain.HookChain:
+        """The hooks around ``owner.<method>`` (``hook_chain``), installed over it at the first request."""
+        key = (id(owner), method)
         if key not in self.chains:
-            self.chains[key] = forward_chain.ForwardChain(module, self.overrides)
+            chain = self.chains[key] = hook_chain.HookChain(owner, method, lambda: self.attached)
+            self.overrides.set(owner, method, chain)
         return self.chains[key]
+
+    def chain_of(self, module, method: str = "forward") -> hook_chain.HookChain:
+        """The hooks around ``module.<method>`` (a denoiser's ``forward`` by default)."""
+        return self.chain(module, method)
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
@@ -208,12 +201,10 @@ class Placing:
         distribution): public entry points, so they also work (and return host tensors) outside a pipeline call."""
         for name in ("encode", "decode"):
             if callable(getattr(vae, name, None)):
-                method = getattr(vae, name)
-                if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh (``vae_mesh.onto_mesh``)
-                    method = functools.wraps(method)(
-                        lambda *a, _method=method, **k: vae_mesh.onto_mesh(_method(*a, **k), self.mesh)
-                    )
-                self.overrides.set(vae, name, self.user_entry(method))
+                chain = self.chain(vae, name)
+                chain.register(hook_chain.UserEntry(self))
+                if self.vae_mesh is not self.mesh:  # its outputs join the denoiser's mesh
+                    chain.register(hook_chain.OntoMesh(self.mesh))
 
     def vae_program_options(self) -> dict:
         """How every VAE program compiles (``jit.CompiledFunction`` options): on the VAE mesh, video inputs spatially

@@ -1,7 +1,7 @@
 """diffusers' ``flex`` attention backend on JAX: a ``BlockMask`` made dense, then the project's attention.
 
 torch's ``flex_attention`` is a higher-order op with no JAX lowering. Models that build a ``BlockMask`` and name the
-``flex`` backend themselves (AnyFlow FAR's chunk-causal mask, Kandinsky 6 SR's NABLA) get, inside JAX calls, a
+``flex`` backend themselves (AnyFlow FAR's chunk-causal mask, Kandinsky 6 SR's NABLA) get, for JAX tensors, a
 backend of the same signature that turns the mask into a boolean ``[B, H, Lq, Lkv]`` mask — the blocks it lists,
 ``mask_mod`` applied inside partial blocks, full blocks whole — and runs ``scaled_dot_product_attention`` with it
 (the project's kernel or its exact reference). Rows no key may see give 0, as flex does. The dense mask costs
@@ -9,15 +9,13 @@ backend of the same signature that turns the mask into a boolean ``[B, H, Lq, Lk
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import weakref
 
 import torch
-from diffusers.models.attention_dispatch import AttentionBackendName
 from torch.nn.attention.flex_attention import BlockMask
 
-from ...interop import static_keys
-from .. import diffusers_private
+from ...interop import backend, static_keys
 
 _KEYS_OF_MASKS: "weakref.WeakKeyDictionary[BlockMask, tuple]" = weakref.WeakKeyDictionary()
 
@@ -109,8 +107,12 @@ def flex_as_sdpa(
     return out.transpose(1, 2)
 
 
-@contextlib.contextmanager
-def flex_on_jax():
-    """diffusers' registry serves ``flex`` with ``flex_as_sdpa`` for the duration."""
-    with diffusers_private.serving_backend(AttentionBackendName.FLEX, flex_as_sdpa):
-        yield
+def serving_jax(stock):
+    """diffusers' ``flex`` backend function: ``flex_as_sdpa`` for JAX tensors, ``stock`` for any other (registered
+    once, ``stock_patches``)."""
+
+    @functools.wraps(stock)
+    def flex(query, *args, **kwargs):
+        return (flex_as_sdpa if backend.is_jax_tensor(query) else stock)(query, *args, **kwargs)
+
+    return flex

@@ -53,12 +53,12 @@ def timed_progress_bar(runtime, stock_progress_bar):
 
         def update(n=1):
             interrupts.raise_if_dropped()  # each step is a safe point for a Ctrl-C Python dropped
-            if runtime._last_output is not None:
+            if runtime.recorded is not None:
                 # tensors only: an output may hold other objects (FLUX.2 klein's KV cache)
-                jax.block_until_ready(pytree.tree_map_only(torch.Tensor, backend.to_jax_array, runtime._last_output))
+                jax.block_until_ready(pytree.tree_map_only(torch.Tensor, backend.to_jax_array, runtime.recorded))
             now = time.perf_counter()
             seconds, marks["last"] = now - marks["last"], now
-            compile_now = runtime._log.seconds if runtime._log is not None else 0.0
+            compile_now = runtime.compile_log.seconds if runtime.compile_log is not None else 0.0
             compiled, marks["compile"] = compile_now - marks["compile"], compile_now
             runtime.last_call.step_seconds.append(seconds)
             if hasattr(bar, "start_t"):  # a disabled bar has no clock

@@ -21,6 +21,7 @@ import torch
 
 from ...interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
 from ...interop.torch_private import pytree
+from .hook_chain import Call, Hook
 
 logger = logging.getLogger(__name__)
 
@@ -68,23 +69,9 @@ class CFGPairing:
         self.batched_steps = self.encodes = 0
 
     # -- seams ------------------------------------------------------------------------------------------
-    def capture_negative(self, encode_prompt):
-        pick = self.spec.negative
-
-        def encode(*args, **kwargs):
-            out = encode_prompt(*args, **kwargs)
-            if self.encodes == self.negative_call:
-                picked = pick(out)
-                picked = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
-                self.negative = tuple(
-                    p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else self._on_device(p) for p in picked
-                )
-                self.accepted = None
-            self.encodes += 1
-            return out
-
-        encode.__wrapped__ = encode_prompt
-        return encode
+    def negative_hook(self) -> Hook:
+        """The ``cfg_pairing`` hook of ``encode_prompt``: keeps what it returns for the negative prompt."""
+        return _CaptureNegative(self)
 
     def track_context(self, module, cache_context):
         @contextlib.contextmanager
@@ -100,30 +87,19 @@ class CFGPairing:
         tracked.__wrapped__ = cache_context
         return tracked
 
-    def wrap_denoiser(self, module, forward, hooked=lambda: False):
-        """``hooked()``: diffusers hooks (a step cache) keep per-context state, so those calls stay separate."""
-
-        def paired(*args, **kwargs):
-            conditions = self._conditions(kwargs)
-            name = _ROLES.get(self.context.get(id(module))) or self._role(conditions)
-            if args or name not in ("cond", "uncond") or conditions is None or hooked():
-                self.pending = None
-                return forward(*args, **kwargs)
-            if name == "cond":
-                return self._cond(module, forward, kwargs, conditions)
-            return self._uncond(module, forward, kwargs, conditions)
-
-        paired.__wrapped__ = forward
-        return paired
+    def denoiser_hook(self, module, hooked=lambda: False) -> Hook:
+        """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()``: diffusers hooks (a step cache) keep
+        per-context state, so those calls stay separate."""
+        return _PairedCalls(self, module, hooked)
 
     # -- the pairing --------------------------------------------------------------------------------------
-    def _conditions(self, kwargs):
+    def conditions_of(self, kwargs):
         values = tuple(kwargs.get(name) for name in self.condition_args)
         if not all(isinstance(v, torch.Tensor) for v in values):
             return None
-        return tuple(v if is_jax_tensor(v) else self._on_device(v) for v in values)
+        return tuple(v if is_jax_tensor(v) else self.on_device(v) for v in values)
 
-    def _on_device(self, tensor):
+    def on_device(self, tensor):
         """A condition the pipeline left on the host (HunyuanVideo's pooled CLIP embeddings), moved once per object
         so identity checks keep working from step to step."""
         source, moved = self._moved.get(id(tensor), (None, None))
@@ -132,7 +108,7 @@ class CFGPairing:
             self._moved[id(tensor)] = (weakref.ref(tensor), moved)
         return moved
 
-    def _role(self, conditions):
+    def role(self, conditions):
         """A loop without cache contexts (Wan video-to-video): the call with the negative embeddings is "uncond",
         any other one while a negative prompt exists is "cond" (its batched uncond half is only used if the next
         call's inputs match exactly)."""
@@ -165,11 +141,13 @@ class CFGPairing:
             negatives.append(candidate)
         return tuple(negatives)
 
-    def _cond(self, module, forward, kwargs, conditions):
+    def batched(self, kwargs, conditions):
+        """The "cond" call's keywords with the pair batched ([cond; uncond]), and its negatives; None when the negative
+        embeddings are unknown or unlike the call's (the call then runs as it is)."""
         self.pending = None
         negatives = self._negatives_for(conditions)
         if negatives is None:
-            return forward(**kwargs)
+            return None
         batch = conditions[0].shape[0]
         batched = dict(kwargs)
         for name in self.batched_args:
@@ -185,8 +163,11 @@ class CFGPairing:
             if length is not None:
                 pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
             batched[name] = wrap(jnp.concatenate(pair))
-        out = forward(**batched)
-        cond, uncond = _split(out, batch)
+        return batched, negatives
+
+    def split(self, module, kwargs, negatives, out):
+        """The batched call's output: the cond half returned, the uncond half kept for the loop's next call."""
+        cond, uncond = _split(out, negatives[0].shape[0])
         others = {k: v for k, v in kwargs.items() if k not in self.condition_args}
         self.pending = _UncondComputedAhead(module, others, negatives, uncond)
         self.batched_steps += 1
@@ -206,7 +187,8 @@ class CFGPairing:
                 return False
         return True
 
-    def _uncond(self, module, forward, kwargs, conditions):
+    def computed_ahead(self, module, kwargs, conditions):
+        """The "uncond" call: its half of the batched call when its inputs are the ones batched, else None."""
         pending, self.pending = self.pending, None
         if pending is not None and pending.module is module and self._same(pending.others, kwargs):
             if (
@@ -214,13 +196,65 @@ class CFGPairing:
                 or self.accepted is not None
                 and all(c is a for c, a in zip(conditions, self.accepted))
             ):
-                return pending.uncond
+                return pending
             if self.accepted is None and all(_equal(c, n) for c, n in zip(conditions, pending.negative)):
                 self.accepted = conditions  # later steps match by identity: no device sync
-                return pending.uncond
+                return pending
         if pending is not None:
             logger.info("CFG pairing skipped: the unconditional call's inputs differ from the batched ones.")
-        return forward(**kwargs)
+        return None
+
+
+class _PairedCalls(Hook):
+    """The denoiser's ``cfg_pairing`` hook: the "cond" call runs the pair, the "uncond" call gets its half."""
+
+    name = "cfg_pairing"
+
+    def __init__(self, pairing: CFGPairing, module, hooked):
+        self.pairing, self.module, self.hooked = pairing, module, hooked
+
+    def pre_call(self, call: Call) -> None:
+        pairing = self.pairing
+        conditions = pairing.conditions_of(call.kwargs)
+        name = _ROLES.get(pairing.context.get(id(self.module))) or pairing.role(conditions)
+        if call.args or name not in ("cond", "uncond") or conditions is None or self.hooked():
+            pairing.pending = None
+        elif name == "cond":
+            found = pairing.batched(call.kwargs, conditions)
+            if found is not None:
+                call.notes[self.name] = (call.kwargs, found[1])
+                call.kwargs = found[0]
+        else:
+            ahead = pairing.computed_ahead(self.module, call.kwargs, conditions)
+            if ahead is not None:
+                call.answer(ahead.uncond)
+
+    def post_call(self, call: Call, output):
+        if self.name not in call.notes:
+            return output
+        kwargs, negatives = call.notes[self.name]
+        return self.pairing.split(self.module, kwargs, negatives, output)
+
+
+class _CaptureNegative(Hook):
+    """``encode_prompt``'s ``cfg_pairing`` hook: the output of the pipeline call's negative-prompt encoding kept."""
+
+    name = "cfg_pairing"
+
+    def __init__(self, pairing: CFGPairing):
+        self.pairing = pairing
+
+    def post_call(self, call: Call, output):
+        pairing = self.pairing
+        if pairing.encodes == pairing.negative_call:
+            picked = pairing.spec.negative(output)
+            picked = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
+            pairing.negative = tuple(
+                p if is_jax_tensor(p) or not isinstance(p, torch.Tensor) else pairing.on_device(p) for p in picked
+            )
+            pairing.accepted = None
+        pairing.encodes += 1
+        return output
 
 
 def _split(out, batch):

@@ -11,6 +11,7 @@ import torch
 from ...interop import backend, sharding, user_tensors
 from ...interop.torch_private import pytree
 from ..weights import quantize
+from .hook_chain import Hook
 
 
 def host_state_dict(state_dict, module):
@@ -22,7 +23,7 @@ def host_state_dict(state_dict, module):
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
         quantized = {prefix + s.qualified: s for s in sharding.slots_of(module) if s.scale is not None}
         for key, value in result.items():
-            result[key] = quantize.host_weight(quantized[key]) if key in quantized else user_tensors._to_cpu(value)
+            result[key] = quantize.host_weight(quantized[key]) if key in quantized else user_tensors.to_cpu(value)
         return result
 
     gathered.__wrapped__ = state_dict
@@ -38,27 +39,32 @@ def parameters(method) -> tuple[str, ...]:
 HOST_HELPERS = ("_prepare_rotary_positional_embeddings",)
 
 
-def run_on_host(method, runtime):
-    """A stock pipeline method with a ``device`` parameter, run on the host (``device="cpu"``, plain torch) as a
-    whole, its tensor results moved to the devices in one transfer at the end. For ``encode_prompt`` with host text
-    encoders, the glue around the encoders (each prompt trimmed to its length and padded again, repeats, casts) then
-    runs where their outputs are, as stock does, instead of as a dozen one-off device programs per prompt length."""
-    signature = inspect.signature(method)
+class OnHost(Hook):
+    """The ``on_host`` hook of a stock pipeline method with a ``device`` parameter: it runs on the host
+    (``device="cpu"``, plain torch) as a whole, its tensor results moved to the devices in one transfer at the end. For
+    ``encode_prompt`` with host text encoders, the glue around the encoders (each prompt trimmed to its length and
+    padded again, repeats, casts) then runs where their outputs are, as stock does, instead of as a dozen one-off
+    device programs per prompt length."""
 
-    def on_host(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
+    name = "on_host"
+
+    def __init__(self, method, runtime):
+        self.signature, self.runtime = inspect.signature(method), runtime
+
+    def pre_call(self, call) -> None:
+        bound = self.signature.bind(*call.args, **call.kwargs)
         bound.arguments["device"] = torch.device("cpu")
-        runtime._encoding_on_host += 1
-        try:
-            with backend.torch_mode():
-                args = [_on_host(value) for value in bound.args]
-                out = method(*args, **{name: _on_host(value) for name, value in bound.kwargs.items()})
-        finally:
-            runtime._encoding_on_host -= 1
-        return user_tensors.to_device(out) if runtime._depth else out
+        self.runtime.encoding_on_host += 1
+        call.stack.callback(self._done)
+        call.stack.enter_context(backend.torch_mode())
+        call.args = [_on_host(value) for value in bound.args]
+        call.kwargs = {name: _on_host(value) for name, value in bound.kwargs.items()}
 
-    on_host.__wrapped__ = method
-    return on_host
+    def _done(self) -> None:
+        self.runtime.encoding_on_host -= 1
+
+    def post_call(self, call, output):
+        return user_tensors.to_device(output) if self.runtime.inside_call() else output
 
 
 def _on_host(value):
@@ -67,7 +73,7 @@ def _on_host(value):
     the caller's prompt list, and the next call with that list encodes those strings)."""
     if all(isinstance(leaf, (str, int, float, type(None))) for leaf in pytree.tree_leaves(value)):
         return value
-    return pytree.tree_map(user_tensors._to_cpu, value)
+    return pytree.tree_map(user_tensors.to_cpu, value)
 
 
 def on_host(forward, runtime):
@@ -77,9 +83,9 @@ def on_host(forward, runtime):
 
     def host_forward(*args, **kwargs):
         with backend.torch_mode():
-            args, kwargs = pytree.tree_map(user_tensors._to_cpu, (args, kwargs))
+            args, kwargs = pytree.tree_map(user_tensors.to_cpu, (args, kwargs))
             out = forward(*args, **kwargs)
-        return user_tensors.to_device(out) if runtime._depth and not runtime._encoding_on_host else out
+        return user_tensors.to_device(out) if runtime.inside_call() and not runtime.encoding_on_host else out
 
     host_forward.__wrapped__ = forward
     return host_forward

@@ -23,10 +23,9 @@ import logging
 import torch
 
 from .. import diffusers_private
-from ..attention import flex_attention
 
 # processors built around a BlockMask (AnyFlow FAR, Kandinsky 6 SR) keep the flex backend: on JAX
-# ``flex_attention.flex_on_jax`` serves it
+# ``flex_attention.serving_jax`` serves it
 FLEX_BACKENDS = ("flex", "_native_flex")
 
 logger = logging.getLogger(__name__)
@@ -123,33 +122,22 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
         module._compiled_call_impl = None
 
     runtime.overrides.set(module, "compile", compile_)
-    for processor_owner in _attention_modules(module):
-        processor = processor_owner.processor
-        chosen = getattr(processor, "_attention_backend", None)
-        if chosen is not None and chosen not in FLEX_BACKENDS:
-            warn_once(
-                f"backend-{id(module)}",
-                f"attention backend {chosen} set on {type(module).__name__}: on JAX "
-                f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend "
-                "applies again when the pipeline goes back to torch.",
-            )
-            processor._attention_backend = None
-            runtime.overrides.add_undo(
-                lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
-                f"{type(processor).__name__}._attention_backend",
-            )
+    if not hasattr(type(module), "set_attention_backend"):
+        return
+    chosen = _native_backend(module)  # once, through diffusers' public set_attention_backend
+    if any(backend is not None for backend in chosen.values()):
+        warn_once(
+            f"backend-{id(module)}",
+            f"attention backend {sorted({str(b) for b in chosen.values() if b is not None})} set on "
+            f"{type(module).__name__}: on JAX "
+            f"attention runs through {runtime.attention.implementation} (TPUConfig.attention); the backend applies "
+            "again when the pipeline goes back to torch.",
+        )
+    runtime.overrides.add_undo(lambda: _restore_backends(chosen), f"{type(module).__name__}'s attention backends")
 
     def set_attention_backend(backend_name: str) -> None:
-        type(module).set_attention_backend(module, backend_name)  # stock validation and bookkeeping
-        for owner in _attention_modules(module):
-            processor = owner.processor
-            chosen = getattr(processor, "_attention_backend", None)
-            if chosen is not None and chosen not in FLEX_BACKENDS:
-                processor._attention_backend = None
-                runtime.overrides.add_undo(
-                    lambda p=processor, b=chosen: setattr(p, "_attention_backend", b),
-                    f"{type(processor).__name__}._attention_backend",
-                )
+        type(module).set_attention_backend(module, backend_name)  # stock validation; the choice kept for torch
+        chosen.update(_native_backend(module))
         logger.warning(
             "set_attention_backend(%r) on a module on JAX: attention runs through %s (TPUConfig.attention); "
             "the backend applies when the pipeline goes back to torch.",
@@ -157,8 +145,33 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
             runtime.attention.implementation,
         )
 
-    if hasattr(type(module), "set_attention_backend"):
-        runtime.overrides.set(module, "set_attention_backend", set_attention_backend)
+    runtime.overrides.set(module, "set_attention_backend", set_attention_backend)
+
+
+def _native_backend(module) -> dict:
+    """Name diffusers' native backend (SDPA, which runs the project's kernel on JAX) on every attention processor of
+    ``module`` with the public ``set_attention_backend``, once; processors built around a ``BlockMask`` keep ``flex``
+    (served on JAX, ``stock_patches``). Returns {processor: the backend it named before (None: none)} for the others."""
+    processors = [owner.processor for owner in _attention_modules(module)]
+    before = {p: diffusers_private.processor_backend(p) for p in processors if hasattr(p, "_attention_backend")}
+    active = diffusers_private.active_attention_backend()
+    quiet = logging.getLogger("diffusers.models.modeling_utils")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "experimental feature" warning, once per call: ours, not the user's
+    try:
+        type(module).set_attention_backend(module, diffusers_private.NATIVE.value)
+    finally:
+        quiet.setLevel(level)
+        diffusers_private.make_active(active)  # it also makes its backend the process's: the user's stays
+    for processor, backend in before.items():
+        if backend in FLEX_BACKENDS:
+            diffusers_private.name_processor_backend(processor, backend)
+    return {p: b for p, b in before.items() if b not in FLEX_BACKENDS}
+
+
+def _restore_backends(chosen: dict) -> None:
+    for processor, backend in chosen.items():
+        diffusers_private.name_processor_backend(processor, backend)
 
 
 def _attention_modules(module):
@@ -178,16 +191,17 @@ def check_dtype(runtime, modules: dict) -> None:
             )
 
 
-@contextlib.contextmanager
-def native_attention_dispatch():
-    """Inside JAX calls diffusers' attention dispatch uses its native (SDPA) backend, which the project routes to its
-    kernel; a backend chosen with ``diffusers.attention_backend(...)`` (a CUDA library) is set aside meanwhile."""
-    previous = diffusers_private.active_attention_backend()
-    if previous != diffusers_private.NATIVE:
-        warn_once(
-            f"dispatch-{previous}",
-            f"attention_backend({previous.value!r}) is active: on JAX attention runs "
-            "through the project's kernel (TPUConfig.attention) instead.",
-        )
-    with diffusers_private.native_attention(), flex_attention.flex_on_jax():
-        yield
+def attention_dispatch_on_jax():
+    """The context JAX calls run in for diffusers' attention dispatch: nothing to do, as every placed model's
+    processors name the native backend (``install_module_overrides``) — unless a backend was made active for every
+    processor (``diffusers.attention_backend(...)`` around the call, ``DIFFUSERS_ATTN_BACKEND``): a processor of a
+    model diffusers does not reach by ``set_attention_backend`` would take it, so native is entered for the call."""
+    active = diffusers_private.active_attention_backend()
+    if active == diffusers_private.NATIVE:
+        return contextlib.nullcontext()
+    warn_once(
+        f"dispatch-{active}",
+        f"attention_backend({active.value!r}) is active: on JAX attention runs through the project's kernel "
+        "(TPUConfig.attention) instead.",
+    )
+    return diffusers_private.native_attention()
