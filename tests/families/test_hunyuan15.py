@@ -343,3 +343,35 @@ def test_guidance_scale_goes_to_the_guider():
     pipe = tiny.hunyuan15_pipeline()
     call = call_arguments(pipe, dict(prompt="a", guidance_scale=3.5, max_sequence_length=None, num_frames=5))
     assert call == dict(prompt="a", num_frames=5) and pipe.guider.guidance_scale == 3.5
+
+
+def test_a_guider_enabled_for_part_of_the_steps_runs_the_pair_then_the_single_program():
+    """CFG for the first half of the schedule: those steps run the pair as one batch, the rest the single program
+    (no wasted uncond half); both are compiled once (a warm-up builds them: the call after compiles nothing) and the
+    video is stock's. A fresh guider per call, as stock needs (its step state outlives a call)."""
+    call = dict(CALL, num_inference_steps=4, output_type="np")
+    pipe = tiny.hunyuan15_pipeline()
+    half = diffusers.ClassifierFreeGuidance(guidance_scale=6.0, stop=0.5)
+    pipe.guider = half.new()
+    reference = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    try:
+        runtime = pipeline_runtime.runtime_of(pipe)
+        pipe.guider = half.new()
+        diffusers_tpu.warm_up(
+            pipe,
+            [dict(height=call["height"], width=call["width"], num_frames=call["num_frames"])],
+            **{k: v for k, v in call.items() if k not in ("height", "width", "num_frames")},
+        )
+        batches = []
+        inner = runtime.chain_of(pipe.transformer).inner
+        runtime.chain_of(pipe.transformer).inner = lambda *a, **k: (
+            batches.append(k["hidden_states"].shape[0]) or inner(*a, **k)
+        )
+        pipe.guider = half.new()
+        out = pipe(**call, generator=torch.Generator().manual_seed(0)).frames
+        assert batches == [2, 2, 1, 1] and runtime.pairing.batched_steps == 2  # the pair, then the single program
+        assert runtime.last_call.compilations == 0, runtime.last_call.summary()
+        assert_np_matches(out, reference)
+    finally:
+        pipe.to("cpu")

@@ -91,7 +91,7 @@ class PipelineRuntime(Placing):
         batch_cfg = config.batch_cfg == "auto" and mesh.shape["dp"] >= 2 or config.batch_cfg is True
         self.pairing = None
         if batch_cfg and family.cfg is not None:
-            self.pairing = cfg.CFGPairing(family.cfg)
+            self.pairing = cfg.CFGPairing(family.cfg, guided=self._guider_runs_the_pair)
         self.last_call = CallStats()
         self.attached = True
         self.denoisers: dict[str, Denoiser] = {}
@@ -152,6 +152,12 @@ class PipelineRuntime(Placing):
                 yield
         finally:
             self._depth = depth
+
+    def _guider_runs_the_pair(self) -> bool:
+        """A diffusers guider (``pipe.guider``) set to the step about to run has an unconditional pass at it
+        (``num_conditions``: a guider enabled for part of the schedule has one); without a guider, the loop decides."""
+        guider = getattr(self.pipe, "guider", None)
+        return guider is None or getattr(guider, "num_conditions", 2) > 1
 
     def inside_call(self) -> bool:
         """Inside a pipeline call or a public entry point: JAX tensors flow between methods."""

@@ -45,8 +45,11 @@ class CFGPairing:
     that differ between the "cond" and "uncond" calls — one for Wan, embeddings + mask + pooled projections for
     HunyuanVideo — and how the negative value(s) are picked from ``encode_prompt``, in that order)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, guided=lambda: True):
         self.spec = spec
+        # whether the step about to run has an unconditional pass (a diffusers guider enabled for part of the
+        # schedule: outside it the "cond" call is the step's only one, and runs alone, not as the pair)
+        self.guided = guided
         self.negative_call = spec.negative_call  # which encode_prompt call of a pipeline call gives the negative
         # the text lengths of cond and uncond may differ (each padded to its own longest prompt): pad both to the
         # longer one with masked (zero) tokens, exact where the model masks padded keys (Qwen-Image's key mask)
@@ -219,6 +222,8 @@ class _PairedCalls(Hook):
         name = _ROLES.get(pairing.context.get(id(self.module))) or pairing.role(conditions)
         if call.args or name not in ("cond", "uncond") or conditions is None or self.hooked():
             pairing.pending = None
+        elif name == "cond" and not pairing.guided():
+            pairing.pending = None  # the guider runs no unconditional pass at this step: the single program
         elif name == "cond":
             found = pairing.batched(call.kwargs, conditions)
             if found is not None:
