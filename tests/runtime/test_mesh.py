@@ -309,6 +309,18 @@ def test_model_offload_on_the_mesh(report):
     assert set(run["devices_after_call"].values()) == {"cpu"}  # every component back on the host after the call
 
 
+def test_context_parallel_configs_become_the_mesh(report):
+    """A multi-GPU script's ``enable_parallelism(ContextParallelConfig(...))``: Ulysses x ring degrees as ``sp``,
+    the same video; degrees the devices cannot hold refused first (the pipeline stays where it was), and the fix the
+    error suggests works."""
+    run = report["context_parallel"]
+    assert "no (dp, sp, tp) mesh has those degrees" in run["refused"], run
+    assert run["mesh_after_refusal"] == {"dp": 2, "sp": 1, "tp": 4}
+    assert run["suggested_mesh"]["sp"] == 8 and run["suggested_max_abs"] <= 1e-4, run
+    assert run["mesh"] == {"dp": 2, "sp": 4, "tp": 1} and run["max_abs"] <= 1e-4, run
+    assert run["back_on_torch"]
+
+
 def test_sequential_offload_on_the_mesh(report):
     run = report["sequential_offload"]
     assert run["max_abs"] <= 1e-4 and run["repeat_equal"] and run["warm_compilations"] == 0, run

@@ -145,6 +145,7 @@ def main(part: str):
         ("quantize", quantize_run),
         ("fully_sharded", fully_sharded_run),
         ("model_offload", model_offload_run),
+        ("context_parallel", context_parallel_run),
         ("sequential_offload", sequential_offload_run),
     ):
         began = time.perf_counter()
@@ -464,6 +465,33 @@ def model_offload_run():
     """``enable_model_cpu_offload(device="jax")`` on dp2-sp1-tp4 (``_offloaded``)."""
     pipe, report = _offloaded({"dp": 2, "sp": 1, "tp": 4}, lambda p: p.enable_model_cpu_offload(device="jax"))
     pipe.to("cpu")
+    return report
+
+
+def context_parallel_run():
+    """``transformer.enable_parallelism(ContextParallelConfig(...))`` after the move to dp2-sp1-tp4: refused for a
+    degree 8 devices cannot hold (before anything moves), then the fix the error suggests, then Ulysses x ring
+    (2 x 2): the mesh each gives and the video against stock's."""
+    from diffusers import ContextParallelConfig
+
+    pipe = tiny.wan_pipeline("wan-4head")
+    ref = generate(pipe, output_type="np")
+    pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}))
+    report = {}
+    try:
+        pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=3))
+    except ValueError as error:
+        report["refused"] = str(error)
+    report["mesh_after_refusal"] = dict(pipe._diffusers_tpu_runtime.mesh.shape)
+    suggested = int(report["refused"].split("ContextParallelConfig(ulysses_degree=")[1].split(")")[0])
+    pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=suggested))
+    report["suggested_mesh"] = dict(pipe._diffusers_tpu_runtime.mesh.shape)
+    report["suggested_max_abs"] = float(np.abs(generate(pipe, output_type="np") - ref).max())
+    pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, ring_degree=2))
+    report["mesh"] = dict(pipe._diffusers_tpu_runtime.mesh.shape)
+    report["max_abs"] = float(np.abs(generate(pipe, output_type="np") - ref).max())
+    pipe.to("cpu")
+    report["back_on_torch"] = "enable_parallelism" not in vars(pipe.transformer)
     return report
 
 

@@ -26,7 +26,7 @@ from .. import diffusers_private
 from ..call import hook_chain, postprocess, stock_on_host
 from ..call.call_stats import timed_progress_bar
 from ..call.denoiser import TRACE_ERRORS, Denoiser, forget_unfinished, innermost_forward
-from ..gpu_script import gpu_script_calls
+from ..gpu_script import context_parallel, gpu_script_calls
 from ..programs import program_builds
 from ..registry import vae_methods
 from ..weights import host_memory, quantize, stacked_weights
@@ -171,6 +171,7 @@ class Placing:
         self.denoisers[name] = entry
         self._install_forward(module, entry)
         self.chain(module, "forward").register(hook_chain.Recording(self))
+        context_parallel.install(self, module)
 
     def chain(self, owner, method: str) -> hook_chain.HookChain:
         """The hooks around ``owner.<method>`` (``hook_chain``), installed over it at the first request."""
