@@ -134,6 +134,7 @@ def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
         + f", {total['bytes'] / 1e9:.2f} GB read+written, {total['copies']} copies, {total['fusions']} fusions, "
         f"custom calls {total['custom_calls'] or 'none'}; collectives: {_collectives(total)}",
     ]
+    lines.append(f"{indent}  {_compiler_estimate(summary.get('xla_cost', {}))}")
     if "kernels" not in summary:
         lines.append(f"{indent}  kernel work: not counted (libtpu started before cost asked for Mosaic's passes)")
     for kernel in summary.get("kernels", []):
@@ -152,6 +153,21 @@ def _program(name: str, summary: dict, indent: str = "  ") -> list[str]:
             f"custom calls {loop['custom_calls'] or 'none'}; collectives: {_collectives(loop)}"
         )
     return lines
+
+
+def _compiler_estimate(xla_cost: dict) -> str:
+    """The TPU compiler's own run-time estimate (``cost_analysis()["optimal_seconds"]``) and what it covers: a per-op
+    roofline of XLA's ops, loop bodies once, Pallas kernels left out; libtpu reports a negative number where it has no
+    estimate (a program holding Pallas kernels, as every step with the project's attention does)."""
+    seconds = xla_cost.get("optimal_seconds")
+    if seconds is None:
+        return "the TPU compiler's run-time estimate: not reported by this compiler"
+    if seconds < 0:
+        return f"the TPU compiler's run-time estimate: none for this program (libtpu reports {seconds:.3g})"
+    return (
+        f"the TPU compiler's run-time estimate: {seconds:.4g} s (XLA's ops as a per-op roofline, each loop body once; "
+        "Pallas kernels not included)"
+    )
 
 
 def render(result: dict) -> str:

@@ -302,7 +302,9 @@ def summary(compiled, seconds: float | None = None) -> dict:
     report = memory_report(compiled)
     report["generated_code_bytes"] = compiled.memory_analysis().generated_code_size_in_bytes
     cost = cost_per_run(compiled.cost_analysis())
-    report["xla_cost"] = {k: cost[k] for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
+    report["xla_cost"] = {
+        k: cost[k] for k in ("flops", "bytes accessed", "transcendentals", "optimal_seconds") if k in cost
+    }
     report["hlo"] = stats(compiled.as_text()).as_dict()
     if seconds is not None:
         report["compile_seconds"] = round(seconds, 2)

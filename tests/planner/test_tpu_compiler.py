@@ -204,7 +204,7 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     """``diffusers-tpu cost``: the step compiled for the slice, counted per layer from the compiled program."""
     import json
 
-    from diffusers_tpu.commands import cli
+    from diffusers_tpu.commands import cli, cost
 
     out = tmp_path / "cost.json"
     assert (
@@ -240,6 +240,17 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     assert step["hlo"]["total"]["attention_calls"] >= 2 and step["hlo"]["total"]["flops"] > 0
     assert report["mesh"] == {"dp": 2, "sp": 1, "tp": 2} and report["cfg_batch"] == 2
     assert report["estimate"]["seconds"] > 0 and report["estimate"]["assumptions"]["hbm_gbps"] == 1640
+    # the compiler's own estimate, read and said for what it covers (libtpu gives none, a negative number, for some)
+    assert "optimal_seconds" in step["xla_cost"]
+    assert cost._compiler_estimate(step["xla_cost"]) in printed
+
+
+def test_the_compiler_s_estimate_is_said_with_what_it_covers():
+    from diffusers_tpu.commands import cost
+
+    assert "none for this program (libtpu reports -3)" in cost._compiler_estimate({"optimal_seconds": -3.0})
+    assert "0.0003 s (XLA's ops" in cost._compiler_estimate({"optimal_seconds": 3e-4})
+    assert "not reported" in cost._compiler_estimate({})
 
 
 def test_cost_refuses_a_slice_without_a_topology_before_loading(capsys):
