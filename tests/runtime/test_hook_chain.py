@@ -146,3 +146,18 @@ def test_a_hook_s_contexts_enclose_what_is_inside_it_and_close_before_its_post_c
     with pytest.raises(RuntimeError, match="inside"):
         chain(fail=True)
     assert log == ["enter user_entry", "enter on_host", "inner", "exit on_host", "exit user_entry"]
+
+
+def test_a_chain_shows_the_method_s_signature_and_is_shared_by_copies():
+    """Stock pipelines read ``inspect.signature(self.transformer.forward)`` to decide which keywords to pass."""
+    import copy
+    import inspect
+
+    pipe = tiny.wan_pipeline("wan").to("jax")
+    try:
+        assert "encoder_hidden_states_image" in inspect.signature(pipe.transformer.forward).parameters
+        assert "negative_prompt" in inspect.signature(pipe.encode_prompt).parameters
+        chain = pipe.transformer.forward
+        assert copy.deepcopy(chain) is chain and copy.copy(chain) is chain
+    finally:
+        pipe.to("cpu")

@@ -111,6 +111,7 @@ class Denoiser:
 
     def __init__(self, runtime, module: torch.nn.Module, forward, rules, settings, place_input, state=None):
         self.runtime, self.module, self.forward, self.rules = runtime, module, forward, rules
+        self.__wrapped__ = forward  # its signature is the forward's (stock code inspects it)
         self.settings, self.place_input = settings, place_input
         self.scalings = lora.Scalings(module)
         scan = repeated_blocks.scanning if runtime.config.scan_blocks else None

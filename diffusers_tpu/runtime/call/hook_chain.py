@@ -73,9 +73,17 @@ class HookChain:
     def __init__(self, owner, method: str, active: Callable[[], bool]):
         self.owner, self.method, self._active = owner, method, active
         self.inner = getattr(owner, method)  # what runs inside the hooks
+        # stock code reads the method's signature (``inspect.signature(self.transformer.forward)``): the inner one's
+        self.__wrapped__, self.__name__ = self.inner, method
         self._before = vars(owner).get(method)  # the instance attribute it replaces, if any
         self.hooks: dict[str, Hook] = {}
         self._ordered: tuple[Hook, ...] = ()
+
+    def __deepcopy__(self, memo):  # a copied module shares it, as it shared the functions this chain replaced
+        return self
+
+    def __copy__(self):
+        return self
 
     def register(self, hook: Hook) -> Hook:
         """Add ``hook`` at its place in ``ORDER`` (one hook per name)."""
