@@ -7,7 +7,7 @@ import dataclasses
 _LANES, _SUBLANES = 128, 8
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
@@ -49,9 +49,9 @@ def block_for(length: int, limit: int, tolerance: float = 0.005) -> int:
     whose padded length is within ``tolerance`` of the least padding any of them gives. 32,760 tokens with a 3,328
     limit: 2,048 (pads to 32,768; 3,328 itself would pad to 33,280)."""
     if length <= limit:
-        return _round_up(length, _LANES)
+        return round_up(length, _LANES)
     top = max(limit - limit % _LANES, _LANES)
-    candidates = [(_round_up(length, b), b) for b in range(top, max(_LANES, top // 2) - 1, -_LANES)]
+    candidates = [(round_up(length, b), b) for b in range(top, max(_LANES, top // 2) - 1, -_LANES)]
     least = min(padded for padded, _ in candidates)
     return next(b for padded, b in candidates if padded <= least * (1 + tolerance))
 

@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .blocks import _LANES, _SUBLANES, DEFAULT_VMEM_BYTES, BlockSizes, _round_up, heads_per_block
+from .blocks import _LANES, _SUBLANES, DEFAULT_VMEM_BYTES, BlockSizes, heads_per_block, round_up
 
 LOG2E = math.log2(math.e)
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked chunk never makes inf - inf
@@ -328,8 +328,8 @@ def flash_attention(
     group = heads_per_block(heads, head_dim)
     width = group * head_dim
     sizes = (block_sizes or BlockSizes()).fit(q_len, kv_len, width, q.dtype.itemsize, vmem_bytes)
-    q_pad = _round_up(q_len, sizes.block_q) - q_len
-    kv_pad = _round_up(kv_len, sizes.block_kv) - kv_len
+    q_pad = round_up(q_len, sizes.block_q) - q_len
+    kv_pad = round_up(kv_len, sizes.block_kv) - kv_len
     packed = width % _LANES == 0
     if packed:  # [B, S, H*D]: undoes the caller's [B, S, H, D] -> [B, H, S, D] transpose first (XLA cancels the pair)
         q3, k3, v3 = (jnp.swapaxes(x, 1, 2).reshape(batch, x.shape[2], heads * head_dim) for x in (q, k, v))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _masks
 
-from .blocks import _round_up, block_for, check_lane_multiples
+from .blocks import block_for, check_lane_multiples, round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ def splash_attention(q, k, v, *, scale=None, kv_mask=None, block_sizes: SplashBl
     block_kv_compute = min(sizes.block_kv_compute, block_kv)
     if block_kv % block_kv_compute:
         block_kv_compute = block_kv
-    q_pad, kv_pad = _round_up(q_len, block_q) - q_len, _round_up(kv_len, block_kv) - kv_len
+    q_pad, kv_pad = round_up(q_len, block_q) - q_len, round_up(kv_len, block_kv) - kv_len
 
     valid = jnp.ones((batch, kv_len), bool) if kv_mask is None else kv_mask.astype(bool)
     q = jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, 0), (0, q_pad), (0, 0)))

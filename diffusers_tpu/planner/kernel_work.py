@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..kernels import BlockSizes, flash_attention, vmem_capacity
-from ..kernels.blocks import _round_up
+from ..kernels.blocks import round_up
 from ..kernels.flash import chunk_visibility
 from . import llo, tpu_compiler
 
@@ -206,7 +206,7 @@ def _tables(kernel: str, call: AttentionCall, blocks) -> dict | None:
     if kernel != "exp2" or not call.masked:
         return None
     block_kv, compute = blocks[1], blocks[2]
-    padded = _round_up(call.kv_len, block_kv)
+    padded = round_up(call.kv_len, block_kv)
     visible = call.kv_len if call.visible_keys is None else call.visible_keys
     mask = (np.arange(padded) < visible).astype(np.int32)[None].repeat(call.batch, 0)
     return {0: np.asarray(chunk_visibility(jnp.asarray(mask), compute)).tolist()}
@@ -227,7 +227,7 @@ def _kernel_function(kernel: str, call: AttentionCall, chip: str):
         sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=compute)
     else:
         sizes = splash.BlockSizes.get_default()
-    q_len, kv_len = _round_up(call.q_len, sizes.block_q), _round_up(call.kv_len, sizes.block_kv)
+    q_len, kv_len = round_up(call.q_len, sizes.block_q), round_up(call.kv_len, sizes.block_kv)
     mask = masks.MultiHeadMask([masks.FullMask((q_len, kv_len))] * call.heads)
     mha = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
 

@@ -86,7 +86,7 @@ def export_method(
 
 def export_postprocess(video: jax.ShapeDtypeStruct, platforms=("tpu",)) -> jax.export.Exported:
     """Export the on-device uint8 postprocess of a decoded ``[B, C, F, H, W]`` video."""
-    return jax.export.export(jax.jit(lambda v: postprocess._uint8(v, True)), platforms=list(platforms))(video)
+    return jax.export.export(jax.jit(lambda v: postprocess.video_uint8(v, True)), platforms=list(platforms))(video)
 
 
 def uses_pallas_kernel(exported: jax.export.Exported) -> bool:

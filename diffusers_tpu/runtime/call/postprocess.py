@@ -34,7 +34,7 @@ def _np(video, denormalize: bool):  # -> [B, F, H, W, C] float32
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
-def _uint8(video, denormalize: bool):  # -> [B, F, H, W, C] uint8, rounded like numpy_to_pil
+def video_uint8(video, denormalize: bool):  # -> [B, F, H, W, C] uint8, rounded like numpy_to_pil
     return jnp.round(_np(video, denormalize) * 255).astype(jnp.uint8)
 
 
@@ -46,7 +46,7 @@ def _pil(frames: np.ndarray) -> list[PIL.Image.Image]:
 
 def frames_uint8(video) -> np.ndarray:
     """Quantize a decoded ``[B, C, F, H, W]`` video in [-1, 1] to uint8 ``[B, F, H, W, C]`` on the device."""
-    return processes.fetch(_uint8(to_jax_array(video), True))
+    return processes.fetch(video_uint8(to_jax_array(video), True))
 
 
 def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs):
@@ -59,7 +59,7 @@ def postprocess_video(processor, stock, video, output_type: str = "np", **kwargs
         return wrap(_pt(array, denormalize))
     if output_type == "np":
         return processes.fetch(_np(array, denormalize))
-    return [_pil(frames) for frames in processes.fetch(_uint8(array, denormalize))]
+    return [_pil(frames) for frames in processes.fetch(video_uint8(array, denormalize))]
 
 
 @functools.partial(jax.jit, static_argnames=("denormalize",))
