@@ -91,7 +91,9 @@ def check_hooks(root: torch.nn.Module, where: str) -> None:
         for name in hook_names:
             base = name.split("---")[0]
             if base in REFUSED_HOOKS or base.startswith("cp_"):
-                what = REFUSED_HOOKS.get(base, "enable_parallelism (use TPUConfig(mesh=...) for parallelism)")
+                what = REFUSED_HOOKS.get(
+                    base, "enable_parallelism (call it after pipe.to('tpu'), where its degrees become the mesh)"
+                )
                 call, _, instead = what.partition(" (")
                 path = names.get(id(module)) or "(the model itself)"
                 raise ValueError(
