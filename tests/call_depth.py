@@ -2,7 +2,8 @@
 
 At every program JAX runs — a ``jax.stages.Compiled`` call (the programs the project builds), a jitted function
 (``PjitFunction``) or a primitive applied eagerly (``dispatch.apply_primitive``: an eager op's program) — the stack
-is walked from the innermost frame of stock code (diffusers, transformers, the caller's own script) to the program;
+is walked from the innermost frame of stock code (diffusers, transformers, the caller's own script, or a method of
+the pipeline class itself, which for the project's own pipelines plays stock's role) to the program;
 the project's frames among those are counted. ``sys.setprofile`` sees C calls too, so none of them is missed."""
 
 from __future__ import annotations
@@ -13,12 +14,23 @@ import os
 import sys
 
 import jax
+from diffusers import DiffusionPipeline
 
 import diffusers_tpu
 
 MOST = 5  # the most of the project's frames allowed between stock code and a program it runs
 _ROOT = os.path.dirname(diffusers_tpu.__file__) + os.sep
 _STOCK = tuple(f"{os.sep}{name}{os.sep}" for name in ("diffusers", "transformers"))
+
+
+def _pipeline_code(frame) -> bool:
+    """A method of the pipeline class itself (``self`` a ``DiffusionPipeline`` and the function defined in its class
+    hierarchy): the project's own pipelines (``CausalWanPipeline``) play the role stock's ``__call__`` plays."""
+    owner = frame.f_locals.get("self")
+    if not isinstance(owner, DiffusionPipeline):
+        return False
+    defined_in = frame.f_code.co_qualname.split(".")[0]
+    return any(cls.__name__ == defined_in for cls in type(owner).__mro__)
 
 
 def _ours_since_stock(frame, caller: str) -> tuple[str, ...]:
@@ -29,7 +41,9 @@ def _ours_since_stock(frame, caller: str) -> tuple[str, ...]:
     frames.reverse()
     files = [f.f_code.co_filename for f in frames]
     stock = [
-        i for i, name in enumerate(files) if name == caller or any(s in name for s in _STOCK) and _ROOT not in name
+        i
+        for i, name in enumerate(files)
+        if name == caller or any(s in name for s in _STOCK) and _ROOT not in name or _pipeline_code(frames[i])
     ]
     start = stock[-1] + 1 if stock else 0
     return tuple(

@@ -55,6 +55,10 @@ def place_arguments(place: Callable, arrays: list) -> list:
         _call_batch.reset(token)
 
 
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
 def _by_value(static: tuple) -> tuple:
     """The non-tensor arguments as a program key: registered types by their contents (``static_keys``)."""
     return tuple(x if x is TENSOR else static_keys.key_of(x) for x in static)
@@ -148,9 +152,10 @@ class CompiledFunction:
             call = self.call_key(args, kwargs)
             program = self._program_for(call)
             program.carried = call.live  # the objects now at the carried places
-            tensors = [to_jax_array(x) for x in call.leaves if isinstance(x, torch.Tensor)]
+            # ``map``, not a comprehension: on Python 3.11 a comprehension is one more frame above an eager view op
+            tensors = list(map(to_jax_array, filter(_is_tensor, call.leaves)))
             dynamic = place_arguments(self.place_input, tensors)
-            carried_in = [to_jax_array(value) for value in call.values if isinstance(value, torch.Tensor)]
+            carried_in = list(map(to_jax_array, filter(_is_tensor, call.values)))
             extra = self.extras.values() if self.extras is not None else []
             weights = self.state()
             arguments = program.arguments(weights, dynamic, extra, carried_in)
