@@ -232,7 +232,7 @@ def wrap(array: jax.Array):
 
 
 # --- mesh ------------------------------------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -247,7 +247,7 @@ def default_mesh_shapes(num_devices: int, num_heads: int | None, pair_batch: boo
     of which a larger tp does not divide."""
     dp = 2 if num_devices % 2 == 0 and pair_batch else 1
     rest = num_devices // dp
-    tps = sorted((d for d in _divisors(rest) if num_heads is None or num_heads % d == 0), reverse=True) or [1]
+    tps = sorted((d for d in divisors(rest) if num_heads is None or num_heads % d == 0), reverse=True) or [1]
     return [{"dp": dp, "sp": rest // tp, "tp": tp} for tp in tps]
 
 
@@ -261,7 +261,7 @@ def validate_mesh_shape(shape: Mapping[str, int], num_devices: int, num_heads: i
             f"dp*sp*tp must equal {num_devices}, e.g. {default_mesh_shape(num_devices, num_heads)}."
         )
     if num_heads is not None and num_heads % full["tp"] != 0:
-        good = [d for d in _divisors(num_devices) if num_heads % d == 0]
+        good = [d for d in divisors(num_devices) if num_heads % d == 0]
         raise ValueError(
             f"The model has {num_heads} attention heads, which tp={full['tp']} does not divide: tensor parallelism "
             f"splits heads evenly. Choose tp from {good} (and move the other devices to dp or sp)."

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+from ...interop import backend
+
 logger = logging.getLogger(__name__)
 
 
@@ -50,8 +52,8 @@ def mesh_for(config, devices: int, current: dict, heads: int | None) -> dict:
             return {"dp": devices // (sp * tp), "sp": sp, "tp": tp}
     fitting = [
         {"dp": devices // (s * t), "sp": s, "tp": t}
-        for s in _divisors(devices)
-        for t in _divisors(devices // s)
+        for s in backend.divisors(devices)
+        for t in backend.divisors(devices // s)
         if heads is None or heads % t == 0
     ]
     asked = f"ulysses_degree={ulysses}, ring_degree={ring}" + (f", tp_degree={tps[0]}" if tensor is not None else "")
@@ -69,7 +71,3 @@ def _heads(module) -> int | None:
     config = getattr(module, "config", None)
     heads = getattr(config, "num_attention_heads", None)
     return int(heads) if isinstance(heads, int) else None
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
