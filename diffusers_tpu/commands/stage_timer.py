@@ -58,15 +58,16 @@ class StageTimer:
         self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
         self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
         self._wrap(pipe, "progress_bar", self._stepping)
-        self._counters = []  # per denoiser: how many hooked blocks computed so far (step caches skip some)
+        # how many hooked blocks each denoiser pass computed (step caches skip some): on torch counted per call; on
+        # JAX the runtime's count per cache-context pass (a batched guidance pair is two passes in one call)
+        self._counters, self._entries = [], []
         attached = pipeline_runtime.runtime_of(pipe)
         for name in family_of(pipe).denoisers:
             module = getattr(pipe, name, None)
             if module is None:
                 continue
             if attached is not None:
-                entry = attached.denoisers[name]
-                self._counters.append(lambda entry=entry: entry.hooked_calls)
+                self._entries.append(attached.denoisers[name])
             else:
                 self._counters.append(self._count_hooked_blocks(module))
             self._wrap(module, "forward", self._recording)
@@ -129,7 +130,8 @@ class StageTimer:
         def recorded(*args, **kwargs):
             before = sum(counter() for counter in self._counters)
             self._last = forward(*args, **kwargs)
-            self._run["hooked_blocks"].append(sum(counter() for counter in self._counters) - before)
+            if self._counters:
+                self._run["hooked_blocks"].append(sum(counter() for counter in self._counters) - before)
             return self._last
 
         return recorded
@@ -155,9 +157,11 @@ class StageTimer:
     @contextlib.contextmanager
     def run(self):
         self._run = collections.defaultdict(list)
-        start = time.perf_counter()
+        start, passes = time.perf_counter(), [entry.passes_run() for entry in self._entries]
         yield
         self._run["end_to_end"].append(time.perf_counter() - start)
+        for entry, first in zip(self._entries, passes):
+            self._run["hooked_blocks"].extend(entry.pass_counts(first))
         self.runs.append(dict(self._run))
 
 

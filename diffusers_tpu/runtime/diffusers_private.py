@@ -5,6 +5,7 @@ release changes one. Where diffusers has a public way it is used instead (``atte
 from __future__ import annotations
 
 import diffusers
+from diffusers.hooks.hooks import CacheContext
 from diffusers.models import attention_dispatch
 
 CHECKED_ON = ("0.38.0", "0.42.1")
@@ -78,3 +79,35 @@ def serve_backend(name: attention_dispatch.AttentionBackendName, function):
             backends[name] = stock
 
     return undo
+
+
+def cache_state(manager, name: str):
+    """The state a step cache's ``StateManager`` keeps for cache context ``name`` (made as stock makes it, at first
+    use), the manager's current context left as it was. Why private: ``StateManager.get_state`` reads only the current
+    context, and ``_context`` is the only way to put the current one back (it may be None: ``context`` then raises)."""
+    current = manager._context
+    manager.set_context(CacheContext(name=name))
+    try:
+        return manager.get_state()
+    finally:
+        manager.set_context(current)
+
+
+def context_name(manager) -> str | None:
+    """The cache context a step cache's ``StateManager`` is in now (the pipeline's ``cache_context(...)``), or None.
+    Why private: the public ``context`` property raises when there is none."""
+    return None if manager._context is None else manager._context.name
+
+
+def block_metadata(hook):
+    """What a cache hook knows of its block's call (``TransformerBlockMetadata``: which output is the hidden states,
+    which the text states, where ``hidden_states`` is among the arguments). Why private: the hook's ``_metadata`` is
+    the registry entry it was initialized with; ``TransformerBlockRegistry`` lives in the private ``hooks._helpers``."""
+    return hook._metadata
+
+
+def advance_mag_cache_step(tail_hook, state) -> None:
+    """MagCache's end of one pass on ``state`` (its step counter, and the reset after the schedule's last step).
+    Why private: ``MagCacheBlockHook._advance_step`` is stock's only code for it; calling it keeps the schedule the
+    same as stock's by construction."""
+    tail_hook._advance_step(state)

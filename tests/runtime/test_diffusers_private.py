@@ -79,3 +79,40 @@ def test_a_processor_s_backend_is_read_and_named_and_the_active_one_made_active_
         assert diffusers_private.active_attention_backend() == before
     finally:
         diffusers_private.make_active(before)
+
+
+def test_a_cache_state_per_context_is_read_and_the_context_kept():
+    from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
+
+    class _State(BaseState):
+        def __init__(self):
+            self.value = 0
+
+        def reset(self):
+            self.value = 0
+
+    manager = StateManager(_State)
+    assert diffusers_private.context_name(manager) is None
+    diffusers_private.cache_state(manager, "uncond").value = 3  # made at first use, as stock does
+    assert diffusers_private.context_name(manager) is None  # no context was left behind
+    manager.set_context(CacheContext(name="cond"))
+    assert diffusers_private.cache_state(manager, "uncond").value == 3 and manager.get_state().value == 0
+    assert diffusers_private.context_name(manager) == "cond"
+
+
+def test_step_cache_hooks_expose_their_metadata_and_mag_cache_advances_its_step():
+    from diffusers import MagCacheConfig, WanTransformer3DModel
+
+    from diffusers_tpu.testing import tiny
+
+    model = WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"])
+    model.enable_cache(MagCacheConfig(mag_ratios=[1.0] * 2, num_inference_steps=2))
+    head = diffusers_private.hook_registry(model.blocks[0]).hooks["mag_cache_leader_block_hook"]
+    tail = diffusers_private.hook_registry(model.blocks[-1]).hooks["mag_cache_block_hook"]
+    assert diffusers_private.block_metadata(head).return_hidden_states_index == 0
+    state = diffusers_private.cache_state(head.state_manager, "cond")
+    state.previous_residual = torch.ones(1)
+    diffusers_private.advance_mag_cache_step(tail, state)
+    assert state.step_index == 1 and state.previous_residual is not None
+    diffusers_private.advance_mag_cache_step(tail, state)  # the schedule's end: stock resets the state
+    assert state.step_index == 0 and state.previous_residual is None

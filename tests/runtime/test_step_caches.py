@@ -11,6 +11,7 @@ from diffusers import (
     TaylorSeerCacheConfig,
 )
 
+from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import stage_timer
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny
@@ -59,8 +60,11 @@ def uncached():
     return run(tiny.wan_pipeline("wan"))
 
 
+IN_PROGRAM = ("first_block", "mag")  # run in whole-step programs (``step_caches``); the others in units
+
+
 @pytest.mark.parametrize("name", list(CACHES))
-def test_cache_gives_stock_video(name, uncached):
+def test_cache_gives_stock_video(name, uncached, caplog):
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
     for p in (ref, pipe):
         p.transformer.enable_cache(CACHES[name](p))  # before the move, as GPU scripts do
@@ -72,14 +76,56 @@ def test_cache_gives_stock_video(name, uncached):
     before = entry.unit_calls
     with compile_accounting.compile_log() as log:
         assert_np_matches(run(pipe), expected)  # the caches' state resets between calls, as stock
-    assert log.compilations == 0 and entry.unit_calls > before
+    assert log.compilations == 0
+    slow = [r for r in caplog.records if "the slow route" in r.getMessage()]
+    if name in IN_PROGRAM:  # no block ran as its own program; the whole-step programs: computing and skipping
+        assert entry.unit_calls == 0 and not slow
+        (programs,) = [compiled.programs for compiled in entry._cached.values()]
+        assert len(programs) == 4  # per context (cond, uncond: two calls on one device): first step, then steady
+    else:  # the unit route, said once
+        assert entry.unit_calls > before and len(slow) == 1
+
+
+@pytest.mark.parametrize("name", IN_PROGRAM)
+def test_cached_guidance_pair_runs_as_one_batch(name):
+    """With the pair batched (``batch_cfg=True`` on one device; the mesh's dp does it by itself) each half keeps its
+    cache context's state: the same video and the same passes as stock, two programs, nothing recompiled."""
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(CACHES[name](p))
+    expected = run(ref)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    runtime = pipe._diffusers_tpu_runtime
+    entry = runtime.denoisers["transformer"]
+    assert_np_matches(run(pipe), expected)
+    assert runtime.pairing.batched_steps == STEPS and entry.unit_calls == 0
+    (programs,) = [compiled.programs for compiled in entry._cached.values()]
+    assert len(programs) == 2
+    first = entry.passes_run()
+    with compile_accounting.compile_log() as log:
+        assert_np_matches(run(pipe), expected)
+    assert log.compilations == 0 and runtime.pairing.batched_steps == STEPS
+    counts = entry.pass_counts(first)
+    assert len(counts) == 2 * STEPS and min(counts) < max(counts)  # some passes skipped blocks
+
+
+def test_a_threshold_that_skips_nothing_computes_every_block():
+    """FirstBlockCache decides inside the program: with a threshold no change passes, every pass computes all."""
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.0))
+    expected = run(ref)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    assert_np_matches(run(pipe), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    assert entry.pass_counts() == [2] * (2 * STEPS)
 
 
 @pytest.mark.parametrize("name", ["first_block", "mag"])
 def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
     """The bench probe counts the blocks each denoiser pass computed: the cached passes equal torch's."""
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
-    pipe.to("jax")
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
     reports = []
     for p in (ref, pipe):
         p.transformer.enable_cache(CACHES[name](p))  # on the moved pipeline: after the move
@@ -99,7 +145,8 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
         reports.append(report["cache"])
     torch_cache, jax_cache = reports
     assert jax_cache == torch_cache and 0 < jax_cache["cached_passes"] < jax_cache["denoiser_passes"]
-    assert jax_cache["denoiser_passes"] == 2 * STEPS  # cond and uncond stay separate calls under a cache
+    assert jax_cache["denoiser_passes"] == 2 * STEPS  # a batched pair counts as its two passes
+    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == STEPS
     for p in (ref, pipe):
         p.transformer.disable_cache()
     with compile_accounting.compile_log() as log:

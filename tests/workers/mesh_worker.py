@@ -553,24 +553,31 @@ def plan_run():
 
 
 def cache_runs():
-    """First Block Cache and MagCache on the mesh: the cached video equals torch's, warm calls compile nothing."""
+    """First Block Cache and MagCache on the mesh: the cached video equals torch's, in whole-step programs with the
+    guidance pair batched over dp (no block its own program), warm calls compile nothing."""
     from tests.runtime.test_step_caches import CACHES, STEPS
 
     runs, call = {}, dict(num_inference_steps=STEPS, output_type="np")
-    for cache, name in (("first_block", "dp2-sp1-tp4"), ("mag", "dp1-sp2-tp4")):  # each cache on one layout
+    layouts = (("first_block", "dp2-sp1-tp4"), ("mag", "dp1-sp2-tp4"), ("mag", "dp2-sp2-tp2"))
+    for cache, name in layouts:
         ref = tiny.wan_pipeline("wan-4head")
         ref.transformer.enable_cache(CACHES[cache](ref))
         expected = generate(ref, **call)
         pipe = tiny.wan_pipeline("wan-4head")
         pipe.transformer.enable_cache(CACHES[cache](pipe))
-        pipe.to("jax", config=TPUConfig(mesh=MESHES_13[name]))
+        pipe.to("jax", config=TPUConfig(mesh=MESHES_13.get(name) or {"dp": 2, "sp": 2, "tp": 2}))
         out = generate(pipe, **call)
+        runtime = pipe._diffusers_tpu_runtime
+        entry = runtime.denoisers["transformer"]
         with compile_accounting.compile_log() as log:
             generate(pipe, **call)
         runs[f"{cache}-{name}"] = dict(
             np_max_abs=float(np.abs(out - expected).max()),
             finite=bool(np.isfinite(out).all()),
             warm_compilations=log.compilations,
+            unit_calls=entry.unit_calls,
+            batched_steps=runtime.pairing.batched_steps if runtime.pairing is not None else 0,
+            programs=sum(len(compiled.programs) for compiled in entry._cached.values()),
         )
     return runs
 

@@ -77,12 +77,12 @@ def signature(block: torch.nn.Module):
     return tuple(parts)
 
 
-def block_lists(root: torch.nn.Module) -> list[tuple[str, list]]:
+def block_lists(root: torch.nn.Module, always: tuple = ()) -> list[tuple[str, list]]:
     """``(path, blocks)`` of every ModuleList under ``root`` of at least ``MIN_SCANNED + 1`` interchangeable blocks
-    (not inside another such list)."""
+    (not inside another such list); of two or more for the paths in ``always`` (a step cache's list)."""
     found, inside = [], []
     for path, module in root.named_modules():
-        if not isinstance(module, torch.nn.ModuleList) or len(module) <= MIN_SCANNED:
+        if not isinstance(module, torch.nn.ModuleList) or len(module) <= (MIN_SCANNED if path not in always else 1):
             continue
         if any(path.startswith(f"{outer}.") for outer in inside):
             continue

@@ -21,6 +21,7 @@ import torch
 
 from ...interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
 from ...interop.torch_private import pytree
+from . import step_caches
 from .hook_chain import Call, Hook
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 # cache-context names of the two passes: the pipelines' own loops, and diffusers guiders' ("pred_cond" / "pred_uncond")
 _ROLES = {"cond": "cond", "uncond": "uncond", "pred_cond": "cond", "pred_uncond": "uncond"}
+_PARTNER = {"cond": "uncond", "pred_cond": "pred_uncond"}  # the cache context the uncond rows' state is kept under
 
 
 @dataclasses.dataclass
@@ -90,9 +92,10 @@ class CFGPairing:
         tracked.__wrapped__ = cache_context
         return tracked
 
-    def denoiser_hook(self, module, hooked=lambda: False) -> Hook:
-        """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()``: diffusers hooks (a step cache) keep
-        per-context state, so those calls stay separate."""
+    def denoiser_hook(self, module, hooked=lambda: "") -> Hook:
+        """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()`` (``Denoiser.hooked``): diffusers hooks keep
+        per-context state: "units" — calls stay separate; "program" — a step cache run in whole-step programs, the
+        pair batched when the loop names its contexts (each half's rows keep their context's state)."""
         return _PairedCalls(self, module, hooked)
 
     # -- the pairing --------------------------------------------------------------------------------------
@@ -219,8 +222,12 @@ class _PairedCalls(Hook):
     def pre_call(self, call: Call) -> None:
         pairing = self.pairing
         conditions = pairing.conditions_of(call.kwargs)
-        name = _ROLES.get(pairing.context.get(id(self.module))) or pairing.role(conditions)
-        if call.args or name not in ("cond", "uncond") or conditions is None or self.hooked():
+        context = pairing.context.get(id(self.module))
+        name = _ROLES.get(context) or pairing.role(conditions)
+        hooked = self.hooked()
+        if hooked and (hooked == "units" or name == "cond" and context not in _PARTNER):
+            pairing.pending = None  # per-context hook state: only named contexts' rows can share a call
+        elif call.args or name not in ("cond", "uncond") or conditions is None:
             pairing.pending = None
         elif name == "cond" and not pairing.guided():
             pairing.pending = None  # the guider runs no unconditional pass at this step: the single program
@@ -229,6 +236,8 @@ class _PairedCalls(Hook):
             if found is not None:
                 call.notes[self.name] = (call.kwargs, found[1])
                 call.kwargs = found[0]
+                if context in _PARTNER:
+                    call.stack.enter_context(step_caches.batched_rows((context, _PARTNER[context])))
         else:
             ahead = pairing.computed_ahead(self.module, call.kwargs, conditions)
             if ahead is not None:

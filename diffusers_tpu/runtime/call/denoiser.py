@@ -5,15 +5,13 @@ Without hooks, a call runs ONE compiled program (the whole forward), its repeate
 tensor arguments and the LoRA scales (``lora.Scalings``); its key includes which adapters exist and are active.
 Before each call the entry brings the placement up to date (adapters loaded or deleted after the move).
 
-diffusers' step caches (``transformer.enable_cache(...)``: FirstBlockCache, MagCache, TaylorSeer, Pyramid
-Attention Broadcast, FasterCache) and other ``HookRegistry`` hooks decide in Python, per call, what to compute —
-a decision a single traced program would freeze at its first trace (a cached run silently differed from torch).
-So while hooks are present the forward runs in **units**: the stock forward and the hooks run eagerly on the
-host, exactly the stock code, and every submodule below the hooks (each transformer block, the embeddings, the
-output head) runs as its own compiled program. The hooks' decisions come from cheap device scalars (First Block
-Cache's ``.item()``) or host state (MagCache's schedule); skipped blocks are simply not called. Memory- and
-device-placement hooks (layerwise casting, group offloading, context parallelism) have TPU equivalents and are
-refused with a clear error.
+diffusers' step caches (``transformer.enable_cache(...)``) decide in Python, per call, what to compute — a decision
+a single traced program would freeze at its first trace. FirstBlockCache and MagCache run in whole-step programs
+(``step_caches``: the decision inside the program or picked on the host, the guidance pair batched). Other
+``HookRegistry`` hooks (TaylorSeer, Pyramid Attention Broadcast, FasterCache, ...) run in **units**: the stock
+forward and hooks eagerly on the host, exactly the stock code, every submodule below the hooks its own compiled
+program — the slow route, said once. Memory- and device-placement hooks (layerwise casting, group offloading,
+context parallelism) have TPU equivalents and are refused with a clear error.
 
 Hooks registered before ``pipe.to("tpu")`` wrap the stock ``forward`` of their module; the unit program is spliced
 into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 0.42), so the hooks run around it.
@@ -28,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 
 import jax
@@ -38,7 +37,7 @@ from ...interop.jit import CompiledFunction, place_arguments
 from ...interop.torch_private import pytree
 from .. import diffusers_private
 from ..weights import lora, quantize, stacked_weights
-from . import repeated_blocks
+from . import repeated_blocks, step_caches
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +75,14 @@ def active_hooks(root: torch.nn.Module) -> dict:
         if names:
             found[module] = names
     return found
+
+
+def runs_in_units(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s diffusers hooks send its calls down the unit route (each guidance pass its own call); a
+    step cache run in whole-step programs (``step_caches``) does not."""
+    hooks = active_hooks(module)
+    inner = {m: names for m, names in hooks.items() if m is not module}
+    return bool(hooks) and (module in hooks or step_caches.recognize(module, inner) is None)
 
 
 def _on_jax(hook) -> bool:
@@ -137,6 +144,10 @@ class Denoiser:
         self.eager: set[int] = set()  # modules whose forward a trace cannot take: run eagerly, children as units
         self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
         self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
+        self._caches: dict = {}  # the hooks' identities -> the step cache recognized (None: the unit route)
+        self._cached: dict[int, CompiledFunction] = {}  # id(step cache) -> its whole-step programs
+        self._passes: list = []  # per cache-context pass of a hooked call: (computed, blocks if so, blocks if not)
+        self._dropped_passes = 0
 
     def _activate(self):
         return self.runtime.active(self.settings)
@@ -167,9 +178,45 @@ class Denoiser:
             sharding.resync(self.module, self.runtime.mesh, self.rules)
             self._lora_key = key
 
-    def hooked(self) -> bool:
-        """Hooks anywhere on the denoiser (its own included): its calls must not be batched together."""
-        return bool(active_hooks(self.module))
+    def hooked(self) -> str:
+        """How hooks on the denoiser (its own included) run: "" (none), "program" (a step cache in its whole-step
+        programs: the guidance pair batched when its cache contexts are named), "units" (calls stay separate)."""
+        hooks = active_hooks(self.module)
+        if not hooks:
+            return ""
+        return "program" if self.module not in hooks and self.step_cache(hooks) is not None else "units"
+
+    def step_cache(self, hooks: dict):
+        """The step cache run in whole-step programs for ``hooks`` (the denoiser's inner ones), or None."""
+        registries = {id(m): diffusers_private.hook_registry(m).hooks for m in hooks}
+        key = tuple((id(m), *(id(registries[id(m)][n]) for n in names)) for m, names in hooks.items())
+        if key not in self._caches:
+            found = step_caches.recognize(self.module, hooks) if self.runtime.config.scan_blocks else None
+            self._caches = {key: found}  # the latest hooks only: a disabled cache's objects are let go
+            if found is None:
+                logger.warning(
+                    "%s: diffusers hooks %s run in units — the stock hooks eagerly on the host, each block its own "
+                    "program, the guidance pair as two calls: the same result, the slow route.",
+                    type(self.module).__name__,
+                    sorted({n.split("---")[0] for names in hooks.values() for n in names}),
+                )
+        return self._caches[key]
+
+    def passes_run(self) -> int:
+        """How many cache-context passes hooked calls have run (a batched guidance pair counts two)."""
+        return self._dropped_passes + len(self._passes)
+
+    def pass_counts(self, start: int = 0) -> list[int]:
+        """From pass ``start`` on (the latest 4096 are kept): how many hooked blocks each computed (reads the
+        devices: a cache's decisions stay there until asked)."""
+        kept = self._passes[max(0, start - self._dropped_passes) :]
+        return [computed_n if bool(computed) else skipped_n for computed, computed_n, skipped_n in kept]
+
+    def _record_passes(self, passes: list) -> None:
+        self._passes += passes
+        if len(self._passes) > 8192:
+            self._dropped_passes += len(self._passes) - 4096
+            del self._passes[:-4096]
 
     def __call__(self, *args, **kwargs):
         if not self.runtime.attached:
@@ -184,7 +231,41 @@ class Denoiser:
                     return self.whole(*args, **kwargs)
                 except TRACE_ERRORS as error:
                     self._cannot_trace(self.module, self.whole, error)
+            cache = self.step_cache(hooks) if hooks and not self.eager else None
+            if cache is not None:
+                try:
+                    return self._run_cached(cache, args, kwargs)
+                except step_caches.NotInProgram as why:
+                    self._caches = {key: None for key in self._caches}
+                    logger.warning("%s: %s; its hooks run in units (the slow route).", type(self.module).__name__, why)
             return self._run_units(hooks, args, kwargs)
+
+    def _run_cached(self, cache, args, kwargs):
+        """A call under a step cache the runtime runs in whole-step programs (``step_caches``)."""
+        compiled = self._cached.get(id(cache))
+        if compiled is None:
+            self._cached = {
+                id(cache): CompiledFunction(
+                    self.module,
+                    cache.step(self.forward),
+                    state=self.whole.state,
+                    activate=self._activate,
+                    place_input=self.place_input,
+                    extras=step_caches.Extras(self.scalings, cache),
+                    trace_hook=functools.partial(_traced_with_cache, cache),
+                    build=self.runtime.program_build,
+                )
+            }
+            compiled = self._cached[id(cache)]
+        cache.plan(step_caches.batched_contexts() or (cache.current_context(),))
+        try:
+            out, state = compiled(*args, **kwargs)
+        except BaseException:
+            cache.undo_plan()
+            forget_unfinished(compiled)
+            raise
+        self._record_passes(cache.commit(state))
+        return out
 
     def _cannot_trace(self, module, compiled, error) -> None:
         """``module``'s forward failed to trace: forget the half-built program, run it eagerly from now on."""
@@ -212,12 +293,14 @@ class Denoiser:
         for i, array in zip(tensors, placed):
             leaves[i] = backend.wrap(array)
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        token = _units_on.set(True)
+        token, before = _units_on.set(True), self.hooked_calls
         try:
             with self._activate():
                 return self.forward(*args, **kwargs)
         finally:
             _units_on.reset(token)
+            count = self.hooked_calls - before
+            self._record_passes([(True, count, count)])
 
     def _install_units(self, hooks: dict) -> None:
         signature = (
@@ -297,6 +380,14 @@ class Denoiser:
         else:
             self.runtime.overrides.set(module, "forward", unit)
         return key
+
+
+@contextlib.contextmanager
+def _traced_with_cache(cache, module, raw_state, prepare):
+    """A cached step's trace hook: the blocks' hooks set aside, their list traced as one chain with the cache's part
+    played (``repeated_blocks.scanning(cache=...)``)."""
+    with cache.hooks_set_aside(), repeated_blocks.scanning(module, raw_state, prepare, cache=cache) as finish:
+        yield finish
 
 
 @contextlib.contextmanager

@@ -118,10 +118,10 @@ class _Call:
 
 
 class _BlockListCalls:
-    """The calls of one block list during one trace."""
+    """The calls of one block list during one trace (``cache``: the step cache playing its hooks' part, if any)."""
 
-    def __init__(self, session: _Session, path: str, blocks: list, forwards: list):
-        self.session, self.path, self.blocks, self.forwards = session, path, blocks, forwards
+    def __init__(self, session: _Session, path: str, blocks: list, forwards: list, cache=None):
+        self.session, self.path, self.blocks, self.forwards, self.cache = session, path, blocks, forwards, cache
         self.reset()
 
     def reset(self):
@@ -131,6 +131,8 @@ class _BlockListCalls:
         forward = self.forwards[index]
         if self.session.in_body:
             return forward(*args, **kwargs)
+        if self.cache is not None and self.cache.skips_all():
+            return self.cache.passthrough(index, args, kwargs)
         if index == 0:
             self.reset()
         if not self.deferring or index != self.next:
@@ -143,13 +145,15 @@ class _BlockListCalls:
                 self.deferring = False  # the block edits its inputs in place: calls stay as they are
             call.outputs, self.out_spec = pytree.tree_flatten(out)
             self.first = call
+            if self.cache is not None:
+                self.cache.head_called(args, kwargs, out)
             return out
         if not self._chained(call):
             return self._give_up(forward, args, kwargs)
         last = index == len(self.blocks) - 1
-        if last and len(self.pending) + 1 >= MIN_SCANNED:
+        if last and (len(self.pending) + 1 >= MIN_SCANNED or self.cache is not None):
             self.pending.append(call)
-            result = self._scan()
+            result = self._scan() if self.cache is None else self.cache.chain(self._scan)
             self.reset()
             return result
         if last:
@@ -203,6 +207,8 @@ class _BlockListCalls:
 
     def _give_up(self, forward, args, kwargs):
         """Run the deferred calls one by one (exactly the unrolled loop), then this call; no deferring after."""
+        if self.cache is not None:
+            raise Retrace(f"{self.path}: the cached blocks are not called as one chain")
         self.deferring = False
         for call in self.pending:
             real = [
@@ -353,15 +359,20 @@ def _deferring(cls: type) -> type:
 
 
 @contextlib.contextmanager
-def scanning(module: torch.nn.Module, raw_state: dict, prepare):
+def scanning(module: torch.nn.Module, raw_state: dict, prepare, cache=None):
     """``jit.CompiledFunction``'s ``trace_hook``: while the forward of ``module`` is traced, its block lists
-    run as described in the module docstring. Yields ``finish(out)``, which checks what the trace returns."""
+    run as described in the module docstring. Yields ``finish(out)``, which checks what the trace returns.
+    ``cache``: a step cache (``step_caches``) whose block list is traced as one chain with its part played."""
     session = _Session(raw_state, prepare)
     installed = []
-    for path, blocks in block_lists(module):
+    lists = block_lists(module, always=(cache.path,) if cache is not None else ())
+    if cache is not None and cache.path not in dict(lists):
+        raise Retrace(f"{cache.path}: the cached blocks are not interchangeable")
+    for path, blocks in lists:
         # a block's real call: its hooks (activation constraints) and forward, as ``Module.__call__`` runs them
         calls = [functools.partial(torch.nn.Module.__call__, block) for block in blocks]
-        chain = _BlockListCalls(session, path, blocks, calls)
+        mine = cache if cache is not None and path == cache.path else None
+        chain = _BlockListCalls(session, path, blocks, calls, mine)
         for index, block in enumerate(blocks):
             installed.append((block, type(block)))
             vars(block)["_diffusers_tpu_chain"] = (chain, index)

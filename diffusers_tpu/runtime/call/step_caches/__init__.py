@@ -1,0 +1,44 @@
+"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache and MagCache.
+
+Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the two
+caches recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
+(``repeated_blocks``), the guidance pair batched over ``dp``; the rows of each cache context ("cond", "uncond") keep
+their own state, as stock's contexts do. While the program is traced the blocks' hooks are set aside and this file
+plays their part:
+
+- **FirstBlockCache** decides from data: the head block runs; stock's test (the relative change of its residual
+  against the last computed step's, per context) decides INSIDE the program (``lax.cond``) whether the other blocks
+  run or the tail residual kept from the last computed step is added. Its state stays on the devices (program input
+  and output); a step's decisions reach the host only when read (``Denoiser.pass_counts``).
+- **MagCache** decides from the schedule: stock's accumulators advance on the host (its arithmetic, on its state
+  objects) and pick one of two programs: every block (their residual kept) or the input plus the kept residual.
+
+Any other hook (TaylorSeer, Pyramid Attention Broadcast, FasterCache, SeaCache, a custom one), blocks in more than one
+list, or MagCache's calibration keep the unit route (``denoiser``): slower, the same result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import diffusers_private
+from .base import Extras, NotInProgram, batched_contexts, batched_rows, child_block_lists
+from .first_block import FirstBlock
+from .magnitude import Magnitude
+
+__all__ = ["Extras", "FirstBlock", "Magnitude", "NotInProgram", "batched_contexts", "batched_rows", "recognize"]
+
+
+def recognize(module: torch.nn.Module, hooks: dict):
+    """The step cache behind ``hooks`` ({submodule: [hook names]}, the denoiser's own excluded) when one of the caches
+    here alone put them there, on one block list of ``module``; else None (the unit route)."""
+    for kind in (FirstBlock, Magnitude):
+        for path, blocks in child_block_lists(module):
+            if {id(b) for b in blocks} != {id(m) for m in hooks} or len(blocks) < 2:
+                continue
+            names = [hooks[b] for b in blocks]
+            if names == [[kind.head_name]] + [[kind.block_name]] * (len(blocks) - 1):
+                found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
+                if kind.accepts(found[0]):
+                    return kind(path, blocks, found)
+    return None

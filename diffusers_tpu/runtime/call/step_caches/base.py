@@ -1,0 +1,144 @@
+"""What the step caches run in whole-step programs share: the block list, stock's state per cache context, the rows
+of a batched call, the program's extra inputs (see the package's docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+from ....interop.backend import wrap
+from ... import diffusers_private
+
+_ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("diffusers_tpu_cache_rows", default=None)
+
+
+class NotInProgram(Exception):
+    """The cached step could not be traced as one program (the blocks do not form one chain): the unit route runs."""
+
+
+def batched_contexts() -> tuple | None:
+    """The cache contexts of the rows of the call running now, when it is a batched pair (else None)."""
+    return _ROWS.get()
+
+
+@contextlib.contextmanager
+def batched_rows(contexts: tuple):
+    """While a batched call runs: the cache contexts of its rows, in order (the guidance pair: "cond", "uncond")."""
+    token = _ROWS.set(tuple(contexts))
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def child_block_lists(module):
+    return [(name, list(child)) for name, child in module.named_children() if isinstance(child, torch.nn.ModuleList)]
+
+
+def rows_of(array, count: int, index: int):
+    size = array.shape[0] // count
+    return array[index * size : (index + 1) * size]
+
+
+class StepCache:
+    """What both caches share: the block list, stock's state objects per context, the program's extra inputs."""
+
+    head_name = block_name = ""
+    head_outside = False  # the head block's output decides: it runs outside the block loop
+
+    def __init__(self, path: str, blocks: list, hooks: list):
+        self.path, self.blocks, self.head, self.tail = path, blocks, hooks[0], hooks[-1]
+        self.manager = self.head.state_manager
+        self.metadata = diffusers_private.block_metadata(self.head)
+        self.contexts: tuple = ()
+        self.states: list = []
+        self.key = None
+        self.inputs: list = []  # the cache state fed to this call's program
+        self.traced = False
+        self.returned: list = []  # while tracing: the state the program returns besides the forward's output
+        self._saved: list = []
+
+    @classmethod
+    def accepts(cls, head) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path}: {len(self.blocks)} blocks)"
+
+    def current_context(self) -> str:
+        return diffusers_private.context_name(self.manager) or self.manager.context.name  # stock's error if none
+
+    def plan(self, contexts: tuple) -> None:
+        """Before a call: the states of ``contexts`` (the call's rows, in order), the program key, its inputs."""
+        self.contexts = contexts
+        self.states = [diffusers_private.cache_state(self.manager, name) for name in contexts]
+        self._saved = [dict(vars(state)) for state in self.states]
+        self._plan()
+
+    def undo_plan(self) -> None:
+        """The call did not run: the states as they were before ``plan`` (host counters included)."""
+        for state, saved in zip(self.states, self._saved):
+            vars(state).clear()
+            vars(state).update(saved)
+
+    def argument(self, name: str, args, kwargs):
+        return self.metadata._get_parameter_from_args_kwargs(name, args, kwargs)
+
+    def rows(self, array, index: int):
+        return rows_of(array, len(self.contexts), index)
+
+    def shapes(self) -> tuple:
+        return tuple((tuple(a.shape), a.dtype) for a in self.inputs)
+
+    def step(self, forward):
+        """The method the program traces: the stock forward, returning the cache's new state beside its output."""
+
+        def cached_step(*args, **kwargs):
+            if not self.traced:  # traced without this file's hook, or run eagerly: the stock hooks would decide
+                raise NotInProgram(f"{type(self).__name__} could not be traced in one program")
+            self.returned = []
+            out = forward(*args, **kwargs)
+            return out, [wrap(a) for a in self.returned]
+
+        cached_step.__wrapped__ = forward
+        return cached_step
+
+    @contextlib.contextmanager
+    def hooks_set_aside(self):
+        """While the cached step is traced: the blocks without their diffusers hooks (this package plays their part)."""
+        saved = [(b, {k: vars(b).pop(k) for k in ("forward", "_diffusers_hook") if k in vars(b)}) for b in self.blocks]
+        self.traced = True
+        try:
+            yield
+        finally:
+            self.traced = False
+            for block, attributes in saved:
+                vars(block).update(attributes)
+
+    # what ``repeated_blocks`` asks of a cache while the list is traced
+    def skips_all(self) -> bool:
+        return False
+
+    def head_called(self, args, kwargs, out) -> None:
+        pass
+
+
+class Extras:
+    """A cached program's extra inputs: the LoRA scales (``lora.Scalings``) and the cache's state."""
+
+    def __init__(self, scalings, cache: StepCache):
+        self.scalings, self.cache = scalings, cache
+
+    def key(self):
+        return self.scalings.key(), self.cache.key
+
+    def values(self) -> list:
+        return self.scalings.values() + list(self.cache.inputs)
+
+    @contextlib.contextmanager
+    def bound(self, arrays):
+        split = len(arrays) - len(self.cache.inputs)
+        with self.scalings.bound(arrays[:split]), self.cache.bound(arrays[split:]):
+            yield

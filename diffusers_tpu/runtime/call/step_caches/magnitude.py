@@ -1,0 +1,135 @@
+"""MagCache (``MagCacheConfig``) in the denoiser's programs: its schedule decided on the host, one of two programs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax.numpy as jnp
+from diffusers.hooks.hooks import CacheContext
+
+from ....interop.backend import to_jax_array, wrap
+from ... import diffusers_private
+from .base import StepCache
+
+
+class Magnitude(StepCache):
+    """MagCache (``MagCacheConfig``), its schedule decided on the host."""
+
+    head_name, block_name = "mag_cache_leader_block_hook", "mag_cache_block_hook"
+
+    @classmethod
+    def accepts(cls, head) -> bool:
+        return not head.config.calibrate  # calibration reads every step's ratio on the host: the unit route
+
+    def current_context(self) -> str:
+        if diffusers_private.context_name(self.manager) is None:  # as stock's head hook does
+            self.manager.set_context(CacheContext(name="inference"))
+        return diffusers_private.context_name(self.manager)
+
+    def _plan(self):
+        self.compute = tuple(self._decide(state) for state in self.states)
+        self.inputs = [to_jax_array(s.previous_residual) for s, c in zip(self.states, self.compute) if not c]
+        self.key = ("mag", self.contexts, self.compute, self.shapes())
+
+    def _decide(self, state) -> bool:
+        """``MagCacheHeadHook.new_forward``'s decision (diffusers 0.42), on stock's state: the same arithmetic."""
+        config, step = self.head.config, state.step_index
+        scale = 1.0 if step >= len(config.mag_ratios) else config.mag_ratios[step]
+        if step < int(config.retention_ratio * config.num_inference_steps + 0.5):
+            compute = True
+        else:
+            state.accumulated_ratio *= scale
+            state.accumulated_steps += 1
+            state.accumulated_err += abs(1.0 - state.accumulated_ratio)
+            compute = not (
+                state.previous_residual is not None
+                and state.accumulated_err <= config.threshold
+                and state.accumulated_steps <= config.max_skip_steps
+            )
+            if compute:
+                state.accumulated_ratio, state.accumulated_steps, state.accumulated_err = 1.0, 0, 0.0
+        state.should_compute = compute
+        return compute
+
+    @contextlib.contextmanager
+    def bound(self, arrays):
+        values = iter(arrays)
+        self.previous = [None if c else next(values) for c in self.compute]
+        yield
+
+    def skips_all(self) -> bool:
+        return not any(self.compute)
+
+    def _skipped(self, hidden, index):
+        """Stock's skip for one context's rows: the head's input plus the kept residual."""
+        residual = self.previous[index]
+        if residual.shape == hidden.shape:
+            return hidden + residual
+        if hidden.ndim == 3 and residual.ndim == 3 and hidden.shape[0] == residual.shape[0]:
+            if hidden.shape[2] == residual.shape[2] and hidden.shape[1] > residual.shape[1]:
+                start = hidden.shape[1] - residual.shape[1]  # text + image tokens: the image part is at the end
+                return hidden.at[:, start:].add(residual)
+        return hidden  # stock warns and returns the input unchanged
+
+    def passthrough(self, index: int, args, kwargs):
+        """A block's call when every context skips: stock's head and block hooks' skip outputs."""
+        meta = self.metadata
+        hidden = self.argument(meta.hidden_states_argument_name, args, kwargs)
+        if index == 0:
+            array = to_jax_array(hidden)
+            hidden = wrap(jnp.concatenate([self._skipped(self.rows(array, c), c) for c in range(len(self.contexts))]))
+        if meta.return_encoder_hidden_states_index is None:
+            return hidden
+        result = [None] * (max(meta.return_hidden_states_index, meta.return_encoder_hidden_states_index) + 1)
+        result[meta.return_hidden_states_index] = hidden
+        result[meta.return_encoder_hidden_states_index] = self.argument("encoder_hidden_states", args, kwargs)
+        return tuple(result)
+
+    def head_called(self, args, kwargs, out) -> None:
+        meta = self.metadata
+        self.head_in = to_jax_array(self.argument(meta.hidden_states_argument_name, args, kwargs))
+        text = meta.return_encoder_hidden_states_index is not None
+        self.text_in = to_jax_array(self.argument("encoder_hidden_states", args, kwargs)) if text else None
+
+    def chain(self, run):
+        """Every block ran (for the contexts that compute): the residual kept, skipping contexts' rows replaced."""
+        meta, out = self.metadata, run()
+        is_tuple = isinstance(out, tuple)
+        hidden = to_jax_array(out[meta.return_hidden_states_index] if is_tuple else out)
+        with_text = is_tuple and self.text_in is not None
+        text = to_jax_array(out[meta.return_encoder_hidden_states_index]) if with_text else None
+        hiddens, texts = [], []
+        for index, compute in enumerate(self.compute):
+            rows, head_in = self.rows(hidden, index), self.rows(self.head_in, index)
+            if compute:
+                self.returned.append(_residual(rows, head_in))
+                hiddens.append(rows)
+                texts.append(None if text is None else self.rows(text, index))
+            else:
+                hiddens.append(self._skipped(head_in, index))
+                texts.append(None if text is None else self.rows(self.text_in, index))
+        if not is_tuple:
+            return wrap(jnp.concatenate(hiddens))
+        result = list(out)
+        result[meta.return_hidden_states_index] = wrap(jnp.concatenate(hiddens))
+        if text is not None:
+            result[meta.return_encoder_hidden_states_index] = wrap(jnp.concatenate(texts))
+        return tuple(result)
+
+    def commit(self, arrays) -> list:
+        values, passes = iter(arrays), []
+        for state, compute in zip(self.states, self.compute):
+            if compute:
+                state.previous_residual = next(values)
+            diffusers_private.advance_mag_cache_step(self.tail, state)  # stock's counter and end-of-schedule reset
+            passes.append((compute, len(self.blocks), 0))
+        return passes
+
+
+def _residual(out, head_in):
+    """``MagCacheBlockHook``'s residual of the tail's output against the head's input (diffusers 0.42)."""
+    if out.shape == head_in.shape:
+        return out - head_in
+    if out.ndim == 3 and head_in.ndim == 3 and out.shape[2] == head_in.shape[2]:
+        return out[:, -head_in.shape[1] :] - head_in  # the tail returned text + image tokens; the image at the end
+    return out
