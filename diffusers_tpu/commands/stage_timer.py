@@ -157,11 +157,12 @@ class StageTimer:
     @contextlib.contextmanager
     def run(self):
         self._run = collections.defaultdict(list)
-        start, passes = time.perf_counter(), [entry.passes_run() for entry in self._entries]
+        start, passes = time.perf_counter(), [(len(e.passes), e.passes.programs) for e in self._entries]
         yield
         self._run["end_to_end"].append(time.perf_counter() - start)
-        for entry, first in zip(self._entries, passes):
-            self._run["hooked_blocks"].extend(entry.pass_counts(first))
+        for entry, (first, programs) in zip(self._entries, passes):
+            self._run["hooked_blocks"].extend(entry.passes.counts(first))
+            self._run["hooked_programs"].append(entry.passes.programs - programs)
         self.runs.append(dict(self._run))
 
 
@@ -171,10 +172,14 @@ def cache_report(runs: list[dict]) -> dict:
     if not passes or max(passes) == 0:
         return {}
     full = max(passes)
+    steps = sum(len(run.get("steps", [])) for run in runs)
+    programs = sum(n for run in runs for n in run.get("hooked_programs", []))
     return {
         "denoiser_passes": len(passes),
         "cached_passes": sum(n < full for n in passes),
         "hooked_blocks_per_full_pass": full,
+        # on JAX: the denoiser's compiled programs run per step (whole-step programs: 1 per call; units: per block)
+        **({"denoiser_programs_per_step": programs / steps} if steps and "hooked_programs" in runs[0] else {}),
     }
 
 

@@ -75,6 +75,11 @@ WAN_TRANSFORMERS = {
 WAN_TRANSFORMERS["wan-d128"] = dict(
     WAN_TRANSFORMERS["wan-4head"], attention_head_dim=128, ffn_dim=64, num_layers=2, cross_attn_norm=True
 )
+# a step that dominates a CPU run (8 blocks of 512 wide, ~20 GFLOP a forward at 128x128x17): ``bench --cache``'s
+# ratio of work is measured on it, not on the dispatch-bound tiny models
+WAN_TRANSFORMERS["wan-step"] = dict(
+    WAN_TRANSFORMERS["wan-4head"], num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, num_layers=8
+)
 WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
 # Wan 2.2 TI2V-5B: a 48-channel residual VAE that works on 2x2 pixel patches (16x spatial compression).
 WAN22_VAE = dict(

@@ -101,12 +101,49 @@ def test_cached_guidance_pair_runs_as_one_batch(name):
     assert runtime.pairing.batched_steps == STEPS and entry.unit_calls == 0
     (programs,) = [compiled.programs for compiled in entry._cached.values()]
     assert len(programs) == 2
-    first = entry.passes_run()
+    first = len(entry.passes)
     with compile_accounting.compile_log() as log:
         assert_np_matches(run(pipe), expected)
     assert log.compilations == 0 and runtime.pairing.batched_steps == STEPS
-    counts = entry.pass_counts(first)
+    counts = entry.passes.counts(first)
     assert len(counts) == 2 * STEPS and min(counts) < max(counts)  # some passes skipped blocks
+
+
+def test_first_block_cache_decides_without_reading_the_devices(monkeypatch):
+    """Its decisions stay on the devices: denoiser calls read no array back (the unit route's ``.item()`` does)."""
+    from jax._src.array import ArrayImpl
+
+    pipe = tiny.wan_pipeline("wan")
+    pipe.transformer.enable_cache(CACHES["first_block"](pipe))
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    entry, reads, inside = pipe._diffusers_tpu_runtime.denoisers["transformer"], [0], [False]
+    value, item = ArrayImpl._value, torch.Tensor.item
+
+    def counted(array):
+        reads[0] += inside[0]
+        return value.fget(array)
+
+    def counted_item(tensor):
+        reads[0] += inside[0]
+        return item(tensor)
+
+    monkeypatch.setattr(ArrayImpl, "_value", property(counted))  # an array read back
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)  # a torch scalar read
+    for route in ("_run_cached", "_run_units"):
+
+        def guarded(*args, _inner=getattr(entry, route), **kwargs):
+            inside[0] = True
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                inside[0] = False
+
+        monkeypatch.setattr(entry, route, guarded)
+    run(pipe)
+    assert reads[0] == 0 and entry.unit_calls == 0 and len(entry.passes) == 2 * STEPS
+    entry._caches = {key: None for key in entry._caches}  # the unit route instead: its decision reads the devices
+    run(pipe)
+    assert reads[0] >= 2 * STEPS - 2  # one ``.item()`` per pass with a previous residual
 
 
 def test_a_threshold_that_skips_nothing_computes_every_block():
@@ -118,7 +155,7 @@ def test_a_threshold_that_skips_nothing_computes_every_block():
     pipe.to("jax", config=TPUConfig(batch_cfg=True))
     assert_np_matches(run(pipe), expected)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
-    assert entry.pass_counts() == [2] * (2 * STEPS)
+    assert entry.passes.counts() == [2] * (2 * STEPS)
 
 
 @pytest.mark.parametrize("name", ["first_block", "mag"])

@@ -146,8 +146,7 @@ class Denoiser:
         self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
         self._caches: dict = {}  # the hooks' identities -> the step cache recognized (None: the unit route)
         self._cached: dict[int, CompiledFunction] = {}  # id(step cache) -> its whole-step programs
-        self._passes: list = []  # per cache-context pass of a hooked call: (computed, blocks if so, blocks if not)
-        self._dropped_passes = 0
+        self.passes = step_caches.PassLog()  # hooked calls' passes: blocks computed, programs run
 
     def _activate(self):
         return self.runtime.active(self.settings)
@@ -202,22 +201,6 @@ class Denoiser:
                 )
         return self._caches[key]
 
-    def passes_run(self) -> int:
-        """How many cache-context passes hooked calls have run (a batched guidance pair counts two)."""
-        return self._dropped_passes + len(self._passes)
-
-    def pass_counts(self, start: int = 0) -> list[int]:
-        """From pass ``start`` on (the latest 4096 are kept): how many hooked blocks each computed (reads the
-        devices: a cache's decisions stay there until asked)."""
-        kept = self._passes[max(0, start - self._dropped_passes) :]
-        return [computed_n if bool(computed) else skipped_n for computed, computed_n, skipped_n in kept]
-
-    def _record_passes(self, passes: list) -> None:
-        self._passes += passes
-        if len(self._passes) > 8192:
-            self._dropped_passes += len(self._passes) - 4096
-            del self._passes[:-4096]
-
     def __call__(self, *args, **kwargs):
         if not self.runtime.attached:
             return self.forward(*args, **kwargs)
@@ -264,7 +247,7 @@ class Denoiser:
             cache.undo_plan()
             forget_unfinished(compiled)
             raise
-        self._record_passes(cache.commit(state))
+        self.passes.record(cache.commit(state), programs=1)
         return out
 
     def _cannot_trace(self, module, compiled, error) -> None:
@@ -293,14 +276,14 @@ class Denoiser:
         for i, array in zip(tensors, placed):
             leaves[i] = backend.wrap(array)
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        token, before = _units_on.set(True), self.hooked_calls
+        token, before, units = _units_on.set(True), self.hooked_calls, self.unit_calls
         try:
             with self._activate():
                 return self.forward(*args, **kwargs)
         finally:
             _units_on.reset(token)
             count = self.hooked_calls - before
-            self._record_passes([(True, count, count)])
+            self.passes.record([(True, count, count)], programs=self.unit_calls - units)
 
     def _install_units(self, hooks: dict) -> None:
         signature = (

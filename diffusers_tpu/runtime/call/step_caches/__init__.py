@@ -9,7 +9,7 @@ plays their part:
 - **FirstBlockCache** decides from data: the head block runs; stock's test (the relative change of its residual
   against the last computed step's, per context) decides INSIDE the program (``lax.cond``) whether the other blocks
   run or the tail residual kept from the last computed step is added. Its state stays on the devices (program input
-  and output); a step's decisions reach the host only when read (``Denoiser.pass_counts``).
+  and output); a step's decisions reach the host only when read (``PassLog.counts``).
 - **MagCache** decides from the schedule: stock's accumulators advance on the host (its arithmetic, on its state
   objects) and pick one of two programs: every block (their residual kept) or the input plus the kept residual.
 
@@ -22,11 +22,20 @@ from __future__ import annotations
 import torch
 
 from ... import diffusers_private
-from .base import Extras, NotInProgram, batched_contexts, batched_rows, child_block_lists
+from .base import Extras, NotInProgram, PassLog, batched_contexts, batched_rows, child_block_lists
 from .first_block import FirstBlock
 from .magnitude import Magnitude
 
-__all__ = ["Extras", "FirstBlock", "Magnitude", "NotInProgram", "batched_contexts", "batched_rows", "recognize"]
+__all__ = [
+    "Extras",
+    "FirstBlock",
+    "Magnitude",
+    "NotInProgram",
+    "PassLog",
+    "batched_contexts",
+    "batched_rows",
+    "recognize",
+]
 
 
 def recognize(module: torch.nn.Module, hooks: dict):

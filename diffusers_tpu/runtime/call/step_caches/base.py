@@ -142,3 +142,30 @@ class Extras:
         split = len(arrays) - len(self.cache.inputs)
         with self.scalings.bound(arrays[:split]), self.cache.bound(arrays[split:]):
             yield
+
+
+class PassLog:
+    """What a denoiser's hooked calls ran, per cache-context pass (a batched guidance pair is two): how many hooked
+    blocks computed — kept as the devices' decisions until read — and the programs the calls ran."""
+
+    KEPT = 4096
+
+    def __init__(self):
+        self._passes: list = []  # (computed: bool or a device bool, blocks if computed, blocks if not)
+        self._dropped = 0
+        self.programs = 0
+
+    def record(self, passes: list, programs: int) -> None:
+        self._passes += passes
+        self.programs += programs
+        if len(self._passes) > 2 * self.KEPT:
+            self._dropped += len(self._passes) - self.KEPT
+            del self._passes[: -self.KEPT]
+
+    def __len__(self) -> int:
+        return self._dropped + len(self._passes)
+
+    def counts(self, start: int = 0) -> list[int]:
+        """From pass ``start`` on (the latest ``KEPT`` kept): the hooked blocks each computed (reads the devices)."""
+        kept = self._passes[max(0, start - self._dropped) :]
+        return [computed_n if bool(computed) else skipped_n for computed, computed_n, skipped_n in kept]
