@@ -181,6 +181,7 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
         )
         reports.append(report["cache"])
     torch_cache, jax_cache = reports
+    assert jax_cache.pop("denoiser_programs_per_step") == 1.0  # one whole-step program per step, the pair batched
     assert jax_cache == torch_cache and 0 < jax_cache["cached_passes"] < jax_cache["denoiser_passes"]
     assert jax_cache["denoiser_passes"] == 2 * STEPS  # a batched pair counts as its two passes
     assert pipe._diffusers_tpu_runtime.pairing.batched_steps == STEPS
