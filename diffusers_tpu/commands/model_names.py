@@ -37,6 +37,7 @@ TINY_MODELS = (
     "wan",
     "wan-4head",
     "wan-d128",
+    "wan-step",
     "z-image",
 )
 # The real-size architectures ``--arch`` builds with random weights (``planner.architectures``; a test keeps them

@@ -223,11 +223,10 @@ class Denoiser:
                     logger.warning("%s: %s; its hooks run in units (the slow route).", type(self.module).__name__, why)
             return self._run_units(hooks, args, kwargs)
 
-    def _run_cached(self, cache, args, kwargs):
-        """A call under a step cache the runtime runs in whole-step programs (``step_caches``)."""
-        compiled = self._cached.get(id(cache))
-        if compiled is None:
-            self._cached = {
+    def cached_program(self, cache) -> CompiledFunction:
+        """The whole-step programs of ``cache`` (one per key: which contexts, their decisions or kept state)."""
+        if id(cache) not in self._cached:
+            self._cached = {  # the latest cache only
                 id(cache): CompiledFunction(
                     self.module,
                     cache.step(self.forward),
@@ -239,7 +238,11 @@ class Denoiser:
                     build=self.runtime.program_build,
                 )
             }
-            compiled = self._cached[id(cache)]
+        return self._cached[id(cache)]
+
+    def _run_cached(self, cache, args, kwargs):
+        """A call under a step cache the runtime runs in whole-step programs (``step_caches``)."""
+        compiled = self.cached_program(cache)
         cache.plan(step_caches.batched_contexts() or (cache.current_context(),))
         try:
             out, state = compiled(*args, **kwargs)

@@ -1,0 +1,136 @@
+"""Step caches' whole-step programs for a real-size model on a TPU slice, compiled by the TPU compiler (no TPU needed).
+
+    python benchmarks/cache_programs.py --arch Wan2.1-14B --chips v6e-8 --height 720 --width 1280 --frames 81
+
+A benchmark, not a test (a minute or more of compiling per program). For one guided step (the CFG pair as one batch
+over dp, as the runtime runs it) it compiles, exactly as the runtime builds them (``Denoiser.cached_program``, abstract
+weights and cache state): the uncached step; FirstBlockCache's first-step program and its steady program (head block,
+then ``lax.cond``: the other blocks, or the kept tail residual); MagCache's computing and skipping programs. Each row is
+read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the larger branch),
+memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives none for a
+program holding Pallas kernels). CPU numbers never enter: these are the compiler's figures, not run times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import torch
+from diffusers import FirstBlockCacheConfig, MagCacheConfig
+
+from diffusers_tpu.interop import program_figures
+from diffusers_tpu.interop.torch_private import pytree
+from diffusers_tpu.planner import abstract_weights, architectures, call_probe, hlo_stats, plan, tpu_compiler
+from diffusers_tpu.planner.chips import CHIPS
+from diffusers_tpu.runtime.call import step_caches
+from diffusers_tpu.runtime.call.denoiser import active_hooks
+from diffusers_tpu.runtime.config import TPUConfig
+
+
+def _figures(lowered) -> dict:
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    summary = hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
+    hlo = summary["hlo"]
+    loop = max(hlo["loops"], key=lambda found: found["instructions"], default=None)
+    return {
+        "flops": hlo["flops"],
+        "attention_flops": hlo["attention_flops"],
+        "bytes": hlo["bytes"],
+        "per_layer_flops": loop["flops"] + loop["attention_flops"] if loop else None,
+        "peak_bytes_per_device": summary.get("peak_bytes"),
+        "compile_seconds": round(time.perf_counter() - start, 1),
+        "optimal_seconds": summary.get("xla_cost", {}).get("optimal_seconds"),
+    }
+
+
+def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: tuple):
+    """The cache's key and state inputs for one program: ``decisions`` per context ("first" / "kept" for
+    FirstBlockCache, "compute" / "skip" for MagCache), the kept tensors abstract, shaped as a block's hidden states."""
+    rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=hidden.sharding)
+    cache.contexts = ("cond", "uncond")
+    if kind == "fbc":
+        cache.kept = tuple(None if d == "first" else False for d in decisions)
+        cache.inputs = [rows, rows] * sum(d == "kept" for d in decisions)
+    else:
+        cache.compute = tuple(d == "compute" for d in decisions)
+        cache.inputs = [rows] * sum(d == "skip" for d in decisions)
+    cache.key = (kind, cache.contexts, decisions)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="Wan2.1-14B")
+    parser.add_argument("--chips", default="v6e-8")
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    devices = tpu_compiler.devices(CHIPS[args.chips])
+    pipe = architectures.build(args.arch, torch.bfloat16, weights=False)
+    config = TPUConfig(dtype=torch.bfloat16, text_encoder="host")
+    size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=5.0)
+    rows = {}
+    for kind, cache_config, programs in (
+        (None, None, [("uncached", None)]),
+        ("fbc", FirstBlockCacheConfig(threshold=0.05), [("first step", ("first", "first")), ("steady", ("kept",) * 2)]),
+        (
+            "mag",
+            MagCacheConfig(mag_ratios=[1.0] * 50, num_inference_steps=50),
+            [("computing", ("compute",) * 2), ("skipping", ("skip",) * 2)],
+        ),
+    ):
+        if pipe.transformer.is_cache_enabled:
+            pipe.transformer.disable_cache()
+        if cache_config is not None:
+            pipe.transformer.enable_cache(cache_config)
+        with plan.attached(pipe, config, devices) as runtime:
+            denoiser = runtime.decision.component("transformer")
+            state = abstract_weights.abstract_component(denoiser, runtime.mesh, config)
+            entry = runtime.denoiser_entry(denoiser.module, denoiser.rules, state=lambda: state)
+            reported = abstract_weights.reported_dtype(denoiser.module, state)
+            call_args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, args.text_tokens, reported, runtime)
+            batch = 2 if runtime.pairing is not None and guided else 1
+            call_args, kwargs = pytree.tree_map(lambda v: call_probe.concrete(v, batch), (call_args, kwargs))
+            mesh = dict(runtime.mesh.shape)
+            for name, decisions in programs:
+                print(f"compiling {kind or 'no cache'}: {name} ...", flush=True)
+                if kind is None:
+                    lowered, _ = program_figures.lowered_output_shapes(entry.whole, *call_args, **kwargs)
+                else:
+                    cache = entry.step_cache(_inner_hooks(denoiser.module))
+                    tokens = _block_hidden(denoiser.module, pipe, size, batch, reported, runtime.mesh)
+                    _abstract_state(cache, kind, tokens, decisions)
+                    with step_caches.batched_rows(cache.contexts):
+                        lowered, _ = entry.cached_program(cache).lowered(call_args, kwargs)
+                rows[f"{kind or 'none'}: {name}"] = dict(_figures(lowered), mesh=mesh, batch=batch)
+                print(json.dumps(rows[f"{kind or 'none'}: {name}"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(dict(vars(args), rows=rows, versions=dict(jax=jax.__version__)), file, indent=1)
+
+
+def _inner_hooks(module) -> dict:
+    return {m: names for m, names in active_hooks(module).items() if m is not module}
+
+
+def _block_hidden(module, pipe, size, batch, dtype, mesh) -> jax.ShapeDtypeStruct:
+    """A block's hidden states for the call: [batch, tokens, inner dim] (Wan: latent frames x patches)."""
+    config = module.config
+    scale = pipe.vae_scale_factor_spatial
+    frames = (size["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
+    p_t, p_h, p_w = config.patch_size
+    tokens = frames // p_t * (size["height"] // scale // p_h) * (size["width"] // scale // p_w)
+    inner = config.num_attention_heads * config.attention_head_dim
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp", "sp"))
+    return jax.ShapeDtypeStruct((batch, tokens, inner), jax.numpy.dtype(str(dtype).split(".")[-1]), sharding=sharding)
+
+
+if __name__ == "__main__":
+    main()
