@@ -37,9 +37,9 @@ def _figures(lowered) -> dict:
     hlo = summary["hlo"]
     loop = max(hlo["loops"], key=lambda found: found["instructions"], default=None)
     return {
-        "flops": hlo["flops"],
-        "attention_flops": hlo["attention_flops"],
-        "bytes": hlo["bytes"],
+        "flops": hlo["total"]["flops"],
+        "attention_flops": hlo["total"]["attention_flops"],
+        "bytes": hlo["total"]["bytes"],
         "per_layer_flops": loop["flops"] + loop["attention_flops"] if loop else None,
         "peak_bytes_per_device": summary.get("peak_bytes"),
         "compile_seconds": round(time.perf_counter() - start, 1),
@@ -50,7 +50,9 @@ def _figures(lowered) -> dict:
 def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: tuple):
     """The cache's key and state inputs for one program: ``decisions`` per context ("first" / "kept" for
     FirstBlockCache, "compute" / "skip" for MagCache), the kept tensors abstract, shaped as a block's hidden states."""
-    rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=hidden.sharding)
+    # one context's rows: not split over dp (half the batch), its tokens over sp
+    sharding = jax.sharding.NamedSharding(hidden.sharding.mesh, jax.sharding.PartitionSpec(None, "sp"))
+    rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=sharding)
     cache.contexts = ("cond", "uncond")
     if kind == "fbc":
         cache.kept = tuple(None if d == "first" else False for d in decisions)

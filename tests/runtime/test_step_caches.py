@@ -146,6 +146,26 @@ def test_first_block_cache_decides_without_reading_the_devices(monkeypatch):
     assert reads[0] >= 2 * STEPS - 2  # one ``.item()`` per pass with a previous residual
 
 
+def test_first_block_cache_programs_compute_each_block_once():
+    """The head block runs outside the loop (its output decides) and the loop over the other blocks: the steady
+    program's FLOPs (of its conditional, the larger branch) are the uncached step's, not one block more."""
+    from diffusers_tpu.planner import hlo_stats
+
+    pipe = tiny.wan_pipeline("wan-4head")
+    pipe.to("jax")
+    run(pipe)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    pipe.transformer.enable_cache(CACHES["first_block"](pipe))
+    run(pipe)
+
+    def flops(programs):
+        return {hlo_stats.stats(p.executable.as_text()).as_dict()["total"]["flops"] for p in programs.values()}
+
+    (uncached,) = flops(entry.whole.programs)
+    (cached,) = flops(entry.cached_program(next(iter(entry._caches.values()))).programs)
+    assert cached == uncached
+
+
 def test_a_threshold_that_skips_nothing_computes_every_block():
     """FirstBlockCache decides inside the program: with a threshold no change passes, every pass computes all."""
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")

@@ -21,9 +21,8 @@ Anything else keeps the exact stock meaning. Blocks that differ in any way (clas
 hooks, a monkeypatched forward) are not scanned. A call that breaks the chain (a residual added between blocks, a
 skipped block) makes the pending blocks run one by one, exactly as unrolled. A placeholder read by anything but
 the next block, a block that edits its inputs in place, or any error while a scan was traced: the whole forward is
-traced again unrolled (``program.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off.
-
-Which blocks are interchangeable (a block's ``signature``) is ``block_signature``.
+traced again unrolled (``program.Retrace``). ``TPUConfig(scan_blocks=False)`` turns it off. Which blocks are
+interchangeable (a block's ``signature``) is ``block_signature``; a step cache's part, ``step_caches``.
 """
 
 from __future__ import annotations
@@ -194,8 +193,10 @@ class _BlockListCalls:
         return True
 
     def _first_in_chain(self) -> bool:
-        """Does block 0's call fit the chain block 1 fixed: constants the same values, statics equal (carried inputs
-        of the same shapes: checked when block 1 was compared with it)?"""
+        """Does block 0's call fit the chain block 1 fixed (constants the same values, statics equal)? Never when a
+        step cache reads block 0's output (FirstBlockCache): it runs outside the loop, once."""
+        if self.cache is not None and self.cache.head_outside:
+            return False
         for position, (role, value) in enumerate(self.roles):
             if role == "const" and not _same(self.first.marks[position], value[1]):
                 return False
@@ -360,9 +361,8 @@ def _deferring(cls: type) -> type:
 
 @contextlib.contextmanager
 def scanning(module: torch.nn.Module, raw_state: dict, prepare, cache=None):
-    """``jit.CompiledFunction``'s ``trace_hook``: while the forward of ``module`` is traced, its block lists
-    run as described in the module docstring. Yields ``finish(out)``, which checks what the trace returns.
-    ``cache``: a step cache (``step_caches``) whose block list is traced as one chain with its part played."""
+    """``jit.CompiledFunction``'s ``trace_hook``: the block lists run as the module docstring says while ``module``'s
+    forward is traced (``cache``: a step cache playing its part on its list); yields ``finish(out)`` to check it."""
     session = _Session(raw_state, prepare)
     installed = []
     lists = block_lists(module, always=(cache.path,) if cache is not None else ())
