@@ -148,6 +148,14 @@ def test_hunyuan15_matches_stock_torch_on_the_mesh(families, run):
     assert result["add_q_spec"] == ["tp", "None"]
 
 
+@pytest.mark.mesh_slow
+def test_a_guider_for_half_the_steps_on_the_mesh(families):
+    """The pair batched over dp for the guided steps, the single program after; stock's video; nothing recompiles."""
+    result = families["hunyuan15"]["guided_half"]
+    assert result["np_max_abs"] <= 1e-4, result
+    assert result["batches"] == [2, 2, 1, 1] * 2 and result["warm_compilations"] == 0
+
+
 @pytest.mark.parametrize("run", ["dp2-sp1-tp4", "dp1-sp2-tp4"])  # dp2·sp2·tp2: the parity sweep
 @pytest.mark.mesh_slow
 def test_causal_wan_streams_on_the_mesh(families, run):

@@ -11,6 +11,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import diffusers  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -282,7 +283,34 @@ def hunyuan15_runs():
             add_q_spec=[str(s) for s in diffusers_tpu.sharding_of(weight).spec],
         )
         pipe.to("cpu")
+    runs["guided_half"] = _guided_half_run(pipe, HY_CALL)
     return runs
+
+
+def _guided_half_run(pipe, call):
+    """A guider enabled for the first half of the steps on dp2·sp1·tp4: the pair over dp, then the single program;
+    the video is stock's with the same guider, the second call compiles nothing."""
+    half = diffusers.ClassifierFreeGuidance(guidance_scale=6.0, stop=0.5)
+    call = dict(call, num_inference_steps=4, output_type="np")
+    pipe.guider = half.new()
+    ref = generate(pipe, **call)
+    pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}))
+    runtime, batches = pipe._diffusers_tpu_runtime, []
+    chain = runtime.chain_of(pipe.transformer)
+    inner = chain.inner
+    chain.inner = lambda *a, **k: batches.append(k["hidden_states"].shape[0]) or inner(*a, **k)
+    pipe.guider = half.new()
+    out = generate(pipe, **call)
+    pipe.guider = half.new()
+    with compile_accounting.compile_log() as log:
+        again = generate(pipe, **call)
+    chain.inner = inner
+    pipe.to("cpu")
+    return dict(
+        np_max_abs=float(max(np.abs(out - ref).max(), np.abs(again - ref).max())),
+        batches=batches,
+        warm_compilations=log.compilations,
+    )
 
 
 def causal_wan_runs():
