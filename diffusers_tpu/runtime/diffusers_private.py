@@ -106,6 +106,12 @@ def block_metadata(hook):
     return hook._metadata
 
 
+def block_argument(metadata, name: str, args, kwargs):
+    """Argument ``name`` of a block call, found as stock's cache hooks find it (by keyword, else by position).
+    Why private: ``TransformerBlockMetadata._get_parameter_from_args_kwargs`` is stock's only reader."""
+    return metadata._get_parameter_from_args_kwargs(name, args, kwargs)
+
+
 def advance_mag_cache_step(tail_hook, state) -> None:
     """MagCache's end of one pass on ``state`` (its step counter, and the reset after the schedule's last step).
     Why private: ``MagCacheBlockHook._advance_step`` is stock's only code for it; calling it keeps the schedule the

@@ -109,7 +109,11 @@ def test_step_cache_hooks_expose_their_metadata_and_mag_cache_advances_its_step(
     model.enable_cache(MagCacheConfig(mag_ratios=[1.0] * 2, num_inference_steps=2))
     head = diffusers_private.hook_registry(model.blocks[0]).hooks["mag_cache_leader_block_hook"]
     tail = diffusers_private.hook_registry(model.blocks[-1]).hooks["mag_cache_block_hook"]
-    assert diffusers_private.block_metadata(head).return_hidden_states_index == 0
+    metadata = diffusers_private.block_metadata(head)
+    assert metadata.return_hidden_states_index == 0
+    hidden = torch.ones(1)
+    assert diffusers_private.block_argument(metadata, "hidden_states", (hidden,), {}) is hidden
+    assert diffusers_private.block_argument(metadata, "hidden_states", (), {"hidden_states": hidden}) is hidden
     state = diffusers_private.cache_state(head.state_manager, "cond")
     state.previous_residual = torch.ones(1)
     diffusers_private.advance_mag_cache_step(tail, state)

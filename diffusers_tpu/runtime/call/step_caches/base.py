@@ -84,7 +84,7 @@ class StepCache:
             vars(state).update(saved)
 
     def argument(self, name: str, args, kwargs):
-        return self.metadata._get_parameter_from_args_kwargs(name, args, kwargs)
+        return diffusers_private.block_argument(self.metadata, name, args, kwargs)
 
     def rows(self, array, index: int):
         return rows_of(array, len(self.contexts), index)
