@@ -209,6 +209,9 @@ def test_step_caches_on_the_mesh(report, run):
     assert result["warm_compilations"] == 0 and result["unit_calls"] == 0
     paired = not run.endswith("dp1-sp2-tp4")
     assert result["batched_steps"] == (6 if paired else 0) and result["programs"] == (2 if paired else 4)
+    # the kept state spread over the mesh: tokens over dp·sp (the size-1 axis left out), features over tp
+    tokens = {"dp2-sp1-tp4": "'dp'", "dp1-sp2-tp4": "'sp'", "dp2-sp2-tp2": "('dp', 'sp')"}[run.split("-", 1)[1]]
+    assert result["kept_specs"] == [f"P(None, {tokens}, 'tp')"], result
 
 
 # --- a 2-host "pod": 2 processes x 4 devices on jax.distributed (gloo), launched through the environment -------------

@@ -594,12 +594,21 @@ def cache_runs():
         pipe = tiny.wan_pipeline("wan-4head")
         pipe.transformer.enable_cache(CACHES[cache](pipe))
         pipe.to("jax", config=TPUConfig(mesh=MESHES_13.get(name) or {"dp": 2, "sp": 2, "tp": 2}))
-        out = generate(pipe, **call)
         runtime = pipe._diffusers_tpu_runtime
-        entry = runtime.denoisers["transformer"]
+        entry, specs = runtime.denoisers["transformer"], []
+
+        def kept_layout(pipeline, step, timestep, tensors):  # the state a cache keeps between steps, and its layout
+            (found,) = [c for c in entry._caches.values() if c is not None]
+            for state in found.states:
+                kept = vars(state).get("head_block_residual", vars(state).get("previous_residual"))
+                specs.extend([str(diffusers_tpu.sharding_of(kept).spec)] if kept is not None else [])
+            return tensors
+
+        out = generate(pipe, callback_on_step_end=kept_layout, **call)
         with compile_accounting.compile_log() as log:
             generate(pipe, **call)
         runs[f"{cache}-{name}"] = dict(
+            kept_specs=sorted(set(specs)),
             np_max_abs=float(np.abs(out - expected).max()),
             finite=bool(np.isfinite(out).all()),
             warm_compilations=log.compilations,

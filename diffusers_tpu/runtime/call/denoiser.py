@@ -226,6 +226,7 @@ class Denoiser:
     def cached_program(self, cache) -> CompiledFunction:
         """The whole-step programs of ``cache`` (one per key: which contexts, their decisions or kept state)."""
         if id(cache) not in self._cached:
+            cache.mesh = self.runtime.mesh
             self._cached = {  # the latest cache only
                 id(cache): CompiledFunction(
                     self.module,
