@@ -1,5 +1,7 @@
 """diffusers' step caches on JAX: the same steps skipped and the same video as stock torch with the same config."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -211,3 +213,27 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
         out = run(pipe)
     assert log.compilations > 0  # back to the one-program forward (compiled now: never used under the cache)
     assert_np_matches(out, run(ref))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        FirstBlockCacheConfig(threshold=1.5),
+        MagCacheConfig(mag_ratios=[1.0] * STEPS, num_inference_steps=STEPS, threshold=0.5),
+    ],
+    ids=["first_block", "mag"],
+)
+def test_blocks_that_return_text_states_too_in_one_program(config):
+    """CogVideoX's blocks return (hidden, text) states and its loop runs the pair itself in one "cond_uncond"
+    context: the cache's skip gives both, as stock's; in whole-step programs, the same video."""
+    call = dict(output_type="np", max_sequence_length=32, num_frames=8, num_inference_steps=STEPS)
+    ref, pipe = tiny.cogvideox_pipeline("cogvideox1.5"), tiny.cogvideox_pipeline("cogvideox1.5")
+    uncached = generate(ref, **call)
+    for p in (ref, pipe):
+        p.transformer.enable_cache(copy.deepcopy(config))
+    expected = generate(ref, **call)
+    assert np.abs(expected - uncached).max() > 1e-2, "the cache had no effect: the test would prove nothing"
+    pipe.to("jax")
+    assert_np_matches(generate(pipe, **call), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    assert entry.unit_calls == 0 and min(entry.passes.counts()) < max(entry.passes.counts())  # some skipped
