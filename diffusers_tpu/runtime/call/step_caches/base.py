@@ -8,7 +8,6 @@ import contextvars
 
 import torch
 
-from ....interop import sharding
 from ....interop.backend import wrap
 from ... import diffusers_private
 
@@ -58,7 +57,7 @@ class StepCache:
         self.key = None
         self.inputs: list = []  # the cache state fed to this call's program
         self.traced = False
-        self.mesh = None  # the runtime's mesh, which the kept state is spread over
+        self.spread = lambda tensor: tensor  # while tracing: the kept state's layout on the mesh (the denoiser's)
         self.returned: list = []  # while tracing: the state the program returns besides the forward's output
         self._saved: list = []
 
@@ -102,17 +101,10 @@ class StepCache:
                 raise NotInProgram(f"{type(self).__name__} could not be traced in one program")
             self.returned = []
             out = forward(*args, **kwargs)
-            return out, [self._spread(wrap(a)) for a in self.returned]
+            return out, [self.spread(wrap(a)) for a in self.returned]
 
         cached_step.__wrapped__ = forward
         return cached_step
-
-    def _spread(self, tensor):
-        """Kept state over every device of the mesh: a context's rows whole, its tokens over dp·sp, its features over
-        tp (left free, it comes out replicated over dp and tp: +6 GB a device for Wan2.1-14B 720p on v6e-8)."""
-        if self.mesh is None or tensor.ndim != 3:
-            return tensor
-        return sharding.constrain(tensor, self.mesh, (None, ("dp", "sp"), "tp"))
 
     @contextlib.contextmanager
     def hooks_set_aside(self):
