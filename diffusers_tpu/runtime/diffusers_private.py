@@ -5,7 +5,7 @@ release changes one. Where diffusers has a public way it is used instead (``atte
 from __future__ import annotations
 
 import diffusers
-from diffusers.hooks.hooks import CacheContext
+from diffusers.hooks import hooks as diffusers_hooks
 from diffusers.models import attention_dispatch
 
 CHECKED_ON = ("0.38.0", "0.42.1")
@@ -84,19 +84,31 @@ def serve_backend(name: attention_dispatch.AttentionBackendName, function):
 def cache_state(manager, name: str):
     """The state a step cache's ``StateManager`` keeps for cache context ``name`` (made as stock makes it, at first
     use), the manager's current context left as it was. Why private: ``StateManager.get_state`` reads only the current
-    context, and ``_context`` is the only way to put the current one back (it may be None: ``context`` then raises)."""
-    current = manager._context
-    manager.set_context(CacheContext(name=name))
+    context, and the manager's private current context is the only way to put it back (it may be None)."""
+    current = _raw_context(manager)
+    set_cache_context(manager, name)
     try:
         return manager.get_state()
     finally:
         manager.set_context(current)
 
 
+def set_cache_context(manager, name: str) -> None:
+    """Make ``name`` the manager's current cache context, as a pipeline's ``cache_context(name)`` does: a
+    ``CacheContext`` since diffusers 0.39, the name itself before."""
+    context = getattr(diffusers_hooks, "CacheContext", None)
+    manager.set_context(context(name=name) if context is not None else name)
+
+
 def context_name(manager) -> str | None:
     """The cache context a step cache's ``StateManager`` is in now (the pipeline's ``cache_context(...)``), or None.
-    Why private: the public ``context`` property raises when there is none."""
-    return None if manager._context is None else manager._context.name
+    Why private: the public ``context`` property (0.39+) raises when there is none; 0.38 has no public reader."""
+    current = _raw_context(manager)
+    return getattr(current, "name", current)
+
+
+def _raw_context(manager):
+    return vars(manager).get("_context", vars(manager).get("_current_context"))  # 0.39+ / 0.38
 
 
 def block_metadata(hook):

@@ -4,6 +4,7 @@ these fail when a diffusers release changes one."""
 import types
 
 import diffusers
+import pytest
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models import attention_dispatch
@@ -82,7 +83,7 @@ def test_a_processor_s_backend_is_read_and_named_and_the_active_one_made_active_
 
 
 def test_a_cache_state_per_context_is_read_and_the_context_kept():
-    from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
+    from diffusers.hooks.hooks import BaseState, StateManager
 
     class _State(BaseState):
         def __init__(self):
@@ -95,9 +96,11 @@ def test_a_cache_state_per_context_is_read_and_the_context_kept():
     assert diffusers_private.context_name(manager) is None
     diffusers_private.cache_state(manager, "uncond").value = 3  # made at first use, as stock does
     assert diffusers_private.context_name(manager) is None  # no context was left behind
-    manager.set_context(CacheContext(name="cond"))
+    diffusers_private.set_cache_context(manager, "cond")  # as ``cache_context("cond")`` sets it
     assert diffusers_private.cache_state(manager, "uncond").value == 3 and manager.get_state().value == 0
     assert diffusers_private.context_name(manager) == "cond"
+    with pytest.raises(ValueError):  # stock's error without a context: what the cached route raises too
+        StateManager(_State).get_state()
 
 
 def test_step_cache_hooks_expose_their_metadata_and_mag_cache_advances_its_step():

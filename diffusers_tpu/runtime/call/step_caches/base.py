@@ -69,7 +69,10 @@ class StepCache:
         return f"{type(self).__name__}({self.path}: {len(self.blocks)} blocks)"
 
     def current_context(self) -> str:
-        return diffusers_private.context_name(self.manager) or self.manager.context.name  # stock's error if none
+        name = diffusers_private.context_name(self.manager)
+        if name is None:
+            self.manager.get_state()  # stock's error: no cache context is set
+        return name
 
     def plan(self, contexts: tuple) -> None:
         """Before a call: the states of ``contexts`` (the call's rows, in order), the program key, its inputs."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 
 import jax.numpy as jnp
-from diffusers.hooks.hooks import CacheContext
 
 from ....interop.backend import to_jax_array, wrap
 from ... import diffusers_private
@@ -23,7 +22,7 @@ class Magnitude(StepCache):
 
     def current_context(self) -> str:
         if diffusers_private.context_name(self.manager) is None:  # as stock's head hook does
-            self.manager.set_context(CacheContext(name="inference"))
+            diffusers_private.set_cache_context(self.manager, "inference")
         return diffusers_private.context_name(self.manager)
 
     def _plan(self):
