@@ -50,7 +50,7 @@ def _figures(lowered) -> dict:
 def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: tuple):
     """The cache's key and state inputs for one program: ``decisions`` per context ("first" / "kept" for
     FirstBlockCache, "compute" / "skip" for MagCache), the kept tensors abstract, shaped as a block's hidden states."""
-    # one context's rows as the programs leave them (``denoiser._spread_kept_state``): tokens over dp·sp, features over tp
+    # one context's rows as the programs leave them (``denoiser._spread_kept_state``): tokens over dp·sp, features tp
     sharding = jax.sharding.NamedSharding(hidden.sharding.mesh, jax.sharding.PartitionSpec(None, ("dp", "sp"), "tp"))
     rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=sharding)
     cache.contexts = ("cond", "uncond")

@@ -75,6 +75,7 @@ BUILT_IN_RULES = {
     "tiny:wan": SizeRule(16, 4),
     "tiny:wan-4head": SizeRule(16, 4),
     "tiny:wan-d128": SizeRule(16, 4),
+    "tiny:wan-step": SizeRule(16, 4),
     "tiny:skyreels-v2": SizeRule(16, 4),
     "tiny:causal-wan": SizeRule(16),
     "tiny:cogvideox-2b": SizeRule(16, 8),

@@ -4,8 +4,9 @@ release changes one. Where diffusers has a public way it is used instead (``atte
 
 from __future__ import annotations
 
+import sys
+
 import diffusers
-from diffusers.hooks import hooks as diffusers_hooks
 from diffusers.models import attention_dispatch
 
 CHECKED_ON = ("0.38.0", "0.42.1")
@@ -96,7 +97,8 @@ def cache_state(manager, name: str):
 def set_cache_context(manager, name: str) -> None:
     """Make ``name`` the manager's current cache context, as a pipeline's ``cache_context(name)`` does: a
     ``CacheContext`` since diffusers 0.39, the name itself before."""
-    context = getattr(diffusers_hooks, "CacheContext", None)
+    # read from the module that defined the manager (importing ``diffusers.hooks`` here would import peft early)
+    context = getattr(sys.modules[type(manager).__module__], "CacheContext", None)
     manager.set_context(context(name=name) if context is not None else name)
 
 
