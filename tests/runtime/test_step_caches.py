@@ -168,6 +168,28 @@ def test_first_block_cache_programs_compute_each_block_once():
     assert cached == uncached
 
 
+def test_a_cache_that_cannot_be_traced_in_one_program_is_refused_once_then_runs_in_units(monkeypatch):
+    """A batched pair cannot fall back mid-call (the units' stock hooks would see one context for both halves): the
+    call says so, and the next one (the fix it names) runs in units, the pair as two calls, with stock's video."""
+    from diffusers_tpu.interop.program import Retrace
+    from diffusers_tpu.runtime.call import step_caches
+
+    def broken(*args, **kwargs):
+        raise Retrace("the chain is broken")
+
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(CACHES["first_block"](p))
+    expected = run(ref)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    monkeypatch.setattr(step_caches.FirstBlock, "head_called", broken)
+    with pytest.raises(RuntimeError, match="Call the pipeline again"):
+        run(pipe)
+    assert_np_matches(run(pipe), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    assert entry.unit_calls > 0 and entry.hooked() == "units"
+
+
 def test_a_threshold_that_skips_nothing_computes_every_block():
     """FirstBlockCache decides inside the program: with a threshold no change passes, every pass computes all."""
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")

@@ -183,6 +183,8 @@ class Denoiser:
         hooks = active_hooks(self.module)
         if not hooks:
             return ""
+        if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
+            return "units"
         return "program" if self.module not in hooks and self.step_cache(hooks) is not None else "units"
 
     def step_cache(self, hooks: dict):
@@ -221,6 +223,11 @@ class Denoiser:
                 except step_caches.NotInProgram as why:
                     self._caches = {key: None for key in self._caches}
                     logger.warning("%s: %s; its hooks run in units (the slow route).", type(self.module).__name__, why)
+                    if step_caches.batched_contexts():  # the units' stock hooks see one context for both halves
+                        raise RuntimeError(
+                            f"{type(self.module).__name__}: {why}, in a call that batched the guidance pair; the "
+                            "cache now runs in units with the pair as two calls. Call the pipeline again."
+                        ) from why
             return self._run_units(hooks, args, kwargs)
 
     def cached_program(self, cache) -> CompiledFunction:

@@ -69,10 +69,10 @@ class FirstBlock(StepCache):
 
         def computed():
             out = run()
-            leaves = out if isinstance(out, tuple) else (out,)
-            h = to_jax_array(leaves[meta.return_hidden_states_index] if isinstance(out, tuple) else out)
-            e = to_jax_array(out[meta.return_encoder_hidden_states_index]) if isinstance(out, tuple) else None
-            return self._select([h, e])
+            if not isinstance(out, tuple):
+                return self._select([to_jax_array(out), None])
+            h, e = out[meta.return_hidden_states_index], out[meta.return_encoder_hidden_states_index]
+            return self._select([to_jax_array(h), to_jax_array(e)])
 
         if any(d is None for d in self.decisions):
             outputs, tails = computed()
