@@ -15,7 +15,7 @@ from diffusers import (
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import stage_timer
-from diffusers_tpu.interop import compile_accounting
+from diffusers_tpu.interop import backend, compile_accounting
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -62,7 +62,10 @@ def uncached():
     return run(tiny.wan_pipeline("wan"))
 
 
-IN_PROGRAM = ("first_block", "mag")  # run in whole-step programs (``step_caches``); the others in units
+# run in whole-step programs (``step_caches``), with their programs' count (first step, steady; TaylorSeer: its
+# factors' orders, computing and predicting); the others in units
+IN_PROGRAM = {"first_block": 2, "mag": 2, "taylorseer": 4, "pyramid_attention": 2}
+PAIRED = ("first_block", "mag", "taylorseer")  # PAB's state is shared by both passes: the pair stays two calls
 
 
 @pytest.mark.parametrize("name", list(CACHES))
@@ -83,12 +86,12 @@ def test_cache_gives_stock_video(name, uncached, caplog):
     if name in IN_PROGRAM:  # no block ran as its own program; the whole-step programs: computing and skipping
         assert entry.unit_calls == 0 and not slow
         (programs,) = [compiled.programs for compiled in entry._cached.values()]
-        assert len(programs) == 4  # per context (cond, uncond: two calls on one device): first step, then steady
+        assert len(programs) == IN_PROGRAM[name]  # the two contexts' calls (cond, uncond) share them
     else:  # the unit route, said once
         assert entry.unit_calls > before and len(slow) == 1
 
 
-@pytest.mark.parametrize("name", IN_PROGRAM)
+@pytest.mark.parametrize("name", PAIRED)
 def test_cached_guidance_pair_runs_as_one_batch(name):
     """With the pair batched (``batch_cfg=True`` on one device; the mesh's dp does it by itself) each half keeps its
     cache context's state: the same video and the same passes as stock, two programs, nothing recompiled."""
@@ -102,7 +105,7 @@ def test_cached_guidance_pair_runs_as_one_batch(name):
     assert_np_matches(run(pipe), expected)
     assert runtime.pairing.batched_steps == STEPS and entry.unit_calls == 0
     (programs,) = [compiled.programs for compiled in entry._cached.values()]
-    assert len(programs) == 2
+    assert len(programs) == IN_PROGRAM[name]
     first = len(entry.passes)
     with compile_accounting.compile_log() as log:
         assert_np_matches(run(pipe), expected)
@@ -202,7 +205,7 @@ def test_a_threshold_that_skips_nothing_computes_every_block():
     assert entry.passes.counts() == [2] * (2 * STEPS)
 
 
-@pytest.mark.parametrize("name", ["first_block", "mag"])
+@pytest.mark.parametrize("name", list(IN_PROGRAM))
 def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
     """The bench probe counts the blocks each denoiser pass computed: the cached passes equal torch's."""
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
@@ -225,10 +228,11 @@ def test_same_passes_skipped_as_torch_and_bench_reports_them(name):
         )
         reports.append(report["cache"])
     torch_cache, jax_cache = reports
-    assert jax_cache.pop("denoiser_programs_per_step") == 1.0  # one whole-step program per step, the pair batched
+    paired = name in PAIRED  # one whole-step program per step, the pair batched; else one per pass
+    assert jax_cache.pop("denoiser_programs_per_step") == (1.0 if paired else 2.0)
     assert jax_cache == torch_cache and 0 < jax_cache["cached_passes"] < jax_cache["denoiser_passes"]
     assert jax_cache["denoiser_passes"] == 2 * STEPS  # a batched pair counts as its two passes
-    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == STEPS
+    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == (STEPS if paired else 0)
     for p in (ref, pipe):
         p.transformer.disable_cache()
     with compile_accounting.compile_log() as log:
@@ -259,3 +263,95 @@ def test_blocks_that_return_text_states_too_in_one_program(config):
     assert_np_matches(generate(pipe, **call), expected)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
     assert entry.unit_calls == 0 and min(entry.passes.counts()) < max(entry.passes.counts())  # some skipped
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(max_order=2, cache_interval=3, cache_identifiers=[r"blocks\.\d+\.(attn\d|ffn)"]),
+        dict(skip_predict_identifiers=[r"blocks\.\d+\.norm2"], taylor_factors_dtype=torch.bfloat16),
+    ],
+    ids=["second_order_attention_and_ffn", "bfloat16_factors_and_a_skipped_module"],
+)
+def test_taylor_seer_factors_in_one_program_equal_stock(config):
+    """TaylorSeer's other settings, the pair batched: the same video as stock, and stock's state objects hold the same
+    factors as stock's at every step (read from the kept stacked arrays only when read)."""
+    settings = dict(cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32)
+    settings["cache_identifiers"] = [r"blocks\.\d+\.attn\d"]
+    settings.update(config)
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(TaylorSeerCacheConfig(**settings))
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    seen = {id(ref): [], id(pipe): []}
+
+    def factors_of(p, step, timestep, tensors):
+        from diffusers_tpu.runtime import diffusers_private
+
+        hook = diffusers_private.hook_registry(p.transformer.blocks[1].attn2).hooks["taylorseer_cache"]
+        state = diffusers_private.cache_state(hook.state_manager, "uncond")
+        orders = state.taylor_factors.get(0, {}) if not state.is_inactive else {}
+        seen[id(p)].append([_host(t) for _, t in sorted(orders.items())])
+        return tensors
+
+    expected = run(ref, callback_on_step_end=factors_of)
+    assert_np_matches(run(pipe, callback_on_step_end=factors_of), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    assert entry.unit_calls == 0 and pipe._diffusers_tpu_runtime.pairing.batched_steps == STEPS
+    for mine, stock in zip(seen[id(pipe)], seen[id(ref)], strict=True):
+        assert len(mine) == len(stock)
+        # stored in bfloat16, a value may round one bfloat16 step (2**-7 of its binade) apart, and the higher orders
+        # (differences of order 0) inherit that step of order 0's values
+        step = 2**-7 * np.abs(stock[0]).max() if "taylor_factors_dtype" in config and stock else 0
+        for a, b in zip(mine, stock):
+            np.testing.assert_allclose(a, b, atol=max(2e-5, step))
+    assert any(len(orders) == settings.get("max_order", 1) + 1 for orders in seen[id(ref)])  # higher orders kept
+
+
+def _host(tensor) -> np.ndarray:
+    if backend.is_jax_tensor(tensor):
+        return np.asarray(backend.to_jax_array(tensor), np.float32)
+    return tensor.float().numpy()
+
+
+def test_taylor_seer_predicting_before_any_update_gives_stocks_error():
+    """``disable_cache_before_step=0``: stock's first step predicts from nothing and raises; so does the program route,
+    before anything compiles."""
+    config = dict(cache_interval=2, disable_cache_before_step=0, cache_identifiers=[r"blocks\.\d+\.attn1"])
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(TaylorSeerCacheConfig(**config))
+    with pytest.raises(ValueError, match="Cannot predict without prior initialization") as stock:
+        run(ref)
+    pipe.to("jax")
+    with compile_accounting.compile_log() as log, pytest.raises(ValueError) as mine:
+        run(pipe)
+    assert str(mine.value) == str(stock.value) and log.compilations == 0
+
+
+def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
+    """Stock's PAB keeps one state per attention layer, so its uncond pass reuses what the cond pass computed: asked to
+    batch the pair, the runtime keeps two calls (each a whole-step program) and gives stock's video; its automatic
+    mesh does not pair over dp."""
+    from diffusers_tpu.runtime.call import denoiser
+
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(
+            PyramidAttentionBroadcastConfig(
+                spatial_attention_block_skip_range=2,
+                spatial_attention_timestep_skip_range=(100, 950),
+                cross_attention_block_skip_range=3,
+                cross_attention_timestep_skip_range=(100, 990),
+                current_timestep_callback=timestep_of(p),
+            )
+        )
+    expected = run(ref)
+    assert denoiser.runs_in_units(pipe.transformer)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    assert_np_matches(run(pipe), expected)
+    runtime = pipe._diffusers_tpu_runtime
+    entry = runtime.denoisers["transformer"]
+    assert entry.unit_calls == 0 and runtime.pairing.batched_steps == 0
+    counts = entry.passes.counts()
+    assert len(counts) == 2 * STEPS and len(set(counts)) == 3  # both kinds computed, one kind, none

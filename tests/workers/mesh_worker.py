@@ -581,12 +581,13 @@ def plan_run():
 
 
 def cache_runs():
-    """First Block Cache and MagCache on the mesh: the cached video equals torch's, in whole-step programs with the
-    guidance pair batched over dp (no block its own program), warm calls compile nothing."""
+    """First Block Cache, MagCache and TaylorSeer on the mesh: the cached video equals torch's, in whole-step programs
+    with the guidance pair batched over dp (no block its own program), warm calls compile nothing."""
     from tests.runtime.test_step_caches import CACHES, STEPS
 
     runs, call = {}, dict(num_inference_steps=STEPS, output_type="np")
     layouts = (("first_block", "dp2-sp1-tp4"), ("mag", "dp1-sp2-tp4"), ("mag", "dp2-sp2-tp2"))
+    layouts += (("taylorseer", "dp2-sp2-tp2"),)
     for cache, name in layouts:
         ref = tiny.wan_pipeline("wan-4head")
         ref.transformer.enable_cache(CACHES[cache](ref))
@@ -600,8 +601,13 @@ def cache_runs():
         def kept_layout(pipeline, step, timestep, tensors):  # the state a cache keeps between steps, and its layout
             (found,) = [c for c in entry._caches.values() if c is not None]
             for state in found.states:
-                kept = vars(state).get("head_block_residual", vars(state).get("previous_residual"))
-                specs.extend([str(diffusers_tpu.sharding_of(kept).spec)] if kept is not None else [])
+                if isinstance(state, list):  # TaylorSeer: per module; its factors stacked over the layers
+                    kept = next(iter(getattr(state[0].taylor_factors, "store", {}).values()), None)
+                else:
+                    kept = vars(state).get("head_block_residual", vars(state).get("previous_residual"))
+                if kept is not None:
+                    layout = kept.sharding if isinstance(kept, jax.Array) else diffusers_tpu.sharding_of(kept)
+                    specs.append(str(layout.spec))
             return tensors
 
         out = generate(pipe, callback_on_step_end=kept_layout, **call)

@@ -60,7 +60,12 @@ def signature(block: torch.nn.Module):
         if diffusers_private.hook_names(module):
             return None  # diffusers hooks decide per call in Python (the denoiser runs units then anyway)
         own_forward = vars(module).get("forward")
-        if own_forward is not None and not getattr(own_forward, "_diffusers_tpu_unit", False):
+        same_everywhere = getattr(own_forward, "_diffusers_tpu_unit", False) or getattr(
+            own_forward,
+            "_diffusers_tpu_same_in_every_block",
+            False,  # a step cache's part (``step_caches``)
+        )
+        if own_forward is not None and not same_everywhere:
             return None  # a forward set on this one instance: blocks may not be interchangeable
         attributes = []
         for key, value in sorted(vars(module).items()):

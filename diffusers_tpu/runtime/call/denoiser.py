@@ -78,11 +78,12 @@ def active_hooks(root: torch.nn.Module) -> dict:
 
 
 def runs_in_units(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s diffusers hooks send its calls down the unit route (each guidance pass its own call); a
-    step cache run in whole-step programs (``step_caches``) does not."""
+    """Whether ``module``'s diffusers hooks keep each guidance pass its own call: the unit route, or a step cache whose
+    state the two passes share (``step_caches``: Pyramid Attention Broadcast); the others batch the pair."""
     hooks = active_hooks(module)
     inner = {m: names for m, names in hooks.items() if m is not module}
-    return bool(hooks) and (module in hooks or step_caches.recognize(module, inner) is None)
+    cache = step_caches.recognize(module, inner) if hooks and module not in hooks else None
+    return bool(hooks) and (cache is None or not cache.pairs)
 
 
 def _on_jax(hook) -> bool:
@@ -179,13 +180,15 @@ class Denoiser:
 
     def hooked(self) -> str:
         """How hooks on the denoiser (its own included) run: "" (none), "program" (a step cache in its whole-step
-        programs: the guidance pair batched when its cache contexts are named), "units" (calls stay separate)."""
+        programs: the guidance pair batched when its cache contexts are named), "units" (calls stay separate: the unit
+        route, or a step cache whose state both passes share)."""
         hooks = active_hooks(self.module)
         if not hooks:
             return ""
         if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
             return "units"
-        return "program" if self.module not in hooks and self.step_cache(hooks) is not None else "units"
+        cache = self.step_cache(hooks) if self.module not in hooks else None
+        return "program" if cache is not None and cache.pairs else "units"
 
     def step_cache(self, hooks: dict):
         """The step cache run in whole-step programs for ``hooks`` (the denoiser's inner ones), or None."""
@@ -221,6 +224,7 @@ class Denoiser:
                 try:
                     return self._run_cached(cache, args, kwargs)
                 except step_caches.NotInProgram as why:
+                    cache.hand_back()
                     self._caches = {key: None for key in self._caches}
                     logger.warning("%s: %s; its hooks run in units (the slow route).", type(self.module).__name__, why)
                     if step_caches.batched_contexts():  # the units' stock hooks see one context for both halves
@@ -379,7 +383,9 @@ class Denoiser:
 def _spread_kept_state(mesh, tensor):
     """A step cache's kept state over every device: a context's rows whole, tokens over dp·sp, features over tp (left
     free it came out replicated over dp and tp: +6 GB a device for Wan2.1-14B 720p on v6e-8, BENCHMARKS.md)."""
-    return sharding.constrain(tensor, mesh, (None, ("dp", "sp"), "tp")) if tensor.ndim == 3 else tensor
+    if tensor.ndim not in (3, 4):  # [rows, tokens, features]; stacked over the layers: [layers, rows, ...]
+        return tensor
+    return sharding.constrain(tensor, mesh, (None,) * (tensor.ndim - 2) + (("dp", "sp"), "tp"))
 
 
 @contextlib.contextmanager

@@ -279,8 +279,12 @@ class _BlockListCalls:
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
         tensor_slot = [q for q, x in enumerate(first.outputs) if isinstance(x, torch.Tensor)]
         forward = self.forwards[1]
+        # a step cache keeping arrays per layer (``step_caches.layer_outputs``): the loop's per-layer inputs and outputs
+        kept = self.cache.layer_inputs(layers) if self.cache is not None else None
+        in_layer = self.cache.layer if kept is not None else lambda _: contextlib.nullcontext()
 
-        def body(carry, step):
+        def body(carry, xs):
+            step, layer_kept = xs
             weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
             tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
             tensors.update(
@@ -300,7 +304,11 @@ class _BlockListCalls:
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
             before = [torchax_private.array(x) for x in inputs]
             args, kwargs = pytree.tree_unflatten(leaves, start.spec)
-            with _picked(template, dicts, scales), torch_private.reparametrized(template, tensors):
+            with (
+                _picked(template, dicts, scales),
+                torch_private.reparametrized(template, tensors),
+                in_layer(layer_kept),
+            ):
                 session.in_body = True
                 try:
                     out = forward(*args, **kwargs)
@@ -314,14 +322,16 @@ class _BlockListCalls:
             arrays = [_array(x) for x in leaves if isinstance(x, torch.Tensor)]
             if [(tuple(a.shape), a.dtype) for a in arrays] != carry_avals:
                 raise Retrace(f"{self.path}: a block's outputs differ in shape from block 0's")
-            return arrays, None
+            return arrays, self.cache.layer_outputs() if kept is not None else None
 
         if layers.start == 0:  # the carried inputs of block 0; an output no block reads starts as zeros
             fed = {value: first.arrays[p] for p, (role, value) in enumerate(roles) if role == "carry"}
             init = [fed[q] if q in fed else jnp.zeros(*aval) for q, aval in zip(tensor_slot, carry_avals)]
         else:
             init = [_array(x) for x in first.outputs if isinstance(x, torch.Tensor)]
-        final, _ = jax.lax.scan(body, init, jnp.arange(len(per_layer)))
+        final, produced = jax.lax.scan(body, init, (jnp.arange(len(per_layer)), kept))
+        if kept is not None:
+            self.cache.loop_outputs(layers, produced)
         session.scans += 1
         results = iter(final)
         return pytree.tree_unflatten([wrap(next(results)) if s is None else s for s in out_static], self.out_spec)

@@ -25,6 +25,8 @@ from ... import diffusers_private
 from .base import Extras, NotInProgram, PassLog, batched_contexts, batched_rows, child_block_lists
 from .first_block import FirstBlock
 from .magnitude import Magnitude
+from .pyramid import PyramidAttention
+from .taylor_seer import TaylorSeer
 
 __all__ = [
     "Extras",
@@ -32,6 +34,8 @@ __all__ = [
     "Magnitude",
     "NotInProgram",
     "PassLog",
+    "PyramidAttention",
+    "TaylorSeer",
     "batched_contexts",
     "batched_rows",
     "recognize",
@@ -50,4 +54,4 @@ def recognize(module: torch.nn.Module, hooks: dict):
                 found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
                 if kind.accepts(found[0]):
                     return kind(path, blocks, found)
-    return None
+    return TaylorSeer.recognize(module, hooks) or PyramidAttention.recognize(module, hooks)

@@ -47,11 +47,12 @@ class StepCache:
 
     head_name = block_name = ""
     head_outside = False  # the head block's output decides: it runs outside the block loop
+    pairs = True  # the guidance pair may share a call (each half keeps its own cache context's state)
 
     def __init__(self, path: str, blocks: list, hooks: list):
         self.path, self.blocks, self.head, self.tail = path, blocks, hooks[0], hooks[-1]
-        self.manager = self.head.state_manager
-        self.metadata = diffusers_private.block_metadata(self.head)
+        self.manager = getattr(self.head, "state_manager", None)  # Pyramid Attention Broadcast keeps none
+        self.metadata = diffusers_private.block_metadata(self.head) if self.head_name else None
         self.contexts: tuple = ()
         self.states: list = []
         self.key = None
@@ -80,6 +81,9 @@ class StepCache:
         self.states = [diffusers_private.cache_state(self.manager, name) for name in contexts]
         self._saved = [dict(vars(state)) for state in self.states]
         self._plan()
+
+    def hand_back(self) -> None:
+        """Before the unit route takes over the cache: stock's state objects as stock keeps them."""
 
     def undo_plan(self) -> None:
         """The call did not run: the states as they were before ``plan`` (host counters included)."""
@@ -127,6 +131,10 @@ class StepCache:
 
     def head_called(self, args, kwargs, out) -> None:
         pass
+
+    def layer_inputs(self, layers: range):
+        """The loop's per-layer inputs (``layer_outputs.LayerOutputs``); None: the cache keeps nothing per layer."""
+        return None
 
 
 class Extras:

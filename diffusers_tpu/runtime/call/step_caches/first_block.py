@@ -35,7 +35,7 @@ class FirstBlock(StepCache):
             for t in (state.head_block_residual, *state.tail_block_residuals)
             if t is not None
         ]
-        self.key = ("first_block", self.contexts, self.kept, self.shapes())
+        self.key = ("first_block", len(self.contexts), self.kept, self.shapes())
 
     @contextlib.contextmanager
     def bound(self, arrays):

@@ -28,7 +28,7 @@ class Magnitude(StepCache):
     def _plan(self):
         self.compute = tuple(self._decide(state) for state in self.states)
         self.inputs = [to_jax_array(s.previous_residual) for s, c in zip(self.states, self.compute) if not c]
-        self.key = ("mag", self.contexts, self.compute, self.shapes())
+        self.key = ("mag", len(self.contexts), self.compute, self.shapes())
 
     def _decide(self, state) -> bool:
         """``MagCacheHeadHook.new_forward``'s decision (diffusers 0.42), on stock's state: the same arithmetic."""
