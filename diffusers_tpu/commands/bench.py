@@ -17,7 +17,12 @@ import json
 
 import numpy as np
 import torch
-from diffusers import FirstBlockCacheConfig, MagCacheConfig
+from diffusers import (
+    FirstBlockCacheConfig,
+    MagCacheConfig,
+    PyramidAttentionBroadcastConfig,
+    TaylorSeerCacheConfig,
+)
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
 from ..planner import architectures
@@ -157,8 +162,9 @@ def _loop_seconds(stages: dict) -> float | None:
 
 
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
-    """A diffusers step cache on every denoiser: FirstBlockCache, or MagCache with diffusers' FLUX_MAG_RATIOS
-    interpolated to the step count (a stand-in: real runs calibrate ratios for their model)."""
+    """A diffusers step cache on every denoiser: FirstBlockCache, MagCache with diffusers' FLUX_MAG_RATIOS
+    interpolated to the step count (a stand-in: real runs calibrate ratios for their model), TaylorSeer on every
+    block's attention layers (factors in bfloat16) or Pyramid Attention Broadcast on the spatial attention."""
     if not spec:
         return
 
@@ -170,6 +176,17 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             continue
         if name == "fbc":
             module.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        elif name == "taylor":
+            # stock's default patterns end in "attn": they miss Wan's attn1 / attn2, so every attention layer is named
+            attention = [r"(single_transformer_|transformer_)?blocks\.\d+\.attn\d?"]
+            module.enable_cache(TaylorSeerCacheConfig(cache_interval=int(threshold), cache_identifiers=attention))
+        elif name == "pab":
+            module.enable_cache(
+                PyramidAttentionBroadcastConfig(
+                    spatial_attention_block_skip_range=int(threshold),
+                    current_timestep_callback=lambda: pipe.current_timestep,
+                )
+            )
         else:
             module.enable_cache(
                 MagCacheConfig(threshold=threshold, num_inference_steps=steps, mag_ratios=FLUX_MAG_RATIOS)

@@ -5,13 +5,10 @@ Without hooks, a call runs ONE compiled program (the whole forward), its repeate
 tensor arguments and the LoRA scales (``lora.Scalings``); its key includes which adapters exist and are active.
 Before each call the entry brings the placement up to date (adapters loaded or deleted after the move).
 
-diffusers' step caches (``transformer.enable_cache(...)``) decide in Python, per call, what to compute — a decision
-a single traced program would freeze at its first trace. FirstBlockCache and MagCache run in whole-step programs
-(``step_caches``: the decision inside the program or picked on the host, the guidance pair batched). Other
-``HookRegistry`` hooks (TaylorSeer, Pyramid Attention Broadcast, FasterCache, ...) run in **units**: the stock
-forward and hooks eagerly on the host, exactly the stock code, every submodule below the hooks its own compiled
-program — the slow route, said once. Memory- and device-placement hooks (layerwise casting, group offloading,
-context parallelism) have TPU equivalents and are refused with a clear error.
+Step caches (``enable_cache``): FirstBlockCache, MagCache, TaylorSeer and PAB run in whole-step programs
+(``step_caches``); other ``HookRegistry`` hooks (FasterCache, ...) in **units**: the stock forward and hooks eagerly
+on the host, every submodule below the hooks its own compiled program — the slow route, said once. Placement hooks
+(layerwise casting, group offloading, context parallelism) have TPU equivalents and are refused with a clear error.
 
 Hooks registered before ``pipe.to("tpu")`` wrap the stock ``forward`` of their module; the unit program is spliced
 into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 0.42), so the hooks run around it.
@@ -169,7 +166,6 @@ class Denoiser:
 
         return state
 
-    # -- before every call ---------------------------------------------------------------------------------
     def sync(self) -> None:
         """Unmerge disabled merged adapters (stock does it inside forward) and place adapters added since."""
         lora.prepare(self.module)
@@ -179,9 +175,8 @@ class Denoiser:
             self._lora_key = key
 
     def hooked(self) -> str:
-        """How hooks on the denoiser (its own included) run: "" (none), "program" (a step cache in its whole-step
-        programs: the guidance pair batched when its cache contexts are named), "units" (calls stay separate: the unit
-        route, or a step cache whose state both passes share)."""
+        """How hooks on the denoiser run: "" (none), "program" (a step cache in whole-step programs, the pair batched
+        when its contexts are named), "units" (calls stay separate: units, or a cache whose state both passes share)."""
         hooks = active_hooks(self.module)
         if not hooks:
             return ""
@@ -381,11 +376,10 @@ class Denoiser:
 
 
 def _spread_kept_state(mesh, tensor):
-    """A step cache's kept state over every device: a context's rows whole, tokens over dp·sp, features over tp (left
-    free it came out replicated over dp and tp: +6 GB a device for Wan2.1-14B 720p on v6e-8, BENCHMARKS.md)."""
-    if tensor.ndim not in (3, 4):  # [rows, tokens, features]; stacked over the layers: [layers, rows, ...]
-        return tensor
-    return sharding.constrain(tensor, mesh, (None,) * (tensor.ndim - 2) + (("dp", "sp"), "tp"))
+    """A step cache's kept state ([rows, tokens, features], or stacked over the layers) over every device: tokens over
+    dp·sp, features over tp (left free: replicated over dp and tp, +6 GB a device at Wan2.1-14B 720p, BENCHMARKS)."""
+    spec = (None,) * (tensor.ndim - 2) + (("dp", "sp"), "tp")
+    return sharding.constrain(tensor, mesh, spec) if tensor.ndim in (3, 4) else tensor
 
 
 @contextlib.contextmanager

@@ -79,11 +79,6 @@ def _array(value):
     return torchax_private.array(value) if torchax_private.holds_array(value) else to_jax_array(value)
 
 
-def _value(raw):
-    """A raw state entry as an array (a stacked layer sliced out, a fully sharded weight gathered)."""
-    return materialized(raw)
-
-
 def _mark(value):
     """What identifies a tensor argument's value: a torchax tensor's array, a host tensor's object and version."""
     return torchax_private.array(value) if torchax_private.holds_array(value) else (id(value), value._version)
@@ -261,7 +256,7 @@ class _BlockListCalls:
 
         def raw(index: int):
             block = self.blocks[index]
-            weights = [_value(stored(index, n)) for n in picked]
+            weights = [materialized(stored(index, n)) for n in picked]
             scales = [_array(v) for p, k in dicts for v in getattr(block.get_submodule(p), k).values()]
             return weights, scales
 
@@ -279,12 +274,11 @@ class _BlockListCalls:
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
         tensor_slot = [q for q, x in enumerate(first.outputs) if isinstance(x, torch.Tensor)]
         forward = self.forwards[1]
-        # a step cache keeping arrays per layer (``step_caches.layer_outputs``): the loop's per-layer inputs and outputs
-        kept = self.cache.layer_inputs(layers) if self.cache is not None else None
+        kept = self.cache.layer_inputs(layers) if self.cache is not None else None  # a cache's per-layer arrays
         in_layer = self.cache.layer if kept is not None else lambda _: contextlib.nullcontext()
 
         def body(carry, xs):
-            step, layer_kept = xs
+            step, kept_now = xs
             weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
             tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
             tensors.update(
@@ -304,11 +298,7 @@ class _BlockListCalls:
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
             before = [torchax_private.array(x) for x in inputs]
             args, kwargs = pytree.tree_unflatten(leaves, start.spec)
-            with (
-                _picked(template, dicts, scales),
-                torch_private.reparametrized(template, tensors),
-                in_layer(layer_kept),
-            ):
+            with _picked(template, dicts, scales), torch_private.reparametrized(template, tensors), in_layer(kept_now):
                 session.in_body = True
                 try:
                     out = forward(*args, **kwargs)

@@ -1,9 +1,10 @@
-"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache and MagCache.
+"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, TaylorSeer and
+Pyramid Attention Broadcast.
 
-Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the two
-caches recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
+Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the caches
+recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
 (``repeated_blocks``), the guidance pair batched over ``dp``; the rows of each cache context ("cond", "uncond") keep
-their own state, as stock's contexts do. While the program is traced the blocks' hooks are set aside and this file
+their own state, as stock's contexts do. While the program is traced the hooks are set aside and this package
 plays their part:
 
 - **FirstBlockCache** decides from data: the head block runs; stock's test (the relative change of its residual
@@ -13,8 +14,13 @@ plays their part:
 - **MagCache** decides from the schedule: stock's accumulators advance on the host (its arithmetic, on its state
   objects) and pick one of two programs: every block (their residual kept) or the input plus the kept residual.
 
-Any other hook (TaylorSeer, Pyramid Attention Broadcast, FasterCache, SeaCache, a custom one), blocks in more than one
-list, or MagCache's calibration keep the unit route (``denoiser``): slower, the same result.
+- **TaylorSeer** and **Pyramid Attention Broadcast** hook submodules of every block (the attention layers): their
+  schedule picks a program on the host (compute, or predict / reuse), and what each layer's modules keep is stacked
+  over the layers, the block loop's per-layer input and output (``base.LayerOutputs``). PAB's state is shared by the two
+  guidance passes in stock (the uncond pass reuses the cond pass's attention), so its pair stays two calls.
+
+Any other hook (FasterCache, SeaCache, TextKVCache, a custom one), hooks over more than one block list (Flux), or
+MagCache's calibration keep the unit route (``denoiser``): slower, the same result.
 """
 
 from __future__ import annotations

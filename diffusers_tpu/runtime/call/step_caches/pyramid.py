@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import torch
 
 from ....interop.backend import to_jax_array, wrap
-from .base import NotInProgram
-from .layer_outputs import LayerOutputs, hooked_layers
+from .base import LayerOutputs, NotInProgram, hooked_layers
 
 
 class PyramidAttention(LayerOutputs):

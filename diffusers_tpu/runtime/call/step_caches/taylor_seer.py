@@ -12,8 +12,7 @@ import torch
 
 from ....interop.backend import jax_dtype, to_jax_array, wrap
 from ... import diffusers_private
-from .base import NotInProgram
-from .layer_outputs import LayerOutputs, hooked_layers
+from .base import LayerOutputs, NotInProgram, hooked_layers
 
 
 class TaylorSeer(LayerOutputs):
