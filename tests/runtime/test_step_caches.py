@@ -355,3 +355,40 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
     assert entry.unit_calls == 0 and runtime.pairing.batched_steps == 0
     counts = entry.passes.counts()
     assert len(counts) == 2 * STEPS and len(set(counts)) == 3  # both kinds computed, one kind, none
+
+
+@pytest.mark.parametrize("name", ["taylorseer", "pyramid_attention"])
+def test_caches_over_two_block_lists_run_in_whole_step_programs(name):
+    """Flux's double- and single-stream lists both hooked (TaylorSeer's and PAB's defaults there): each list one loop
+    with its own layers' kept arrays, stock's image from whole-step programs, TaylorSeer's pair batched."""
+    from diffusers_tpu.testing import tiny_images
+
+    def config(p):
+        if name == "taylorseer":
+            return TaylorSeerCacheConfig(
+                cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32
+            )
+        return PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2,
+            spatial_attention_timestep_skip_range=(100, 950),
+            current_timestep_callback=timestep_of(p),
+        )
+
+    (ref, call), (pipe, _), (plain, _) = tiny_images.flux(), tiny_images.flux(), tiny_images.flux()
+    call = dict(call, output_type="np", num_inference_steps=STEPS)
+
+    def image(p):
+        return p(**call, generator=torch.Generator().manual_seed(0)).images
+
+    uncached = image(plain)
+    for p in (ref, pipe):
+        p.transformer.enable_cache(config(p))
+    expected = image(ref)
+    assert np.abs(expected - uncached).max() > 1e-4, "the cache had no effect: the test would prove nothing"
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    assert_np_matches(image(pipe), expected)
+    runtime = pipe._diffusers_tpu_runtime
+    entry = runtime.denoisers["transformer"]
+    (cache,) = [c for c in entry._caches.values() if c is not None]
+    assert entry.unit_calls == 0 and cache.paths == ("transformer_blocks", "single_transformer_blocks")
+    assert runtime.pairing.batched_steps == (STEPS if name == "taylorseer" else 0)

@@ -274,7 +274,7 @@ class _BlockListCalls:
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
         tensor_slot = [q for q, x in enumerate(first.outputs) if isinstance(x, torch.Tensor)]
         forward = self.forwards[1]
-        kept = self.cache.layer_inputs(layers) if self.cache is not None else None  # a cache's per-layer arrays
+        kept = self.cache.layer_inputs(self.path, layers) if self.cache is not None else None  # per-layer arrays
         in_layer = self.cache.layer if kept is not None else lambda _: contextlib.nullcontext()
 
         def body(carry, xs):
@@ -321,7 +321,7 @@ class _BlockListCalls:
             init = [_array(x) for x in first.outputs if isinstance(x, torch.Tensor)]
         final, produced = jax.lax.scan(body, init, (jnp.arange(len(per_layer)), kept))
         if kept is not None:
-            self.cache.loop_outputs(layers, produced)
+            self.cache.loop_outputs(self.path, layers, produced)
         session.scans += 1
         results = iter(final)
         return pytree.tree_unflatten([wrap(next(results)) if s is None else s for s in out_static], self.out_spec)
@@ -365,13 +365,13 @@ def scanning(module: torch.nn.Module, raw_state: dict, prepare, cache=None):
     forward is traced (``cache``: a step cache playing its part on its list); yields ``finish(out)`` to check it."""
     session = _Session(raw_state, prepare)
     installed = []
-    lists = block_lists(module, always=(cache.path,) if cache is not None else ())
-    if cache is not None and cache.path not in dict(lists):
-        raise Retrace(f"{cache.path}: the cached blocks are not interchangeable")
+    lists = block_lists(module, always=cache.paths if cache is not None else ())
+    if cache is not None and not set(cache.paths) <= set(dict(lists)):
+        raise Retrace(f"{cache}: the cached blocks are not interchangeable")
     for path, blocks in lists:
         # a block's real call: its hooks (activation constraints) and forward, as ``Module.__call__`` runs them
         calls = [functools.partial(torch.nn.Module.__call__, block) for block in blocks]
-        mine = cache if cache is not None and path == cache.path else None
+        mine = cache if cache is not None and path in cache.paths else None
         chain = _BlockListCalls(session, path, blocks, calls, mine)
         for index, block in enumerate(blocks):
             installed.append((block, type(block)))

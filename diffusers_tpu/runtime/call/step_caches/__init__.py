@@ -19,8 +19,9 @@ plays their part:
   over the layers, the block loop's per-layer input and output (``base.LayerOutputs``). PAB's state is shared by the two
   guidance passes in stock (the uncond pass reuses the cond pass's attention), so its pair stays two calls.
 
-Any other hook (FasterCache, SeaCache, TextKVCache, a custom one), hooks over more than one block list (Flux), or
-MagCache's calibration keep the unit route (``denoiser``): slower, the same result.
+TaylorSeer's and PAB's hooks may span several block lists (Flux's double- and single-stream blocks): each list is one
+loop with its own layers' arrays. Any other hook (FasterCache, SeaCache, TextKVCache, a custom one), FirstBlockCache
+or MagCache over two block lists, or MagCache's calibration keep the unit route (``denoiser``): slower, the same.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ class StepCache:
 
     def __init__(self, path: str, blocks: list, hooks: list):
         self.path, self.blocks, self.head, self.tail = path, blocks, hooks[0], hooks[-1]
+        self.paths = (path,)  # the block lists it plays a part in
         self.manager = getattr(self.head, "state_manager", None)  # Pyramid Attention Broadcast keeps none
         self.metadata = diffusers_private.block_metadata(self.head) if self.head_name else None
         self.contexts: tuple = ()
@@ -133,8 +134,8 @@ class StepCache:
     def head_called(self, args, kwargs, out) -> None:
         pass
 
-    def layer_inputs(self, layers: range):
-        """The loop's per-layer inputs (``LayerOutputs``); None: the cache keeps nothing per layer."""
+    def layer_inputs(self, path: str, layers: range):
+        """List ``path``'s loop's per-layer inputs (``LayerOutputs``); None: the cache keeps nothing per layer."""
         return None
 
 
@@ -187,54 +188,77 @@ class PassLog:
 # -- caches whose hooks sit on submodules of every block (TaylorSeer, PAB): what each layer's hooked modules keep,
 # stacked over the layers, is the block loop's per-layer input and output
 def hooked_layers(module, hooks: dict, name: str):
-    """``(path, blocks, rels, hooks)`` when every module in ``hooks`` carries only the hook ``name`` and they sit at
-    the same relative paths (``rels``) inside every block of one block list of ``module``; else None. ``hooks`` (the
-    stock hook objects) are ordered by relative path, then layer."""
-    if any(names != [name] for names in hooks.values()):
+    """``(groups, hooks)`` when every module in ``hooks`` carries only the hook ``name`` and, in each block list of
+    ``module`` they are in, sits at the same relative paths inside every block; else None. ``groups``: ``(path,
+    blocks, rels)`` per list; ``hooks``: the stock hook objects, by list, relative path, then layer."""
+    if not hooks or any(names != [name] for names in hooks.values()):
         return None
+    groups, found, placed = [], [], set()
     for path, blocks in child_block_lists(module):
-        where = {id(m): (rel, layer) for layer, b in enumerate(blocks) for rel, m in b.named_modules() if rel}
-        if len(blocks) < 2 or any(id(m) not in where for m in hooks):
+        where = {id(m): rel for b in blocks for rel, m in b.named_modules() if rel}
+        mine = [m for m in hooks if id(m) in where]
+        if not mine:
             continue
-        rels = sorted({where[id(m)][0] for m in hooks})
-        if len(hooks) != len(rels) * len(blocks):
+        rels = sorted({where[id(m)] for m in mine})
+        if len(blocks) < 2 or len(mine) != len(rels) * len(blocks):
             return None  # not the same modules hooked in every block
-        found = [diffusers_private.hook_registry(b.get_submodule(rel)).hooks[name] for rel in rels for b in blocks]
-        return path, blocks, rels, found
-    return None
+        groups.append((path, blocks, rels))
+        found += [diffusers_private.hook_registry(b.get_submodule(rel)).hooks[name] for rel in rels for b in blocks]
+        placed.update(id(m) for m in mine)
+    return (groups, found) if len(placed) == len(hooks) else None  # a hook outside every block list: None
 
 
 class LayerOutputs(StepCache):
-    """A cache over hooked submodules (``rels``) of every block: their kept arrays are keyed by a tuple and stacked
-    over the layers; the block loop reads one layer's slice (``layer``) and returns what the layer produced."""
+    """A cache over hooked submodules of every block of one or more lists: each ``site`` (``"blocks.*.attn1"``: a
+    list's path and a relative path) keeps arrays keyed by tuples naming it, stacked over that list's layers; a list's
+    block loop reads one layer's slice (``layer``) and returns what the layer produced."""
 
-    def __init__(self, path: str, blocks: list, rels: list, hooks: list):
-        super().__init__(path, blocks, hooks)
-        self.rels, self.found = rels, hooks
-        self.by_module = {id(b.get_submodule(rel)): (rel, layer) for rel in rels for layer, b in enumerate(blocks)}
+    def __init__(self, groups: list, hooks: list):
+        super().__init__(groups[0][0], [b for _, blocks, _ in groups for b in blocks], hooks)
+        self.found, self.groups, self.paths = hooks, groups, tuple(p for p, _, _ in groups)
+        self.sites, self.index = [], {}  # sites in order; (site, layer) -> its position in ``found``
+        self.site_path, self.layers = {}, {}  # site -> its list's path, its number of layers
+        self.by_module = {}  # id(module) -> (site, layer)
+        for path, blocks, rels in groups:
+            for rel in rels:
+                site = f"{path}.*.{rel}"
+                self.sites.append(site)
+                self.site_path[site], self.layers[site] = path, len(blocks)
+                for layer, block in enumerate(blocks):
+                    self.index[(site, layer)] = len(self.index)
+                    self.by_module[id(block.get_submodule(rel))] = (site, layer)
         self.stacked: dict = {}  # while tracing: key -> the [layers, ...] array bound for this call
-        self.current = None  # while the loop's body is traced: key -> that layer's array
+        self.current = None  # while a loop's body is traced: key -> that layer's array
         self.produced: dict = {}  # what the layer being traced produced: key -> array
-        self.outside: dict = {}  # layer -> what it produced, for layers called outside the loop (block 0)
-        self.loop = None  # (first layer, key -> [layers, ...]) the loop produced
+        self.outside: dict = {}  # (path, layer) -> what it produced, for layers called outside the loop (block 0)
+        self.loop = None  # (path, first layer, key -> [layers, ...]) the latest loop produced
         self.traced_meta: dict = {}  # per program key: what the trace found (outputs' structure, new arrays' keys)
+        self.produced_stacked: dict = {}  # while tracing: key -> the new [layers, ...] arrays, list by list
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(self.sites)})"
+
+    def at(self, entries: list, site: str) -> list:
+        """``entries`` (one per stock hook, in ``found``'s order) of ``site``'s modules, by layer."""
+        return [entries[self.index[(site, layer)]] for layer in range(self.layers[site])]
+
+    def path_of(self, key: tuple) -> str:
+        return next(self.site_path[part] for part in key if isinstance(part, str))
 
     @contextlib.contextmanager
     def hooks_set_aside(self):
-        """The hooked modules run this file's part while traced (their stock hooks set aside)."""
+        """The hooked modules run this package's part while traced (their stock hooks set aside)."""
         saved = []
-        for rel in self.rels:
-            for block in self.blocks:
-                module = block.get_submodule(rel)
-                reference, attribute = diffusers_private.innermost_forward_reference(module)
-                original = getattr(reference, attribute)
-                saved.append(
-                    (module, {k: vars(module).pop(k) for k in ("forward", "_diffusers_hook") if k in vars(module)})
-                )
-                part = self._part(module, original)
-                part._diffusers_tpu_same_in_every_block = True  # a block's signature accepts it (``block_signature``)
-                vars(module)["forward"] = part
-        self.traced, self.outside, self.loop = True, {}, None
+        for module in (b.get_submodule(rel) for _, blocks, rels in self.groups for rel in rels for b in blocks):
+            reference, attribute = diffusers_private.innermost_forward_reference(module)
+            original = getattr(reference, attribute)
+            saved.append(
+                (module, {k: vars(module).pop(k) for k in ("forward", "_diffusers_hook") if k in vars(module)})
+            )
+            part = self._part(module, original)
+            part._diffusers_tpu_same_in_every_block = True  # a block's signature accepts it (``block_signature``)
+            vars(module)["forward"] = part
+        self.traced, self.outside, self.loop, self.produced_stacked = True, {}, None, {}
         try:
             yield
         finally:
@@ -244,19 +268,21 @@ class LayerOutputs(StepCache):
                 vars(module).update(attributes)
 
     def _part(self, module, original):
-        rel, layer = self.by_module[id(module)]
+        site, layer = self.by_module[id(module)]
+        path = self.site_path[site]
 
         def part(*args, **kwargs):
-            if self.current is not None:  # the loop's body: the template block's module, the loop's layer
-                return self.module_called(rel, self.current, self.produced, original, args, kwargs)
-            kept = {key: array[layer] for key, array in self.stacked.items()}
-            return self.module_called(rel, kept, self.outside.setdefault(layer, {}), original, args, kwargs)
+            if self.current is not None:  # a loop's body: the template block's module, the loop's layer
+                return self.module_called(site, self.current, self.produced, original, args, kwargs)
+            kept = {key: array[layer] for key, array in self.stacked.items() if self.path_of(key) == path}
+            produced = self.outside.setdefault((path, layer), {})
+            return self.module_called(site, kept, produced, original, args, kwargs)
 
         return part
 
     # what ``repeated_blocks`` asks of a cache with per-layer state
-    def layer_inputs(self, layers: range) -> dict:
-        return {key: array[layers.start :] for key, array in self.stacked.items()}
+    def layer_inputs(self, path: str, layers: range) -> dict:
+        return {key: array[layers.start :] for key, array in self.stacked.items() if self.path_of(key) == path}
 
     @contextlib.contextmanager
     def layer(self, kept: dict):
@@ -269,17 +295,17 @@ class LayerOutputs(StepCache):
     def layer_outputs(self) -> dict:
         return dict(self.produced)
 
-    def loop_outputs(self, layers: range, produced: dict) -> None:
-        self.loop = (layers.start, produced)
+    def loop_outputs(self, path: str, layers: range, produced: dict) -> None:
+        self.loop = (path, layers.start, produced)
 
     def chain(self, run):
+        """A list's last block: its loop ran; what its layers produced, stacked (block 0's too when outside)."""
         out = run()
-        start, produced = self.loop
-        new = {}
+        path, start, produced = self.loop
         for key, array in produced.items():
-            new[key] = array if start == 0 else jnp.concatenate([self.outside[0][key][None], array])
-        self.produced_stacked = new
+            first = self.outside.get((path, 0), {}).get(key)
+            self.produced_stacked[key] = array if start == 0 else jnp.concatenate([first[None], array])
         return out
 
-    def module_called(self, rel: str, kept: dict, produced: dict, original, args, kwargs):
+    def module_called(self, site: str, kept: dict, produced: dict, original, args, kwargs):
         raise NotImplementedError

@@ -17,7 +17,7 @@ from .base import LayerOutputs, NotInProgram, hooked_layers
 
 
 class PyramidAttention(LayerOutputs):
-    """PAB on the attention modules it hooked inside every block of one list."""
+    """PAB on the attention modules it hooked inside the blocks of one or more lists."""
 
     hook_name = "pyramid_attention_broadcast"
     pairs = False
@@ -27,27 +27,23 @@ class PyramidAttention(LayerOutputs):
         found = hooked_layers(module, hooks, cls.hook_name)
         if found is None:
             return None
-        path, blocks, rels, stock = found
-        for n in range(len(rels)):
-            same = stock[n * len(blocks) : (n + 1) * len(blocks)]
-            settings = {(h.timestep_skip_range, h.block_skip_range, h.current_timestep_callback) for h in same}
-            if len(settings) > 1:
+        cache = cls(*found)
+        for site in cache.sites:
+            same = cache.at(cache.found, site)
+            if len({(h.timestep_skip_range, h.block_skip_range, h.current_timestep_callback) for h in same}) > 1:
                 return None
-        return cls(path, blocks, rels, stock)
+        return cache
 
     def current_context(self):
         return None  # one state per hooked module, whatever the context
-
-    def layers_of(self, n: int) -> list:
-        return self.found[n * len(self.blocks) : (n + 1) * len(self.blocks)]
 
     def plan(self, contexts: tuple) -> None:
         """``PyramidAttentionBroadcastHook.new_forward``'s decision per hooked layer kind, on stock's states."""
         self.contexts, self.modes, self.keys, self.inputs = contexts, [], [], []
         self.states = [h.state for h in self.found]
         self._saved = [dict(vars(s)) for s in self.states]
-        for n, rel in enumerate(self.rels):
-            hooks = self.layers_of(n)
+        for site in self.sites:
+            hooks = self.at(self.found, site)
             states = [h.state for h in hooks]
             if len({(s.iteration, s.cache is None) for s in states}) > 1:
                 raise NotInProgram("Pyramid Attention Broadcast's hooked layers are not at the same iteration")
@@ -59,7 +55,7 @@ class PyramidAttention(LayerOutputs):
             self.modes.append(compute)
             if not compute:
                 for index, array in enumerate(_stacked(states)):
-                    self.keys.append((rel, index))
+                    self.keys.append((site, index))
                     self.inputs.append(array)
         self.key = ("pyramid", tuple(self.modes), tuple(self.keys), self.shapes())
 
@@ -80,22 +76,22 @@ class PyramidAttention(LayerOutputs):
         self.structure = {}
         yield
 
-    def module_called(self, rel, kept, produced, original, args, kwargs):
-        if self.modes[self.rels.index(rel)]:
+    def module_called(self, site, kept, produced, original, args, kwargs):
+        if self.modes[self.sites.index(site)]:
             out = original(*args, **kwargs)
             leaves = [out] if isinstance(out, torch.Tensor) else list(out)
-            self.structure[rel] = isinstance(out, torch.Tensor), type(out)
+            self.structure[site] = isinstance(out, torch.Tensor), type(out)
             for index, leaf in enumerate(leaves):
-                produced[(rel, index)] = to_jax_array(leaf)
+                produced[(site, index)] = to_jax_array(leaf)
             return out
-        state = self.layers_of(self.rels.index(rel))[0].state
-        leaves = [wrap(kept[(rel, index)]) for index in range(state.cache.count)]
+        state = self.at(self.found, site)[0].state
+        leaves = [wrap(kept[(site, index)]) for index in range(state.cache.count)]
         return leaves[0] if state.cache.single else state.cache.kind(leaves)
 
     def chain(self, run):
         out = super().chain(run)
-        self.order = sorted(self.produced_stacked)
-        self.returned += [self.produced_stacked[key] for key in self.order]
+        self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
+        self.returned = [self.produced_stacked[key] for key in self.order]
         self.traced_meta[self.key] = dict(self.structure), self.order
         return out
 
@@ -103,11 +99,11 @@ class PyramidAttention(LayerOutputs):
         structure, order = self.traced_meta[self.key]
         new = dict(zip(order, (to_jax_array(a) for a in arrays)))
         computed = 0
-        for n, (rel, compute) in enumerate(zip(self.rels, self.modes)):
-            for layer, hook in enumerate(self.layers_of(n)):
+        for site, compute in zip(self.sites, self.modes):
+            for layer, hook in enumerate(self.at(self.found, site)):
                 if compute:
-                    single, kind = structure[rel]
-                    hook.state.cache = _Kept(new, rel, layer, single, kind)
+                    single, kind = structure[site]
+                    hook.state.cache = _Kept(new, site, layer, single, kind)
                     computed += 1
                 hook.state.iteration += 1
         return [(True, computed, computed)]
@@ -119,7 +115,7 @@ def _stacked(states) -> list:
     views = [s.cache for s in states]
     if all(isinstance(v, _Kept) and v.store is views[0].store for v in views):
         first = views[0]
-        return [first.store[(first.rel, index)] for index in range(first.count)]
+        return [first.store[(first.site, index)] for index in range(first.count)]
     leaves = [[v] if isinstance(v, torch.Tensor) else list(v) for v in views]
     return [jnp.stack([to_jax_array(layer[index]) for layer in leaves]) for index in range(len(leaves[0]))]
 
@@ -128,12 +124,12 @@ class _Kept:
     """Stock's ``state.cache`` of one layer while the program route runs: a view of the stacked arrays (``tensor()``
     makes it the tensor stock keeps; ``shape`` and ``dtype`` for stock's ``repr``)."""
 
-    def __init__(self, store: dict, rel: str, layer: int, single: bool, kind: type):
-        self.store, self.rel, self.layer, self.single, self.kind = store, rel, layer, single, kind
-        self.count = sum(1 for r, _ in store if r == rel)
-        first = store[(rel, 0)]
+    def __init__(self, store: dict, site: str, layer: int, single: bool, kind: type):
+        self.store, self.site, self.layer, self.single, self.kind = store, site, layer, single, kind
+        self.count = sum(1 for r, _ in store if r == site)
+        first = store[(site, 0)]
         self.shape, self.dtype = tuple(first.shape[1:]), first.dtype
 
     def tensor(self):
-        leaves = [wrap(self.store[(self.rel, index)][self.layer]) for index in range(self.count)]
+        leaves = [wrap(self.store[(self.site, index)][self.layer]) for index in range(self.count)]
         return leaves[0] if self.single else self.kind(leaves)

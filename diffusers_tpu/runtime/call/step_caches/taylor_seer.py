@@ -16,7 +16,7 @@ from .base import LayerOutputs, NotInProgram, hooked_layers
 
 
 class TaylorSeer(LayerOutputs):
-    """TaylorSeer on the modules it hooked inside every block of one list (its default: the attention layers)."""
+    """TaylorSeer on the modules it hooked inside the blocks of one or more lists (by default the attention layers)."""
 
     hook_name = "taylorseer_cache"
 
@@ -25,9 +25,9 @@ class TaylorSeer(LayerOutputs):
         found = hooked_layers(module, hooks, cls.hook_name)
         if found is None:
             return None
-        path, blocks, rels, stock = found
+        groups, stock = found
         settings = {(h.cache_interval, h.disable_cache_before_step, h.disable_cache_after_step) for h in stock}
-        return cls(path, blocks, rels, stock) if len(settings) == 1 else None
+        return cls(groups, stock) if len(settings) == 1 else None
 
     def plan(self, contexts: tuple) -> None:
         """Stock's step count and decision per context (``TaylorSeerCacheHook._measure_should_compute``), the same for
@@ -57,26 +57,26 @@ class TaylorSeer(LayerOutputs):
                 if compute
                 else np.asarray([offset**k / math.factorial(k) for k in range(orders)], np.float32)
             )
-        self.inactive = {rel: self.states[0][n * len(self.blocks)].is_inactive for n, rel in enumerate(self.rels)}
+        self.inactive = {site: self.at(self.states[0], site)[0].is_inactive for site in self.sites}
         self.keys = [(c, *key) for c, factors in enumerate(kept) for key in sorted(factors)]
         self.inputs = [kept[key[0]][key[1:]] for key in self.keys] + [jnp.asarray(s) for s in scalars]
         self.had = [row[0].last_update_step is not None for row in self.states]
         self.key = ("taylor_seer", len(self.contexts), tuple(self.modes), tuple(self.keys), self.shapes())
 
     def _kept(self, row) -> dict:
-        """One context's factors, ``(rel, output, order) -> [layers, ...]``: the arrays this cache kept when stock's
+        """One context's factors, ``(site, output, order) -> [layers, ...]``: the arrays this cache kept when stock's
         state objects still hold its views of them, else stacked from stock's own tensors."""
         views = [s.taylor_factors for s in row]
         if views and all(isinstance(v, _LayerFactors) and not v.edited and v.store is views[0].store for v in views):
             return views[0].store
         found = {}
-        for n, rel in enumerate(self.rels):
-            layers = row[n * len(self.blocks) : (n + 1) * len(self.blocks)]
+        for site in self.sites:
+            layers = self.at(row, site)
             structure = {(i, k) for i, orders in layers[0].taylor_factors.items() for k in orders}
             if any({(i, k) for i, o in s.taylor_factors.items() for k in o} != structure for s in layers):
                 raise NotInProgram("TaylorSeer's hooked modules keep different factors")
             for i, k in structure:
-                found[(rel, i, k)] = jnp.stack([to_jax_array(s.taylor_factors[i][k]) for s in layers])
+                found[(site, i, k)] = jnp.stack([to_jax_array(s.taylor_factors[i][k]) for s in layers])
         return found
 
     def undo_plan(self) -> None:
@@ -85,8 +85,8 @@ class TaylorSeer(LayerOutputs):
                 vars(state).clear()
                 vars(state).update(saved)
 
-    def state_of(self, c: int, rel: str, layer: int = 0):
-        return self.states[c][self.rels.index(rel) * len(self.blocks) + layer]
+    def state_of(self, c: int, site: str, layer: int = 0):
+        return self.states[c][self.index[(site, layer)]]
 
     @contextlib.contextmanager
     def bound(self, arrays):
@@ -96,23 +96,23 @@ class TaylorSeer(LayerOutputs):
         self.traced_outputs = {}
         yield
 
-    def module_called(self, rel, kept, produced, original, args, kwargs):
+    def module_called(self, site, kept, produced, original, args, kwargs):
         """A hooked module's call: stock's compute (its output, new factors) or prediction, per context's rows."""
         out = original(*args, **kwargs) if any(self.modes) else None
         outputs = [out] if isinstance(out, torch.Tensor) else list(out) if out is not None else None
         per_output = []
         for c, compute in enumerate(self.modes):
-            state = self.state_of(c, rel)
+            state = self.state_of(c, site)
             if compute:
                 rows = [self.rows(to_jax_array(o), c) for o in outputs]
-                self.traced_outputs[rel] = [(tuple(r.shape), o.dtype) for r, o in zip(rows, outputs)]
-                if not self.inactive[rel]:
-                    self._update(c, rel, rows, kept, produced, state)
-            elif self.inactive[rel]:
+                self.traced_outputs[site] = [(tuple(r.shape), o.dtype) for r, o in zip(rows, outputs)]
+                if not self.inactive[site]:
+                    self._update(c, site, rows, kept, produced, state)
+            elif self.inactive[site]:
                 shapes, dtypes = state.inactive_shapes, state.module_dtypes
                 rows = [jnp.zeros(tuple(s), jax_dtype(d)) for s, d in zip(shapes, dtypes)]
             else:
-                rows = self._predict(c, rel, kept)
+                rows = self._predict(c, site, kept)
             per_output.append(rows)
         if all(self.modes):
             return out
@@ -121,38 +121,38 @@ class TaylorSeer(LayerOutputs):
             return joined[0] if len(joined) == 1 else tuple(joined)
         return joined[0] if isinstance(out, torch.Tensor) else type(out)(joined)
 
-    def _update(self, c, rel, rows, kept, produced, state) -> None:
+    def _update(self, c, site, rows, kept, produced, state) -> None:
         """``TaylorSeerState.update``: order 0 the output, order j+1 order j's change per step since the last update."""
         target = state.taylor_factors_dtype
         for i, features in enumerate(rows):
             new = [features]
             if self.had[c]:
                 for j in range(state.max_order):
-                    previous = kept.get((c, rel, i, j))
+                    previous = kept.get((c, site, i, j))
                     if previous is None or previous.shape != new[j].shape:
                         break
                     difference = new[j] - previous.astype(features.dtype)
                     new.append((difference.astype(jnp.float32) / self.scalars[c]).astype(features.dtype))
             for k, factor in enumerate(new):
-                produced[(c, rel, i, k)] = factor if target is None else factor.astype(jax_dtype(target))
+                produced[(c, site, i, k)] = factor if target is None else factor.astype(jax_dtype(target))
 
-    def _predict(self, c, rel, kept) -> list:
+    def _predict(self, c, site, kept) -> list:
         """``TaylorSeerState.predict``: the sum of the factors times offset**k / k!, in the module's output dtype."""
-        dtypes = [jax_dtype(d) for d in self.state_of(c, rel).module_dtypes]
+        dtypes = [jax_dtype(d) for d in self.state_of(c, site).module_dtypes]
         results = []
         for i, dtype in enumerate(dtypes):
-            orders = sorted(k for cc, r, ii, k in kept if (cc, r, ii) == (c, rel, i))
-            output = jnp.zeros(kept[(c, rel, i, 0)].shape, dtype)
+            orders = sorted(k for cc, r, ii, k in kept if (cc, r, ii) == (c, site, i))
+            output = jnp.zeros(kept[(c, site, i, 0)].shape, dtype)
             for k in orders:
-                term = kept[(c, rel, i, k)].astype(dtype).astype(jnp.float32) * self.scalars[c][k]
+                term = kept[(c, site, i, k)].astype(dtype).astype(jnp.float32) * self.scalars[c][k]
                 output = output + term.astype(dtype)
             results.append(output)
         return results
 
     def chain(self, run):
         out = super().chain(run)
-        self.order = sorted(self.produced_stacked)
-        self.returned += [self.produced_stacked[key] for key in self.order]
+        self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
+        self.returned = [self.produced_stacked[key] for key in self.order]
         self.traced_meta[self.key] = dict(self.traced_outputs), self.order
         return out
 
@@ -166,15 +166,15 @@ class TaylorSeer(LayerOutputs):
             if not compute:
                 continue
             store = {key[1:]: array for key, array in new.items() if key[0] == c}
-            for n, rel in enumerate(self.rels):
-                shapes, dtypes = zip(*meta[rel])
-                for layer, state in enumerate(row[n * len(self.blocks) : (n + 1) * len(self.blocks)]):
+            for site in self.sites:
+                shapes, dtypes = zip(*meta[site])
+                for layer, state in enumerate(self.at(row, site)):
                     state.module_dtypes = tuple(dtypes)
                     state.device = torch.device("jax")
                     if state.is_inactive:
                         state.inactive_shapes = tuple(torch.Size(s) for s in shapes)
                     else:
-                        state.taylor_factors = _LayerFactors(store, rel, layer)
+                        state.taylor_factors = _LayerFactors(store, site, layer)
                     state.last_update_step = state.current_step
         return passes
 
@@ -183,15 +183,15 @@ class _LayerFactors(dict):
     """Stock's ``taylor_factors`` of one layer's module, ``{output: {order: tensor}}``, read from the cache's stacked
     arrays only when stock code reads it (the unit route after a fallback, a user's look): else nothing is sliced."""
 
-    def __init__(self, store: dict, rel: str, layer: int):
+    def __init__(self, store: dict, site: str, layer: int):
         super().__init__()
-        self.store, self.rel, self.layer, self.filled, self.edited = store, rel, layer, False, False
+        self.store, self.site, self.layer, self.filled, self.edited = store, site, layer, False, False
 
     def _fill(self):
         if not self.filled:
             self.filled = True
-            for (rel, i, k), array in self.store.items():
-                if rel == self.rel:
+            for (site, i, k), array in self.store.items():
+                if site == self.site:
                     dict.setdefault(self, i, {})[k] = wrap(array[self.layer])
 
     def __setitem__(self, key, value):
