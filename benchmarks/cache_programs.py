@@ -5,7 +5,10 @@
 A benchmark, not a test (a minute or more of compiling per program). For one guided step (the CFG pair as one batch
 over dp, as the runtime runs it) it compiles, exactly as the runtime builds them (``Denoiser.cached_program``, abstract
 weights and cache state): the uncached step; FirstBlockCache's first-step program and its steady program (head block,
-then ``lax.cond``: the other blocks, or the kept tail residual); MagCache's computing and skipping programs. Each row is
+then ``lax.cond``: the other blocks, or the kept tail residual); MagCache's computing and skipping programs;
+TaylorSeer's (on every block's self-attention, first order, bf16 factors) computing and predicting programs; Pyramid
+Attention Broadcast's (self-attention) computing and reusing programs, one pass each (it runs the pair as two calls).
+Each row is
 read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the larger branch),
 memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives none for a
 program holding Pallas kernels). CPU numbers never enter: these are the compiler's figures, not run times.
@@ -16,10 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import types
 
 import jax
 import torch
-from diffusers import FirstBlockCacheConfig, MagCacheConfig
+from diffusers import (
+    FirstBlockCacheConfig,
+    MagCacheConfig,
+    PyramidAttentionBroadcastConfig,
+    TaylorSeerCacheConfig,
+)
 
 from diffusers_tpu.interop import program_figures
 from diffusers_tpu.interop.torch_private import pytree
@@ -32,7 +41,12 @@ from diffusers_tpu.runtime.config import TPUConfig
 
 def _figures(lowered) -> dict:
     start = time.perf_counter()
-    compiled = lowered.compile()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:  # the compiler's own verdict: the program does not fit
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        return {"fits": False, "compiler": str(error).splitlines()[0][:300]}
     summary = hlo_stats.summary(compiled, seconds=time.perf_counter() - start)
     hlo = summary["hlo"]
     loop = max(hlo["loops"], key=lambda found: found["instructions"], default=None)
@@ -53,7 +67,9 @@ def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: t
     # one context's rows as the programs leave them (``denoiser._spread_kept_state``): tokens over dp·sp, features tp
     sharding = jax.sharding.NamedSharding(hidden.sharding.mesh, jax.sharding.PartitionSpec(None, ("dp", "sp"), "tp"))
     rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=sharding)
-    cache.contexts = ("cond", "uncond")
+    cache.contexts = ("cond", "uncond")[: len(decisions)]
+    if kind in ("taylor", "pab"):
+        return _abstract_layer_state(cache, kind, hidden, decisions)
     if kind == "fbc":
         cache.kept = tuple(None if d == "first" else False for d in decisions)
         cache.inputs = [rows, rows] * sum(d == "kept" for d in decisions)
@@ -61,6 +77,39 @@ def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: t
         cache.compute = tuple(d == "compute" for d in decisions)
         cache.inputs = [rows] * sum(d == "skip" for d in decisions)
     cache.key = (kind, cache.contexts, decisions)
+
+
+def _abstract_layer_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: tuple) -> None:
+    """TaylorSeer's / PAB's inputs: per site (one hooked attention module per block) the kept arrays stacked over the
+    layers, ``[layers, rows, tokens, features]`` laid out as ``denoiser._spread_kept_state`` leaves them."""
+    spec = jax.sharding.PartitionSpec(None, None, ("dp", "sp"), "tp")
+    rows = hidden.shape[0] // len(decisions)
+    stacked = {
+        site: jax.ShapeDtypeStruct(
+            (cache.layers[site], rows, *hidden.shape[1:]),
+            hidden.dtype,
+            sharding=jax.sharding.NamedSharding(hidden.sharding.mesh, spec),
+        )
+        for site in cache.sites
+    }
+    if kind == "pab":  # one pass: compute, or reuse every site's kept output
+        cache.modes = [d == "compute" for d in decisions] * len(cache.sites)
+        cache.keys = [] if decisions[0] == "compute" else [(site, 0) for site in cache.sites]
+        cache.inputs = [stacked[site] for site, _ in cache.keys]
+        for hook in cache.found:
+            hook.state.cache = types.SimpleNamespace(count=1, single=True, kind=tuple)
+    else:  # steady computing: order 0 kept, orders 0 and 1 made; predicting: orders 0 and 1 read
+        orders = 1 if decisions[0] == "compute" else 2
+        state = types.SimpleNamespace(
+            module_dtypes=(torch.bfloat16,), is_inactive=False, max_order=1, taylor_factors_dtype=torch.bfloat16
+        )
+        cache.states = [[state] * len(cache.found) for _ in decisions]
+        cache.modes = [d == "compute" for d in decisions]
+        cache.had, cache.inactive = [True] * len(decisions), {site: False for site in cache.sites}
+        cache.keys = [(c, site, 0, k) for c in range(len(decisions)) for site in cache.sites for k in range(orders)]
+        scalar = jax.ShapeDtypeStruct((), jax.numpy.float32) if orders == 1 else jax.ShapeDtypeStruct((2,), "float32")
+        cache.inputs = [stacked[site] for _, site, _, _ in cache.keys] + [scalar] * len(decisions)
+    cache.key = (kind, decisions)
 
 
 def main() -> None:
@@ -72,6 +121,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--text-tokens", type=int, default=512)
     parser.add_argument("--json")
+    parser.add_argument("--only", help="these caches only, comma-separated: none,fbc,mag,taylor,pab")
     args = parser.parse_args()
 
     devices = tpu_compiler.devices(CHIPS[args.chips])
@@ -87,7 +137,21 @@ def main() -> None:
             MagCacheConfig(mag_ratios=[1.0] * 50, num_inference_steps=50),
             [("computing", ("compute",) * 2), ("skipping", ("skip",) * 2)],
         ),
+        (
+            "taylor",
+            TaylorSeerCacheConfig(cache_identifiers=[r"blocks\.\d+\.attn1"]),
+            [("computing", ("compute",) * 2), ("predicting", ("predict",) * 2)],
+        ),
+        (
+            "pab",
+            PyramidAttentionBroadcastConfig(
+                spatial_attention_block_skip_range=2, current_timestep_callback=lambda: 500
+            ),
+            [("computing (one pass)", ("compute",)), ("reusing (one pass)", ("reuse",))],
+        ),
     ):
+        if args.only and (kind or "none") not in args.only.split(","):
+            continue
         if pipe.transformer.is_cache_enabled:
             pipe.transformer.disable_cache()
         if cache_config is not None:
@@ -98,7 +162,7 @@ def main() -> None:
             entry = runtime.denoiser_entry(denoiser.module, denoiser.rules, state=lambda: state)
             reported = abstract_weights.reported_dtype(denoiser.module, state)
             call_args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, args.text_tokens, reported, runtime)
-            batch = 2 if runtime.pairing is not None and guided else 1
+            batch = 2 if runtime.pairing is not None and guided and kind != "pab" else 1
             call_args, kwargs = pytree.tree_map(lambda v: call_probe.concrete(v, batch), (call_args, kwargs))
             mesh = dict(runtime.mesh.shape)
             for name, decisions in programs:

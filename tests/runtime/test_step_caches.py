@@ -357,13 +357,19 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
     assert len(counts) == 2 * STEPS and len(set(counts)) == 3  # both kinds computed, one kind, none
 
 
-@pytest.mark.parametrize("name", ["taylorseer", "pyramid_attention"])
+@pytest.mark.parametrize("name", ["first_block", "mag", "taylorseer", "pyramid_attention"])
 def test_caches_over_two_block_lists_run_in_whole_step_programs(name):
-    """Flux's double- and single-stream lists both hooked (TaylorSeer's and PAB's defaults there): each list one loop
-    with its own layers' kept arrays, stock's image from whole-step programs, TaylorSeer's pair batched."""
+    """Flux's double- and single-stream lists both hooked (every cache's default there): each list one loop (FBC /
+    MagCache: the head in the first, the tail residual after the second, a skip passing the second list its inputs;
+    TaylorSeer / PAB: each list's layers' kept arrays), stock's image from whole-step programs, the pair batched
+    (PAB: two calls)."""
     from diffusers_tpu.testing import tiny_images
 
     def config(p):
+        if name == "first_block":
+            return FirstBlockCacheConfig(threshold=0.4)
+        if name == "mag":
+            return MagCacheConfig(mag_ratios=[1.0] * STEPS, num_inference_steps=STEPS, threshold=0.5)
         if name == "taylorseer":
             return TaylorSeerCacheConfig(
                 cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32
@@ -391,4 +397,6 @@ def test_caches_over_two_block_lists_run_in_whole_step_programs(name):
     entry = runtime.denoisers["transformer"]
     (cache,) = [c for c in entry._caches.values() if c is not None]
     assert entry.unit_calls == 0 and cache.paths == ("transformer_blocks", "single_transformer_blocks")
-    assert runtime.pairing.batched_steps == (STEPS if name == "taylorseer" else 0)
+    assert runtime.pairing.batched_steps == (STEPS if name in PAIRED else 0)
+    counts = entry.passes.counts()
+    assert len(counts) == 2 * STEPS and min(counts) < max(counts)  # some passes cached

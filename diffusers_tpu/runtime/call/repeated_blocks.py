@@ -126,7 +126,7 @@ class _BlockListCalls:
         if self.session.in_body:
             return forward(*args, **kwargs)
         if self.cache is not None and self.cache.skips_all():
-            return self.cache.passthrough(index, args, kwargs)
+            return self.cache.passthrough(self.path, index, args, kwargs)
         if index == 0:
             self.reset()
         if not self.deferring or index != self.next:
@@ -140,14 +140,14 @@ class _BlockListCalls:
             call.outputs, self.out_spec = pytree.tree_flatten(out)
             self.first = call
             if self.cache is not None:
-                self.cache.head_called(args, kwargs, out)
+                self.cache.list_started(self.path, args, kwargs, out)
             return out
         if not self._chained(call):
             return self._give_up(forward, args, kwargs)
         last = index == len(self.blocks) - 1
         if last and (len(self.pending) + 1 >= MIN_SCANNED or self.cache is not None):
             self.pending.append(call)
-            result = self._scan() if self.cache is None else self.cache.chain(self._scan)
+            result = self._scan() if self.cache is None else self.cache.chain(self._scan, self.path)
             self.reset()
             return result
         if last:
@@ -190,7 +190,7 @@ class _BlockListCalls:
     def _first_in_chain(self) -> bool:
         """Does block 0's call fit the chain block 1 fixed (constants the same values, statics equal)? Never when a
         step cache reads block 0's output (FirstBlockCache): it runs outside the loop, once."""
-        if self.cache is not None and self.cache.head_outside:
+        if self.cache is not None and self.cache.head_outside and self.path == self.cache.path:
             return False
         for position, (role, value) in enumerate(self.roles):
             if role == "const" and not _same(self.first.marks[position], value[1]):

@@ -19,9 +19,11 @@ plays their part:
   over the layers, the block loop's per-layer input and output (``base.LayerOutputs``). PAB's state is shared by the two
   guidance passes in stock (the uncond pass reuses the cond pass's attention), so its pair stays two calls.
 
-TaylorSeer's and PAB's hooks may span several block lists (Flux's double- and single-stream blocks): each list is one
-loop with its own layers' arrays. Any other hook (FasterCache, SeaCache, TextKVCache, a custom one), FirstBlockCache
-or MagCache over two block lists, or MagCache's calibration keep the unit route (``denoiser``): slower, the same.
+Every cache here may span several block lists (Flux's double- and single-stream blocks), each list one loop:
+FirstBlockCache's and MagCache's head in the first list, their tail residual after the last, a skip passing the
+later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's and PAB's arrays per list. Any
+other hook (FasterCache, SeaCache, TextKVCache, a custom one) or MagCache's calibration keep the unit route
+(``denoiser``): slower, the same result.
 """
 
 from __future__ import annotations
@@ -51,14 +53,14 @@ __all__ = [
 
 def recognize(module: torch.nn.Module, hooks: dict):
     """The step cache behind ``hooks`` ({submodule: [hook names]}, the denoiser's own excluded) when one of the caches
-    here alone put them there, on one block list of ``module``; else None (the unit route)."""
-    for kind in (FirstBlock, Magnitude):
-        for path, blocks in child_block_lists(module):
-            if {id(b) for b in blocks} != {id(m) for m in hooks} or len(blocks) < 2:
-                continue
-            names = [hooks[b] for b in blocks]
+    here alone put them there, on the block lists of ``module``; else None (the unit route)."""
+    hooked = {id(m) for m in hooks}
+    lists = [(p, blocks) for p, blocks in child_block_lists(module) if any(id(b) in hooked for b in blocks)]
+    blocks = [b for _, found in lists for b in found]
+    if lists and {id(b) for b in blocks} == hooked and all(len(found) >= 2 for _, found in lists):
+        names = [hooks[b] for b in blocks]
+        for kind in (FirstBlock, Magnitude):
             if names == [[kind.head_name]] + [[kind.block_name]] * (len(blocks) - 1):
                 found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
-                if kind.accepts(found[0]):
-                    return kind(path, blocks, found)
+                return kind(lists, found) if kind.accepts(found[0]) else None
     return TaylorSeer.recognize(module, hooks) or PyramidAttention.recognize(module, hooks)

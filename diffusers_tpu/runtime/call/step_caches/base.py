@@ -9,7 +9,7 @@ import contextvars
 import jax.numpy as jnp
 import torch
 
-from ....interop.backend import wrap
+from ....interop.backend import to_jax_array, wrap
 from ... import diffusers_private
 
 _ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("diffusers_tpu_cache_rows", default=None)
@@ -44,17 +44,31 @@ def rows_of(array, count: int, index: int):
 
 
 class StepCache:
-    """What both caches share: the block list, stock's state objects per context, the program's extra inputs."""
+    """What the caches share: their block lists, stock's state objects per context, the program's extra inputs."""
 
     head_name = block_name = ""
     head_outside = False  # the head block's output decides: it runs outside the block loop
     pairs = True  # the guidance pair may share a call (each half keeps its own cache context's state)
 
-    def __init__(self, path: str, blocks: list, hooks: list):
-        self.path, self.blocks, self.head, self.tail = path, blocks, hooks[0], hooks[-1]
-        self.paths = (path,)  # the block lists it plays a part in
+    def __init__(self, lists: list, hooks: list):
+        """``lists``: ``(path, blocks)`` of the block lists it plays a part in, in the order the forward calls them."""
+        self.paths = tuple(path for path, _ in lists)
+        self.path, self.blocks, self.head, self.tail = (
+            self.paths[0],
+            [b for _, bs in lists for b in bs],
+            hooks[0],
+            hooks[-1],
+        )
         self.manager = getattr(self.head, "state_manager", None)  # Pyramid Attention Broadcast keeps none
         self.metadata = diffusers_private.block_metadata(self.head) if self.head_name else None
+        # a block hook's view of each list's calls (which output is which), and each later list's inputs when traced
+        firsts, count = {}, 0
+        for path, blocks in lists:
+            firsts[path], count = hooks[count], count + len(blocks)
+        self.list_metadata = (
+            {p: diffusers_private.block_metadata(h) for p, h in firsts.items()} if self.head_name else {}
+        )
+        self.list_inputs: dict = {}
         self.contexts: tuple = ()
         self.states: list = []
         self.key = None
@@ -69,7 +83,7 @@ class StepCache:
         return True
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.path}: {len(self.blocks)} blocks)"
+        return f"{type(self).__name__}({' + '.join(self.paths)}: {len(self.blocks)} blocks)"
 
     def current_context(self) -> str:
         name = diffusers_private.context_name(self.manager)
@@ -93,8 +107,8 @@ class StepCache:
             vars(state).clear()
             vars(state).update(saved)
 
-    def argument(self, name: str, args, kwargs):
-        return diffusers_private.block_argument(self.metadata, name, args, kwargs)
+    def argument(self, name: str, args, kwargs, metadata=None):
+        return diffusers_private.block_argument(metadata or self.metadata, name, args, kwargs)
 
     def rows(self, array, index: int):
         return rows_of(array, len(self.contexts), index)
@@ -133,6 +147,36 @@ class StepCache:
 
     def head_called(self, args, kwargs, out) -> None:
         pass
+
+    def list_started(self, path: str, args, kwargs, out) -> None:
+        """A list's block 0 ran: the head's decision (the first list), or the list's inputs (a later one)."""
+        if path == self.path:
+            return self.head_called(args, kwargs, out)
+        meta = self.list_metadata.get(path)
+        if meta is not None:
+            hidden = to_jax_array(self.argument(meta.hidden_states_argument_name, args, kwargs, meta))
+            text = meta.return_encoder_hidden_states_index is not None
+            encoder = to_jax_array(self.argument("encoder_hidden_states", args, kwargs, meta)) if text else None
+            self.list_inputs[path] = [hidden, encoder]
+
+    def as_output(self, path: str, hidden, encoder):
+        """A list's outputs (hidden and text states) in its blocks' output structure."""
+        meta = self.list_metadata[path]
+        if encoder is None or meta.return_encoder_hidden_states_index is None:
+            return wrap(hidden)
+        result = [None] * (max(meta.return_hidden_states_index, meta.return_encoder_hidden_states_index) + 1)
+        result[meta.return_hidden_states_index] = wrap(hidden)
+        result[meta.return_encoder_hidden_states_index] = wrap(encoder)
+        return tuple(result)
+
+    def as_arrays(self, path: str, out) -> list:
+        """A list's outputs as [hidden, text or None] arrays."""
+        meta = self.list_metadata[path]
+        if not isinstance(out, tuple):
+            return [to_jax_array(out), None]
+        hidden = out[meta.return_hidden_states_index]
+        index = meta.return_encoder_hidden_states_index
+        return [to_jax_array(hidden), None if index is None else to_jax_array(out[index])]
 
     def layer_inputs(self, path: str, layers: range):
         """List ``path``'s loop's per-layer inputs (``LayerOutputs``); None: the cache keeps nothing per layer."""
@@ -214,8 +258,8 @@ class LayerOutputs(StepCache):
     block loop reads one layer's slice (``layer``) and returns what the layer produced."""
 
     def __init__(self, groups: list, hooks: list):
-        super().__init__(groups[0][0], [b for _, blocks, _ in groups for b in blocks], hooks)
-        self.found, self.groups, self.paths = hooks, groups, tuple(p for p, _, _ in groups)
+        super().__init__([(path, blocks) for path, blocks, _ in groups], hooks)
+        self.found, self.groups = hooks, groups
         self.sites, self.index = [], {}  # sites in order; (site, layer) -> its position in ``found``
         self.site_path, self.layers = {}, {}  # site -> its list's path, its number of layers
         self.by_module = {}  # id(module) -> (site, layer)
@@ -298,10 +342,10 @@ class LayerOutputs(StepCache):
     def loop_outputs(self, path: str, layers: range, produced: dict) -> None:
         self.loop = (path, layers.start, produced)
 
-    def chain(self, run):
+    def chain(self, run, path: str):
         """A list's last block: its loop ran; what its layers produced, stacked (block 0's too when outside)."""
         out = run()
-        path, start, produced = self.loop
+        _, start, produced = self.loop
         for key, array in produced.items():
             first = self.outside.get((path, 0), {}).get(key)
             self.produced_stacked[key] = array if start == 0 else jnp.concatenate([first[None], array])

@@ -18,8 +18,8 @@ class FirstBlock(StepCache):
     head_name, block_name = "fbc_leader_block_hook", "fbc_block_hook"
     head_outside = True
 
-    def __init__(self, path: str, blocks: list, hooks: list):
-        super().__init__(path, blocks, hooks)
+    def __init__(self, lists: list, hooks: list):
+        super().__init__(lists, hooks)
         self.has_encoder: dict = {}  # per program key: whether the blocks return text states too
 
     def _plan(self):
@@ -62,39 +62,34 @@ class FirstBlock(StepCache):
             diff = (rows - kept).abs().mean() / kept.abs().mean()  # stock's expression; it compares ``.item()``
             self.decisions.append(to_jax_array(diff).astype(jnp.float32) > below)
 
-    def chain(self, run):
-        """The last block's call: the remaining blocks' outputs, computed or taken from the kept residuals."""
-        meta = self.metadata
-        head_h, head_e = self.head_out
+    def chain(self, run, path: str):
+        """A list's last block's call: the list's outputs, computed or (per context) what stock's hooks give at a skip:
+        the head's output plus the kept tail residual out of the first list, each later list's inputs out of it."""
+        inputs = None if path == self.path else self.list_inputs[path]
+        last = path == self.paths[-1]
 
         def computed():
-            out = run()
-            if not isinstance(out, tuple):
-                return self._select([to_jax_array(out), None])
-            h, e = out[meta.return_hidden_states_index], out[meta.return_encoder_hidden_states_index]
-            return self._select([to_jax_array(h), to_jax_array(e)])
+            return self._select(self.as_arrays(path, run()), inputs, last)
 
         if any(d is None for d in self.decisions):
             outputs, tails = computed()
         else:
-            outputs, tails = jax.lax.cond(jnp.any(jnp.stack(self.decisions)), computed, lambda: self._select(None))
-        for index, decision in enumerate(self.decisions):  # the state stock leaves, per context
-            previous = self.previous[index]
-            head = self.rows(self.residual, index)
-            self.returned.append(head if decision is None else jnp.where(decision, head, previous[0]))
-            self.returned += [self.rows(t, index) for t in tails if t is not None]
-            self.returned.append(jnp.asarray(True) if decision is None else decision)
-        self.has_encoder[self.key] = head_e is not None
-        out_h, out_e = (wrap(outputs[0]), None if outputs[1] is None else wrap(outputs[1]))
-        if head_e is None:
-            return out_h
-        result = [None] * (max(meta.return_hidden_states_index, meta.return_encoder_hidden_states_index) + 1)
-        result[meta.return_hidden_states_index], result[meta.return_encoder_hidden_states_index] = out_h, out_e
-        return tuple(result)
+            skipped = lambda: self._select(None, inputs, last)  # noqa: E731
+            outputs, tails = jax.lax.cond(jnp.any(jnp.stack(self.decisions)), computed, skipped)
+        if last:
+            for index, decision in enumerate(self.decisions):  # the state stock leaves, per context
+                previous = self.previous[index]
+                head = self.rows(self.residual, index)
+                self.returned.append(head if decision is None else jnp.where(decision, head, previous[0]))
+                self.returned += [self.rows(t, index) for t in tails if t is not None]
+                self.returned.append(jnp.asarray(True) if decision is None else decision)
+            self.has_encoder[self.key] = self.head_out[1] is not None
+        return self.as_output(path, *outputs)
 
-    def _select(self, full):
+    def _select(self, full, inputs, last: bool):
         """Per context: the computed rows (``full``: hidden and text states of all rows, or None when nothing was
-        computed) where it decided to compute, else the head's output plus the kept tail residual (stock's skip)."""
+        computed) where it decided to compute, else the skip's rows: the head's output plus the kept tail residual
+        (``inputs`` None: the first list) or the list's inputs. With the tail residuals when ``last``."""
         parts = [[], []], [[], []]  # outputs (hidden, text), tails (hidden, text)
         for index, decision in enumerate(self.decisions):
             previous = self.previous[index]
@@ -108,12 +103,12 @@ class FirstBlock(StepCache):
                     out, tail = new, new - head_rows
                 else:
                     kept = previous[1 + which]
-                    skipped = head_rows + kept
+                    skipped = head_rows + kept if inputs is None else self.rows(inputs[which], index)
                     out = skipped if new is None else jnp.where(decision, new, skipped)
                     tail = kept if new is None else jnp.where(decision, new - head_rows, kept)
                 parts[0][which].append(out)
-                parts[1][which].append(tail)
-        joined = [[jnp.concatenate(p) if p else None for p in group] for group in parts]
+                parts[1][which].append(tail if last else None)
+        joined = [[jnp.concatenate(p) if p and p[0] is not None else None for p in group] for group in parts]
         return joined[0], joined[1]
 
     def commit(self, arrays) -> list:

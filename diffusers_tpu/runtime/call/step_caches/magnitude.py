@@ -70,19 +70,19 @@ class Magnitude(StepCache):
                 return hidden.at[:, start:].add(residual)
         return hidden  # stock warns and returns the input unchanged
 
-    def passthrough(self, index: int, args, kwargs):
-        """A block's call when every context skips: stock's head and block hooks' skip outputs."""
-        meta = self.metadata
-        hidden = self.argument(meta.hidden_states_argument_name, args, kwargs)
-        if index == 0:
+    def passthrough(self, path: str, index: int, args, kwargs):
+        """A block's call when every context skips: stock's head and block hooks' skip outputs (the head adds the
+        kept residual; every other block gives back its inputs)."""
+        meta = self.list_metadata[path]
+        hidden = self.argument(meta.hidden_states_argument_name, args, kwargs, meta)
+        if index == 0 and path == self.path:
             array = to_jax_array(hidden)
             hidden = wrap(jnp.concatenate([self._skipped(self.rows(array, c), c) for c in range(len(self.contexts))]))
         if meta.return_encoder_hidden_states_index is None:
             return hidden
-        result = [None] * (max(meta.return_hidden_states_index, meta.return_encoder_hidden_states_index) + 1)
-        result[meta.return_hidden_states_index] = hidden
-        result[meta.return_encoder_hidden_states_index] = self.argument("encoder_hidden_states", args, kwargs)
-        return tuple(result)
+        return self.as_output(
+            path, to_jax_array(hidden), to_jax_array(self.argument("encoder_hidden_states", args, kwargs, meta))
+        )
 
     def head_called(self, args, kwargs, out) -> None:
         meta = self.metadata
@@ -90,30 +90,26 @@ class Magnitude(StepCache):
         text = meta.return_encoder_hidden_states_index is not None
         self.text_in = to_jax_array(self.argument("encoder_hidden_states", args, kwargs)) if text else None
 
-    def chain(self, run):
-        """Every block ran (for the contexts that compute): the residual kept, skipping contexts' rows replaced."""
-        meta, out = self.metadata, run()
-        is_tuple = isinstance(out, tuple)
-        hidden = to_jax_array(out[meta.return_hidden_states_index] if is_tuple else out)
-        with_text = is_tuple and self.text_in is not None
-        text = to_jax_array(out[meta.return_encoder_hidden_states_index]) if with_text else None
+    def chain(self, run, path: str):
+        """A list ran (for the contexts that compute; the last list's output minus the head's input kept); a
+        skipping context's rows: the head's input plus the kept residual out of the first list (its text states as
+        they came in), each later list's inputs out of it."""
+        hidden, text = self.as_arrays(path, run())
+        inputs = [self.head_in, self.text_in] if path == self.path else self.list_inputs[path]
         hiddens, texts = [], []
         for index, compute in enumerate(self.compute):
             rows, head_in = self.rows(hidden, index), self.rows(self.head_in, index)
             if compute:
-                self.returned.append(_residual(rows, head_in))
+                if path == self.paths[-1]:
+                    self.returned.append(_residual(rows, head_in))
                 hiddens.append(rows)
                 texts.append(None if text is None else self.rows(text, index))
             else:
-                hiddens.append(self._skipped(head_in, index))
-                texts.append(None if text is None else self.rows(self.text_in, index))
-        if not is_tuple:
-            return wrap(jnp.concatenate(hiddens))
-        result = list(out)
-        result[meta.return_hidden_states_index] = wrap(jnp.concatenate(hiddens))
-        if text is not None:
-            result[meta.return_encoder_hidden_states_index] = wrap(jnp.concatenate(texts))
-        return tuple(result)
+                skipped = self._skipped(head_in, index) if path == self.path else self.rows(inputs[0], index)
+                hiddens.append(skipped)
+                texts.append(None if text is None or inputs[1] is None else self.rows(inputs[1], index))
+        joined_text = None if text is None or any(t is None for t in texts) else jnp.concatenate(texts)
+        return self.as_output(path, jnp.concatenate(hiddens), joined_text)
 
     def commit(self, arrays) -> list:
         values, passes = iter(arrays), []

@@ -88,8 +88,8 @@ class PyramidAttention(LayerOutputs):
         leaves = [wrap(kept[(site, index)]) for index in range(state.cache.count)]
         return leaves[0] if state.cache.single else state.cache.kind(leaves)
 
-    def chain(self, run):
-        out = super().chain(run)
+    def chain(self, run, path: str):
+        out = super().chain(run, path)
         self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
         self.returned = [self.produced_stacked[key] for key in self.order]
         self.traced_meta[self.key] = dict(self.structure), self.order

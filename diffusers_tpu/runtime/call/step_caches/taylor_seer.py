@@ -149,8 +149,8 @@ class TaylorSeer(LayerOutputs):
             results.append(output)
         return results
 
-    def chain(self, run):
-        out = super().chain(run)
+    def chain(self, run, path: str):
+        out = super().chain(run, path)
         self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
         self.returned = [self.produced_stacked[key] for key in self.order]
         self.traced_meta[self.key] = dict(self.traced_outputs), self.order
