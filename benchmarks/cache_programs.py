@@ -97,7 +97,7 @@ def _abstract_layer_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisi
         cache.keys = [] if decisions[0] == "compute" else [(site, 0) for site in cache.sites]
         cache.inputs = [stacked[site] for site, _ in cache.keys]
         for hook in cache.found:
-            hook.state.cache = types.SimpleNamespace(count=1, single=True, kind=tuple)
+            hook.state.cache = torch.empty(0)  # stands for the kept output: one tensor (read for its structure)
     else:  # steady computing: order 0 kept, orders 0 and 1 made; predicting: orders 0 and 1 read
         orders = 1 if decisions[0] == "compute" else 2
         state = types.SimpleNamespace(

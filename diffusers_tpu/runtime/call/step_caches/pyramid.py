@@ -84,9 +84,9 @@ class PyramidAttention(LayerOutputs):
             for index, leaf in enumerate(leaves):
                 produced[(site, index)] = to_jax_array(leaf)
             return out
-        state = self.at(self.found, site)[0].state
-        leaves = [wrap(kept[(site, index)]) for index in range(state.cache.count)]
-        return leaves[0] if state.cache.single else state.cache.kind(leaves)
+        count, single, kind = _structure(self.at(self.found, site)[0].state.cache)
+        leaves = [wrap(kept[(site, index)]) for index in range(count)]
+        return leaves[0] if single else kind(leaves)
 
     def chain(self, run, path: str):
         out = super().chain(run, path)
@@ -118,6 +118,15 @@ def _stacked(states) -> list:
         return [first.store[(first.site, index)] for index in range(first.count)]
     leaves = [[v] if isinstance(v, torch.Tensor) else list(v) for v in views]
     return [jnp.stack([to_jax_array(layer[index]) for layer in leaves]) for index in range(len(leaves[0]))]
+
+
+def _structure(cache) -> tuple:
+    """A kept output's (number of tensors, a lone tensor?, container type): this cache's view, or stock's value."""
+    if isinstance(cache, _Kept):
+        return cache.count, cache.single, cache.kind
+    if isinstance(cache, torch.Tensor):
+        return 1, True, tuple
+    return len(cache), False, type(cache)
 
 
 class _Kept:
