@@ -56,6 +56,7 @@ def _figures(lowered) -> dict:
         "bytes": hlo["total"]["bytes"],
         "per_layer_flops": loop["flops"] + loop["attention_flops"] if loop else None,
         "peak_bytes_per_device": summary.get("peak_bytes"),
+        **{k: summary.get(k) for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")},
         "compile_seconds": round(time.perf_counter() - start, 1),
         "optimal_seconds": summary.get("xla_cost", {}).get("optimal_seconds"),
     }
@@ -108,7 +109,8 @@ def _abstract_layer_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisi
         cache.had, cache.inactive = [True] * len(decisions), {site: False for site in cache.sites}
         cache.keys = [(c, site, 0, k) for c in range(len(decisions)) for site in cache.sites for k in range(orders)]
         scalar = jax.ShapeDtypeStruct((), jax.numpy.float32) if orders == 1 else jax.ShapeDtypeStruct((2,), "float32")
-        cache.inputs = [stacked[site] for _, site, _, _ in cache.keys] + [scalar] * len(decisions)
+        cache.inputs = [scalar] * len(decisions) + [stacked[site] for _, site, _, _ in cache.keys]
+        cache.donated = len(cache.keys) if decisions[0] == "compute" else 0  # the old factors, replaced
     cache.key = (kind, decisions)
 
 

@@ -102,7 +102,8 @@ class CompiledFunction:
     while tracing: left free, the partitioner may pick a sharding the mesh cannot name. One program is
     compiled per structure of non-tensor arguments and input shapes. ``extras`` feeds module state that is not a
     weight into the program: ``extras.key()`` (hashable: part of the program key), ``extras.values()`` (arrays:
-    program inputs) and ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
+    program inputs), ``extras.donated()`` (how many of the last the call replaces: donated) and
+    ``extras.bound(arrays)`` (a context that installs them while tracing) — e.g. LoRA scales.
     ``build(lowered)`` makes each program's executable (default ``compile_now``).
     """
 
@@ -282,11 +283,10 @@ class CompiledFunction:
         carried_in = [_abstract(value) for value in call.values if isinstance(value, torch.Tensor)]
         # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
         dynamic = place_arguments(self.place_input, [_abstract(x) for x in call.leaves if isinstance(x, torch.Tensor)])
-        cut = len(dynamic) if program.donate is None else program.donate
         extra = self.extras.values() if self.extras is not None else []
         with self.activate():
             lowered = program.without_hook_if_needed(
-                program.jitted.lower, self.state(), dynamic[:cut], dynamic[cut:], extra, carried_in
+                program.jitted.lower, *program.arguments(self.state(), dynamic, extra, carried_in)
             )
         return lowered, program
 

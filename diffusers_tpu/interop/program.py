@@ -66,6 +66,7 @@ class Program:
         self.varying = False  # called with arguments laid out unlike the built program's: jit dispatches
         self.out_static = None
         self.donate = donate
+        self.extras = extras
         self.trace_hook = trace_hook
         # attributes carried between calls (``module_state``): a tensor's value is an input, what the method leaves an
         # output; ``carried_post`` (from the trace) says, per attribute, "tensor" or the plain value it is left with
@@ -83,8 +84,8 @@ class Program:
                 value = value.astype(compute_dtype)  # stored in one dtype, computed in another: XLA fuses the cast
             return value
 
-        def traced(state: dict, dynamic: list, donated: list, extra: list, carried_in: list = ()):
-            dynamic = list(dynamic) + list(donated)
+        def traced(state: dict, dynamic: list, donated: list, extra: list, carried_in: list = (), spent: list = ()):
+            dynamic, extra = list(dynamic) + list(donated), list(extra) + list(spent)
             raw_state = expand_stacked(state)
             state = {k: prepare(materialized(v)) for k, v in raw_state.items()}
             if compute_dtype is not None:
@@ -156,18 +157,21 @@ class Program:
                 to_jax_array(placed(value)) for value in post if isinstance(value, torch.Tensor)
             ]
 
-        # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place)
+        # donated tensor arguments' buffers may be reused for the outputs (a carried cache updated in place), and so
+        # may the extras' last ``extras.donated()`` inputs (``spent``: state the call replaces)
         self.traced = traced
         self.jitted = jax.jit(
             traced,
-            donate_argnums=(2,) if donate is not None else (),
+            donate_argnums=((2,) if donate is not None else ()) + (5,),
             compiler_options=getattr(self.build, "compiler_options", None),  # the build's XLA options, if it has any
         )
 
     def arguments(self, state: dict, dynamic: list, extra: list = (), carried_in: list = ()) -> tuple:
-        """The jitted function's arguments for one call (the tensor arguments past ``donate`` donated)."""
+        """The jitted function's arguments for one call (the tensor arguments past ``donate`` donated, and the
+        extras' last ``extras.donated()``)."""
         cut = len(dynamic) if self.donate is None else self.donate
-        return (state, dynamic[:cut], dynamic[cut:], list(extra), list(carried_in))
+        spent = len(extra) - (self.extras.donated() if self.extras is not None else 0)
+        return (state, dynamic[:cut], dynamic[cut:], list(extra)[:spent], list(carried_in), list(extra)[spent:])
 
     def prepare(self, arguments: tuple):
         """Build the executable at the first call (``build``). Returns None when the caller runs it

@@ -400,3 +400,34 @@ def test_caches_over_two_block_lists_run_in_whole_step_programs(name):
     assert runtime.pairing.batched_steps == (STEPS if name in PAIRED else 0)
     counts = entry.passes.counts()
     assert len(counts) == 2 * STEPS and min(counts) < max(counts)  # some passes cached
+
+
+def test_taylor_seer_factors_handed_to_an_unfinished_call_are_refused_with_the_fix(monkeypatch):
+    """A computing call may reuse the old factors' memory (donated): when it did not finish, the next call says so
+    before anything runs, and the fix it names (disable, then enable the cache) gives stock's video again."""
+    from diffusers_tpu.runtime.call.step_caches import TaylorSeer
+
+    config = dict(cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32)
+    config["cache_identifiers"] = [r"blocks\.\d+\.attn1"]
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(TaylorSeerCacheConfig(**config))
+    expected = run(ref)
+    pipe.to("jax")
+    commit, calls = TaylorSeer.commit, []
+
+    def fails_on_the_third_call(self, arrays):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the call ran (its inputs donated); what it returned never stored
+        return commit(self, arrays)
+
+    monkeypatch.setattr(TaylorSeer, "commit", fails_on_the_third_call)
+    with pytest.raises(KeyboardInterrupt):
+        run(pipe)
+    monkeypatch.setattr(TaylorSeer, "commit", commit)
+    with pytest.raises(RuntimeError, match=r"disable_cache\(\), then pipe.transformer.enable_cache"):
+        run(pipe)
+    pipe.transformer.disable_cache()
+    pipe.transformer.enable_cache(TaylorSeerCacheConfig(**config))
+    assert_np_matches(run(pipe), expected)

@@ -73,6 +73,7 @@ class StepCache:
         self.states: list = []
         self.key = None
         self.inputs: list = []  # the cache state fed to this call's program
+        self.donated = 0  # how many of the last inputs the call replaces: their buffers are the program's to reuse
         self.traced = False
         self.spread = lambda tensor: tensor  # while tracing: the kept state's layout on the mesh (the denoiser's)
         self.returned: list = []  # while tracing: the state the program returns besides the forward's output
@@ -194,6 +195,9 @@ class Extras:
 
     def values(self) -> list:
         return self.scalings.values() + list(self.cache.inputs)
+
+    def donated(self) -> int:
+        return self.cache.donated
 
     @contextlib.contextmanager
     def bound(self, arrays):

@@ -58,8 +58,11 @@ class TaylorSeer(LayerOutputs):
                 else np.asarray([offset**k / math.factorial(k) for k in range(orders)], np.float32)
             )
         self.inactive = {site: self.at(self.states[0], site)[0].is_inactive for site in self.sites}
-        self.keys = [(c, *key) for c, factors in enumerate(kept) for key in sorted(factors)]
-        self.inputs = [kept[key[0]][key[1:]] for key in self.keys] + [jnp.asarray(s) for s in scalars]
+        # a computing context's old factors last: the call replaces them, so the program may reuse their memory
+        keys = [(c, *key) for c, factors in enumerate(kept) for key in sorted(factors)]
+        self.keys = sorted(keys, key=lambda key: (self.modes[key[0]], key))
+        self.donated = sum(self.modes[key[0]] for key in self.keys)
+        self.inputs = [jnp.asarray(s) for s in scalars] + [kept[key[0]][key[1:]] for key in self.keys]
         self.had = [row[0].last_update_step is not None for row in self.states]
         self.key = ("taylor_seer", len(self.contexts), tuple(self.modes), tuple(self.keys), self.shapes())
 
@@ -68,6 +71,12 @@ class TaylorSeer(LayerOutputs):
         state objects still hold its views of them, else stacked from stock's own tensors."""
         views = [s.taylor_factors for s in row]
         if views and all(isinstance(v, _LayerFactors) and not v.edited and v.store is views[0].store for v in views):
+            if any(array.is_deleted() for array in views[0].store.values()):
+                raise RuntimeError(
+                    "TaylorSeer's factors were handed to a denoiser call that did not finish (their memory is reused "
+                    "by the call that replaces them). Start the cache afresh: pipe.transformer.disable_cache(), then "
+                    "pipe.transformer.enable_cache(your TaylorSeerCacheConfig)."
+                )
             return views[0].store
         found = {}
         for site in self.sites:
@@ -90,9 +99,9 @@ class TaylorSeer(LayerOutputs):
 
     @contextlib.contextmanager
     def bound(self, arrays):
-        split = len(self.keys)
-        self.stacked = dict(zip(self.keys, arrays[:split]))
-        self.scalars = list(arrays[split:])
+        split = len(self.contexts)
+        self.scalars = list(arrays[:split])
+        self.stacked = dict(zip(self.keys, arrays[split:]))
         self.traced_outputs = {}
         yield
 
