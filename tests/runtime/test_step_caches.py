@@ -332,7 +332,9 @@ def test_taylor_seer_predicting_before_any_update_gives_stocks_error():
 def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
     """Stock's PAB keeps one state per attention layer, so its uncond pass reuses what the cond pass computed: asked to
     batch the pair, the runtime keeps two calls (each a whole-step program) and gives stock's video; its automatic
-    mesh does not pair over dp."""
+    mesh does not pair over dp. What stock's state objects hold between steps (the kept attention outputs, handed back
+    as stock keeps them, as before the unit route takes over) equals stock's."""
+    from diffusers_tpu.runtime import diffusers_private
     from diffusers_tpu.runtime.call import denoiser
 
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
@@ -346,10 +348,22 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
                 current_timestep_callback=timestep_of(p),
             )
         )
-    expected = run(ref)
+    seen = {id(ref): [], id(pipe): []}
+
+    def kept_of(p, step, timestep, tensors):
+        if p is pipe:
+            (cache,) = [c for c in p._diffusers_tpu_runtime.denoisers["transformer"]._caches.values() if c]
+            cache.hand_back()
+        state = diffusers_private.hook_registry(p.transformer.blocks[1].attn1).hooks["pyramid_attention_broadcast"]
+        seen[id(p)].append(_host(state.state.cache))
+        return tensors
+
+    expected = run(ref, callback_on_step_end=kept_of)
     assert denoiser.runs_in_units(pipe.transformer)
     pipe.to("jax", config=TPUConfig(batch_cfg=True))
-    assert_np_matches(run(pipe), expected)
+    assert_np_matches(run(pipe, callback_on_step_end=kept_of), expected)
+    for mine, stock in zip(seen[id(pipe)], seen[id(ref)], strict=True):
+        np.testing.assert_allclose(mine, stock, atol=2e-5)
     runtime = pipe._diffusers_tpu_runtime
     entry = runtime.denoisers["transformer"]
     assert entry.unit_calls == 0 and runtime.pairing.batched_steps == 0
