@@ -280,7 +280,8 @@ class LayerOutputs(StepCache):
         self.produced: dict = {}  # what the layer being traced produced: key -> array
         self.outside: dict = {}  # (path, layer) -> what it produced, for layers called outside the loop (block 0)
         self.loop = None  # (path, first layer, key -> [layers, ...]) the latest loop produced
-        self.traced_meta: dict = {}  # per program key: what the trace found (outputs' structure, new arrays' keys)
+        self.traced_meta: dict = {}  # per program key: what the trace found (``seen``), the new arrays' keys
+        self.seen: dict = {}  # while tracing: per site, what its modules' outputs were (shapes, structure)
         self.produced_stacked: dict = {}  # while tracing: key -> the new [layers, ...] arrays, list by list
 
     def __repr__(self) -> str:
@@ -306,7 +307,7 @@ class LayerOutputs(StepCache):
             part = self._part(module, original)
             part._diffusers_tpu_same_in_every_block = True  # a block's signature accepts it (``block_signature``)
             vars(module)["forward"] = part
-        self.traced, self.outside, self.loop, self.produced_stacked = True, {}, None, {}
+        self.traced, self.outside, self.loop, self.produced_stacked, self.seen = True, {}, None, {}, {}
         try:
             yield
         finally:
@@ -353,6 +354,9 @@ class LayerOutputs(StepCache):
         for key, array in produced.items():
             first = self.outside.get((path, 0), {}).get(key)
             self.produced_stacked[key] = array if start == 0 else jnp.concatenate([first[None], array])
+        order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
+        self.returned = [self.produced_stacked[key] for key in order]
+        self.traced_meta[self.key] = dict(self.seen), order
         return out
 
     def module_called(self, site: str, kept: dict, produced: dict, original, args, kwargs):

@@ -73,27 +73,19 @@ class PyramidAttention(LayerOutputs):
     @contextlib.contextmanager
     def bound(self, arrays):
         self.stacked = dict(zip(self.keys, arrays))
-        self.structure = {}
         yield
 
     def module_called(self, site, kept, produced, original, args, kwargs):
         if self.modes[self.sites.index(site)]:
             out = original(*args, **kwargs)
             leaves = [out] if isinstance(out, torch.Tensor) else list(out)
-            self.structure[site] = isinstance(out, torch.Tensor), type(out)
+            self.seen[site] = isinstance(out, torch.Tensor), type(out)
             for index, leaf in enumerate(leaves):
                 produced[(site, index)] = to_jax_array(leaf)
             return out
         count, single, kind = _structure(self.at(self.found, site)[0].state.cache)
         leaves = [wrap(kept[(site, index)]) for index in range(count)]
         return leaves[0] if single else kind(leaves)
-
-    def chain(self, run, path: str):
-        out = super().chain(run, path)
-        self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
-        self.returned = [self.produced_stacked[key] for key in self.order]
-        self.traced_meta[self.key] = dict(self.structure), self.order
-        return out
 
     def commit(self, arrays) -> list:
         structure, order = self.traced_meta[self.key]

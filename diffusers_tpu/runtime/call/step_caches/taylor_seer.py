@@ -102,7 +102,6 @@ class TaylorSeer(LayerOutputs):
         split = len(self.contexts)
         self.scalars = list(arrays[:split])
         self.stacked = dict(zip(self.keys, arrays[split:]))
-        self.traced_outputs = {}
         yield
 
     def module_called(self, site, kept, produced, original, args, kwargs):
@@ -114,7 +113,7 @@ class TaylorSeer(LayerOutputs):
             state = self.state_of(c, site)
             if compute:
                 rows = [self.rows(to_jax_array(o), c) for o in outputs]
-                self.traced_outputs[site] = [(tuple(r.shape), o.dtype) for r, o in zip(rows, outputs)]
+                self.seen[site] = [(tuple(r.shape), o.dtype) for r, o in zip(rows, outputs)]
                 if not self.inactive[site]:
                     self._update(c, site, rows, kept, produced, state)
             elif self.inactive[site]:
@@ -157,13 +156,6 @@ class TaylorSeer(LayerOutputs):
                 output = output + term.astype(dtype)
             results.append(output)
         return results
-
-    def chain(self, run, path: str):
-        out = super().chain(run, path)
-        self.order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
-        self.returned = [self.produced_stacked[key] for key in self.order]
-        self.traced_meta[self.key] = dict(self.traced_outputs), self.order
-        return out
 
     def commit(self, arrays) -> list:
         """After the call: the new factors kept (stock's states hold views of them), stock's counters set."""
