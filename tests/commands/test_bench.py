@@ -1,5 +1,6 @@
 """diffusers-tpu bench: timings that wait for the device, compile accounting, analytic FLOPs, --vs torch."""
 
+import argparse
 import json
 import types
 
@@ -216,3 +217,14 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     assert data["model"] == "Wan-Test" and data["settings"]["dtype"] == "bfloat16"
     assert data["jax"]["compile"]["recompilations_after_warmup"] == 0
     assert data["jax"]["stages"]["steps"]["count"] == 2
+
+
+@pytest.mark.parametrize("spec", ["fbc", "fbc:0.2", "mag:0.3", "taylor", "taylor:3", "pab:2"])
+def test_bench_cache_takes_each_cache_form(spec):
+    assert subcommand_arguments.cache_arg(spec) == spec
+
+
+@pytest.mark.parametrize("spec", ["taylor:1", "taylor:2.5", "pab:x", "fbc:-1", "teacache", "mag:0"])
+def test_bench_cache_refuses_nonsense_naming_the_forms(spec):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"fbc\[:threshold\], mag\[:threshold\], taylor\[:interval\]"):
+        subcommand_arguments.cache_arg(spec)
