@@ -16,7 +16,7 @@ import jax
 import torch
 
 from ..interop import backend
-from ..planner import architectures, tpu_compiler
+from ..planner import architectures, compiler_estimate, tpu_compiler
 from ..planner import plan as plan_module
 from ..planner.architectures import folder_pipeline
 from ..planner.chips import CHIPS, GIB, candidate_meshes
@@ -193,11 +193,18 @@ def main(args, argv: list[str] | None = None) -> int:
         fitting = [row for row in format_rows if row["fits"]]
         if fitting and recommended is None:
             if ranking:
-                ranked, recommended, because = rank(fitting)
-                print("fitting candidates ranked by the step ESTIMATE (not a measurement):")
+                by = "estimate"
+                if args.compiler_estimate:
+                    plan_screening.compiler_estimates(pipe, call, devices, fitting, planned)
+                    by = "compiler_estimate" if all(row["compiler_estimate"] for row in fitting) else by
+                ranked, recommended, because = rank(fitting, by)
+                name = "the TPU compiler's ESTIMATE" if by == "compiler_estimate" else "the step ESTIMATE"
+                print(f"fitting candidates ranked by {name} (not a measurement):")
                 for place, row in enumerate(ranked, 1):
                     effort = " [quick-effort compile]" if row.get("step_effort") == "quick" else ""
                     print(f"  {place}. mesh {row['memory_per_device']['mesh']}: {describe(row['estimate'])}{effort}")
+                    if args.compiler_estimate:
+                        print(f"     {compiler_estimate.describe(row['compiler_estimate'])}")
                 recommended["chosen_because"] = because
             else:
                 recommended = fitting[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from ..planner import compiler_estimate
 from ..planner.chips import GIB
 from ..planner.plan import plan_all
 from ..planner.step_estimate import rank
@@ -60,3 +61,28 @@ def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, star
                 f"[confirmed at full effort, {time.perf_counter() - start:.0f} s] {plan_lines.line(confirmed)}",
                 flush=True,
             )
+
+
+def compiler_estimates(pipe, call, devices, rows, planned) -> None:
+    """``--compiler-estimate``: each row's step estimated from the TPU compiler's own figures
+    (``compiler_estimate.step``: one quick-effort compile per block list, plus one, of the step cut to 1 and 2 blocks),
+    kept as ``row["compiler_estimate"]`` (None where libtpu gives none)."""
+    for number, row in enumerate(rows, 1):
+        memory = row["memory_per_device"]
+        print(
+            f"the TPU compiler's own estimate {number}/{len(rows)}: mesh {memory['mesh']}, the step cut to 1 and 2 "
+            "blocks ...",
+            flush=True,
+        )
+        attention = max(step["hlo"]["total"]["attention_flops"] for step in memory["passes"])
+        row["compiler_estimate"] = compiler_estimate.step(
+            pipe,
+            call,
+            row["config"],
+            devices,
+            planned["text_tokens"],
+            planned["chip"],
+            attention,
+            planned["attention_efficiency"],
+            memory["calls_per_step"],
+        )

@@ -30,12 +30,19 @@ def programs_of(report: dict) -> list[tuple[str, dict]]:
     return rows
 
 
+def _estimate(row: dict) -> str:
+    seconds = row.get("compiler_seconds")
+    if seconds is None:
+        return "-"
+    return f"{seconds:.3g}{'*' if row.get('has_loops') else ''}"
+
+
 def render(result: dict) -> str:
     size = result["size"]
     lines = [
         f"{result['model']} {size['height']}x{size['width']}x{size['num_frames']} on {result['chips']} "
         f"({result['device_kind']}), mesh {result['mesh']}, VAE compile {result['vae_compile']}:",
-        f"  {'program':<44}{'compile s':>10}{'code MB':>10}{'temp GiB':>10}",
+        f"  {'program':<44}{'compile s':>10}{'code MB':>10}{'temp GiB':>10}{'libtpu est. s':>15}",
     ]
     for row in result["programs"]:
         if row.get("refused"):
@@ -43,7 +50,13 @@ def render(result: dict) -> str:
             continue
         lines.append(
             f"  {row['program']:<44}{row['compile_seconds'] or 0:>10.1f}{row['generated_code_bytes'] / 1e6:>10.1f}"
-            f"{row['temp_bytes'] / GIB:>10.2f}"
+            f"{row['temp_bytes'] / GIB:>10.2f}{_estimate(row):>15}"
+        )
+    if any(row.get("compiler_seconds") is not None for row in result["programs"]):
+        lines.append(
+            "  libtpu est.: the TPU compiler's own run-time estimate of one run (cost_analysis' optimal_seconds: a "
+            "per-op roofline of XLA's ops, Pallas kernels left out; * a loop's body counted once); none (-) where "
+            "libtpu gives none (a program holding its own ConcatBitcast calls, as a real-size full-effort step does)"
         )
     lines.append(
         f"  sum of compile seconds {result['compile_seconds_sum']} s; ready after {result['wall_seconds']} s "

@@ -5,7 +5,8 @@ The programs are the runtime's own, lowered as ``plan`` lowers them (abstract we
 the denoiser step (every pass a guided call makes), every VAE decode program, built as ``TPUConfig.vae_compile`` says
 (a tiered program: both builds), and the text encoders when they run on the devices. They compile at once on
 ``--workers`` threads (XLA compiles without the GIL), as ``warm_up`` builds them. Each row: compile seconds, generated
-code, temporaries per device; then their sum and the wall time. Not compiled here: the small eager programs between
+code, temporaries per device, the TPU compiler's own run-time estimate where it gives one; then their sum and the
+wall time. Not compiled here: the small eager programs between
 them (scheduler steps, guidance, postprocessing; tens of them, milliseconds each, BENCHMARKS.md "First call").
 """
 
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..planner import architectures, hlo_stats, plan, tpu_compiler
+from ..planner import architectures, compiler_estimate, hlo_stats, plan, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
@@ -97,6 +98,8 @@ def main(args) -> int:
                 "generated_code_bytes": analysis["generated_code_bytes"],
                 "temp_bytes": analysis["temp_bytes"],
                 "refused": analysis.get("refused"),
+                "compiler_seconds": compiler_estimate.reported(analysis.get("xla_cost")),
+                "has_loops": bool((analysis.get("hlo") or {}).get("loops")),
             }
             for name, analysis in rows
         ],

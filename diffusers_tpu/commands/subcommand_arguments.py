@@ -178,6 +178,13 @@ def _plan(parser) -> None:
     )
     _attention_efficiency(parser, "the step estimate that ranks the candidates")
     parser.add_argument(
+        "--compiler-estimate",
+        action="store_true",
+        help="with the TPU compiler: also estimate each fitting candidate's step by the TPU compiler's own run-time "
+        "estimate (libtpu's optimal_seconds, made whole: 2 more quick compiles a candidate, of the step cut to 1 and "
+        "2 blocks) and rank by it",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="on a TPU or GPU: run the recommended configuration "

@@ -168,7 +168,18 @@ def start_denoiser_memory(
                     pipe, config, runtime, shape, chunk, program_memory.vae_submit(submit, config, runtime)
                 ),
             )
-        facts = dict(mesh=dict(mesh.shape), cfg_batch=batch, guided=guided, attention=runtime.attention.implementation)
+        # the denoiser's calls per step: the pair as two calls, unless the runtime batches it or the pipeline itself
+        # does (CogVideoX concatenates it: its one call already holds both halves)
+        first = kwargs.get("hidden_states", args[0] if args else None)
+        in_one_call = batch == 2 or (isinstance(first, torch.Tensor) and first.dim() > 0 and first.shape[0] > 1)
+        calls = 2 if guided and not in_one_call else 1
+        facts = dict(
+            mesh=dict(mesh.shape),
+            cfg_batch=batch,
+            guided=guided,
+            calls_per_step=calls,
+            attention=runtime.attention.implementation,
+        )
 
     def finish() -> dict:
         analyses = [program_memory.host_arguments_apart(future.result(), hosted) for future in pending]
@@ -360,8 +371,9 @@ def start_plan(
             "step_effort": "quick" if quick and estimated else "full",
         }
         if estimated:
-            calls = 2 if memory["guided"] and memory["cfg_batch"] == 1 else 1  # an unbatched guidance pair: 2 calls
-            report["estimate"] = step_estimate.of_passes(memory["passes"], chip, attention_efficiency, calls)
+            report["estimate"] = step_estimate.of_passes(
+                memory["passes"], chip, attention_efficiency, memory["calls_per_step"]
+            )
         if flops is not None:
             per_step = flops * (2 if memory["guided"] else 1)
             report["flops_per_step"] = per_step

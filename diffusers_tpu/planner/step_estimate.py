@@ -72,11 +72,19 @@ def of_passes(
 TIE = 0.01  # estimates within 1% of the fastest are a tie: the earlier candidate in order of preference is taken
 
 
-def rank(rows: list[dict]) -> tuple[list[dict], dict, str]:
-    """Rows with an ``estimate`` (in order of preference): (fastest first, the chosen row, why it was chosen)."""
-    best = min(row["estimate"]["seconds"] for row in rows)
-    tied = [row for row in rows if row["estimate"]["seconds"] <= best * (1 + TIE)]
-    ranked = tied + sorted((row for row in rows if row not in tied), key=lambda row: row["estimate"]["seconds"])
+# what each kind of estimate is made of, for saying why a candidate won
+PARTS = {
+    "estimate": ("compute_seconds", "memory_seconds", "collective_seconds"),
+    "compiler_estimate": ("xla_ops_seconds", "attention_seconds"),  # ``compiler_estimate.step``
+}
+
+
+def rank(rows: list[dict], by: str = "estimate") -> tuple[list[dict], dict, str]:
+    """Rows with an estimate ``by`` (``PARTS``; in order of preference): (fastest first, the chosen row, why it was
+    chosen)."""
+    best = min(row[by]["seconds"] for row in rows)
+    tied = [row for row in rows if row[by]["seconds"] <= best * (1 + TIE)]
+    ranked = tied + sorted((row for row in rows if row not in tied), key=lambda row: row[by]["seconds"])
     chosen = tied[0]
     mesh = chosen["memory_per_device"]["mesh"]
     if len(rows) == 1:
@@ -91,9 +99,8 @@ def rank(rows: list[dict]) -> tuple[list[dict], dict, str]:
             ),
         )
     runner = ranked[1]
-    a, b = chosen["estimate"], runner["estimate"]
-    parts = ("compute_seconds", "memory_seconds", "collective_seconds")
-    largest = max(parts, key=lambda part: b[part] - a[part])
+    a, b = chosen[by], runner[by]
+    largest = max(PARTS[by], key=lambda part: b[part] - a[part])
     return (
         ranked,
         chosen,

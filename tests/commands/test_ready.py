@@ -53,10 +53,10 @@ def test_ready_refuses_a_slice_the_tpu_compiler_does_not_know(capsys):
 
 @pytest.mark.tpu_slow
 @pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
-def test_ready_compiles_a_tiny_pipeline_for_tpu(tmp_path):
+def test_ready_compiles_a_tiny_pipeline_for_tpu(tmp_path, capsys):
     out = tmp_path / "ready.json"
     code = cli.main(
-        ["ready", "--model", "tiny:wan", "--chips", "v6e-1", "--height", "32", "--width", "32", "--frames", "9"]
+        ["ready", "--model", "tiny:wan-4head", "--chips", "v6e-1", "--height", "32", "--width", "32", "--frames", "9"]
         + ["--vae-compile", "quick", "--json", str(out)]
     )
     assert code == 0
@@ -65,3 +65,8 @@ def test_ready_compiles_a_tiny_pipeline_for_tpu(tmp_path):
     assert names == ["denoiser step", "vae decode: decode_first [quick]", "vae decode: decode_chunk [quick]"]
     assert all(row["compile_seconds"] > 0 and row["generated_code_bytes"] > 0 for row in result["programs"])
     assert result["wall_seconds"] > 0
+    # the TPU compiler's own estimate, read per program; the step's loop body (3 blocks, one loop) counted once: marked
+    step, *decode = result["programs"]
+    assert all(row["compiler_seconds"] > 0 for row in decode) and step["has_loops"] and not decode[0]["has_loops"]
+    printed = capsys.readouterr().out
+    assert "libtpu est." in printed and f"{step['compiler_seconds']:.3g}*" in printed

@@ -484,3 +484,21 @@ def test_gpu_targets(monkeypatch, capfd):
     out = capfd.readouterr().out
     assert "JAX's memory pool is 105.3 GiB of the 140.4 GiB per GPU" in out and "of 105.3 GiB per device: fits" in out
     assert "floor" in out and "[1/1," in out
+
+
+@pytest.mark.parametrize("family", ["wan", "cogvideox", "sdxl"])
+def test_the_planned_calls_per_step_are_the_ones_stock_makes(family):
+    """A step's estimate multiplies its program by the denoiser's calls per step: stock Wan calls it twice (cond,
+    then uncond), CogVideoX and SDXL once with the pair concatenated (counted by running stock on torch)."""
+    build, call = PIPELINES[family]
+    pipe = build()
+    denoiser = getattr(pipe, "transformer", None) or pipe.unet
+    calls = []
+    handle = denoiser.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        pipe(**dict(call, num_inference_steps=1), guidance_scale=5.0, output_type="latent")
+    finally:
+        handle.remove()
+    size = dict(height=call["height"], width=call["width"], num_frames=call.get("num_frames", 1), guidance_scale=5.0)
+    planned = plan.denoiser_memory(pipe, size, TPUConfig(), jax.devices()[:1], text_tokens=24)
+    assert planned["guided"] and planned["calls_per_step"] == len(calls) == (2 if family == "wan" else 1)

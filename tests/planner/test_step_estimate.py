@@ -59,6 +59,10 @@ def test_the_fastest_wins_and_says_why_a_tie_goes_to_the_preferred():
     first, second = row({"dp": 2}, 1.5), row({"dp": 1}, 1.0)
     second["estimate"]["collective_seconds"] = 0.0
     ranked, chosen, reason = step_estimate.rank([first, second])
+    for candidate, xla_ops in ((first, 0.2), (second, 0.9)):  # ranked by another estimate: its own parts said
+        candidate["compiler_estimate"] = dict(seconds=xla_ops + 1.0, xla_ops_seconds=xla_ops, attention_seconds=1.0)
+    assert step_estimate.rank([first, second], "compiler_estimate")[1] is first
+    assert "mostly by xla_ops (0.9 vs 0.2 s)" in step_estimate.rank([first, second], "compiler_estimate")[2]
     assert chosen is second and ranked == [second, first]
     assert reason.startswith("mesh {'dp': 1} is estimated 0.5 s/step (33%) faster than the next, {'dp': 2}")
     assert "mostly by compute (1.5 vs 1 s)" in reason
@@ -87,6 +91,18 @@ def test_plan_takes_the_fastest_fitting_mesh_by_the_estimate_and_first_fit_the_f
     assert chosen["memory_per_device"]["mesh"] == tied[0]["memory_per_device"]["mesh"]  # the preferred of the fastest
     assert chosen["chosen_because"].startswith(f"mesh {chosen['memory_per_device']['mesh']}")
     assert "ranked by the step ESTIMATE (not a measurement)" in printed and "chosen: mesh" in printed
+
+    # ranked by the TPU compiler's own estimate instead: every fitting row gets one, the chosen is its fastest
+    by_compiler = tmp_path / "compiler.json"
+    assert cli.main([*base, "--compiler-estimate", "--json", str(by_compiler)]) == 0
+    assert "ranked by the TPU compiler's ESTIMATE" in capsys.readouterr().out
+    report = json.loads(by_compiler.read_text())
+    fitting = [row for row in report["candidates"] if row["fits"]]
+    seconds = [row["compiler_estimate"]["seconds"] for row in fitting]
+    assert all(s > 0 for s in seconds) and len(set(seconds)) > 1
+    assert report["recommended"]["compiler_estimate"]["seconds"] <= min(seconds) * (1 + step_estimate.TIE)
+    dp1 = [row for row in fitting if row["memory_per_device"]["mesh"]["dp"] == 1]
+    assert dp1 and all(row["memory_per_device"]["calls_per_step"] == 2 for row in dp1)  # the pair as two calls
 
     assert cli.main([*base, "--first-fit", "--json", str(first)]) == 0
     report = json.loads(first.read_text())

@@ -205,6 +205,7 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     import json
 
     from diffusers_tpu.commands import cli, cost
+    from diffusers_tpu.planner import compiler_estimate
 
     out = tmp_path / "cost.json"
     assert (
@@ -243,12 +244,17 @@ def test_cost_command_reads_the_tpu_compiled_step(tmp_path, capsys):
     # the compiler's own estimate, read and said for what it covers (libtpu gives none, a negative number, for some)
     assert "optimal_seconds" in step["xla_cost"]
     assert cost._compiler_estimate(step["xla_cost"]) in printed
+    # and made whole for the step (blocks counted from programs cut to 1 and 2 blocks, attention added)
+    whole = report["compiler_estimate"]
+    assert whole["seconds"] == pytest.approx(whole["xla_ops_seconds"] + whole["attention_seconds"])
+    assert whole["attention_seconds"] == pytest.approx(report["estimate"]["attention_seconds"])
+    assert compiler_estimate.describe(whole) in printed
 
 
 def test_the_compiler_s_estimate_is_said_with_what_it_covers():
     from diffusers_tpu.commands import cost
 
-    assert "none for this program (libtpu reports -3)" in cost._compiler_estimate({"optimal_seconds": -3.0})
+    assert "none for this program (libtpu reports -3" in cost._compiler_estimate({"optimal_seconds": -3.0})
     assert "0.0003 s (XLA's ops" in cost._compiler_estimate({"optimal_seconds": 3e-4})
     assert "not reported" in cost._compiler_estimate({})
 
