@@ -11,7 +11,7 @@ Attention Broadcast's (self-attention) computing and reusing programs, one pass 
 Each row is
 read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the larger branch),
 memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives none for a
-program holding Pallas kernels). CPU numbers never enter: these are the compiler's figures, not run times.
+program holding its own ``ConcatBitcast`` calls, as a real-size full-effort step does). CPU numbers never enter: these are the compiler's figures, not run times.
 """
 
 from __future__ import annotations
