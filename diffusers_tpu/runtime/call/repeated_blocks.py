@@ -228,8 +228,7 @@ class _BlockListCalls:
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
         dicts = [(p, k) for p, m in template.named_modules() for k, v in sorted(vars(m).items()) if traced_dict(v)]
 
-        # block 0 joins the loop when its call is the chain's first link (its carried inputs start the loop): the
-        # program then holds one copy of the block, not two; its own traced call stays unused and is dropped
+        # block 0 joins the loop when its call is the chain's first link (its carried inputs start the loop): one copy
         layers = range(0 if self._first_in_chain() else 1, len(self.blocks))
 
         def stored(index: int, name: str):
@@ -242,8 +241,7 @@ class _BlockListCalls:
                 found = _array(tensors[name])
             return found
 
-        # weights stored stacked in block order (``runtime.stacked_weights``) are indexed by the loop itself; the
-        # others (adapters added after placing, quantized weights) are picked per layer by a switch
+        # weights stacked in block order (``runtime.stacked_weights``) indexed by the loop; others switched per layer
         stacked, picked = {}, []
         for name in names:
             found = [stored(i, name) for i in layers]
@@ -274,11 +272,13 @@ class _BlockListCalls:
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
         tensor_slot = [q for q, x in enumerate(first.outputs) if isinstance(x, torch.Tensor)]
         forward = self.forwards[1]
-        kept = self.cache.layer_inputs(self.path, layers) if self.cache is not None else None  # per-layer arrays
-        in_layer = self.cache.layer if kept is not None else lambda _: contextlib.nullcontext()
+        kept, held = (
+            self.cache.layer_inputs(self.path, layers) if self.cache is not None else (None, None)
+        )  # read, carried
+        in_layer = self.cache.layer if kept is not None else lambda *_: contextlib.nullcontext()
 
         def body(carry, xs):
-            step, kept_now = xs
+            (carry, held_now), (step, kept_now) = carry, xs
             weights, scales = jax.lax.switch(step, branches) if switched else ([], [])
             tensors = {n: wrap(session.prepare(w)) for n, w in zip(picked, weights)}
             tensors.update(
@@ -298,7 +298,8 @@ class _BlockListCalls:
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
             before = [torchax_private.array(x) for x in inputs]
             args, kwargs = pytree.tree_unflatten(leaves, start.spec)
-            with _picked(template, dicts, scales), torch_private.reparametrized(template, tensors), in_layer(kept_now):
+            layer = in_layer(kept_now, held_now, step + layers.start)
+            with _picked(template, dicts, scales), torch_private.reparametrized(template, tensors), layer:
                 session.in_body = True
                 try:
                     out = forward(*args, **kwargs)
@@ -312,16 +313,17 @@ class _BlockListCalls:
             arrays = [_array(x) for x in leaves if isinstance(x, torch.Tensor)]
             if [(tuple(a.shape), a.dtype) for a in arrays] != carry_avals:
                 raise Retrace(f"{self.path}: a block's outputs differ in shape from block 0's")
-            return arrays, self.cache.layer_outputs() if kept is not None else None
+            held_now, new = self.cache.layer_outputs() if kept is not None else (None, None)
+            return (arrays, held_now), new
 
         if layers.start == 0:  # the carried inputs of block 0; an output no block reads starts as zeros
             fed = {value: first.arrays[p] for p, (role, value) in enumerate(roles) if role == "carry"}
             init = [fed[q] if q in fed else jnp.zeros(*aval) for q, aval in zip(tensor_slot, carry_avals)]
         else:
             init = [_array(x) for x in first.outputs if isinstance(x, torch.Tensor)]
-        final, produced = jax.lax.scan(body, init, (jnp.arange(len(per_layer)), kept))
+        (final, held), produced = jax.lax.scan(body, (init, held), (jnp.arange(len(per_layer)), kept))
         if kept is not None:
-            self.cache.loop_outputs(self.path, layers, produced)
+            self.cache.loop_outputs(self.path, layers, produced, held)
         session.scans += 1
         results = iter(final)
         return pytree.tree_unflatten([wrap(next(results)) if s is None else s for s in out_static], self.out_spec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -180,8 +181,8 @@ class StepCache:
         return [to_jax_array(hidden), None if index is None else to_jax_array(out[index])]
 
     def layer_inputs(self, path: str, layers: range):
-        """List ``path``'s loop's per-layer inputs (``LayerOutputs``); None: the cache keeps nothing per layer."""
-        return None
+        """List ``path``'s loop's per-layer inputs, read and carried (``LayerOutputs``); None: nothing per layer."""
+        return None, None
 
 
 class Extras:
@@ -261,6 +262,8 @@ class LayerOutputs(StepCache):
     list's path and a relative path) keeps arrays keyed by tuples naming it, stacked over that list's layers; a list's
     block loop reads one layer's slice (``layer``) and returns what the layer produced."""
 
+    carried: frozenset = frozenset()  # keys of the kept arrays this call replaces (``layer_inputs``)
+
     def __init__(self, groups: list, hooks: list):
         super().__init__([(path, blocks) for path, blocks, _ in groups], hooks)
         self.found, self.groups = hooks, groups
@@ -283,6 +286,7 @@ class LayerOutputs(StepCache):
         self.traced_meta: dict = {}  # per program key: what the trace found (``seen``), the new arrays' keys
         self.seen: dict = {}  # while tracing: per site, what its modules' outputs were (shapes, structure)
         self.produced_stacked: dict = {}  # while tracing: key -> the new [layers, ...] arrays, list by list
+        self.held, self.written = None, set()  # while tracing: the carried arrays and layer; the ones written
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self.sites)})"
@@ -308,6 +312,7 @@ class LayerOutputs(StepCache):
             part._diffusers_tpu_same_in_every_block = True  # a block's signature accepts it (``block_signature``)
             vars(module)["forward"] = part
         self.traced, self.outside, self.loop, self.produced_stacked, self.seen = True, {}, None, {}, {}
+        self.written = set()
         try:
             yield
         finally:
@@ -330,30 +335,48 @@ class LayerOutputs(StepCache):
         return part
 
     # what ``repeated_blocks`` asks of a cache with per-layer state
-    def layer_inputs(self, path: str, layers: range) -> dict:
-        return {key: array[layers.start :] for key, array in self.stacked.items() if self.path_of(key) == path}
+    def layer_inputs(self, path: str, layers: range) -> tuple[dict, dict]:
+        """The list's loop inputs: the arrays read layer by layer (from ``layers.start``), and the ``carried`` ones,
+        whole, which the loop carries and overwrites one layer's slice at a time (read, then written: the call's new
+        arrays take the old ones' memory, where scanned outputs would be a second stack beside them)."""
+        mine = {key: array for key, array in self.stacked.items() if self.path_of(key) == path}
+        read = {key: array[layers.start :] for key, array in mine.items() if key not in self.carried}
+        return read, {key: array for key, array in mine.items() if key in self.carried}
 
     @contextlib.contextmanager
-    def layer(self, kept: dict):
-        self.current, self.produced = kept, {}
+    def layer(self, kept: dict, held: dict, index):
+        now = {key: jax.lax.dynamic_index_in_dim(array, index, keepdims=False) for key, array in held.items()}
+        self.current, self.produced, self.held = {**kept, **now}, {}, (held, index)
         try:
             yield
         finally:
             self.current = None
 
-    def layer_outputs(self) -> dict:
-        return dict(self.produced)
+    def layer_outputs(self) -> tuple[dict, dict]:
+        """What the layer produced: the carried arrays with its new slices written in, and the other new arrays."""
+        (held, index), rest, new = self.held, dict(self.produced), {}
+        for key, array in held.items():
+            value = rest.get(key)
+            if value is not None and (value.shape, value.dtype) == (array.shape[1:], array.dtype):
+                new[key] = jax.lax.dynamic_update_index_in_dim(array, rest.pop(key), index, 0)
+                self.written.add(key)
+            else:  # not produced (or no longer of its shape): the old stack is not returned
+                new[key] = array
+        return new, rest
 
-    def loop_outputs(self, path: str, layers: range, produced: dict) -> None:
-        self.loop = (path, layers.start, produced)
+    def loop_outputs(self, path: str, layers: range, produced: dict, held: dict) -> None:
+        self.loop = (path, layers.start, produced, held)
 
     def chain(self, run, path: str):
         """A list's last block: its loop ran; what its layers produced, stacked (block 0's too when outside)."""
         out = run()
-        _, start, produced = self.loop
+        _, start, produced, held = self.loop
+        first = self.outside.get((path, 0), {})
         for key, array in produced.items():
-            first = self.outside.get((path, 0), {}).get(key)
-            self.produced_stacked[key] = array if start == 0 else jnp.concatenate([first[None], array])
+            self.produced_stacked[key] = array if start == 0 else jnp.concatenate([first[key][None], array])
+        for key, array in held.items():
+            if key in self.written:
+                self.produced_stacked[key] = array if start == 0 else array.at[0].set(first[key])
         order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
         self.returned = [self.produced_stacked[key] for key in order]
         self.traced_meta[self.key] = dict(self.seen), order

@@ -66,6 +66,11 @@ class TaylorSeer(LayerOutputs):
         self.had = [row[0].last_update_step is not None for row in self.states]
         self.key = ("taylor_seer", len(self.contexts), tuple(self.modes), tuple(self.keys), self.shapes())
 
+    @property
+    def carried(self) -> frozenset:
+        """The old factors this call replaces (the computing contexts', last in ``keys``): the new written over them."""
+        return frozenset(self.keys[len(self.keys) - self.donated :])
+
     def _kept(self, row) -> dict:
         """One context's factors, ``(site, output, order) -> [layers, ...]``: the arrays this cache kept when stock's
         state objects still hold its views of them, else stacked from stock's own tensors."""
