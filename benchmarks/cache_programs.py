@@ -8,10 +8,10 @@ weights and cache state): the uncached step; FirstBlockCache's first-step progra
 then ``lax.cond``: the other blocks, or the kept tail residual); MagCache's computing and skipping programs;
 TaylorSeer's (on every block's self-attention, first order, bf16 factors) computing and predicting programs; Pyramid
 Attention Broadcast's (self-attention) computing and reusing programs, one pass each (it runs the pair as two calls).
-Each row is
-read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the larger branch),
-memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives none for a
-program holding its own ``ConcatBitcast`` calls, as a real-size full-effort step does). CPU numbers never enter: these are the compiler's figures, not run times.
+Each row is read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the
+larger branch), memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives
+none for a program holding its own ``ConcatBitcast`` calls, as a real-size full-effort step does). CPU numbers never
+enter: these are the compiler's figures, not run times.
 """
 
 from __future__ import annotations

@@ -193,10 +193,7 @@ def main(args, argv: list[str] | None = None) -> int:
         fitting = [row for row in format_rows if row["fits"]]
         if fitting and recommended is None:
             if ranking:
-                by = "estimate"
-                if args.compiler_estimate:
-                    plan_screening.compiler_estimates(pipe, call, devices, fitting, planned)
-                    by = "compiler_estimate" if all(row["compiler_estimate"] for row in fitting) else by
+                by = plan_screening.ranked_by(pipe, call, devices, fitting, planned, args.compiler_estimate)
                 ranked, recommended, because = rank(fitting, by)
                 name = "the TPU compiler's ESTIMATE" if by == "compiler_estimate" else "the step ESTIMATE"
                 print(f"fitting candidates ranked by {name} (not a measurement):")

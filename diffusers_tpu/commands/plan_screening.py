@@ -63,6 +63,15 @@ def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, star
             )
 
 
+def ranked_by(pipe, call, devices, rows, planned, compiler: bool) -> str:
+    """What ranks the fitting ``rows``: the step ESTIMATE, or (``--compiler-estimate``) the TPU compiler's own, every
+    row estimated first (the ESTIMATE where libtpu gave none for a row)."""
+    if not compiler:
+        return "estimate"
+    compiler_estimates(pipe, call, devices, rows, planned)
+    return "compiler_estimate" if all(row["compiler_estimate"] for row in rows) else "estimate"
+
+
 def compiler_estimates(pipe, call, devices, rows, planned) -> None:
     """``--compiler-estimate``: each row's step estimated from the TPU compiler's own figures
     (``compiler_estimate.step``: one quick-effort compile per block list, plus one, of the step cut to 1 and 2 blocks),

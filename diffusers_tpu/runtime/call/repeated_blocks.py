@@ -195,9 +195,8 @@ class _BlockListCalls:
         for position, (role, value) in enumerate(self.roles):
             if role == "const" and not _same(self.first.marks[position], value[1]):
                 return False
-            if role == "static" and not (
-                type(self.first.leaves[position]) is type(value) and self.first.leaves[position] == value
-            ):
+            leaf = self.first.leaves[position]
+            if role == "static" and not (type(leaf) is type(value) and leaf == value):
                 return False
         return True
 
@@ -227,7 +226,6 @@ class _BlockListCalls:
         names = [n for n, _ in template.named_parameters(remove_duplicate=False)]
         names += [n for n, _ in template.named_buffers(remove_duplicate=False)]
         dicts = [(p, k) for p, m in template.named_modules() for k, v in sorted(vars(m).items()) if traced_dict(v)]
-
         # block 0 joins the loop when its call is the chain's first link (its carried inputs start the loop): one copy
         layers = range(0 if self._first_in_chain() else 1, len(self.blocks))
 
