@@ -270,9 +270,8 @@ class _BlockListCalls:
         carry_avals = [(tuple(x.shape), _array(x).dtype) for x in first.outputs if isinstance(x, torch.Tensor)]
         tensor_slot = [q for q, x in enumerate(first.outputs) if isinstance(x, torch.Tensor)]
         forward = self.forwards[1]
-        kept, held = (
-            self.cache.layer_inputs(self.path, layers) if self.cache is not None else (None, None)
-        )  # read, carried
+        # a step cache's per-layer arrays: read layer by layer, and carried whole (written over one layer at a time)
+        kept, held = self.cache.layer_inputs(self.path, layers) if self.cache is not None else (None, None)
         in_layer = self.cache.layer if kept is not None else lambda *_: contextlib.nullcontext()
 
         def body(carry, xs):
