@@ -92,7 +92,20 @@ def test_plan_takes_the_fastest_fitting_mesh_by_the_estimate_and_first_fit_the_f
     assert chosen["chosen_because"].startswith(f"mesh {chosen['memory_per_device']['mesh']}")
     assert "ranked by the step ESTIMATE (not a measurement)" in printed and "chosen: mesh" in printed
 
-    # ranked by the TPU compiler's own estimate instead: every fitting row gets one, the chosen is its fastest
+    assert cli.main([*base, "--first-fit", "--json", str(first)]) == 0
+    report = json.loads(first.read_text())
+    assert len(report["candidates"]) == 1  # the first candidate in order of preference fits: nothing else compiled
+    assert report["recommended"]["chosen_because"] == "the first candidate in order of preference that fits"
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_ranks_by_the_compiler_s_own_estimate_when_asked(tmp_path, capsys):
+    """``--compiler-estimate``: every fitting row gets the TPU compiler's estimate (2 more compiles each), the chosen
+    is its fastest (within the tie), and a mesh without dp counts the guidance pair's two calls."""
+    from diffusers_tpu.commands import cli
+
+    base = "plan --model tiny:wan-4head --chips v6e-8 --height 32 --width 32 --frames 9 --no-vae".split()
     by_compiler = tmp_path / "compiler.json"
     assert cli.main([*base, "--compiler-estimate", "--json", str(by_compiler)]) == 0
     assert "ranked by the TPU compiler's ESTIMATE" in capsys.readouterr().out
@@ -103,11 +116,6 @@ def test_plan_takes_the_fastest_fitting_mesh_by_the_estimate_and_first_fit_the_f
     assert report["recommended"]["compiler_estimate"]["seconds"] <= min(seconds) * (1 + step_estimate.TIE)
     dp1 = [row for row in fitting if row["memory_per_device"]["mesh"]["dp"] == 1]
     assert dp1 and all(row["memory_per_device"]["calls_per_step"] == 2 for row in dp1)  # the pair as two calls
-
-    assert cli.main([*base, "--first-fit", "--json", str(first)]) == 0
-    report = json.loads(first.read_text())
-    assert len(report["candidates"]) == 1  # the first candidate in order of preference fits: nothing else compiled
-    assert report["recommended"]["chosen_because"] == "the first candidate in order of preference that fits"
 
 
 def test_plan_refuses_an_attention_efficiency_outside_0_1(capsys):
