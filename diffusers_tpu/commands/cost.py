@@ -101,7 +101,7 @@ def main(args) -> int:
         calls = report["calls_per_step"]
         result["estimate"] = step_estimate.of_passes(report["passes"], chip, args.attention_efficiency, calls)
         print("the TPU compiler's own estimate: the step's quick-effort programs cut to 1 and 2 blocks ...", flush=True)
-        attention = max(step["hlo"]["total"]["attention_flops"] for step in report["passes"])
+        attention = compiler_estimate.attention_flops(report["passes"])
         result["compiler_estimate"] = compiler_estimate.step(
             pipe, size, config, devices, args.max_sequence_length, chip, attention, args.attention_efficiency, calls
         )

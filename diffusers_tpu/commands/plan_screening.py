@@ -83,7 +83,7 @@ def compiler_estimates(pipe, call, devices, rows, planned) -> None:
             "blocks ...",
             flush=True,
         )
-        attention = max(step["hlo"]["total"]["attention_flops"] for step in memory["passes"])
+        attention = compiler_estimate.attention_flops(memory["passes"])
         row["compiler_estimate"] = compiler_estimate.step(
             pipe,
             call,

@@ -45,6 +45,11 @@ def reported(xla_cost: dict | None) -> float | None:
     return seconds if seconds is not None and seconds >= 0 else None
 
 
+def attention_flops(passes: list[dict]) -> float:
+    """The attention kernel's FLOPs per device of a step compiled as ``passes`` (its largest program)."""
+    return max(step["hlo"]["total"]["attention_flops"] for step in passes)
+
+
 @contextlib.contextmanager
 def _blocks_cut(denoiser: torch.nn.Module, lengths: dict[str, int]):
     """``denoiser`` with each block list at ``path`` cut to its first ``lengths[path]`` blocks, restored after."""
