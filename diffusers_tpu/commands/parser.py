@@ -196,6 +196,10 @@ def no_encode_stage(stage_dir: str) -> str:
     return f"{stage_dir} has no encode stage yet: run `diffusers-tpu encode --stage-dir {stage_dir}` first."
 
 
+def _planned(args) -> str:
+    return "--compiler cpu" if args.compiler == "cpu" else f"--chips {args.chips or '(none: --mesh/--hbm-gb)'}"
+
+
 def _check_targets(args) -> None:
     """``plan``, ``cost``, ``ready`` and ``compile``: what to plan (one of --arch, --model) and for what (a named
     target)."""
@@ -210,6 +214,17 @@ def _check_targets(args) -> None:
         )
     if args.command in ("plan", "cost") and not 0 < args.attention_efficiency <= 1:
         raise ValueError(f"--attention-efficiency {args.attention_efficiency}: a fraction in (0, 1], e.g. 0.5.")
+    if args.command == "plan" and args.compiler_estimate:
+        chip = CHIPS.get(args.chips)
+        if args.compiler == "cpu" or chip is None or chip.topology is None:
+            raise ValueError(
+                f"--compiler-estimate reads the TPU compiler's own run-time estimate, which {_planned(args)} does not "
+                "have: plan a TPU slice (--chips v6e-8, ...) with --compiler auto or tpu, or drop --compiler-estimate."
+            )
+        if args.first_fit:
+            raise ValueError(
+                "--compiler-estimate ranks the fitting candidates and --first-fit ranks none: drop one of them."
+            )
     if args.command == "compile" and os.path.isfile(args.output):
         raise ValueError(f"--output {args.output}: a file; name a folder for the programs (created if missing).")
     if args.command == "compile" and args.chips is not None and importlib.util.find_spec("libtpu") is None:

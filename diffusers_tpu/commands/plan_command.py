@@ -71,6 +71,8 @@ def main(args, argv: list[str] | None = None) -> int:
     chip = CHIPS.get(args.chips)
     count = chip.devices if chip else int(__import__("math").prod(args.mesh.values()))
     compilers = _compilers(args.compiler, chip)
+    if args.compiler_estimate and compilers[0] != "tpu":  # --compiler auto without a loading libtpu
+        raise ValueError(f"--compiler-estimate needs the TPU compiler: {tpu_compiler.install_hint()}.")
     if chip is not None and chip.gpu:
         print(
             f"{args.chips}: JAX's memory pool is {chip.usable_gib():g} GiB of the {chip.hbm_gib:g} GiB per GPU "

@@ -124,3 +124,29 @@ def test_plan_refuses_an_attention_efficiency_outside_0_1(capsys):
     args = ["plan", "--model", "tiny:wan", "--chips", "v6e-8", "--attention-efficiency", "1.5"]
     assert cli.main(args) == 2
     assert "--attention-efficiency 1.5: a fraction in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--chips", "v6e-8", "--compiler", "cpu"], "--compiler cpu does not have"),
+        (["--chips", "h100-80gb"], "--chips h100-80gb does not have"),
+        (["--mesh", "1,1,2", "--hbm-gb", "16"], "--chips (none: --mesh/--hbm-gb) does not have"),
+        (["--chips", "v6e-8", "--first-fit"], "--first-fit ranks none"),
+    ],
+)
+def test_plan_refuses_a_compiler_estimate_it_could_not_make(flags, named, capsys):
+    """``--compiler-estimate`` without the TPU compiler, or with nothing ranked, would change nothing: refused."""
+    from diffusers_tpu.commands import cli
+
+    assert cli.main(["plan", "--model", "tiny:wan", *flags, "--compiler-estimate"]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_plan_refuses_a_compiler_estimate_when_libtpu_does_not_load(monkeypatch, capsys):
+    from diffusers_tpu.commands import cli
+    from diffusers_tpu.planner import tpu_compiler
+
+    monkeypatch.setattr(tpu_compiler, "available", lambda: False)
+    assert cli.main(["plan", "--model", "tiny:wan", "--chips", "v6e-8", "--compiler-estimate"]) == 2
+    assert "--compiler-estimate needs the TPU compiler: install the TPU compiler" in capsys.readouterr().err
