@@ -5,10 +5,9 @@ Without hooks, a call runs ONE compiled program (the whole forward), its repeate
 tensor arguments and the LoRA scales (``lora.Scalings``); its key includes which adapters exist and are active.
 Before each call the entry brings the placement up to date (adapters loaded or deleted after the move).
 
-Step caches (``enable_cache``): FirstBlockCache, MagCache, TaylorSeer and PAB run in whole-step programs
-(``step_caches``); other ``HookRegistry`` hooks (FasterCache, ...) in **units**: the stock forward and hooks eagerly
-on the host, every submodule below the hooks its own compiled program — the slow route, said once. Placement hooks
-(layerwise casting, group offloading, context parallelism) have TPU equivalents and are refused with a clear error.
+Step caches (``enable_cache``) run in whole-step programs (``step_caches``); other hooks in **units**: stock forward
+and hooks eagerly on the host, each submodule below the hooks its own program — the slow route, said once. Placement
+hooks (layerwise casting, group offloading, context parallelism) have TPU equivalents: refused with a clear error.
 
 Hooks registered before ``pipe.to("tpu")`` wrap the stock ``forward`` of their module; the unit program is spliced
 into the innermost position of that chain (``HookRegistry._fn_refs``, diffusers 0.42), so the hooks run around it.
@@ -250,6 +249,7 @@ class Denoiser:
     def _run_cached(self, cache, args, kwargs):
         """A call under a step cache the runtime runs in whole-step programs (``step_caches``)."""
         compiled = self.cached_program(cache)
+        cache.called_with(args, kwargs)
         cache.plan(step_caches.batched_contexts() or (cache.current_context(),))
         try:
             out, state = compiled(*args, **kwargs)

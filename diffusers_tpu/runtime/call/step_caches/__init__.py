@@ -1,5 +1,5 @@
-"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, TaylorSeer and
-Pyramid Attention Broadcast.
+"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, TaylorSeer, Pyramid
+Attention Broadcast and FasterCache.
 
 Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the caches
 recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
@@ -18,11 +18,13 @@ plays their part:
   schedule picks a program on the host (compute, or predict / reuse), and what each layer's modules keep is stacked
   over the layers, the block loop's per-layer input and output (``base.LayerOutputs``). PAB's state is shared by the two
   guidance passes in stock (the uncond pass reuses the cond pass's attention), so its pair stays two calls.
+- **FasterCache**'s attention hooks the same way (compute, or extrapolate from the last two kept outputs; its state
+  shared by the passes too); its hook on the denoiser itself stays stock code around the entry (``faster``).
 
 Every cache here may span several block lists (Flux's double- and single-stream blocks), each list one loop:
 FirstBlockCache's and MagCache's head in the first list, their tail residual after the last, a skip passing the
-later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's and PAB's arrays per list. Any
-other hook (FasterCache, SeaCache, TextKVCache, a custom one) or MagCache's calibration keep the unit route
+later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's, PAB's and FasterCache's arrays per
+list. Any other hook (SeaCache, TextKVCache, a custom one) or MagCache's calibration keep the unit route
 (``denoiser``): slower, the same result.
 """
 
@@ -32,6 +34,7 @@ import torch
 
 from ... import diffusers_private
 from .base import Extras, NotInProgram, PassLog, batched_contexts, batched_rows, child_block_lists
+from .faster import FasterCache
 from .first_block import FirstBlock
 from .magnitude import Magnitude
 from .pyramid import PyramidAttention
@@ -39,6 +42,7 @@ from .taylor_seer import TaylorSeer
 
 __all__ = [
     "Extras",
+    "FasterCache",
     "FirstBlock",
     "Magnitude",
     "NotInProgram",
@@ -63,4 +67,8 @@ def recognize(module: torch.nn.Module, hooks: dict):
             if names == [[kind.head_name]] + [[kind.block_name]] * (len(blocks) - 1):
                 found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
                 return kind(lists, found) if kind.accepts(found[0]) else None
-    return TaylorSeer.recognize(module, hooks) or PyramidAttention.recognize(module, hooks)
+    for kind in (TaylorSeer, PyramidAttention, FasterCache):
+        found = kind.recognize(module, hooks)
+        if found is not None:
+            return found
+    return None

@@ -100,6 +100,9 @@ class StepCache:
         self._saved = [dict(vars(state)) for state in self.states]
         self._plan()
 
+    def called_with(self, args, kwargs) -> None:
+        """Before ``plan``: the call's arguments (a cache whose decision depends on their shapes reads them)."""
+
     def hand_back(self) -> None:
         """Before the unit route takes over the cache: stock's state objects as stock keeps them."""
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 
-import jax.numpy as jnp
 import torch
 
 from ....interop.backend import to_jax_array, wrap
 from .base import LayerOutputs, NotInProgram, hooked_layers
+from .kept import Kept, real, stacked, structure
 
 
 class PyramidAttention(LayerOutputs):
@@ -54,7 +54,7 @@ class PyramidAttention(LayerOutputs):
             compute = bool(compute or state.iteration % hook.block_skip_range == 0)
             self.modes.append(compute)
             if not compute:
-                for index, array in enumerate(_stacked(states)):
+                for index, array in enumerate(stacked([s.cache for s in states])):
                     self.keys.append((site, index))
                     self.inputs.append(array)
         self.key = ("pyramid", tuple(self.modes), tuple(self.keys), self.shapes())
@@ -67,8 +67,7 @@ class PyramidAttention(LayerOutputs):
     def hand_back(self) -> None:
         """Before the unit route takes over: stock's states hold real tensors again."""
         for state in self.states:
-            if isinstance(state.cache, _Kept):
-                state.cache = state.cache.tensor()
+            state.cache = real(state.cache)
 
     @contextlib.contextmanager
     def bound(self, arrays):
@@ -83,7 +82,7 @@ class PyramidAttention(LayerOutputs):
             for index, leaf in enumerate(leaves):
                 produced[(site, index)] = to_jax_array(leaf)
             return out
-        count, single, kind = _structure(self.at(self.found, site)[0].state.cache)
+        count, single, kind = structure(self.at(self.found, site)[0].state.cache)
         leaves = [wrap(kept[(site, index)]) for index in range(count)]
         return leaves[0] if single else kind(leaves)
 
@@ -95,42 +94,7 @@ class PyramidAttention(LayerOutputs):
             for layer, hook in enumerate(self.at(self.found, site)):
                 if compute:
                     single, kind = structure[site]
-                    hook.state.cache = _Kept(new, site, layer, single, kind)
+                    hook.state.cache = Kept(new, site, layer, single, kind)
                     computed += 1
                 hook.state.iteration += 1
         return [(True, computed, computed)]
-
-
-def _stacked(states) -> list:
-    """The layers' kept outputs, ``[layers, ...]`` per output: this cache's arrays when stock's states still hold its
-    views of them, else stacked from stock's own tensors (the unit route ran last)."""
-    views = [s.cache for s in states]
-    if all(isinstance(v, _Kept) and v.store is views[0].store for v in views):
-        first = views[0]
-        return [first.store[(first.site, index)] for index in range(first.count)]
-    leaves = [[v] if isinstance(v, torch.Tensor) else list(v) for v in views]
-    return [jnp.stack([to_jax_array(layer[index]) for layer in leaves]) for index in range(len(leaves[0]))]
-
-
-def _structure(cache) -> tuple:
-    """A kept output's (number of tensors, a lone tensor?, container type): this cache's view, or stock's value."""
-    if isinstance(cache, _Kept):
-        return cache.count, cache.single, cache.kind
-    if isinstance(cache, torch.Tensor):
-        return 1, True, tuple
-    return len(cache), False, type(cache)
-
-
-class _Kept:
-    """Stock's ``state.cache`` of one layer while the program route runs: a view of the stacked arrays (``tensor()``
-    makes it the tensor stock keeps; ``shape`` and ``dtype`` for stock's ``repr``)."""
-
-    def __init__(self, store: dict, site: str, layer: int, single: bool, kind: type):
-        self.store, self.site, self.layer, self.single, self.kind = store, site, layer, single, kind
-        self.count = sum(1 for r, _ in store if r == site)
-        first = store[(site, 0)]
-        self.shape, self.dtype = tuple(first.shape[1:]), first.dtype
-
-    def tensor(self):
-        leaves = [wrap(self.store[(self.site, index)][self.layer]) for index in range(self.count)]
-        return leaves[0] if self.single else self.kind(leaves)
