@@ -18,6 +18,7 @@ import json
 import numpy as np
 import torch
 from diffusers import (
+    FasterCacheConfig,
     FirstBlockCacheConfig,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
@@ -164,7 +165,8 @@ def _loop_seconds(stages: dict) -> float | None:
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
     """A diffusers step cache on every denoiser: FirstBlockCache, MagCache with diffusers' FLUX_MAG_RATIOS
     interpolated to the step count (a stand-in: real runs calibrate ratios for their model), TaylorSeer on every
-    block's attention layers (factors in bfloat16) or Pyramid Attention Broadcast on the spatial attention."""
+    block's attention layers (factors in bfloat16), Pyramid Attention Broadcast on the spatial attention, or
+    FasterCache (its stock ranges)."""
     if not spec:
         return
 
@@ -180,6 +182,8 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             # stock's default patterns end in "attn": they miss Wan's attn1 / attn2, so every attention layer is named
             attention = [r"(single_transformer_|transformer_)?blocks\.\d+\.attn\d?"]
             module.enable_cache(TaylorSeerCacheConfig(cache_interval=int(threshold), cache_identifiers=attention))
+        elif name == "faster":
+            module.enable_cache(_faster_cache(pipe, int(threshold)))
         elif name == "pab":
             module.enable_cache(
                 PyramidAttentionBroadcastConfig(
@@ -191,6 +195,19 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             module.enable_cache(
                 MagCacheConfig(threshold=threshold, num_inference_steps=steps, mag_ratios=FLUX_MAG_RATIOS)
             )
+
+
+def _faster_cache(pipe, skip_range: int):
+    """FasterCache with stock's ranges: the attention layers compute every ``skip_range`` calls; the latents' layout
+    (``tensor_format``) from the pipeline's class. Stock's FasterCache reads the denoiser's batch as the guidance
+    pair's two halves: pipelines that run the pair as two calls (Wan's) fail in stock as in the runtime."""
+    video = "BFCHW" if type(pipe).__name__.startswith("CogVideoX") else "BCFHW"
+    return FasterCacheConfig(
+        spatial_attention_block_skip_range=skip_range,
+        current_timestep_callback=lambda: pipe.current_timestep,
+        attention_weight_callback=lambda _: 0.5,  # stock's default, said here rather than warned about
+        tensor_format=video if hasattr(pipe, "video_processor") else "BCHW",
+    )
 
 
 def disable_cache(pipe, spec: str | None) -> None:

@@ -19,20 +19,26 @@ DESCRIPTION = """diffusers-tpu: generate a video with a stock diffusers pipeline
     diffusers-tpu plan --arch Wan2.1-14B --chips v6e-8             # will it fit? (no TPU needed)
 """
 BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
-CACHES = {"fbc": 0.05, "mag": 0.06, "taylor": 5, "pab": 2}  # name -> default threshold, interval or skip range
+CACHES = {
+    "fbc": 0.05,
+    "mag": 0.06,
+    "taylor": 5,
+    "pab": 2,
+    "faster": 2,
+}  # name -> default threshold, interval or skip range
 
 
 def cache_arg(text: str) -> str:
-    """``--cache fbc[:threshold]``, ``mag[:threshold]``, ``taylor[:interval]`` or ``pab[:range]``."""
+    """``--cache fbc[:threshold]``, ``mag[:threshold]``, ``taylor[:interval]``, ``pab[:range]``, ``faster[:range]``."""
     name, _, value = text.partition(":")
     try:
-        whole = name in ("taylor", "pab")
+        whole = name in ("taylor", "pab", "faster")
         if name not in CACHES or value and (float(value) <= 0 or whole and (not value.isdigit() or int(value) < 2)):
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--cache takes fbc[:threshold], mag[:threshold], taylor[:interval] or pab[:range] (whole numbers of at "
-            f"least 2), got {text!r}"
+            f"--cache takes fbc[:threshold], mag[:threshold], taylor[:interval], pab[:range] or faster[:range] (whole "
+            f"numbers of at least 2), got {text!r}"
         ) from None
     return text
 
@@ -57,8 +63,9 @@ def _bench(parser) -> None:
         "--cache",
         type=cache_arg,
         help="a diffusers step cache on the denoiser: fbc[:threshold] (FirstBlockCache), mag[:threshold] (MagCache, "
-        "FLUX_MAG_RATIOS as a stand-in), taylor[:interval] (TaylorSeer on the attention layers) or pab[:range] "
-        "(Pyramid Attention Broadcast, spatial); reports the cached denoiser passes and the speed-up over the same "
+        "FLUX_MAG_RATIOS as a stand-in), taylor[:interval] (TaylorSeer on the attention layers), pab[:range] "
+        "(Pyramid Attention Broadcast, spatial) or faster[:range] (FasterCache; pipelines that batch the guidance pair "
+        "themselves, as CogVideoX); reports the cached denoiser passes and the speed-up over the same "
         "JAX run without it",
     )
 

@@ -233,7 +233,8 @@ class Program:
             if self.trace_hook is None:
                 raise
             logger.info("traced again without %s: %s", getattr(self.trace_hook, "__name__", "the hook"), reason)
-            self.trace_hook = None
+            # a hook may name a plainer one to trace with instead (a step cache's part, the blocks unrolled)
+            self.trace_hook = getattr(self.trace_hook, "unrolled", None)
             return run(*args)
 
     def rebuild(self, arrays, args=(), kwargs=None):

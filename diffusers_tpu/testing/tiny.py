@@ -139,6 +139,16 @@ COGVIDEOX_TRANSFORMERS = {
     # the real models' 64-wide heads: the exp2 kernel reads them packed, two heads to a 128-lane tile
     "cogvideox-d64": dict(_COGVIDEOX, attention_head_dim=64, use_rotary_positional_embeddings=True),
 }
+# CogVideoX 1.5 whose step dominates a CPU run (8 blocks of 512 wide), as ``wan-step``: ``bench --cache`` on a pipeline
+# that batches the guidance pair itself (FasterCache's case)
+COGVIDEOX_TRANSFORMERS["cogvideox-step"] = dict(
+    COGVIDEOX_TRANSFORMERS["cogvideox1.5"],
+    num_attention_heads=8,
+    attention_head_dim=64,
+    num_layers=8,
+    sample_height=16,  # its rotary grid's size at 128x128 (1.5 slices the grid to this)
+    sample_width=16,
+)
 COGVIDEOX_VAE = dict(
     in_channels=3,
     out_channels=3,

@@ -496,3 +496,50 @@ def test_faster_cache_where_the_pipeline_batches_the_pair_runs_in_whole_step_pro
     with compile_accounting.compile_log() as log:
         assert_np_matches(generate(pipe, **call), expected)
     assert log.compilations == 0 and entry.passes.counts(len(counts)) == counts
+
+
+@pytest.mark.parametrize("name", ["faster", "pyramid_attention"])
+def test_caches_on_blocks_that_cannot_be_one_loop_run_unrolled_in_whole_step_programs(name):
+    """Latte interleaves its spatial and temporal blocks, so neither list can be one loop: the cached step is traced
+    unrolled, each hooked attention layer (spatial and temporal) playing the cache's part on its own slice of the kept
+    arrays — stock's video, no block its own program, nothing recompiled."""
+    from diffusers_tpu.testing import tiny_generic
+
+    def config(p):
+        timestep = timestep_of(p)
+        if name == "faster":
+            return faster_cache(
+                p,
+                temporal_attention_block_skip_range=2,
+                temporal_attention_timestep_skip_range=(-1, 901),
+                tensor_format="BCFHW",
+            )
+        return PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2,
+            temporal_attention_block_skip_range=3,
+            spatial_attention_timestep_skip_range=(100, 950),
+            temporal_attention_timestep_skip_range=(100, 950),
+            current_timestep_callback=timestep,
+        )
+
+    call = dict(tiny_generic.PROMPTS, height=16, width=16, video_length=3, output_type="np", num_inference_steps=STEPS)
+    ref, pipe, plain = (tiny_generic.latte_pipeline() for _ in range(3))
+
+    def video(p):
+        return p(**call, generator=torch.Generator().manual_seed(0)).frames
+
+    uncached = video(plain)
+    for p in (ref, pipe):
+        p.transformer.enable_cache(config(p))
+    expected = video(ref)
+    assert np.abs(expected - uncached).max() > 1e-2, "the cache had no effect: the test would prove nothing"
+    pipe.to("jax")
+    assert_np_matches(video(pipe), expected)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    (cache,) = [c for c in entry._caches.values() if c is not None]
+    assert cache.paths == ("transformer_blocks", "temporal_transformer_blocks") and entry.unit_calls == 0
+    counts = entry.passes.counts()
+    assert min(counts) < max(counts)
+    with compile_accounting.compile_log() as log:
+        assert_np_matches(video(pipe), expected)
+    assert log.compilations == 0 and entry.passes.counts(len(counts)) == counts

@@ -240,7 +240,7 @@ class Denoiser:
                     activate=self._activate,
                     place_input=self.place_input,
                     extras=step_caches.Extras(self.scalings, cache),
-                    trace_hook=functools.partial(_traced_with_cache, cache),
+                    trace_hook=cache.trace_hook(repeated_blocks.scanning),
                     build=self.runtime.program_build,
                 )
             }
@@ -380,14 +380,6 @@ def _spread_kept_state(mesh, tensor):
     dp·sp, features over tp (left free: replicated over dp and tp, +6 GB a device at Wan2.1-14B 720p, BENCHMARKS)."""
     spec = (None,) * (tensor.ndim - 2) + (("dp", "sp"), "tp")
     return sharding.constrain(tensor, mesh, spec) if tensor.ndim in (3, 4) else tensor
-
-
-@contextlib.contextmanager
-def _traced_with_cache(cache, module, raw_state, prepare):
-    """A cached step's trace hook: the blocks' hooks set aside, their list traced as one chain with the cache's part
-    played (``repeated_blocks.scanning(cache=...)``)."""
-    with cache.hooks_set_aside(), repeated_blocks.scanning(module, raw_state, prepare, cache=cache) as finish:
-        yield finish
 
 
 @contextlib.contextmanager

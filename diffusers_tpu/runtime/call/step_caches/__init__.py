@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from ... import diffusers_private
-from .base import Extras, NotInProgram, PassLog, batched_contexts, batched_rows, child_block_lists
+from .base import NotInProgram, child_block_lists
+from .calls import Extras, PassLog, batched_contexts, batched_rows
 from .faster import FasterCache
 from .first_block import FirstBlock
 from .magnitude import Magnitude

@@ -1,10 +1,14 @@
-"""What the step caches run in whole-step programs share: the block list, stock's state per cache context, the rows
-of a batched call, the program's extra inputs (see the package's docstring)."""
+"""What the step caches run in whole-step programs share (see the package's docstring): ``StepCache`` — the block
+lists, stock's state per cache context, the rows of a batched call, the trace hook — and, for caches whose hooks sit
+on submodules of every block (TaylorSeer, Pyramid Attention Broadcast, FasterCache), ``LayerOutputs``: what each
+layer's hooked modules keep, stacked over the layers, is the block loop's per-layer input and output. Where the
+blocks cannot be one loop (lists interleaved, as Latte's spatial and temporal blocks; a chain broken) the forward is
+traced unrolled with the same part played, each layer on its slice, and what the layers produced is stacked after."""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,26 +17,9 @@ import torch
 from ....interop.backend import to_jax_array, wrap
 from ... import diffusers_private
 
-_ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("diffusers_tpu_cache_rows", default=None)
-
 
 class NotInProgram(Exception):
     """The cached step could not be traced as one program (the blocks do not form one chain): the unit route runs."""
-
-
-def batched_contexts() -> tuple | None:
-    """The cache contexts of the rows of the call running now, when it is a batched pair (else None)."""
-    return _ROWS.get()
-
-
-@contextlib.contextmanager
-def batched_rows(contexts: tuple):
-    """While a batched call runs: the cache contexts of its rows, in order (the guidance pair: "cond", "uncond")."""
-    token = _ROWS.set(tuple(contexts))
-    try:
-        yield
-    finally:
-        _ROWS.reset(token)
 
 
 def child_block_lists(module):
@@ -129,10 +116,19 @@ class StepCache:
                 raise NotInProgram(f"{type(self).__name__} could not be traced in one program")
             self.returned = []
             out = forward(*args, **kwargs)
+            self.forward_done()
             return out, [self.spread(wrap(a)) for a in self.returned]
 
         cached_step.__wrapped__ = forward
         return cached_step
+
+    def trace_hook(self, scanning):
+        """The cached step's trace hook (``jit.CompiledFunction``): the hooks set aside, the block lists traced as loops
+        with this cache's part played (``scanning``: ``repeated_blocks.scanning``, called with ``cache=self``)."""
+        return functools.partial(_traced_with_cache, self, scanning)
+
+    def forward_done(self) -> None:
+        """The stock forward was traced: what the program returns besides its output is known (``returned``)."""
 
     @contextlib.contextmanager
     def hooks_set_aside(self):
@@ -188,57 +184,7 @@ class StepCache:
         return None, None
 
 
-class Extras:
-    """A cached program's extra inputs: the LoRA scales (``lora.Scalings``) and the cache's state."""
-
-    def __init__(self, scalings, cache: StepCache):
-        self.scalings, self.cache = scalings, cache
-
-    def key(self):
-        return self.scalings.key(), self.cache.key
-
-    def values(self) -> list:
-        return self.scalings.values() + list(self.cache.inputs)
-
-    def donated(self) -> int:
-        return self.cache.donated
-
-    @contextlib.contextmanager
-    def bound(self, arrays):
-        split = len(arrays) - len(self.cache.inputs)
-        with self.scalings.bound(arrays[:split]), self.cache.bound(arrays[split:]):
-            yield
-
-
-class PassLog:
-    """What a denoiser's hooked calls ran, per cache-context pass (a batched guidance pair is two): how many hooked
-    blocks computed — kept as the devices' decisions until read — and the programs the calls ran."""
-
-    KEPT = 4096
-
-    def __init__(self):
-        self._passes: list = []  # (computed: bool or a device bool, blocks if computed, blocks if not)
-        self._dropped = 0
-        self.programs = 0
-
-    def record(self, passes: list, programs: int) -> None:
-        self._passes += passes
-        self.programs += programs
-        if len(self._passes) > 2 * self.KEPT:
-            self._dropped += len(self._passes) - self.KEPT
-            del self._passes[: -self.KEPT]
-
-    def __len__(self) -> int:
-        return self._dropped + len(self._passes)
-
-    def counts(self, start: int = 0) -> list[int]:
-        """From pass ``start`` on (the latest ``KEPT`` kept): the hooked blocks each computed (reads the devices)."""
-        kept = self._passes[max(0, start - self._dropped) :]
-        return [computed_n if bool(computed) else skipped_n for computed, computed_n, skipped_n in kept]
-
-
-# -- caches whose hooks sit on submodules of every block (TaylorSeer, PAB): what each layer's hooked modules keep,
-# stacked over the layers, is the block loop's per-layer input and output
+# -- caches on submodules of every block
 def hooked_layers(module, hooks: dict, name: str):
     """``(groups, hooks)`` when every module in ``hooks`` carries only the hook ``name`` and, in each block list of
     ``module`` they are in, sits at the same relative paths inside every block; else None. ``groups``: ``(path,
@@ -290,6 +236,7 @@ class LayerOutputs(StepCache):
         self.seen: dict = {}  # while tracing: per site, what its modules' outputs were (shapes, structure)
         self.produced_stacked: dict = {}  # while tracing: key -> the new [layers, ...] arrays, list by list
         self.held, self.written = None, set()  # while tracing: the carried arrays and layer; the ones written
+        self.looped: set = set()  # while tracing: the lists whose layers ran as a loop
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self.sites)})"
@@ -315,7 +262,7 @@ class LayerOutputs(StepCache):
             part._diffusers_tpu_same_in_every_block = True  # a block's signature accepts it (``block_signature``)
             vars(module)["forward"] = part
         self.traced, self.outside, self.loop, self.produced_stacked, self.seen = True, {}, None, {}, {}
-        self.written = set()
+        self.written, self.looped = set(), set()
         try:
             yield
         finally:
@@ -373,6 +320,7 @@ class LayerOutputs(StepCache):
     def chain(self, run, path: str):
         """A list's last block: its loop ran; what its layers produced, stacked (block 0's too when outside)."""
         out = run()
+        self.looped.add(path)
         _, start, produced, held = self.loop
         first = self.outside.get((path, 0), {})
         for key, array in produced.items():
@@ -380,10 +328,40 @@ class LayerOutputs(StepCache):
         for key, array in held.items():
             if key in self.written:
                 self.produced_stacked[key] = array if start == 0 else array.at[0].set(first[key])
-        order = sorted(self.produced_stacked)  # every list's so far: the last list's call returns them all
+        return out
+
+    def trace_hook(self, scanning):
+        hook = super().trace_hook(scanning)
+        hook.unrolled = functools.partial(_traced_unrolled, self)  # ``program.Retrace``'s plainer trace
+        return hook
+
+    def forward_done(self) -> None:
+        """What every list's layers produced, stacked: from its loop, or (a list that ran unrolled) from each layer."""
+        for path, blocks, _ in self.groups:
+            if path in self.looped or not any(p == path for p, _ in self.outside):
+                continue
+            runs = [self.outside.get((path, layer)) for layer in range(len(blocks))]
+            if any(run is None for run in runs) or any(run.keys() != runs[0].keys() for run in runs):
+                raise NotInProgram(f"{path}'s hooked layers did not each run once")
+            for key in runs[0]:
+                self.produced_stacked[key] = jnp.stack([run[key] for run in runs])
+        order = sorted(self.produced_stacked)
         self.returned = [self.produced_stacked[key] for key in order]
         self.traced_meta[self.key] = dict(self.seen), order
-        return out
 
     def module_called(self, site: str, kept: dict, produced: dict, original, args, kwargs):
         raise NotImplementedError
+
+
+@contextlib.contextmanager
+def _traced_unrolled(cache, module, raw_state, prepare):
+    """The cached step traced with its blocks unrolled (they could not be one loop): the hooked modules play the
+    cache's part, each on its own layer's slice."""
+    with cache.hooks_set_aside():
+        yield None
+
+
+@contextlib.contextmanager
+def _traced_with_cache(cache, scanning, module, raw_state, prepare):
+    with cache.hooks_set_aside(), scanning(module, raw_state, prepare, cache=cache) as finish:
+        yield finish
