@@ -1,6 +1,8 @@
 """diffusers' step caches on JAX: the same steps skipped and the same video as stock torch with the same config."""
 
+import ast
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -543,3 +545,33 @@ def test_caches_on_blocks_that_cannot_be_one_loop_run_unrolled_in_whole_step_pro
     with compile_accounting.compile_log() as log:
         assert_np_matches(video(pipe), expected)
     assert log.compilations == 0 and entry.passes.counts(len(counts)) == counts
+
+
+def _printed_ratios(out: str) -> list:
+    """The ratio lists MagCache's calibration prints at the end of each context's schedule."""
+    return [ast.literal_eval(line) for line in out.splitlines() if re.fullmatch(r"\[[-0-9.e, ]+\]", line.strip())]
+
+
+def test_mag_cache_calibration_in_whole_step_programs(uncached, capsys):
+    """``MagCacheConfig(calibrate=True)`` computes every step and prints, per context, each step's ratio of the
+    residual's magnitude to the last step's: stock's video (the uncached one) and stock's ratios, from whole-step
+    programs with the pair batched, nothing recompiled."""
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=STEPS))
+    expected = run(ref)
+    stock = _printed_ratios(capsys.readouterr().out)
+    assert len(stock) == 2 and all(len(r) == STEPS and len(set(r)) > 2 for r in stock)  # cond and uncond
+    assert_np_matches(expected, uncached)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    for _ in range(2):
+        with compile_accounting.compile_log() as log:
+            assert_np_matches(run(pipe), expected)
+        mine = _printed_ratios(capsys.readouterr().out)
+        assert sorted(map(len, mine)) == [STEPS, STEPS]
+        np.testing.assert_allclose(mine, stock, rtol=1e-5)
+    runtime = pipe._diffusers_tpu_runtime
+    entry = runtime.denoisers["transformer"]
+    assert entry.unit_calls == 0 and runtime.pairing.batched_steps == STEPS and log.compilations == 0
+    (programs,) = [compiled.programs for compiled in entry._cached.values()]
+    assert len(programs) == 2  # the first step (nothing to measure against), then every other

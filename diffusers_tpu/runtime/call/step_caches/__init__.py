@@ -24,8 +24,8 @@ plays their part:
 Every cache here may span several block lists (Flux's double- and single-stream blocks), each list one loop:
 FirstBlockCache's and MagCache's head in the first list, their tail residual after the last, a skip passing the
 later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's, PAB's and FasterCache's arrays per
-list. Any other hook (SeaCache, TextKVCache, a custom one) or MagCache's calibration keep the unit route
-(``denoiser``): slower, the same result.
+list (or per layer, the blocks unrolled, where they cannot be one loop). Any other hook (SeaCache, TextKVCache, a
+custom one) keeps the unit route (``denoiser``): slower, the same result. MagCache's calibration runs in programs too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""MagCache (``MagCacheConfig``) in the denoiser's programs: its schedule decided on the host, one of two programs."""
+"""MagCache (``MagCacheConfig``) in the denoiser's programs: its schedule decided on the host, one of two programs.
+Calibration (``calibrate=True``) computes every step, the program giving stock's ratio of the residual's magnitude to
+the last step's beside it (one scalar read a step, as stock's ``.item()``)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,6 @@ class Magnitude(StepCache):
 
     head_name, block_name = "mag_cache_leader_block_hook", "mag_cache_block_hook"
 
-    @classmethod
-    def accepts(cls, head) -> bool:
-        return not head.config.calibrate  # calibration reads every step's ratio on the host: the unit route
-
     def current_context(self) -> str:
         if diffusers_private.context_name(self.manager) is None:  # as stock's head hook does
             diffusers_private.set_cache_context(self.manager, "inference")
@@ -27,12 +25,20 @@ class Magnitude(StepCache):
 
     def _plan(self):
         self.compute = tuple(self._decide(state) for state in self.states)
-        self.inputs = [to_jax_array(s.previous_residual) for s, c in zip(self.states, self.compute) if not c]
-        self.key = ("mag", len(self.contexts), self.compute, self.shapes())
+        calibrate = self.head.config.calibrate
+        # what each context reads: the kept residual, to add it (skipping) or to measure against it (calibrating)
+        self.reads = tuple(
+            s.previous_residual is not None and (calibrate or not c) for s, c in zip(self.states, self.compute)
+        )
+        self.inputs = [to_jax_array(s.previous_residual) for s, r in zip(self.states, self.reads) if r]
+        self.key = ("mag", len(self.contexts), self.compute, self.reads, self.shapes())
 
     def _decide(self, state) -> bool:
         """``MagCacheHeadHook.new_forward``'s decision (diffusers 0.42), on stock's state: the same arithmetic."""
         config, step = self.head.config, state.step_index
+        if config.calibrate:  # never skips
+            state.should_compute = True
+            return True
         scale = 1.0 if step >= len(config.mag_ratios) else config.mag_ratios[step]
         if step < int(config.retention_ratio * config.num_inference_steps + 0.5):
             compute = True
@@ -53,7 +59,7 @@ class Magnitude(StepCache):
     @contextlib.contextmanager
     def bound(self, arrays):
         values = iter(arrays)
-        self.previous = [None if c else next(values) for c in self.compute]
+        self.previous = [next(values) if r else None for r in self.reads]
         yield
 
     def skips_all(self) -> bool:
@@ -102,6 +108,8 @@ class Magnitude(StepCache):
             if compute:
                 if path == self.paths[-1]:
                     self.returned.append(_residual(rows, head_in))
+                    if self.head.config.calibrate and self.previous[index] is not None:
+                        self.returned.append(_ratio(self.returned[-1], self.previous[index]))
                 hiddens.append(rows)
                 texts.append(None if text is None else self.rows(text, index))
             else:
@@ -113,12 +121,21 @@ class Magnitude(StepCache):
 
     def commit(self, arrays) -> list:
         values, passes = iter(arrays), []
-        for state, compute in zip(self.states, self.compute):
+        for state, compute, read in zip(self.states, self.compute, self.reads):
             if compute:
                 state.previous_residual = next(values)
+                if self.head.config.calibrate:  # stock's first step logs 1.0: nothing to compare with
+                    state.calibration_ratios.append(float(to_jax_array(next(values))) if read else 1.0)
             diffusers_private.advance_mag_cache_step(self.tail, state)  # stock's counter and end-of-schedule reset
             passes.append((compute, len(self.blocks), 0))
         return passes
+
+
+def _ratio(residual, previous):
+    """``MagCacheBlockHook._perform_calibration_step``: the mean over tokens of the residual's magnitude over the last
+    step's."""
+    current = jnp.linalg.norm(residual.astype(jnp.float32), axis=-1)
+    return jnp.mean(current / (jnp.linalg.norm(previous.astype(jnp.float32), axis=-1) + 1e-8))
 
 
 def _residual(out, head_in):
