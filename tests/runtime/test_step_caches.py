@@ -275,8 +275,9 @@ def test_blocks_that_return_text_states_too_in_one_program(config):
     [
         dict(max_order=2, cache_interval=3, cache_identifiers=[r"blocks\.\d+\.(attn\d|ffn)"]),
         dict(skip_predict_identifiers=[r"blocks\.\d+\.norm2"], taylor_factors_dtype=torch.bfloat16),
+        dict(use_lite_mode=True),  # every block inactive (zeros when predicting), proj_out (outside them) predicted
     ],
-    ids=["second_order_attention_and_ffn", "bfloat16_factors_and_a_skipped_module"],
+    ids=["second_order_attention_and_ffn", "bfloat16_factors_and_a_skipped_module", "lite_mode"],
 )
 def test_taylor_seer_factors_in_one_program_equal_stock(config):
     """TaylorSeer's other settings, the pair batched: the same video as stock, and stock's state objects hold the same
@@ -293,7 +294,8 @@ def test_taylor_seer_factors_in_one_program_equal_stock(config):
     def factors_of(p, step, timestep, tensors):
         from diffusers_tpu.runtime import diffusers_private
 
-        hook = diffusers_private.hook_registry(p.transformer.blocks[1].attn2).hooks["taylorseer_cache"]
+        read = p.transformer.proj_out if config.get("use_lite_mode") else p.transformer.blocks[1].attn2
+        hook = diffusers_private.hook_registry(read).hooks["taylorseer_cache"]
         state = diffusers_private.cache_state(hook.state_manager, "uncond")
         orders = state.taylor_factors.get(0, {}) if not state.is_inactive else {}
         seen[id(p)].append([_host(t) for _, t in sorted(orders.items())])
@@ -303,6 +305,8 @@ def test_taylor_seer_factors_in_one_program_equal_stock(config):
     assert_np_matches(run(pipe, callback_on_step_end=factors_of), expected)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
     assert entry.unit_calls == 0 and pipe._diffusers_tpu_runtime.pairing.batched_steps == STEPS
+    (cache,) = [c for c in entry._caches.values() if c is not None]
+    assert cache.loose == ({"proj_out"} if config.get("use_lite_mode") else set())  # a module outside the blocks
     for mine, stock in zip(seen[id(pipe)], seen[id(ref)], strict=True):
         assert len(mine) == len(stock)
         # stored in bfloat16, a value may round one bfloat16 step (2**-7 of its binade) apart, and the higher orders

@@ -186,14 +186,16 @@ class StepCache:
 
 # -- caches on submodules of every block
 def hooked_layers(module, hooks: dict, name: str):
-    """``(groups, hooks)`` when every module in ``hooks`` carries only the hook ``name`` and, in each block list of
-    ``module`` they are in, sits at the same relative paths inside every block; else None. ``groups``: ``(path,
-    blocks, rels)`` per list; ``hooks``: the stock hook objects, by list, relative path, then layer."""
-    if not hooks or any(names != [name] for names in hooks.values()):
+    """``(groups, hooks, loose)`` when every module in ``hooks`` carries only the hook ``name`` and, in each block list
+    of ``module`` they are in, sits at the same relative paths inside every block (``""``: the block itself); else None.
+    ``groups``: ``(path, blocks, rels)`` per list, then a one-layer group per hooked module outside every list (its
+    path in ``module``; TaylorSeer-lite's ``proj_out``), whose paths are ``loose``; ``hooks``: the stock hook objects,
+    by group, relative path, then layer."""
+    if not hooks or module in hooks or any(names != [name] for names in hooks.values()):
         return None
     groups, found, placed = [], [], set()
     for path, blocks in child_block_lists(module):
-        where = {id(m): rel for b in blocks for rel, m in b.named_modules() if rel}
+        where = {id(m): rel for b in blocks for rel, m in b.named_modules()}
         mine = [m for m in hooks if id(m) in where]
         if not mine:
             continue
@@ -203,30 +205,39 @@ def hooked_layers(module, hooks: dict, name: str):
         groups.append((path, blocks, rels))
         found += [diffusers_private.hook_registry(b.get_submodule(rel)).hooks[name] for rel in rels for b in blocks]
         placed.update(id(m) for m in mine)
-    return (groups, found) if len(placed) == len(hooks) else None  # a hook outside every block list: None
+    if not groups:
+        return None
+    names, loose = {id(m): n for n, m in module.named_modules()}, []
+    for hooked in (m for m in hooks if id(m) not in placed):
+        groups.append((names[id(hooked)], [hooked], [""]))
+        found.append(diffusers_private.hook_registry(hooked).hooks[name])
+        loose.append(names[id(hooked)])
+    return groups, found, frozenset(loose)
 
 
 class LayerOutputs(StepCache):
     """A cache over hooked submodules of every block of one or more lists: each ``site`` (``"blocks.*.attn1"``: a
-    list's path and a relative path) keeps arrays keyed by tuples naming it, stacked over that list's layers; a list's
-    block loop reads one layer's slice (``layer``) and returns what the layer produced."""
+    list's path and a relative path; ``"blocks.*"``: the blocks themselves; ``"proj_out"``: a module outside the lists,
+    one layer) keeps arrays keyed by tuples naming it, stacked over that list's layers; a list's block loop reads one
+    layer's slice (``layer``) and returns what the layer produced."""
 
     carried: frozenset = frozenset()  # keys of the kept arrays this call replaces (``layer_inputs``)
 
-    def __init__(self, groups: list, hooks: list):
-        super().__init__([(path, blocks) for path, blocks, _ in groups], hooks)
-        self.found, self.groups = hooks, groups
+    def __init__(self, groups: list, hooks: list, loose: frozenset = frozenset()):
+        super().__init__([(path, blocks) for path, blocks, _ in groups if path not in loose], hooks)
+        self.found, self.groups, self.loose = hooks, groups, loose
         self.sites, self.index = [], {}  # sites in order; (site, layer) -> its position in ``found``
         self.site_path, self.layers = {}, {}  # site -> its list's path, its number of layers
-        self.by_module = {}  # id(module) -> (site, layer)
+        self.modules, self.by_module = {}, {}  # (site, layer) -> the hooked module; its id -> (site, layer)
         for path, blocks, rels in groups:
             for rel in rels:
-                site = f"{path}.*.{rel}"
+                site = path if path in loose else f"{path}.*.{rel}" if rel else f"{path}.*"
                 self.sites.append(site)
                 self.site_path[site], self.layers[site] = path, len(blocks)
                 for layer, block in enumerate(blocks):
                     self.index[(site, layer)] = len(self.index)
-                    self.by_module[id(block.get_submodule(rel))] = (site, layer)
+                    self.modules[(site, layer)] = block.get_submodule(rel)
+                    self.by_module[id(self.modules[(site, layer)])] = (site, layer)
         self.stacked: dict = {}  # while tracing: key -> the [layers, ...] array bound for this call
         self.current = None  # while a loop's body is traced: key -> that layer's array
         self.produced: dict = {}  # what the layer being traced produced: key -> array
@@ -241,6 +252,9 @@ class LayerOutputs(StepCache):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self.sites)})"
 
+    def module_at(self, site: str, layer: int):
+        return self.modules[(site, layer)]
+
     def at(self, entries: list, site: str) -> list:
         """``entries`` (one per stock hook, in ``found``'s order) of ``site``'s modules, by layer."""
         return [entries[self.index[(site, layer)]] for layer in range(self.layers[site])]
@@ -252,7 +266,7 @@ class LayerOutputs(StepCache):
     def hooks_set_aside(self):
         """The hooked modules run this package's part while traced (their stock hooks set aside)."""
         saved = []
-        for module in (b.get_submodule(rel) for _, blocks, rels in self.groups for rel in rels for b in blocks):
+        for module in self.modules.values():
             reference, attribute = diffusers_private.innermost_forward_reference(module)
             original = getattr(reference, attribute)
             saved.append(

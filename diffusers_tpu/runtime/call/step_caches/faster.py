@@ -57,8 +57,7 @@ class FasterCache(LayerOutputs):
         self.call_shapes = tuple(tuple(leaf.shape) for leaf in leaves if isinstance(leaf, torch.Tensor))
 
     def modules_at(self, site: str) -> list:
-        path, blocks, _ = next(group for group in self.groups if group[0] == self.site_path[site])
-        return [block.get_submodule(site[len(path) + 3 :]) for block in blocks]
+        return [self.module_at(site, layer) for layer in range(self.layers[site])]
 
     def plan(self, contexts: tuple) -> None:
         """``FasterCacheBlockHook.new_forward``'s decision per hooked layer kind, on stock's states, and the kept

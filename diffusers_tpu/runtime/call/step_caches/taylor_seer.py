@@ -25,9 +25,9 @@ class TaylorSeer(LayerOutputs):
         found = hooked_layers(module, hooks, cls.hook_name)
         if found is None:
             return None
-        groups, stock = found
+        stock = found[1]
         settings = {(h.cache_interval, h.disable_cache_before_step, h.disable_cache_after_step) for h in stock}
-        return cls(groups, stock) if len(settings) == 1 else None
+        return cls(*found) if len(settings) == 1 else None
 
     def plan(self, contexts: tuple) -> None:
         """Stock's step count and decision per context (``TaylorSeerCacheHook._measure_should_compute``), the same for
