@@ -22,6 +22,7 @@ from diffusers import (
     FirstBlockCacheConfig,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
+    SeaCacheConfig,
     TaylorSeerCacheConfig,
 )
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
@@ -165,7 +166,7 @@ def _loop_seconds(stages: dict) -> float | None:
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
     """A diffusers step cache on every denoiser: FirstBlockCache, MagCache with diffusers' FLUX_MAG_RATIOS
     interpolated to the step count (a stand-in: real runs calibrate ratios for their model), TaylorSeer on every
-    block's attention layers (factors in bfloat16), Pyramid Attention Broadcast on the spatial attention, or
+    block's attention layers (factors in bfloat16), Pyramid Attention Broadcast on the spatial attention, SeaCache or
     FasterCache (its stock ranges)."""
     if not spec:
         return
@@ -182,6 +183,8 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             # stock's default patterns end in "attn": they miss Wan's attn1 / attn2, so every attention layer is named
             attention = [r"(single_transformer_|transformer_)?blocks\.\d+\.attn\d?"]
             module.enable_cache(TaylorSeerCacheConfig(cache_interval=int(threshold), cache_identifiers=attention))
+        elif name == "sea":
+            module.enable_cache(SeaCacheConfig(threshold=threshold))
         elif name == "faster":
             module.enable_cache(_faster_cache(pipe, int(threshold)))
         elif name == "pab":

@@ -19,17 +19,12 @@ DESCRIPTION = """diffusers-tpu: generate a video with a stock diffusers pipeline
     diffusers-tpu plan --arch Wan2.1-14B --chips v6e-8             # will it fit? (no TPU needed)
 """
 BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
-CACHES = {
-    "fbc": 0.05,
-    "mag": 0.06,
-    "taylor": 5,
-    "pab": 2,
-    "faster": 2,
-}  # name -> default threshold, interval or skip range
+# name -> default threshold, interval or skip range
+CACHES = {"fbc": 0.05, "mag": 0.06, "sea": 0.25, "taylor": 5, "pab": 2, "faster": 2}
 
 
 def cache_arg(text: str) -> str:
-    """``--cache fbc[:threshold]``, ``mag[:threshold]``, ``taylor[:interval]``, ``pab[:range]``, ``faster[:range]``."""
+    """``--cache fbc|mag|sea[:threshold]``, ``taylor[:interval]``, ``pab[:range]``, ``faster[:range]``."""
     name, _, value = text.partition(":")
     try:
         whole = name in ("taylor", "pab", "faster")
@@ -37,8 +32,8 @@ def cache_arg(text: str) -> str:
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--cache takes fbc[:threshold], mag[:threshold], taylor[:interval], pab[:range] or faster[:range] (whole "
-            f"numbers of at least 2), got {text!r}"
+            f"--cache takes fbc[:threshold], mag[:threshold], sea[:threshold], taylor[:interval], pab[:range] or "
+            f"faster[:range] (whole numbers of at least 2), got {text!r}"
         ) from None
     return text
 
@@ -63,10 +58,10 @@ def _bench(parser) -> None:
         "--cache",
         type=cache_arg,
         help="a diffusers step cache on the denoiser: fbc[:threshold] (FirstBlockCache), mag[:threshold] (MagCache, "
-        "FLUX_MAG_RATIOS as a stand-in), taylor[:interval] (TaylorSeer on the attention layers), pab[:range] "
-        "(Pyramid Attention Broadcast, spatial) or faster[:range] (FasterCache; pipelines that batch the guidance pair "
-        "themselves, as CogVideoX); reports the cached denoiser passes and the speed-up over the same "
-        "JAX run without it",
+        "FLUX_MAG_RATIOS as a stand-in), sea[:threshold] (SeaCache), taylor[:interval] (TaylorSeer on the attention "
+        "layers), pab[:range] (Pyramid Attention Broadcast, spatial) or faster[:range] (FasterCache; pipelines that "
+        "batch the guidance pair themselves, as CogVideoX); reports the cached denoiser passes and the speed-up over "
+        "the same JAX run without it",
     )
 
 

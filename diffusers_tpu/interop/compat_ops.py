@@ -27,13 +27,15 @@ from . import patching, torchax_private
 # Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13).
 
 
-# --- 18. aten ops torchax does not lower: window factories, in-place cumulative sums ------------------------------
-# Reason: torchax has no lowering of aten's window factories (hann, hamming, blackman, bartlett, kaiser) nor of
-# ``cumsum_`` / ``cumprod_``; Kandinsky 6 SR (a Hann window blending its tiles, NABLA's ``vals.cumsum_(-1)``)
-# stopped with OperatorNotFound. Windows take no tensors: torch computes them on the host and they enter JAX as
-# constants (stock's values). The in-place sums are torchax's functional ones written back (its ``InplaceOp``).
+# --- 18. aten ops torchax does not lower: window and frequency factories, in-place cumulative sums ----------------
+# Reason: torchax has no lowering of aten's window factories (hann, hamming, blackman, bartlett, kaiser), of
+# ``fft_fftfreq`` / ``fft_rfftfreq`` nor of ``cumsum_`` / ``cumprod_``; Kandinsky 6 SR (a Hann window blending its
+# tiles, NABLA's ``vals.cumsum_(-1)``) and SeaCache's indicator (``torch.fft.fftfreq``) stopped with
+# OperatorNotFound. The factories take no tensors: torch computes them on the host and they enter JAX as constants
+# (stock's values). The in-place sums are torchax's functional ones written back (its ``InplaceOp``).
 # Guard: registered only for overloads torchax does not lower itself (0.0.10 - 0.0.13 lower none of them).
 _WINDOWS = ("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window")
+_FACTORIES = (*_WINDOWS, "fft_fftfreq", "fft_rfftfreq")
 
 
 def _host_window(overload):
@@ -60,7 +62,7 @@ def patch_missing_ops():
             ops_registry.all_aten_ops.pop(overload, None)
             torchax_private.op_table(env).pop(overload, None)
 
-    for name in _WINDOWS:
+    for name in _FACTORIES:
         packet = getattr(torch.ops.aten, name)
         for overload_name in packet.overloads():
             if not overload_name.endswith("out"):
@@ -70,7 +72,7 @@ def patch_missing_ops():
         (torch.ops.aten.cumprod_, torch.ops.aten.cumprod),
     ):
         register(inplace.default, op_base.InplaceOp(functional), is_jax_function=False, is_view_op=True)
-    patching.record("window functions and in-place cumulative sums", undo)
+    patching.record("window and frequency factories, in-place cumulative sums", undo)
 
 
 # --- 19. Group norm run eagerly ----------------------------------------------------------------------------------

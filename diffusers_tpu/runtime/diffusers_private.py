@@ -131,3 +131,15 @@ def advance_mag_cache_step(tail_hook, state) -> None:
     Why private: ``MagCacheBlockHook._advance_step`` is stock's only code for it; calling it keeps the schedule the
     same as stock's by construction."""
     tail_hook._advance_step(state)
+
+
+def sea_cache_indicator(leader_hook, forward_metadata):
+    """SeaCache's indicator of this call's input latents (their spectrum filtered at the call's sigma), as stock's
+    leader hook builds it. Why private: ``SeaCacheLeaderBlockHook._build_indicator`` is stock's only code for it."""
+    return leader_hook._build_indicator(forward_metadata)
+
+
+def sea_cache_metadata(leader_hook):
+    """The step index, sigma, step count and input latents SeaCache's root hook read for the running call (None
+    where it runs fail-open). Why private: ``SeaCacheSharedState.forward_metadata`` is set by the root hook only."""
+    return leader_hook.shared_state.forward_metadata

@@ -219,12 +219,14 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     assert data["jax"]["stages"]["steps"]["count"] == 2
 
 
-@pytest.mark.parametrize("spec", ["fbc", "fbc:0.2", "mag:0.3", "taylor", "taylor:3", "pab:2"])
+@pytest.mark.parametrize("spec", ["fbc", "fbc:0.2", "mag:0.3", "sea:0.5", "taylor", "taylor:3", "pab:2", "faster:3"])
 def test_bench_cache_takes_each_cache_form(spec):
     assert subcommand_arguments.cache_arg(spec) == spec
 
 
-@pytest.mark.parametrize("spec", ["taylor:1", "taylor:2.5", "pab:x", "fbc:-1", "teacache", "mag:0"])
+@pytest.mark.parametrize(
+    "spec", ["taylor:1", "taylor:2.5", "pab:x", "fbc:-1", "teacache", "mag:0", "faster:1", "sea:0"]
+)
 def test_bench_cache_refuses_nonsense_naming_the_forms(spec):
-    with pytest.raises(argparse.ArgumentTypeError, match=r"fbc\[:threshold\], mag\[:threshold\], taylor\[:interval\]"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"mag\[:threshold\], sea\[:threshold\], taylor\[:interval\]"):
         subcommand_arguments.cache_arg(spec)

@@ -12,6 +12,7 @@ from diffusers import (
     FirstBlockCacheConfig,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
+    SeaCacheConfig,
     TaylorSeerCacheConfig,
 )
 
@@ -47,6 +48,8 @@ CACHES = {
         spatial_attention_timestep_skip_range=(100, 950),
         current_timestep_callback=timestep_of(pipe),
     ),
+    # a large budget: every step stock's schedule allows is skipped (at most 2 in a row, the first and last computed)
+    "sea": lambda pipe: SeaCacheConfig(threshold=10.0),
     "faster": lambda pipe: FasterCacheConfig(
         spatial_attention_block_skip_range=2,
         spatial_attention_timestep_skip_range=(-1, 901),
@@ -66,9 +69,11 @@ def uncached():
 
 
 # run in whole-step programs (``step_caches``), with their programs' count (first step, steady; TaylorSeer: its
-# factors' orders, computing and predicting); the others in units
-IN_PROGRAM = {"first_block": 2, "mag": 2, "taylorseer": 4, "pyramid_attention": 2, "faster": 2}
-PAIRED = ("first_block", "mag", "taylorseer")  # PAB's state is shared by both passes: the pair stays two calls
+# factors' orders, computing and predicting; SeaCache: computing, skipping with the latest residual, with two
+# extrapolated); the others in units
+IN_PROGRAM = {"first_block": 2, "mag": 2, "taylorseer": 4, "pyramid_attention": 2, "faster": 2, "sea": 3}
+# PAB's and FasterCache's state is shared by both passes, SeaCache's root hook sits on the denoiser: two calls
+PAIRED = ("first_block", "mag", "taylorseer")
 
 
 @pytest.mark.parametrize("name", list(CACHES))

@@ -581,14 +581,14 @@ def plan_run():
 
 
 def cache_runs():
-    """First Block Cache, MagCache, TaylorSeer and FasterCache on the mesh: the cached video equals torch's, in
-    whole-step programs with the guidance pair batched over dp where the cache allows it (no block its own program),
-    warm calls compile nothing."""
+    """First Block Cache, MagCache, TaylorSeer, FasterCache and SeaCache on the mesh: the cached video equals
+    torch's, in whole-step programs with the guidance pair batched over dp where the cache allows it (no block its own
+    program), warm calls compile nothing."""
     from tests.runtime.test_step_caches import CACHES, STEPS
 
     runs, call = {}, dict(num_inference_steps=STEPS, output_type="np")
     layouts = (("first_block", "dp2-sp1-tp4"), ("mag", "dp1-sp2-tp4"), ("mag", "dp2-sp2-tp2"))
-    layouts += (("taylorseer", "dp2-sp2-tp2"), ("faster", "dp2-sp2-tp2"))
+    layouts += (("taylorseer", "dp2-sp2-tp2"), ("faster", "dp2-sp2-tp2"), ("sea", "dp2-sp2-tp2"))
     for cache, name in layouts:
         ref = tiny.wan_pipeline("wan-4head")
         ref.transformer.enable_cache(CACHES[cache](ref))
@@ -604,6 +604,8 @@ def cache_runs():
             for state in found.states:
                 if isinstance(state, list):  # TaylorSeer: per module; its factors stacked over the layers
                     kept = next(iter(getattr(state[0].taylor_factors, "store", {}).values()), None)
+                elif hasattr(state, "history"):  # SeaCache: the last full executions' residuals
+                    kept = state.history[-1][2] if state.history else None
                 elif hasattr(state, "cache"):  # FasterCache: per attention layer; its outputs stacked over the layers
                     kept = next(iter(getattr(state.cache[-1], "store", {}).values()), None) if state.cache else None
                 else:

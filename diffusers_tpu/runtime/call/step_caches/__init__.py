@@ -1,5 +1,5 @@
-"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, TaylorSeer, Pyramid
-Attention Broadcast and FasterCache.
+"""diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, SeaCache, TaylorSeer,
+Pyramid Attention Broadcast and FasterCache.
 
 Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the caches
 recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
@@ -18,14 +18,16 @@ plays their part:
   schedule picks a program on the host (compute, or predict / reuse), and what each layer's modules keep is stacked
   over the layers, the block loop's per-layer input and output (``base.LayerOutputs``). PAB's state is shared by the two
   guidance passes in stock (the uncond pass reuses the cond pass's attention), so its pair stays two calls.
+- **SeaCache** as MagCache (two programs; the residual extrapolated from the last two at ``residual_order=1``), its
+  decision made before the call by stock's own gate on the input latents' filtered spectrum (``magnitude``).
 - **FasterCache**'s attention hooks the same way (compute, or extrapolate from the last two kept outputs; its state
   shared by the passes too); its hook on the denoiser itself stays stock code around the entry (``faster``).
 
 Every cache here may span several block lists (Flux's double- and single-stream blocks), each list one loop:
 FirstBlockCache's and MagCache's head in the first list, their tail residual after the last, a skip passing the
 later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's, PAB's and FasterCache's arrays per
-list (or per layer, the blocks unrolled, where they cannot be one loop). Any other hook (SeaCache, TextKVCache, a
-custom one) keeps the unit route (``denoiser``): slower, the same result. MagCache's calibration runs in programs too.
+list (or per layer, the blocks unrolled, where they cannot be one loop). Any other hook (TextKVCache, a custom one)
+keeps the unit route (``denoiser``): slower, the same result. MagCache's calibration runs in programs too.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .base import NotInProgram, child_block_lists
 from .calls import Extras, PassLog, batched_contexts, batched_rows
 from .faster import FasterCache
 from .first_block import FirstBlock
-from .magnitude import Magnitude
+from .magnitude import Magnitude, SeaCache
 from .pyramid import PyramidAttention
 from .taylor_seer import TaylorSeer
 
@@ -49,6 +51,7 @@ __all__ = [
     "NotInProgram",
     "PassLog",
     "PyramidAttention",
+    "SeaCache",
     "TaylorSeer",
     "batched_contexts",
     "batched_rows",
@@ -64,7 +67,7 @@ def recognize(module: torch.nn.Module, hooks: dict):
     blocks = [b for _, found in lists for b in found]
     if lists and {id(b) for b in blocks} == hooked and all(len(found) >= 2 for _, found in lists):
         names = [hooks[b] for b in blocks]
-        for kind in (FirstBlock, Magnitude):
+        for kind in (FirstBlock, Magnitude, SeaCache):
             if names == [[kind.head_name]] + [[kind.block_name]] * (len(blocks) - 1):
                 found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
                 return kind(lists, found) if kind.accepts(found[0]) else None

@@ -1,22 +1,40 @@
-"""MagCache (``MagCacheConfig``) in the denoiser's programs: its schedule decided on the host, one of two programs.
-Calibration (``calibrate=True``) computes every step, the program giving stock's ratio of the residual's magnitude to
-the last step's beside it (one scalar read a step, as stock's ``.item()``)."""
+"""MagCache (``MagCacheConfig``) and SeaCache (``SeaCacheConfig``) in the denoiser's programs: each call one of two
+programs, decided on the host — every block (their residual kept), or the head block's input plus the kept residual.
+
+MagCache's schedule is stock's arithmetic on its state objects. Its calibration (``calibrate=True``) computes every
+step, the program giving stock's ratio of the residual's magnitude to the last step's beside it (one scalar read a
+step, as stock's ``.item()``).
+
+SeaCache keeps the last one or two residuals and extrapolates over the steps from the last two
+(``residual_order=1``). Stock decides in its leader block hook from the call's input latents alone (their spectrum
+filtered at the call's sigma, against the last call's: the accumulated relative change under ``threshold``), so the
+decision is made before the program runs, by stock's own code: the indicator's FFTs run op by op on the devices and
+stock's gate reads one distance a call to the host, as stock does. Its root hook on the denoiser itself (the
+scheduler's step and sigma from the cache context, the input latents) runs as stock code around the entry; the pair
+stays two calls (``pairs``). Supported where stock's adapter is a block chain (Wan text-to-video, or a
+``raw_vision_callback``); Cosmos 3's decoder-stack boundary and blocks that return text states keep the unit route.
+"""
 
 from __future__ import annotations
 
 import contextlib
 
 import jax.numpy as jnp
+import numpy as np
 
 from ....interop.backend import to_jax_array, wrap
 from ... import diffusers_private
-from .base import StepCache
+from .base import NotInProgram, StepCache
 
 
 class Magnitude(StepCache):
     """MagCache (``MagCacheConfig``), its schedule decided on the host."""
 
     head_name, block_name = "mag_cache_leader_block_hook", "mag_cache_block_hook"
+
+    @property
+    def calibrating(self) -> bool:
+        return self.head.config.calibrate
 
     def current_context(self) -> str:
         if diffusers_private.context_name(self.manager) is None:  # as stock's head hook does
@@ -25,7 +43,7 @@ class Magnitude(StepCache):
 
     def _plan(self):
         self.compute = tuple(self._decide(state) for state in self.states)
-        calibrate = self.head.config.calibrate
+        calibrate = self.calibrating
         # what each context reads: the kept residual, to add it (skipping) or to measure against it (calibrating)
         self.reads = tuple(
             s.previous_residual is not None and (calibrate or not c) for s, c in zip(self.states, self.compute)
@@ -108,7 +126,7 @@ class Magnitude(StepCache):
             if compute:
                 if path == self.paths[-1]:
                     self.returned.append(_residual(rows, head_in))
-                    if self.head.config.calibrate and self.previous[index] is not None:
+                    if self.calibrating and self.previous[index] is not None:
                         self.returned.append(_ratio(self.returned[-1], self.previous[index]))
                 hiddens.append(rows)
                 texts.append(None if text is None else self.rows(text, index))
@@ -124,7 +142,7 @@ class Magnitude(StepCache):
         for state, compute, read in zip(self.states, self.compute, self.reads):
             if compute:
                 state.previous_residual = next(values)
-                if self.head.config.calibrate:  # stock's first step logs 1.0: nothing to compare with
+                if self.calibrating:  # stock's first step logs 1.0: nothing to compare with
                     state.calibration_ratios.append(float(to_jax_array(next(values))) if read else 1.0)
             diffusers_private.advance_mag_cache_step(self.tail, state)  # stock's counter and end-of-schedule reset
             passes.append((compute, len(self.blocks), 0))
@@ -145,3 +163,103 @@ def _residual(out, head_in):
     if out.ndim == 3 and head_in.ndim == 3 and out.shape[2] == head_in.shape[2]:
         return out[:, -head_in.shape[1] :] - head_in  # the tail returned text + image tokens; the image at the end
     return out
+
+
+class SeaCache(Magnitude):
+    """SeaCache's leader and block hooks on one block list, decided on the host before each call."""
+
+    head_name, block_name = "sea_cache_leader_block", "sea_cache_block"
+    pairs = False
+
+    @classmethod
+    def accepts(cls, head) -> bool:
+        returns_text = diffusers_private.block_metadata(head).return_encoder_hidden_states_index is not None
+        return not head.post_norm_boundary and not returns_text
+
+    calibrating = False
+
+    def current_context(self) -> str:
+        name = diffusers_private.context_name(self.manager)
+        if name is None:  # stock runs every block without a cache context; the unit route does as stock
+            raise NotInProgram("SeaCache needs a cache context for each transformer call")
+        return name
+
+    def _plan(self):
+        """``SeaCacheLeaderBlockHook.new_forward``'s decision per context, on stock's state, with stock's gate."""
+        config, meta = self.head.config, diffusers_private.sea_cache_metadata(self.head)
+        compute, self.extrapolate, self.inputs = [], [], []
+        for state in self.states:
+            state.reset_forward()
+            state.full_execution_pending = True
+            skip = meta is not None and self._gate(state, meta) and bool(state.history)
+            compute.append(not skip)
+            if not skip:
+                self.extrapolate.append(None)
+                continue
+            history = state.history[-(config.residual_order + 1) :]
+            latest_step, _, latest = history[-1]
+            scale = None
+            if config.residual_order == 1 and len(history) >= 2 and history[-2][0] != latest_step:
+                scale = (meta.step_index - latest_step) / (latest_step - history[-2][0])
+            self.extrapolate.append(scale is not None)
+            self.inputs.append(to_jax_array(latest))
+            if scale is not None:
+                self.inputs += [to_jax_array(history[-2][2]), jnp.asarray(np.float32(scale))]
+            state.skip_remaining, state.full_execution_pending = True, False
+            state.cached_und_output = history[-1][1]
+            state.consecutive_cached += 1
+        self.compute, self.reads = tuple(compute), tuple(not c for c in compute)
+        self.key = ("sea", len(self.contexts), self.compute, tuple(self.extrapolate), self.shapes())
+
+    def _gate(self, state, meta) -> bool:
+        """Whether the call may skip: stock's indicator and gate (its accumulators advance on ``state``)."""
+        state.step_index, state.cacheable_execution = meta.step_index, True
+        shared = self.head.shared_state
+        try:
+            indicator = diffusers_private.sea_cache_indicator(self.head, meta)
+        except (TypeError, ValueError, RuntimeError) as error:
+            shared.mark_fail_open(
+                f"SeaCache could not construct its vision indicator; running in fail-open mode: {error}"
+            )
+            indicator = None
+        if indicator is None:
+            shared.mark_fail_open("SeaCache could not construct its vision indicator; running in fail-open mode.")
+        compute = shared.resolve_gate(state, meta, indicator, self.head.config)
+        if not compute and not state.history:
+            state.accumulated_distance = 0.0
+            shared.mark_fail_open("SeaCache selected a cache hit without residual history; running in fail-open mode.")
+        return not compute
+
+    @contextlib.contextmanager
+    def bound(self, arrays):
+        """Each skipping context's residual: the latest kept, or extrapolated from the last two over the steps."""
+        values, self.previous = iter(arrays), []
+        for extrapolate in self.extrapolate:
+            if extrapolate is None:
+                self.previous.append(None)
+                continue
+            latest = next(values)
+            if extrapolate:
+                earlier, scale = next(values), next(values)
+                latest = latest + (latest - earlier) * scale.astype(latest.dtype)
+            self.previous.append(latest)
+        yield
+
+    def _skipped(self, hidden, index):
+        residual = self.previous[index]
+        if residual.shape != hidden.shape:  # stock resets its history and runs full: the unit route does as stock
+            raise NotInProgram("SeaCache's kept residual no longer has the blocks' shape")
+        return hidden + residual
+
+    def commit(self, arrays) -> list:
+        """``_record_full_execution`` for the computing contexts: the residual kept (the last one or two)."""
+        values, passes, keep = iter(arrays), [], self.head.config.residual_order + 1
+        for state, compute in zip(self.states, self.compute):
+            if compute:
+                residual = next(values)
+                state.consecutive_cached = 0
+                if state.cacheable_execution and state.step_index is not None:
+                    state.history = [*state.history, (state.step_index, None, residual)][-keep:]
+                state.reset_forward()
+            passes.append((compute, len(self.blocks), 0))
+        return passes
