@@ -291,6 +291,27 @@ def _keys_seeded_on_host():
         jax.random.key = stock
 
 
+# --- 24. A JAX tensor's data_ptr() tells tensors apart, as torch's does ------------------------------------------
+# Reason: torchax's Tensor is a wrapper without storage, so ``data_ptr()`` is 0 for every tensor. Code that keys a
+# cache by it then takes two tensors for one: diffusers' TextKVCache keys the text K/V it keeps by
+# ``encoder_hidden_states.data_ptr()``, so the negative prompt's pass would reuse the positive prompt's K/V — a
+# silently different image. The patched one is the address of the array's first buffer on this host (distinct while
+# both live, as torch's storage addresses are); a traced value has none: its id.
+# Guard: only where torchax's gives 0 for a live array (0.0.10 - 0.0.13 do).
+def _patch_data_ptr():
+    if Tensor(jax.numpy.zeros(1), torchax.default_env()).data_ptr() != 0:
+        return
+
+    def data_ptr(self):
+        array = torchax_private.array(self)
+        try:
+            return array.addressable_shards[0].data.unsafe_buffer_pointer()
+        except (AttributeError, IndexError, RuntimeError):  # a tracer, no buffer here, a deleted array
+            return id(array)
+
+    patching.wrap(Tensor, "data_ptr", lambda stock: data_ptr, "torchax Tensor.data_ptr")
+
+
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``entry_points.apply``."""
     with _keys_seeded_on_host():
@@ -309,6 +330,7 @@ def apply() -> None:
     compat_ops.patch_eager_group_norm()
     compat_ops.patch_missing_ops()
     _patch_outside_math()
+    _patch_data_ptr()
     _patch_dispatch()
 
 

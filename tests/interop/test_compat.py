@@ -36,6 +36,18 @@ def test_type_as_returns_a_new_tensor_that_torch_checks_accept():
         assert out.dtype == torch.bfloat16 and tuple(out.shape) == (1, 4, 3, 3)
 
 
+def test_data_ptr_tells_tensors_apart_as_torch_does():
+    """TextKVCache keys the text K/V it keeps by ``encoder_hidden_states.data_ptr()``: with torchax's 0 for every
+    tensor the negative prompt's pass would take the positive one's K/V."""
+    from diffusers_tpu.interop import backend
+
+    assert "torchax Tensor.data_ptr" in entry_points.applied()
+    positive, negative = (backend.wrap(backend.host_to_jax(torch.randn(2, 3))) for _ in range(2))
+    kept = {positive.data_ptr(): "positive", negative.data_ptr(): "negative"}
+    assert len(kept) == 2 and 0 not in kept
+    assert kept[positive.data_ptr()] == "positive" and positive.data_ptr() == positive.data_ptr()  # stable
+
+
 def test_setitem_casts_to_the_destination_dtype_like_torch():
     import warnings
 
