@@ -7,7 +7,11 @@ over dp, as the runtime runs it) it compiles, exactly as the runtime builds them
 weights and cache state): the uncached step; FirstBlockCache's first-step program and its steady program (head block,
 then ``lax.cond``: the other blocks, or the kept tail residual); MagCache's computing and skipping programs;
 TaylorSeer's (on every block's self-attention, first order, bf16 factors) computing and predicting programs; Pyramid
-Attention Broadcast's (self-attention) computing and reusing programs, one pass each (it runs the pair as two calls).
+Attention Broadcast's (self-attention) computing and reusing programs, one pass each (it runs the pair as two calls);
+SeaCache's computing, skipping and extrapolating programs, one pass each (its pair too; its indicator's FFTs run op
+by op before the call, outside these programs); FasterCache's (on a pipeline that batches the pair itself:
+``--arch CogVideoX1.5-5B --only none,faster``) computing program (the pair) and approximating one (the conditional
+half, every self-attention extrapolated; its denoiser hook's FFTs run op by op after the call, outside it).
 Each row is read with ``planner.hlo_stats`` (FLOPs with loop bodies times their trip counts; of a conditional the
 larger branch), memory per device, compile seconds and the compiler's own estimate (``optimal_seconds``; libtpu gives
 none for a program holding its own ``ConcatBitcast`` calls, as a real-size full-effort step does). CPU numbers never
@@ -24,9 +28,11 @@ import types
 import jax
 import torch
 from diffusers import (
+    FasterCacheConfig,
     FirstBlockCacheConfig,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
+    SeaCacheConfig,
     TaylorSeerCacheConfig,
 )
 
@@ -67,13 +73,20 @@ def _abstract_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisions: t
     FirstBlockCache, "compute" / "skip" for MagCache), the kept tensors abstract, shaped as a block's hidden states."""
     # one context's rows as the programs leave them (``denoiser._spread_kept_state``): tokens over dp·sp, features tp
     sharding = jax.sharding.NamedSharding(hidden.sharding.mesh, jax.sharding.PartitionSpec(None, ("dp", "sp"), "tp"))
-    rows = jax.ShapeDtypeStruct((hidden.shape[0] // 2, *hidden.shape[1:]), hidden.dtype, sharding=sharding)
+    rows = jax.ShapeDtypeStruct((hidden.shape[0] // len(decisions), *hidden.shape[1:]), hidden.dtype, sharding=sharding)
     cache.contexts = ("cond", "uncond")[: len(decisions)]
     if kind in ("taylor", "pab"):
         return _abstract_layer_state(cache, kind, hidden, decisions)
     if kind == "fbc":
         cache.kept = tuple(None if d == "first" else False for d in decisions)
         cache.inputs = [rows, rows] * sum(d == "kept" for d in decisions)
+    elif kind == "sea":  # "skip": the latest residual; "extrapolate": the last two and the steps' scale
+        cache.compute = tuple(d == "compute" for d in decisions)
+        cache.extrapolate = [None if d == "compute" else d == "extrapolate" for d in decisions]
+        scale = jax.ShapeDtypeStruct((), jax.numpy.float32)
+        cache.inputs = [
+            x for d in decisions if d != "compute" for x in ([rows, rows, scale] if d != "skip" else [rows])
+        ]
     else:
         cache.compute = tuple(d == "compute" for d in decisions)
         cache.inputs = [rows] * sum(d == "skip" for d in decisions)
@@ -114,6 +127,49 @@ def _abstract_layer_state(cache, kind: str, hidden: jax.ShapeDtypeStruct, decisi
     cache.key = (kind, decisions)
 
 
+def _faster_state(cache, decision: str, module, kwargs: dict, dtype, mesh) -> None:
+    """FasterCache's state for one call of a pipeline that batches the pair itself (CogVideoX): "compute" the whole
+    batch (every attention layer computed, the conditional half kept), "approximate" the conditional half (every
+    layer extrapolated from its last two kept outputs: video and text, ``[layers, 1, tokens, features]`` each)."""
+    config, hidden = module.config, kwargs["hidden_states"]  # [batch, frames, channels, height, width]
+    frames = hidden.shape[1] // (config.patch_size_t or 1)
+    video = frames * (hidden.shape[3] // config.patch_size) * (hidden.shape[4] // config.patch_size)
+    inner = config.num_attention_heads * config.attention_head_dim
+    approximate = decision == "approximate"
+    cache.skips = cache.approximates = [approximate] * len(cache.sites)
+    cache.batches = [2 if approximate else None] * len(cache.sites)
+    cache.call_shapes, cache.keys, cache.inputs = (), [], []
+    for hook in cache.found:  # stock's state after a whole-batch call: two kept outputs, (video, text)
+        hook.state.batch_size, hook.state.cache = 2, [None, (torch.empty(0), torch.empty(0))]
+    cache.states = [hook.state for hook in cache.found]
+    if approximate:
+        leaves = [(1, video, inner), (1, kwargs["encoder_hidden_states"].shape[1], inner)]
+        for site in cache.sites:
+            layers = cache.layers[site]
+            for name in ("t2", "t"):
+                for index, shape in enumerate(leaves):
+                    cache.keys.append((site, name, index))
+                    cache.inputs.append(_kept(mesh, (layers, *shape), dtype))
+            for index in range(len(leaves)):
+                cache.keys.append((site, "w", index))
+                cache.inputs.append(jax.ShapeDtypeStruct((layers,), jax.numpy.float32))
+    cache.key = ("faster", decision)
+
+
+def _kept(mesh, shape: tuple, dtype) -> jax.ShapeDtypeStruct:
+    """A kept stack as ``denoiser._spread_kept_state`` leaves it: tokens over dp·sp, features over tp (an axis that
+    does not divide its dim dropped)."""
+    sizes = dict(mesh.shape)
+    spec = [None, None, ("dp", "sp"), "tp"]
+    divides = [
+        e is None or shape[i] % (sizes[e] if isinstance(e, str) else sizes["dp"] * sizes["sp"]) == 0
+        for i, e in enumerate(spec)
+    ]
+    spec = [e if ok else None for e, ok in zip(spec, divides)]
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(str(dtype).split(".")[-1]), sharding=sharding)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="Wan2.1-14B")
@@ -123,7 +179,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--text-tokens", type=int, default=512)
     parser.add_argument("--json")
-    parser.add_argument("--only", help="these caches only, comma-separated: none,fbc,mag,taylor,pab")
+    parser.add_argument("--only", help="these caches only, comma-separated: none,fbc,mag,sea,taylor,faster,pab")
     args = parser.parse_args()
 
     devices = tpu_compiler.devices(CHIPS[args.chips])
@@ -140,9 +196,23 @@ def main() -> None:
             [("computing", ("compute",) * 2), ("skipping", ("skip",) * 2)],
         ),
         (
+            "sea",
+            SeaCacheConfig(),
+            [
+                ("computing (one pass)", ("compute",)),
+                ("skipping (one pass)", ("skip",)),
+                ("extrapolating (one pass)", ("extrapolate",)),
+            ],
+        ),
+        (
             "taylor",
             TaylorSeerCacheConfig(cache_identifiers=[r"blocks\.\d+\.attn1"]),
             [("computing", ("compute",) * 2), ("predicting", ("predict",) * 2)],
+        ),
+        (
+            "faster",  # CogVideoX (a pipeline that batches the pair itself: FasterCache's case)
+            FasterCacheConfig(current_timestep_callback=lambda: 500, attention_weight_callback=lambda _: 0.5),
+            [("computing (the pair)", "compute"), ("approximating (the conditional half)", "approximate")],
         ),
         (
             "pab",
@@ -164,13 +234,20 @@ def main() -> None:
             entry = runtime.denoiser_entry(denoiser.module, denoiser.rules, state=lambda: state)
             reported = abstract_weights.reported_dtype(denoiser.module, state)
             call_args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, args.text_tokens, reported, runtime)
-            batch = 2 if runtime.pairing is not None and guided and kind != "pab" else 1
-            call_args, kwargs = pytree.tree_map(lambda v: call_probe.concrete(v, batch), (call_args, kwargs))
+            batch = 2 if runtime.pairing is not None and guided and kind not in ("pab", "sea", "faster") else 1
+            probed = call_args, kwargs
+            call_args, kwargs = pytree.tree_map(lambda v: call_probe.concrete(v, batch), probed)
             mesh = dict(runtime.mesh.shape)
             for name, decisions in programs:
                 print(f"compiling {kind or 'no cache'}: {name} ...", flush=True)
                 if kind is None:
                     lowered, _ = program_figures.lowered_output_shapes(entry.whole, *call_args, **kwargs)
+                elif kind == "faster":  # the skipped unconditional half: the conditional rows only
+                    half = decisions == "approximate"
+                    call = pytree.tree_map(lambda v: _rows(call_probe.concrete(v, 1), half), probed)
+                    cache = entry.step_cache(_inner_hooks(denoiser.module))
+                    _faster_state(cache, decisions, denoiser.module, call[1], reported, runtime.mesh)
+                    lowered, _ = entry.cached_program(cache).lowered(*call)
                 else:
                     cache = entry.step_cache(_inner_hooks(denoiser.module))
                     tokens = _block_hidden(denoiser.module, pipe, size, batch, reported, runtime.mesh)
@@ -182,6 +259,13 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump(dict(vars(args), rows=rows, versions=dict(jax=jax.__version__)), file, indent=1)
+
+
+def _rows(value, half: bool):
+    """A probed argument of a pipeline that batches the pair itself, or its conditional half (FasterCache's skip)."""
+    if not half or not isinstance(value, torch.Tensor) or not value.ndim:
+        return value
+    return value[value.shape[0] // 2 :]
 
 
 def _inner_hooks(module) -> dict:

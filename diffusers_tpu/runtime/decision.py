@@ -101,8 +101,9 @@ def decide(
     # a pipeline built without its denoiser (``encode_prompt`` on its own) has no heads for tp to divide
     heads = family.num_heads(pipe) if any(getattr(pipe, n, None) is not None for n in family.denoisers) else None
     if config.mesh is None:
-        # a denoiser whose hooks run in units runs the guidance pair as two calls: no data axis to pair it over
-        hooked = any(runs_in_units(modules[n]) for n in family.denoisers if n in modules)
+        # a denoiser whose hooks keep the runtime from pairing the guidance calls runs them as two: no data axis to
+        # pair over. A family that batches the pair itself (``family.cfg`` None: CogVideoX) keeps its batch of two.
+        hooked = family.cfg is not None and any(runs_in_units(modules[n]) for n in family.denoisers if n in modules)
         # the first that splits every weight as the rules say; none does: the first, whose planning names the weight
         shapes = backend.default_mesh_shapes(len(devices), heads, pair_batch=not hooked)
         mesh_shape = next((shape for shape in shapes if splits_weights(pipe, shape, family)), shapes[0])

@@ -80,3 +80,23 @@ def test_the_default_mesh_narrows_tp_to_what_the_denoiser_splits():
         decision.decide(pipe, TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}), target, devices, memory_limit=None)
     wan = tiny.wan_pipeline("wan-4head")  # every width divides: tp as large as the heads allow
     assert decision.decide(wan, TPUConfig(), target, devices, memory_limit=None).mesh_shape["tp"] == 4
+
+
+@pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
+def test_the_default_mesh_keeps_dp_where_the_pipeline_batches_the_pair_itself():
+    """PAB keeps one state for both guidance passes, so Wan's loop calls the denoiser twice a step under it and the
+    default mesh has no data axis to pair over; CogVideoX concatenates the pair in its one call, so its mesh keeps
+    dp=2 under the same cache (tp=8 instead would leave its elementwise work over unsplit tokens)."""
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    target, devices = backend.Target("tpu", "tpu"), tpu_compiler.devices("v5e-8")
+    wan, cogvideox = tiny.wan_pipeline("wan-4head"), tiny.cogvideox_pipeline("cogvideox1.5")
+    plain = {id(p): decision.decide(p, TPUConfig(), target, devices, memory_limit=None) for p in (wan, cogvideox)}
+    assert plain[id(wan)].mesh_shape["dp"] == plain[id(cogvideox)].mesh_shape["dp"] == 2
+    for pipe in (wan, cogvideox):
+        pipe.transformer.enable_cache(
+            PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, current_timestep_callback=lambda: 5)
+        )
+    assert decision.decide(wan, TPUConfig(), target, devices, memory_limit=None).mesh_shape["dp"] == 1
+    cached = decision.decide(cogvideox, TPUConfig(), target, devices, memory_limit=None)
+    assert cached.mesh_shape == plain[id(cogvideox)].mesh_shape

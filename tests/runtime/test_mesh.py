@@ -228,6 +228,14 @@ def test_step_caches_on_the_mesh(report, run):
     assert result["kept_specs"] == [f"P({layers}None, {tokens}, 'tp')"], result
 
 
+def test_faster_cache_where_the_pipeline_batches_the_pair_keeps_dp(report):
+    """CogVideoX concatenates the guidance pair in its one call: under FasterCache (whose state keeps a two-call pair
+    as two calls) the automatic mesh still splits that batch over dp; stock's video from whole-step programs."""
+    result = report["caches"]["faster-cogvideox-auto"]
+    assert result["mesh"]["dp"] == 2 and result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["warm_compilations"] == 0 and result["unit_calls"] == 0 and result["programs"] == 2
+
+
 # --- a 2-host "pod": 2 processes x 4 devices on jax.distributed (gloo), launched through the environment -------------
 def _free_port() -> int:
     import socket

@@ -627,6 +627,27 @@ def cache_runs():
             batched_steps=runtime.pairing.batched_steps if runtime.pairing is not None else 0,
             programs=sum(len(compiled.programs) for compiled in entry._cached.values()),
         )
+    # FasterCache where the pipeline batches the pair itself (CogVideoX): the automatic mesh keeps dp for that batch
+    from tests.runtime.test_step_caches import faster_cache
+
+    call = dict(output_type="np", max_sequence_length=32, num_frames=8, num_inference_steps=STEPS)
+    ref, pipe = tiny.cogvideox_pipeline("cogvideox1.5"), tiny.cogvideox_pipeline("cogvideox1.5")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(faster_cache(p))
+    expected = generate(ref, **call)
+    pipe.to("jax")
+    out = generate(pipe, **call)
+    entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    with compile_accounting.compile_log() as log:
+        generate(pipe, **call)
+    runs["faster-cogvideox-auto"] = dict(
+        mesh=dict(pipe._diffusers_tpu_runtime.mesh.shape),
+        np_max_abs=float(np.abs(out - expected).max()),
+        finite=bool(np.isfinite(out).all()),
+        warm_compilations=log.compilations,
+        unit_calls=entry.unit_calls,
+        programs=sum(len(compiled.programs) for compiled in entry._cached.values()),
+    )
     return runs
 
 
