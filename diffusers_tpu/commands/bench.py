@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 
+import diffusers
 import numpy as np
 import torch
 from diffusers import (
@@ -22,7 +23,6 @@ from diffusers import (
     FirstBlockCacheConfig,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
-    SeaCacheConfig,
     TaylorSeerCacheConfig,
 )
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
@@ -184,7 +184,9 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             attention = [r"(single_transformer_|transformer_)?blocks\.\d+\.attn\d?"]
             module.enable_cache(TaylorSeerCacheConfig(cache_interval=int(threshold), cache_identifiers=attention))
         elif name == "sea":
-            module.enable_cache(SeaCacheConfig(threshold=threshold))
+            if not hasattr(diffusers, "SeaCacheConfig"):
+                raise ValueError(f"--cache sea: SeaCache is in diffusers 0.42 and later, not {diffusers.__version__}.")
+            module.enable_cache(diffusers.SeaCacheConfig(threshold=threshold))
         elif name == "faster":
             module.enable_cache(_faster_cache(pipe, int(threshold)))
         elif name == "pab":

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import diffusers
 import pytest
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "mesh_worker.py")
@@ -214,6 +215,8 @@ def test_lora_on_the_mesh(report, run):
 )
 def test_step_caches_on_the_mesh(report, run):
     """Whole-step programs (no block its own unit), the pair batched wherever dp pairs it, nothing recompiled."""
+    if run not in report["caches"] and run.startswith("sea") and not hasattr(diffusers, "SeaCacheConfig"):
+        pytest.skip("SeaCache is new in diffusers 0.42")
     result = report["caches"][run]
     assert result["finite"] and result["np_max_abs"] <= 1e-4, result
     assert result["warm_compilations"] == 0 and result["unit_calls"] == 0
