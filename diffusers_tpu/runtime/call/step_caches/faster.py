@@ -62,14 +62,8 @@ class FasterCache(LayerOutputs):
     def plan(self, contexts: tuple) -> None:
         """``FasterCacheBlockHook.new_forward``'s decision per hooked layer kind, on stock's states, and the kept
         outputs and weights an approximating kind feeds the program."""
-        self.contexts, self.skips, self.approximates, self.batches, self.keys, self.inputs = (
-            contexts,
-            [],
-            [],
-            [],
-            [],
-            [],
-        )
+        self.contexts = contexts
+        self.skips, self.approximates, self.batches, self.keys, self.inputs = [], [], [], [], []
         self.states = [h.state for h in self.found]
         self._saved = [dict(vars(s)) for s in self.states]
         for site in self.sites:
