@@ -297,9 +297,10 @@ def _keys_seeded_on_host():
 # ``encoder_hidden_states.data_ptr()``, so the negative prompt's pass would reuse the positive prompt's K/V — a
 # silently different image. The patched one is the address of the array's first buffer on this host (distinct while
 # both live, as torch's storage addresses are); a traced value has none: its id.
-# Guard: only where torchax's gives 0 for a live array (0.0.10 - 0.0.13 do).
+# Guard: only where torchax's Tensor has no ``data_ptr`` of its own (0.0.10 - 0.0.13 inherit torch's, 0 for a
+# tensor without storage); probing one would start JAX at import.
 def _patch_data_ptr():
-    if Tensor(jax.numpy.zeros(1), torchax.default_env()).data_ptr() != 0:
+    if "data_ptr" in vars(Tensor) and not patching.labels(vars(Tensor)["data_ptr"]):
         return
 
     def data_ptr(self):
