@@ -222,6 +222,23 @@ class LayerOutputs(StepCache):
     layer's slice (``layer``) and returns what the layer produced."""
 
     carried: frozenset = frozenset()  # keys of the kept arrays this call replaces (``layer_inputs``)
+    hook_name = ""
+
+    @classmethod
+    def recognize(cls, module, hooks: dict):
+        """This cache over ``hooks`` when each site's layers agree on what its decision reads (``same``), else None."""
+        found = hooked_layers(module, hooks, cls.hook_name)
+        if found is None:
+            return None
+        cache = cls(*found)
+        if any(len({cls.same(hook) for hook in cache.at(cache.found, site)}) > 1 for site in cache.sites):
+            return None
+        return cache
+
+    @staticmethod
+    def same(hook) -> tuple:
+        """The settings of a hook that every layer of a site must share (one decision per site)."""
+        return ()
 
     def __init__(self, groups: list, hooks: list, loose: frozenset = frozenset()):
         super().__init__([(path, blocks) for path, blocks, _ in groups if path not in loose], hooks)

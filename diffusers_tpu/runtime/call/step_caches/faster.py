@@ -22,7 +22,7 @@ import torch
 
 from ....interop.backend import to_jax_array, wrap
 from ....interop.torch_private import pytree
-from .base import LayerOutputs, NotInProgram, hooked_layers
+from .base import LayerOutputs, NotInProgram
 from .kept import Kept, real, stacked, structure
 
 
@@ -32,22 +32,18 @@ class FasterCache(LayerOutputs):
     hook_name = "faster_cache_block"
     pairs = False
 
-    @classmethod
-    def recognize(cls, module, hooks: dict):
-        found = hooked_layers(module, hooks, cls.hook_name)
-        if found is None:
-            return None
-        cache = cls(*found)
-        for site in cache.sites:
-            same = cache.at(cache.found, site)
-            settings = {
-                (h.timestep_skip_range, h.block_skip_range, h.is_guidance_distilled, h.current_timestep_callback)
-                for h in same
-            }
-            if len(settings) > 1:
-                return None
-        cache.first_call = {}  # site -> the argument shapes of the call that set its layers' batch size
-        return cache
+    def __init__(self, groups: list, hooks: list, loose: frozenset = frozenset()):
+        super().__init__(groups, hooks, loose)
+        self.first_call: dict = {}  # site -> the argument shapes of the call that set its layers' batch size
+
+    @staticmethod
+    def same(hook) -> tuple:
+        return (
+            hook.timestep_skip_range,
+            hook.block_skip_range,
+            hook.is_guidance_distilled,
+            hook.current_timestep_callback,
+        )
 
     def current_context(self):
         return None  # one state per hooked module, whatever the context

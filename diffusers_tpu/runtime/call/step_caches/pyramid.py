@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from ....interop.backend import to_jax_array, wrap
-from .base import LayerOutputs, NotInProgram, hooked_layers
+from .base import LayerOutputs, NotInProgram
 from .kept import Kept, real, stacked, structure
 
 
@@ -22,17 +22,9 @@ class PyramidAttention(LayerOutputs):
     hook_name = "pyramid_attention_broadcast"
     pairs = False
 
-    @classmethod
-    def recognize(cls, module, hooks: dict):
-        found = hooked_layers(module, hooks, cls.hook_name)
-        if found is None:
-            return None
-        cache = cls(*found)
-        for site in cache.sites:
-            same = cache.at(cache.found, site)
-            if len({(h.timestep_skip_range, h.block_skip_range, h.current_timestep_callback) for h in same}) > 1:
-                return None
-        return cache
+    @staticmethod
+    def same(hook) -> tuple:
+        return hook.timestep_skip_range, hook.block_skip_range, hook.current_timestep_callback
 
     def current_context(self):
         return None  # one state per hooked module, whatever the context
