@@ -13,10 +13,12 @@ from ..planner.plan import plan_all
 from ..planner.step_estimate import rank
 from . import plan_lines
 
-# A quick-effort program's memory is not the runtime's full-effort one (Wan2.1-14B 720p step on v6e-8: temporaries
-# 3.53 GiB quick, 2.81 full; a VAE program's could be half): a screened candidate whose total lies in this band around
-# the memory is confirmed at full effort before it is recommended (or, when none fits, in case it fits after all)
-DOUBTFUL_FIT = (0.85, 1.25)
+# Only the step's temporaries depend on XLA's effort (its arguments and outputs are the weights and inputs; the VAE's
+# and text encoders' programs are compiled as the runtime builds them): full-effort temporaries over quick-effort ones,
+# measured on the same steps, ranged 0.80-1.27 (BENCHMARKS "How long planning takes"). A screened candidate whose fit
+# would change with its temporaries anywhere in this range is confirmed at full effort before it is recommended (or,
+# when none fits, in case it fits after all)
+FULL_OVER_QUICK_TEMPORARIES = (0.5, 1.6)
 # only the bytes term of the estimate depends on the effort (FLOPs and collectives are the partitioner's): a
 # memory-bound candidate within this much of the leader could still overtake it at full effort
 EFFORT_UNCERTAINTY = 0.05
@@ -24,13 +26,12 @@ EFFORT_UNCERTAINTY = 0.05
 
 def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start) -> None:
     """After a quick-effort screening: compile at full effort, as the runtime builds it, the candidates that could
-    still win or whose fit is in doubt (``DOUBTFUL_FIT``, ``EFFORT_UNCERTAINTY``), each row replaced, until the
+    still win or whose fit is in doubt (``fit_in_doubt``, ``EFFORT_UNCERTAINTY``), each row replaced, until the
     first-ranked candidate needs no confirmation. The other rows keep their quick-effort figures (labelled)."""
     hbm = (planned["chip"].usable_gib() if planned["chip"] else planned["hbm_gib"]) * GIB
-    low, high = DOUBTFUL_FIT
 
     def doubtful(row) -> bool:
-        return row.get("step_effort") == "quick" and low * hbm <= (row["total_bytes_per_device"] or 0) <= high * hbm
+        return row.get("step_effort") == "quick" and fit_in_doubt(row, hbm)
 
     while True:
         fitting = [row for row in format_rows if row["fits"]]
@@ -61,6 +62,23 @@ def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, star
                 f"[confirmed at full effort, {time.perf_counter() - start:.0f} s] {plan_lines.line(confirmed)}",
                 flush=True,
             )
+
+
+def fit_in_doubt(row: dict, hbm: float) -> bool:
+    """Whether a quick-effort row's verdict could change at full effort: its step's temporaries scaled through
+    ``FULL_OVER_QUICK_TEMPORARIES`` (every pass of the step), beside its exact figures (the decode's, the text
+    encoders'), land on both sides of ``hbm`` bytes. A row the compiler refused has no figures to scale: not in
+    doubt."""
+    if row["total_bytes_per_device"] is None:
+        return False
+    memory = row["memory_per_device"]
+    around = row["steps_bytes_per_device"] - memory["peak_bytes"]  # the VAE's and text encoders' weights beside
+    exact = max(row["decode_bytes_per_device"] or 0, row["text_encode_bytes_per_device"] or 0)
+    low, high = (
+        max(exact, around + max(p["peak_bytes"] + (ratio - 1) * p["temp_bytes"] for p in memory["passes"]))
+        for ratio in FULL_OVER_QUICK_TEMPORARIES
+    )
+    return low <= hbm < high
 
 
 def ranked_by(pipe, call, devices, rows, planned, compiler: bool) -> str:

@@ -17,7 +17,7 @@ from ..interop.compile_accounting import compile_log
 from ..runtime import diffusers_private
 from ..runtime.attach import pipeline_runtime
 from ..runtime.attach.overrides import Overrides
-from ..runtime.call.denoiser import active_hooks
+from ..runtime.call.denoiser_hooks import active_hooks
 from ..runtime.registry import family_of
 from .measures import peak_memory as _peak_memory
 from .pipeline_call import call_arguments

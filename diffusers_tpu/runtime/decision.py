@@ -15,7 +15,7 @@ import torch
 
 from ..interop import backend, sharding
 from .attach import placement
-from .call.denoiser import check_hooks, runs_in_units
+from .call.denoiser_hooks import check_hooks, runs_in_units
 from .config import TPUConfig
 from .programs import program_builds
 from .registry import Family, family_of

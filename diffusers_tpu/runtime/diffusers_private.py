@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import diffusers
+import torch
 from diffusers.models import attention_dispatch
 
 CHECKED_ON = ("0.38.0", "0.42.1")
@@ -107,6 +108,14 @@ def context_name(manager) -> str | None:
     Why private: the public ``context`` property (0.39+) raises when there is none; 0.38 has no public reader."""
     current = _raw_context(manager)
     return getattr(current, "name", current)
+
+
+def context_coordinates(manager) -> tuple:
+    """(step index, sigma, step count) the cache context a step cache's ``StateManager`` is in now carries (what
+    SeaCache's root hook reads), tensors as numbers. Why private: the same reader as ``context_name``."""
+    current = _raw_context(manager)
+    values = (getattr(current, name, None) for name in ("step_index", "sigma", "num_inference_steps"))
+    return tuple(value.item() if isinstance(value, torch.Tensor) else value for value in values)
 
 
 def _raw_context(manager):

@@ -12,18 +12,24 @@ from diffusers_tpu.planner.chips import CHIPS, GIB
 needs_libtpu = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
 
 
-def _row(mesh, seconds, total_gib, memory_bound=False, effort="quick"):
+def _row(mesh, seconds, total_gib, memory_bound=False, effort="quick", temps_gib=3.0, decode_gib=None):
+    """A row whose step's total is ``total_gib`` (``temps_gib`` of it temporaries), its decode's ``decode_gib``."""
     estimate = dict(
         seconds=seconds,
         compute_seconds=seconds * (0.5 if memory_bound else 0.9),
         memory_seconds=seconds * (0.9 if memory_bound else 0.5),
         collective_seconds=0.0,
     )
+    step = dict(peak_bytes=total_gib * GIB, temp_bytes=temps_gib * GIB)
+    total = max(total_gib, decode_gib or 0)
     return dict(
-        memory_per_device={"mesh": mesh},
+        memory_per_device=dict(step, mesh=mesh, passes=[step]),
         estimate=estimate,
-        total_bytes_per_device=total_gib * GIB,
-        fits=total_gib <= 32 * 0.98,
+        total_bytes_per_device=total * GIB,
+        steps_bytes_per_device=total_gib * GIB,
+        decode_bytes_per_device=decode_gib and decode_gib * GIB,
+        text_encode_bytes_per_device=None,
+        fits=total <= 32 * 0.98,
         step_effort=effort,
         compiler="TPU",
         config=dict(mesh),
@@ -59,7 +65,7 @@ def test_a_leader_far_from_the_memory_limit_is_not_recompiled(confirmations):
 
 def test_a_leader_whose_fit_is_in_doubt_is_confirmed_and_the_next_taken_if_it_no_longer_fits(confirmations):
     done, full = confirmations
-    rows = [_row({"dp": 2, "sp": 4}, 0.98, 30.5), _row({"dp": 2, "tp": 4}, 1.0, 11.0)]
+    rows = [_row({"dp": 2, "sp": 4}, 0.98, 30.5), _row({"dp": 2, "tp": 4}, 1.0, 11.0)]  # 32.3 GiB at 1.6x
     full[(("dp", 2), ("sp", 4))] = (0.98, 33.0)  # at full effort it does not fit
     listed = list(rows)
     plan_screening.confirm_at_full_effort(None, {}, None, rows, listed, PLANNED, 0.0)
@@ -76,9 +82,25 @@ def test_memory_bound_candidates_close_to_the_leader_are_confirmed(confirmations
     assert done == [{"sp": 2}]  # within 5% of the leader where the effort moves the estimate; {"tp": 8} is 20% off
 
 
+def test_a_leader_near_the_limit_by_its_exact_figures_is_not_recompiled(confirmations):
+    """The issue's 14B 720p leader on v6e-8: 30.67 of 32 GiB set by its VAE decode (compiled as the runtime builds
+    it), its step 29.89 GiB with 2.72 GiB of temporaries: within the measured range of the effort, the step stays
+    below the memory, so the full-effort compile could not change the verdict."""
+    done, _ = confirmations
+    rows = [_row({"dp": 2, "sp": 4}, 0.98, 29.89, temps_gib=2.72, decode_gib=30.67), _row({"tp": 4}, 1.0, 11.0)]
+    plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0)
+    assert done == [] and rows[0]["step_effort"] == "quick"
+    hbm = PLANNED["chip"].usable_gib() * GIB
+    assert not plan_screening.fit_in_doubt(rows[0], hbm)
+    assert plan_screening.fit_in_doubt(_row({}, 1.0, 29.89, temps_gib=4.0, decode_gib=30.67), hbm)  # 32.3 at 1.6x
+    assert not plan_screening.fit_in_doubt(_row({}, 1.0, 20.0, temps_gib=4.0, decode_gib=33.0), hbm)  # decode: never
+    assert plan_screening.fit_in_doubt(_row({}, 1.0, 33.0, temps_gib=4.0), hbm)  # fits at half the temporaries
+    assert not plan_screening.fit_in_doubt(_row({}, 1.0, 36.0, temps_gib=4.0), hbm)  # 34 GiB even at half
+
+
 def test_when_nothing_fits_the_candidates_near_the_limit_are_confirmed(confirmations):
     done, full = confirmations
-    rows = [_row({"dp": 2}, 1.0, 36.0), _row({"tp": 8}, 1.1, 60.0)]
+    rows = [_row({"dp": 2}, 1.0, 36.0, temps_gib=10.0), _row({"tp": 8}, 1.1, 60.0)]
     full[(("dp", 2),)] = (1.0, 30.0)  # fits once compiled as the runtime does
     plan_screening.confirm_at_full_effort(None, {}, None, rows, list(rows), PLANNED, 0.0)
     assert done == [{"dp": 2}] and rows[0]["fits"] and rows[1]["step_effort"] == "quick"

@@ -1,11 +1,12 @@
-"""``runtime.call.denoiser``: which diffusers hooks a denoiser carries, the refusal of those that cannot run on JAX
-(named with the call that installed them and what to use instead), and the forward a hook chain ends in."""
+"""``runtime.call.denoiser`` and ``denoiser_hooks``: which diffusers hooks a denoiser carries, the refusal of those
+that cannot run on JAX (named with the call that installed them and what to use instead), and the forward a hook
+chain ends in."""
 
 import pytest
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
-from diffusers_tpu.runtime.call import denoiser
+from diffusers_tpu.runtime.call import denoiser, denoiser_hooks
 
 
 class Tiny(torch.nn.Module):
@@ -24,9 +25,9 @@ class Doubling(ModelHook):
 
 def test_active_hooks_lists_each_module_s_hooks_by_name():
     model = Tiny()
-    assert denoiser.active_hooks(model) == {}
+    assert denoiser_hooks.active_hooks(model) == {}
     HookRegistry.check_if_exists_or_initialize(model.block).register_hook(Doubling(), "doubling")
-    assert denoiser.active_hooks(model) == {model.block: ["doubling"]}
+    assert denoiser_hooks.active_hooks(model) == {model.block: ["doubling"]}
 
 
 def test_the_innermost_forward_is_the_stock_one_under_any_hook_chain():
@@ -51,5 +52,5 @@ def test_hooks_that_cannot_run_on_jax_are_refused_naming_the_call(hook, named):
     model = Tiny()
     HookRegistry.check_if_exists_or_initialize(model.block).register_hook(Doubling(), hook)
     with pytest.raises(ValueError, match=rf"Tiny\.block has a '{hook}' hook from {named}"):
-        denoiser.check_hooks(model, "pipe.to('tpu')")
-    denoiser.check_hooks(Tiny(), "pipe.to('tpu')")  # nothing registered: nothing refused
+        denoiser_hooks.check_hooks(model, "pipe.to('tpu')")
+    denoiser_hooks.check_hooks(Tiny(), "pipe.to('tpu')")  # nothing registered: nothing refused

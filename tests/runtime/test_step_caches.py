@@ -76,8 +76,8 @@ def uncached():
 # extrapolated); the others in units
 IN_PROGRAM = {"first_block": 2, "mag": 2, "taylorseer": 4, "pyramid_attention": 2, "faster": 2, "sea": 3}
 IN_PROGRAM = {name: count for name, count in IN_PROGRAM.items() if name in CACHES}
-# PAB's and FasterCache's state is shared by both passes, SeaCache's root hook sits on the denoiser: two calls
-PAIRED = ("first_block", "mag", "taylorseer")
+# PAB's and FasterCache's state is shared by both passes: two calls
+PAIRED = tuple(name for name in ("first_block", "mag", "taylorseer", "sea") if name in CACHES)
 
 
 @pytest.mark.parametrize("name", list(CACHES))
@@ -353,7 +353,7 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
     mesh does not pair over dp. What stock's state objects hold between steps (the kept attention outputs, handed back
     as stock keeps them, as before the unit route takes over) equals stock's."""
     from diffusers_tpu.runtime import diffusers_private
-    from diffusers_tpu.runtime.call import denoiser
+    from diffusers_tpu.runtime.call import denoiser_hooks
 
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
     for p in (ref, pipe):
@@ -377,7 +377,7 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
         return tensors
 
     expected = run(ref, callback_on_step_end=kept_of)
-    assert denoiser.runs_in_units(pipe.transformer)
+    assert denoiser_hooks.runs_in_units(pipe.transformer)
     pipe.to("jax", config=TPUConfig(batch_cfg=True))
     assert_np_matches(run(pipe, callback_on_step_end=kept_of), expected)
     for mine, stock in zip(seen[id(pipe)], seen[id(ref)], strict=True):
@@ -588,3 +588,29 @@ def test_mag_cache_calibration_in_whole_step_programs(uncached, capsys):
     assert entry.unit_calls == 0 and runtime.pairing.batched_steps == STEPS and log.compilations == 0
     (programs,) = [compiled.programs for compiled in entry._cached.values()]
     assert len(programs) == 2  # the first step (nothing to measure against), then every other
+
+
+@pytest.mark.skipif(not hasattr(diffusers, "SeaCacheConfig"), reason="SeaCache: diffusers 0.42+")
+def test_sea_cache_pair_whose_contexts_differ_is_refused_with_the_fix(monkeypatch):
+    """SeaCache gates both halves of a batched pair with the "cond" call's step and sigma: a loop that gives the
+    "uncond" context others (stock gates it on its own) is refused, and the fix it names gives stock's video."""
+    from diffusers.models.cache_utils import CacheMixin
+
+    original = CacheMixin.cache_context
+
+    def shifted(self, name, **kwargs):
+        if name == "uncond" and kwargs.get("sigma") is not None:
+            kwargs["sigma"] = kwargs["sigma"] * 0.5
+        return original(self, name, **kwargs)
+
+    monkeypatch.setattr(CacheMixin, "cache_context", shifted)
+    ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
+    for p in (ref, pipe):
+        p.transformer.enable_cache(CACHES["sea"](p))
+    expected = run(ref)
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    with pytest.raises(RuntimeError, match=r"(?s)'uncond' call's cache context.*batch_cfg=False"):
+        run(pipe)
+    pipe.to("jax", config=TPUConfig(batch_cfg=False))
+    assert_np_matches(run(pipe), expected)
+    assert pipe._diffusers_tpu_runtime.denoisers["transformer"].unit_calls == 0

@@ -126,7 +126,7 @@ class Placing:
         for entry in self.denoisers.values():
             module, chain = entry.module, self.chain_of(entry.module)
             if self.pairing is not None:  # around the family's own hook: it sees the batched pair
-                chain.register(self.pairing.denoiser_hook(module, entry.hooked))
+                chain.register(self.pairing.denoiser_hook(module, entry.hooked, entry.pair_answered))
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
             chain.register(hook_chain.UserEntry(self))  # outermost: direct calls get host tensors
 

@@ -92,11 +92,12 @@ class CFGPairing:
         tracked.__wrapped__ = cache_context
         return tracked
 
-    def denoiser_hook(self, module, hooked=lambda: "") -> Hook:
+    def denoiser_hook(self, module, hooked=lambda: "", answered=lambda: None) -> Hook:
         """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()`` (``Denoiser.hooked``): diffusers hooks keep
         per-context state: "units" — calls stay separate; "program" — a step cache run in whole-step programs, the
-        pair batched when the loop names its contexts (each half's rows keep their context's state)."""
-        return _PairedCalls(self, module, hooked)
+        pair batched when the loop names its contexts (each half's rows keep their context's state); ``answered()``
+        (``Denoiser.pair_answered``): an "uncond" call got its half of the batch."""
+        return _PairedCalls(self, module, hooked, answered)
 
     # -- the pairing --------------------------------------------------------------------------------------
     def conditions_of(self, kwargs):
@@ -216,8 +217,8 @@ class _PairedCalls(Hook):
 
     name = "cfg_pairing"
 
-    def __init__(self, pairing: CFGPairing, module, hooked):
-        self.pairing, self.module, self.hooked = pairing, module, hooked
+    def __init__(self, pairing: CFGPairing, module, hooked, answered):
+        self.pairing, self.module, self.hooked, self.answered = pairing, module, hooked, answered
 
     def pre_call(self, call: Call) -> None:
         pairing = self.pairing
@@ -241,6 +242,7 @@ class _PairedCalls(Hook):
         else:
             ahead = pairing.computed_ahead(self.module, call.kwargs, conditions)
             if ahead is not None:
+                self.answered()
                 call.answer(ahead.uncond)
 
     def post_call(self, call: Call, output):

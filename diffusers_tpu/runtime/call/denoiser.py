@@ -27,6 +27,7 @@ import logging
 
 import jax
 import torch
+from diffusers.hooks import HookRegistry
 
 from ...interop import backend, sharding
 from ...interop.jit import CompiledFunction, place_arguments
@@ -34,17 +35,10 @@ from ...interop.torch_private import pytree
 from .. import diffusers_private
 from ..weights import lora, quantize, stacked_weights
 from . import repeated_blocks, step_caches
+from .denoiser_hooks import active_hooks, batches_pair, check_hooks
 
 logger = logging.getLogger(__name__)
 
-# Hooks that manage weights or devices themselves: on JAX the mesh, TPUConfig dtypes and the runtime do that.
-REFUSED_HOOKS = {
-    "layerwise_casting": "enable_layerwise_casting (use TPUConfig(dtype=...) or torch_dtype=torch.bfloat16)",
-    "peft_autocast_disable": "enable_layerwise_casting (use TPUConfig(dtype=...))",
-    "group_offloading": "enable_group_offload onto a torch device (use enable_group_offload(onload_device='tpu'))",
-    "layer_execution_tracker": "enable_group_offload",
-    "lazy_prefetch_group_offloading": "enable_group_offload",
-}
 _units_on: contextvars.ContextVar[bool] = contextvars.ContextVar("diffusers_tpu_units", default=False)
 # what a trace raises on data-dependent Python control flow or shapes (the module then runs eagerly)
 TRACE_ERRORS = (
@@ -60,50 +54,6 @@ def forget_unfinished(compiled) -> None:
     """Drop the programs of ``compiled`` whose trace failed half-way."""
     for key in [k for k, program in compiled.programs.items() if program.out_spec is None]:
         del compiled.programs[key]
-
-
-def active_hooks(root: torch.nn.Module) -> dict:
-    """{module: [hook names]} for every module under ``root`` (itself included) with registered diffusers hooks."""
-    found = {}
-    for module in root.modules():
-        registry = diffusers_private.hook_registry(module)
-        names = [n for n, hook in (registry.hooks.items() if registry is not None else ()) if not _on_jax(hook)]
-        if names:
-            found[module] = names
-    return found
-
-
-def runs_in_units(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s diffusers hooks keep each guidance pass its own call: the unit route, or a step cache whose
-    state the two passes share (``step_caches``: Pyramid Attention Broadcast); the others batch the pair."""
-    hooks = active_hooks(module)
-    inner = {m: names for m, names in hooks.items() if m is not module}
-    cache = step_caches.recognize(module, inner) if hooks and module not in hooks else None
-    return bool(hooks) and (cache is None or not cache.pairs)
-
-
-def _on_jax(hook) -> bool:
-    """A hook the runtime registered itself (``group_offload``'s ``OnJax``), which does nothing on JAX."""
-    return getattr(hook, "on_jax", False)
-
-
-def check_hooks(root: torch.nn.Module, where: str) -> None:
-    """Refuse hooks that cannot work on JAX, naming the module, the call that installed them and the alternative."""
-    hooks = active_hooks(root)
-    names = {id(m): n for n, m in root.named_modules()} if hooks else {}
-    for module, hook_names in hooks.items():
-        for name in hook_names:
-            base = name.split("---")[0]
-            if base in REFUSED_HOOKS or base.startswith("cp_"):
-                what = REFUSED_HOOKS.get(
-                    base, "enable_parallelism (call it after pipe.to('tpu'), where its degrees become the mesh)"
-                )
-                call, _, instead = what.partition(" (")
-                path = names.get(id(module)) or "(the model itself)"
-                raise ValueError(
-                    f"{where}: {type(root).__name__}.{path} has a '{name}' hook from {call}, which cannot run on "
-                    f"JAX; {instead.rstrip(')')}. Remove it first (reload the model without it)."
-                )
 
 
 def innermost_forward(module):
@@ -142,6 +92,7 @@ class Denoiser:
         self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
         self.hooked_calls = 0  # of those, units that carry hooks (the blocks a step cache may skip)
         self._caches: dict = {}  # the hooks' identities -> the step cache recognized (None: the unit route)
+        self._partnered = None  # the step cache of the batched pair whose "uncond" call is still to come
         self._cached: dict[int, CompiledFunction] = {}  # id(step cache) -> its whole-step programs
         self.passes = step_caches.PassLog()  # hooked calls' passes: blocks computed, programs run
 
@@ -181,8 +132,18 @@ class Denoiser:
             return ""
         if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
             return "units"
-        cache = self.step_cache(hooks) if self.module not in hooks else None
-        return "program" if cache is not None and cache.pairs else "units"
+        inner = {m: names for m, names in hooks.items() if m is not self.module}
+        return "program" if batches_pair(self.step_cache(inner) if inner else None, hooks, self.module) else "units"
+
+    def pair_answered(self) -> None:
+        """The loop's "uncond" call got its half of a batched pair: the step cache that planned both is told."""
+        cache, self._partnered = self._partnered, None
+        try:
+            if cache is not None:
+                cache.partner_called()
+        except RuntimeError:  # the call stops: stock's hook state reset as its pipelines do at a call's end
+            HookRegistry.check_if_exists_or_initialize(self.module).reset_stateful_hooks(recurse=True)
+            raise
 
     def step_cache(self, hooks: dict):
         """The step cache run in whole-step programs for ``hooks`` (the denoiser's inner ones), or None."""
@@ -204,6 +165,7 @@ class Denoiser:
         if not self.runtime.attached:
             return self.forward(*args, **kwargs)
         self.sync()
+        self._partnered = None  # a call that reached the entry: no batched pair's partner pending
         check_hooks(self.module, f"{type(self.module).__name__} call")
         # hooks on the denoiser itself run around this entry; only hooks inside it need units
         hooks = {m: names for m, names in active_hooks(self.module).items() if m is not self.module}
@@ -258,6 +220,7 @@ class Denoiser:
             forget_unfinished(compiled)
             raise
         self.passes.record(cache.commit(state), programs=1)
+        self._partnered = cache if len(cache.contexts) > 1 else None  # until the partner's call (``pair_answered``)
         return out
 
     def _cannot_trace(self, module, compiled, error) -> None:

@@ -40,7 +40,7 @@ def _on_jax_class():
         """diffusers' group-offloading hook as diffusers' own code looks for it (``_get_top_level_group_offload_hook``,
         ``_get_group_onload_device``: its ``config``); it does nothing itself: the runtime streams the weights."""
 
-        on_jax = True  # the runtime's own (``denoiser.active_hooks`` leaves it out)
+        on_jax = True  # the runtime's own (``denoiser_hooks.active_hooks`` leaves it out)
 
         def __init__(self, config):
             super().__init__()

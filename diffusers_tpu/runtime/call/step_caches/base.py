@@ -27,8 +27,7 @@ def child_block_lists(module):
 
 
 def rows_of(array, count: int, index: int):
-    size = array.shape[0] // count
-    return array[index * size : (index + 1) * size]
+    return array[index * (array.shape[0] // count) : (index + 1) * (array.shape[0] // count)]
 
 
 class StepCache:
@@ -37,6 +36,7 @@ class StepCache:
     head_name = block_name = ""
     head_outside = False  # the head block's output decides: it runs outside the block loop
     pairs = True  # the guidance pair may share a call (each half keeps its own cache context's state)
+    root_names: frozenset = frozenset()  # its hooks on the denoiser itself, whose part for a paired call it plays
 
     def __init__(self, lists: list, hooks: list):
         """``lists``: ``(path, blocks)`` of the block lists it plays a part in, in the order the forward calls them."""
@@ -89,6 +89,9 @@ class StepCache:
 
     def called_with(self, args, kwargs) -> None:
         """Before ``plan``: the call's arguments (a cache whose decision depends on their shapes reads them)."""
+
+    def partner_called(self) -> None:
+        """The loop's "uncond" call, answered from the batched pair this cache planned for both contexts."""
 
     def hand_back(self) -> None:
         """Before the unit route takes over the cache: stock's state objects as stock keeps them."""

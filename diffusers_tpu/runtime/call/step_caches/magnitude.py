@@ -10,9 +10,12 @@ SeaCache keeps the last one or two residuals and extrapolates over the steps fro
 filtered at the call's sigma, against the last call's: the accumulated relative change under ``threshold``), so the
 decision is made before the program runs, by stock's own code: the indicator's FFTs run op by op on the devices and
 stock's gate reads one distance a call to the host, as stock does. Its root hook on the denoiser itself (the
-scheduler's step and sigma from the cache context, the input latents) runs as stock code around the entry; the pair
-stays two calls (``pairs``). Supported where stock's adapter is a block chain (Wan text-to-video, or a
-``raw_vision_callback``); Cosmos 3's decoder-stack boundary and blocks that return text states keep the unit route.
+scheduler's step and sigma from the cache context, the input latents) runs as stock code around the entry. The pair
+shares a call as with MagCache: each context's gate reads the "cond" call's step, sigma and latents — the same as
+the "uncond" call's in stock loops; the batching takes only an "uncond" call with the batched latents, and one whose
+context carries another step or sigma is refused (``partner_called``). Supported where stock's adapter is a block
+chain (Wan text-to-video, or a ``raw_vision_callback``); Cosmos 3's decoder-stack boundary and blocks that return text
+states keep the unit route.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ class SeaCache(Magnitude):
     """SeaCache's leader and block hooks on one block list, decided on the host before each call."""
 
     head_name, block_name = "sea_cache_leader_block", "sea_cache_block"
-    pairs = False
+    root_names = frozenset({"sea_cache_root"})  # its gate reads the partner's step and sigma (``partner_called``)
 
     @classmethod
     def accepts(cls, head) -> bool:
@@ -187,6 +190,7 @@ class SeaCache(Magnitude):
     def _plan(self):
         """``SeaCacheLeaderBlockHook.new_forward``'s decision per context, on stock's state, with stock's gate."""
         config, meta = self.head.config, diffusers_private.sea_cache_metadata(self.head)
+        self.coordinates = diffusers_private.context_coordinates(self.manager)  # the partner's, when paired
         compute, self.extrapolate, self.inputs = [], [], []
         for state in self.states:
             state.reset_forward()
@@ -210,6 +214,19 @@ class SeaCache(Magnitude):
             state.consecutive_cached += 1
         self.compute, self.reads = tuple(compute), tuple(not c for c in compute)
         self.key = ("sea", len(self.contexts), self.compute, tuple(self.extrapolate), self.shapes())
+
+    def partner_called(self) -> None:
+        """The "uncond" call answered from the pair: its gate was decided with the "cond" call's step and sigma (its
+        rows, the latents, were checked equal by the pairing); a loop that gives its context others is refused —
+        stock would have gated it on its own."""
+        found = diffusers_private.context_coordinates(self.manager)
+        if len(self.contexts) > 1 and found != self.coordinates:
+            raise RuntimeError(
+                f"SeaCache: the {self.contexts[1]!r} call's cache context carries (step_index, sigma, "
+                f"num_inference_steps) = {found}, the {self.contexts[0]!r} call's {self.coordinates}, whose batch "
+                "decided both; pass both contexts the same, or keep the pair as two calls: "
+                "pipe.to('tpu', config=TPUConfig(batch_cfg=False))."
+            )
 
     def _gate(self, state, meta) -> bool:
         """Whether the call may skip: stock's indicator and gate (its accumulators advance on ``state``)."""
