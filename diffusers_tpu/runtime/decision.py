@@ -15,7 +15,8 @@ import torch
 
 from ..interop import backend, sharding
 from .attach import placement
-from .call.denoiser_hooks import check_hooks, runs_in_units
+from .call.denoiser import runs_in_units
+from .call.denoiser_hooks import check_hooks
 from .config import TPUConfig
 from .programs import program_builds
 from .registry import Family, family_of

@@ -353,7 +353,7 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
     mesh does not pair over dp. What stock's state objects hold between steps (the kept attention outputs, handed back
     as stock keeps them, as before the unit route takes over) equals stock's."""
     from diffusers_tpu.runtime import diffusers_private
-    from diffusers_tpu.runtime.call import denoiser_hooks
+    from diffusers_tpu.runtime.call import denoiser
 
     ref, pipe = tiny.wan_pipeline("wan"), tiny.wan_pipeline("wan")
     for p in (ref, pipe):
@@ -377,7 +377,7 @@ def test_pyramid_attention_keeps_the_pair_as_two_calls_in_whole_step_programs():
         return tensors
 
     expected = run(ref, callback_on_step_end=kept_of)
-    assert denoiser_hooks.runs_in_units(pipe.transformer)
+    assert denoiser.runs_in_units(pipe.transformer)
     pipe.to("jax", config=TPUConfig(batch_cfg=True))
     assert_np_matches(run(pipe, callback_on_step_end=kept_of), expected)
     for mine, stock in zip(seen[id(pipe)], seen[id(ref)], strict=True):

@@ -56,6 +56,14 @@ def forget_unfinished(compiled) -> None:
         del compiled.programs[key]
 
 
+def runs_in_units(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s diffusers hooks keep each guidance pass its own call: the unit route, or a step cache whose
+    state the two passes share (``step_caches``: Pyramid Attention Broadcast); the others batch the pair."""
+    hooks = active_hooks(module)
+    inner = {m: names for m, names in hooks.items() if m is not module}
+    return bool(hooks) and not batches_pair(step_caches.recognize(module, inner) if inner else None, hooks, module)
+
+
 def innermost_forward(module):
     """The forward a hook chain on ``module`` ends in (``module.forward`` without hooks)."""
     found = diffusers_private.innermost_forward_reference(module)

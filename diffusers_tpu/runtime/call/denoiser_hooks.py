@@ -1,13 +1,11 @@
 """The diffusers hooks on a denoiser: which there are, which cannot run on JAX (refused with the alternative), and
-whether the guidance pair may still share one call under them (``step_caches``: a cache that keeps its state per
-cache context)."""
+whether the guidance pair may still share one call under a step cache that keeps its state per cache context."""
 
 from __future__ import annotations
 
 import torch
 
 from .. import diffusers_private
-from . import step_caches
 
 # Hooks that manage weights or devices themselves: on JAX the mesh, TPUConfig dtypes and the runtime do that.
 REFUSED_HOOKS = {
@@ -28,14 +26,6 @@ def active_hooks(root: torch.nn.Module) -> dict:
         if names:
             found[module] = names
     return found
-
-
-def runs_in_units(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s diffusers hooks keep each guidance pass its own call: the unit route, or a step cache whose
-    state the two passes share (``step_caches``: Pyramid Attention Broadcast); the others batch the pair."""
-    hooks = active_hooks(module)
-    inner = {m: names for m, names in hooks.items() if m is not module}
-    return bool(hooks) and not batches_pair(step_caches.recognize(module, inner) if inner else None, hooks, module)
 
 
 def batches_pair(cache, hooks: dict, module) -> bool:

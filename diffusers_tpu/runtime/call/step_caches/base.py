@@ -1,9 +1,8 @@
-"""What the step caches run in whole-step programs share (see the package's docstring): ``StepCache`` — the block
-lists, stock's state per cache context, the rows of a batched call, the trace hook — and, for caches whose hooks sit
-on submodules of every block (TaylorSeer, Pyramid Attention Broadcast, FasterCache), ``LayerOutputs``: what each
-layer's hooked modules keep, stacked over the layers, is the block loop's per-layer input and output. Where the
-blocks cannot be one loop (lists interleaved, as Latte's spatial and temporal blocks; a chain broken) the forward is
-traced unrolled with the same part played, each layer on its slice, and what the layers produced is stacked after."""
+"""What the step caches in whole-step programs share (the package's docstring): ``StepCache`` — the block lists,
+stock's state per cache context, a batched call's rows, the trace hook — and, for hooks on submodules of every block
+(TaylorSeer, Pyramid Attention Broadcast, FasterCache), ``LayerOutputs``: what each layer's hooked modules keep,
+stacked over the layers, is the block loop's per-layer input and output. Blocks that cannot be one loop (Latte's
+interleaved lists; a broken chain) are traced unrolled, the same part played per layer, their products stacked after."""
 
 from __future__ import annotations
 
