@@ -13,42 +13,22 @@ from ..planner.plan import plan_all
 from ..planner.step_estimate import rank
 from . import plan_lines
 
-# Only the step's temporaries depend on XLA's effort (its arguments and outputs are the weights and inputs; the VAE's
-# and text encoders' programs are compiled as the runtime builds them): full-effort temporaries over quick-effort ones,
-# measured on the same steps, ranged 0.80-1.27 (BENCHMARKS "How long planning takes"). A screened candidate whose fit
-# would change with its temporaries anywhere in this range is confirmed at full effort before it is recommended (or,
-# when none fits, in case it fits after all)
-FULL_OVER_QUICK_TEMPORARIES = (0.5, 1.6)
-# only the bytes term of the estimate depends on the effort (FLOPs and collectives are the partitioner's): a
-# memory-bound candidate within this much of the leader could still overtake it at full effort
-EFFORT_UNCERTAINTY = 0.05
+# What XLA's effort changes in a step, measured as full-effort figures over quick-effort ones of the same steps (31
+# candidate steps of five plans: Wan2.1-14B 720p and 480p, Wan2.1-1.3B, CogVideoX1.5-5B, HunyuanVideo-1.5 on v6e;
+# BENCHMARKS "How long planning takes"), with a margin: its temporaries 0.47-1.34 (its arguments and outputs are the
+# weights and inputs; the VAE's and text encoders' programs are compiled as the runtime builds them), the bytes its ops
+# move 1.00-1.20 (its FLOPs and collectives are the partitioner's, the same at either effort)
+FULL_OVER_QUICK_TEMPORARIES = (0.4, 1.6)
+FULL_OVER_QUICK_BYTES = (0.97, 1.3)
 
 
 def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, start) -> None:
-    """After a quick-effort screening: compile at full effort, as the runtime builds it, the candidates that could
-    still win or whose fit is in doubt (``fit_in_doubt``, ``EFFORT_UNCERTAINTY``), each row replaced, until the
-    first-ranked candidate needs no confirmation. The other rows keep their quick-effort figures (labelled)."""
+    """After a quick-effort screening: compile at full effort, as the runtime builds it, the candidates whose figures
+    at full effort could change the recommendation (``to_confirm``), each row replaced, until none could. The other
+    rows keep their quick-effort figures (labelled)."""
     hbm = (planned["chip"].usable_gib() if planned["chip"] else planned["hbm_gib"]) * GIB
-
-    def doubtful(row) -> bool:
-        return row.get("step_effort") == "quick" and fit_in_doubt(row, hbm)
-
     while True:
-        fitting = [row for row in format_rows if row["fits"]]
-        if fitting:
-            leader = rank(fitting)[1]
-            best = leader["estimate"]["seconds"]
-            todo = [leader] if doubtful(leader) else []
-            todo += [
-                row
-                for row in fitting
-                if row.get("step_effort") == "quick"
-                and row is not leader
-                and row["estimate"]["memory_seconds"] >= row["estimate"]["compute_seconds"]
-                and row["estimate"]["seconds"] <= best * (1 + EFFORT_UNCERTAINTY)
-            ]
-        else:
-            todo = [row for row in format_rows if doubtful(row)]
+        todo = to_confirm(format_rows, hbm)
         if not todo:
             return
         for row in todo:
@@ -62,6 +42,44 @@ def confirm_at_full_effort(pipe, call, devices, format_rows, rows, planned, star
                 f"[confirmed at full effort, {time.perf_counter() - start:.0f} s] {plan_lines.line(confirmed)}",
                 flush=True,
             )
+
+
+def to_confirm(rows: list[dict], hbm: float) -> list[dict]:
+    """The quick-effort rows whose full-effort figures could change the recommendation: the leader, when its fit is
+    in doubt or its estimate could rise past another's (``seconds_range``); then, against the leader's slowest, the
+    others that could overtake it, fitting or (in doubt) not. When nothing fits: those whose fit is in doubt."""
+    fitting = [row for row in rows if row["fits"]]
+    if not fitting:
+        return [row for row in rows if _quick(row) and fit_in_doubt(row, hbm)]
+    leader = rank(fitting)[1]
+    slowest = seconds_range(leader)[1]
+    rivals = [
+        row
+        for row in rows
+        if row is not leader
+        and _quick(row)
+        and row.get("estimate")
+        and (row["fits"] or fit_in_doubt(row, hbm))
+        and seconds_range(row)[0] < slowest
+    ]
+    if _quick(leader) and (fit_in_doubt(leader, hbm) or rivals and slowest > leader["estimate"]["seconds"]):
+        return [leader]  # its own figures first, where the effort can move them: the rivals are measured against them
+    return rivals
+
+
+def seconds_range(row: dict) -> tuple[float, float]:
+    """A row's step estimate as its full-effort program could give it: the quick program's bytes scaled through
+    ``FULL_OVER_QUICK_BYTES`` (a full-effort row: its own estimate)."""
+    found = row["estimate"]
+    if not _quick(row):
+        return found["seconds"], found["seconds"]
+    compute, memory, collectives = (found[k] for k in ("compute_seconds", "memory_seconds", "collective_seconds"))
+    low, high = (max(compute, memory * ratio) + collectives for ratio in FULL_OVER_QUICK_BYTES)
+    return low, high
+
+
+def _quick(row: dict) -> bool:
+    return row.get("step_effort") == "quick"
 
 
 def fit_in_doubt(row: dict, hbm: float) -> bool:
