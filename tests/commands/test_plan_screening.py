@@ -135,10 +135,12 @@ def test_the_screening_chooses_what_compiling_every_candidate_at_full_effort_cho
     base = "plan --model tiny:wan-4head --chips v6e-8 --height 32 --width 48 --frames 13 --no-vae".split()
     screened, full = tmp_path / "screened.json", tmp_path / "full.json"
     assert cli.main([*base, "--json", str(screened)]) == 0
-    assert "[TPU compiler, quick effort]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[TPU compiler, quick effort]" in out
     assert cli.main([*base, "--all", "--json", str(full)]) == 0
     screened, full = json.loads(screened.read_text()), json.loads(full.read_text())
-    assert {row["step_effort"] for row in screened["candidates"]} == {"quick"}
+    efforts = [row["step_effort"] for row in screened["candidates"]]
+    assert "quick" in efforts and efforts.count("full") == out.count("[confirmed at full effort")  # each one said
     assert {row["step_effort"] for row in full["candidates"]} == {"full"}
     quick = {str(row["memory_per_device"]["mesh"]): row["estimate"] for row in screened["candidates"]}
     for row in full["candidates"]:  # FLOPs and collectives are the partitioner's, whatever the effort
