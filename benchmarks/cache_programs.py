@@ -41,7 +41,7 @@ from diffusers_tpu.interop.torch_private import pytree
 from diffusers_tpu.planner import abstract_weights, architectures, call_probe, hlo_stats, plan, tpu_compiler
 from diffusers_tpu.planner.chips import CHIPS
 from diffusers_tpu.runtime.call import step_caches
-from diffusers_tpu.runtime.call.denoiser import active_hooks
+from diffusers_tpu.runtime.call.denoiser_hooks import active_hooks
 from diffusers_tpu.runtime.config import TPUConfig
 
 

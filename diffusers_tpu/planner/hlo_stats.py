@@ -132,14 +132,50 @@ def _matmul_flops(ins: Instruction, shapes: dict) -> float:
         k = _product(lhs[int(i)] for i in contracting.group(1).split(",") if i) if contracting and lhs else 1
         return 2.0 * _product(_dims(ins.shape)) * k
     if ins.opcode == "convolution" and len(operands) > 1:
-        labels = re.search(r"dim_labels=\w+_(\w+)->", ins.rest)
-        rhs = _dims(shapes.get(operands[1], ""))
-        if not labels or len(labels.group(1)) != len(rhs):
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.rest)
+        lhs, rhs, out = (_dims(shapes.get(operands[0], "")), _dims(shapes.get(operands[1], "")), _dims(ins.shape))
+        if not labels or len(labels.group(2)) != len(rhs) or len(labels.group(1)) != len(lhs):
             return 0.0
-        kernel = labels.group(1)
-        per_output = _product(n for n, label in zip(rhs, kernel) if label != "o")  # window x input features
-        return 2.0 * _product(_dims(ins.shape)) * per_output
+        lhs_labels, kernel, out_labels = labels.groups()
+        features = _product(n for n, label in zip(rhs, kernel) if label == "i")  # per group
+        window = _window(ins.rest)
+        positions = taps = 1
+        for axis, label in enumerate(label for label in kernel if label.isdigit()):
+            size = out[out_labels.index(label)]
+            positions *= size
+            taps *= _valid_taps(lhs[lhs_labels.index(label)], rhs[kernel.index(label)], size, window, axis)
+        return 2.0 * _product(out) / max(positions, 1) * taps * features
     return 0.0
+
+
+def _window(rest: str) -> dict:
+    """A convolution's ``window={size=2x3 stride=.. pad=1_1x0_0 lhs_dilate=.. rhs_dilate=..}``, per spatial axis."""
+    found = re.search(r"window=\{([^}]*)\}", rest)
+    return dict(item.split("=", 1) for item in found.group(1).split()) if found else {}
+
+
+def _valid_taps(size: int, kernel: int, outputs: int, window: dict, axis: int) -> int:
+    """(output position, kernel tap) pairs along one spatial axis that read the input, not its padding or the holes
+    of an input dilation — as XLA's own cost analysis counts a convolution (a dot the TPU compiler turns into a
+    convolution over a padded axis of 1 reads one tap of its window of 2: counting the window would double it)."""
+
+    def value(name: str, default: str) -> str:
+        return (window.get(name, "").split("x") + [default] * (axis + 1))[axis] or default
+
+    stride, lhs_dilation, rhs_dilation = (int(value(n, "1")) for n in ("stride", "lhs_dilate", "rhs_dilate"))
+    low = int(value("pad", "0_0").split("_")[0])
+    extent = (size - 1) * lhs_dilation + 1
+    valid = 0
+    for tap in range(kernel):
+        start = tap * rhs_dilation - low  # where position 0 reads
+        if lhs_dilation == 1:  # the positions reading 0 <= start + position * stride < extent
+            first, last = max(0, -(start // stride)), min(outputs - 1, (extent - 1 - start) // stride)
+            valid += max(0, last - first + 1)
+        else:
+            valid += sum(
+                0 <= start + p * stride < extent and (start + p * stride) % lhs_dilation == 0 for p in range(outputs)
+            )
+    return valid
 
 
 def _fused_flops(name: str, computations: dict, depth: int = 0) -> float:

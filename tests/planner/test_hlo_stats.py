@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from diffusers_tpu.planner import hlo_stats, hlo_text
 
@@ -37,6 +38,25 @@ def test_nested_loops_multiply_and_branches_count_once():
     outer = next(loop for loop in found.loops if loop.trip_count == 3).counts
     assert outer.instructions >= 4 * inner.instructions
     assert found.total.instructions >= 12 * inner.instructions
+
+
+@pytest.mark.parametrize(
+    "lhs, rhs, window",
+    [
+        ((2, 8, 16, 16), (4, 8, 3, 3), dict(window_strides=(1, 1), padding=((1, 1), (1, 1)))),
+        ((2, 8, 17, 9), (4, 8, 3, 2), dict(window_strides=(2, 1), padding=((1, 2), (0, 1)))),
+        # the TPU compiler's form of two dots sharing an operand: a window of 2 over a padded axis of 1 (one tap each)
+        ((1, 8, 1, 5), (4, 8, 2, 1), dict(window_strides=(1, 1), padding=((1, 1), (0, 0)))),
+        ((2, 4, 7, 7), (6, 4, 3, 3), dict(window_strides=(1, 1), padding=((2, 2), (2, 2)), lhs_dilation=(2, 2))),
+        ((2, 4, 12, 12), (6, 4, 3, 3), dict(window_strides=(1, 1), padding=((2, 2), (0, 0)), rhs_dilation=(2, 1))),
+    ],
+)
+def test_convolution_flops_count_the_taps_that_read_the_input_as_xla_does(lhs, rhs, window):
+    """Padding and the holes of an input dilation are not multiplied: the figure equals XLA's own cost analysis
+    (a padded window counted whole had doubled FasterCache's FFN FLOPs in a TPU program)."""
+    lowered = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, **window)).lower(jnp.zeros(lhs), jnp.zeros(rhs))
+    found = hlo_stats.stats(lowered.compile().as_text()).as_dict()["total"]["flops"]
+    assert found == lowered.cost_analysis()["flops"] > 0
 
 
 def test_shape_bytes():
