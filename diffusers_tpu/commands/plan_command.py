@@ -204,7 +204,7 @@ def main(args, argv: list[str] | None = None) -> int:
                     print(f"  {place}. mesh {row['memory_per_device']['mesh']}: {describe(row['estimate'])}{effort}")
                     if args.compiler_estimate:
                         print(f"     {compiler_estimate.describe(row['compiler_estimate'])}")
-                recommended["chosen_because"] = because
+                recommended["chosen_because"] = because + plan_screening.quick_rows_note(ranked)
             else:
                 recommended = fitting[0]
                 recommended["chosen_because"] = "the first candidate in order of preference that fits"

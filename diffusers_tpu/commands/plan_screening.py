@@ -67,6 +67,18 @@ def to_confirm(rows: list[dict], hbm: float) -> list[dict]:
     return rivals
 
 
+def quick_rows_note(rows: list[dict]) -> str:
+    """What the ranking's quick-effort rows mean: why they were not compiled again at full effort."""
+    if not any(_quick(row) for row in rows):
+        return ""
+    (low_t, high_t), (low_b, high_b) = FULL_OVER_QUICK_TEMPORARIES, FULL_OVER_QUICK_BYTES
+    return (
+        "; the [quick-effort compile] rows keep the screening's figures: with their temporaries anywhere in "
+        f"{low_t:g}-{high_t:g}x and their bytes in {low_b:g}-{high_b:g}x (a full-effort compile's measured range, "
+        "with a margin) the recommendation would be the same"
+    )
+
+
 def seconds_range(row: dict) -> tuple[float, float]:
     """A row's step estimate as its full-effort program could give it: the quick program's bytes scaled through
     ``FULL_OVER_QUICK_BYTES`` (a full-effort row: its own estimate)."""

@@ -141,6 +141,8 @@ def test_the_screening_chooses_what_compiling_every_candidate_at_full_effort_cho
     screened, full = json.loads(screened.read_text()), json.loads(full.read_text())
     efforts = [row["step_effort"] for row in screened["candidates"]]
     assert "quick" in efforts and efforts.count("full") == out.count("[confirmed at full effort")  # each one said
+    ranked_quick = any(row["fits"] and row["step_effort"] == "quick" for row in screened["candidates"])
+    assert ("[quick-effort compile] rows keep" in screened["recommended"]["chosen_because"]) == ranked_quick
     assert {row["step_effort"] for row in full["candidates"]} == {"full"}
     quick = {str(row["memory_per_device"]["mesh"]): row["estimate"] for row in screened["candidates"]}
     for row in full["candidates"]:  # FLOPs and collectives are the partitioner's, whatever the effort
@@ -151,3 +153,9 @@ def test_the_screening_chooses_what_compiling_every_candidate_at_full_effort_cho
     pick = by_mesh[str(screened["recommended"]["memory_per_device"]["mesh"])]  # the screened pick, at full effort
     fastest = min(row["estimate"]["seconds"] for row in full["candidates"] if row["fits"])
     assert pick["fits"] and pick["estimate"]["seconds"] <= fastest * (1 + step_estimate.TIE)
+
+
+def test_the_recommendation_says_why_quick_rows_were_not_compiled_again():
+    note = plan_screening.quick_rows_note([_row({"dp": 2}, 1.0, 10.0), _row({"tp": 4}, 1.1, 10.0, effort="full")])
+    assert "[quick-effort compile] rows keep" in note and "0.4-1.6x" in note and "0.97-1.3x" in note
+    assert plan_screening.quick_rows_note([_row({"dp": 2}, 1.0, 10.0, effort="full")]) == ""
