@@ -198,11 +198,7 @@ def main() -> None:
         (
             "sea",
             SeaCacheConfig(),
-            [
-                ("computing (one pass)", ("compute",)),
-                ("skipping (one pass)", ("skip",)),
-                ("extrapolating (one pass)", ("extrapolate",)),
-            ],
+            [("computing", ("compute",) * 2), ("skipping", ("skip",) * 2), ("extrapolating", ("extrapolate",) * 2)],
         ),
         (
             "taylor",
@@ -234,7 +230,7 @@ def main() -> None:
             entry = runtime.denoiser_entry(denoiser.module, denoiser.rules, state=lambda: state)
             reported = abstract_weights.reported_dtype(denoiser.module, state)
             call_args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, args.text_tokens, reported, runtime)
-            batch = 2 if runtime.pairing is not None and guided and kind not in ("pab", "sea", "faster") else 1
+            batch = 2 if runtime.pairing is not None and guided and kind not in ("pab", "faster") else 1
             probed = call_args, kwargs
             call_args, kwargs = pytree.tree_map(lambda v: call_probe.concrete(v, batch), probed)
             mesh = dict(runtime.mesh.shape)

@@ -118,6 +118,13 @@ def context_coordinates(manager) -> tuple:
     return tuple(value.item() if isinstance(value, torch.Tensor) else value for value in values)
 
 
+def reset_cache_hooks(module) -> None:
+    """Every stateful hook of ``module``'s step cache back to its start, as stock pipelines do at a call's end. Why
+    private: ``CacheMixin._reset_stateful_cache`` is what ``maybe_free_model_hooks`` calls; the public way
+    (``diffusers.hooks.HookRegistry``) imports PEFT, which ``import diffusers_tpu`` does not."""
+    module._reset_stateful_cache()
+
+
 def _raw_context(manager):
     return vars(manager).get("_context", vars(manager).get("_current_context"))  # 0.39+ / 0.38
 

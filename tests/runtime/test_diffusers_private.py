@@ -103,6 +103,23 @@ def test_a_cache_state_per_context_is_read_and_the_context_kept():
         StateManager(_State).get_state()
 
 
+def test_a_context_s_coordinates_are_read_and_a_cache_s_state_reset():
+    from diffusers import MagCacheConfig, WanTransformer3DModel
+
+    from diffusers_tpu.testing import tiny
+
+    model = WanTransformer3DModel(**tiny.WAN_TRANSFORMERS["wan"])
+    model.enable_cache(MagCacheConfig(mag_ratios=[1.0] * 2, num_inference_steps=2))
+    head = diffusers_private.hook_registry(model.blocks[0]).hooks["mag_cache_leader_block_hook"]
+    assert diffusers_private.context_coordinates(head.state_manager) == (None, None, None)
+    if "step_index" in getattr(diffusers.hooks.hooks, "CacheContext", type).__dict__.get("__dataclass_fields__", {}):
+        with model.cache_context("cond", step_index=torch.tensor(3), sigma=0.5, num_inference_steps=8):
+            assert diffusers_private.context_coordinates(head.state_manager) == (3, 0.5, 8)
+    diffusers_private.cache_state(head.state_manager, "cond").step_index = 1
+    diffusers_private.reset_cache_hooks(model)
+    assert diffusers_private.cache_state(head.state_manager, "cond").step_index == 0
+
+
 def test_step_cache_hooks_expose_their_metadata_and_mag_cache_advances_its_step():
     from diffusers import MagCacheConfig, WanTransformer3DModel
 

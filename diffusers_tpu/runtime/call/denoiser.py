@@ -27,7 +27,6 @@ import logging
 
 import jax
 import torch
-from diffusers.hooks import HookRegistry
 
 from ...interop import backend, sharding
 from ...interop.jit import CompiledFunction, place_arguments
@@ -150,7 +149,7 @@ class Denoiser:
             if cache is not None:
                 cache.partner_called()
         except RuntimeError:  # the call stops: stock's hook state reset as its pipelines do at a call's end
-            HookRegistry.check_if_exists_or_initialize(self.module).reset_stateful_hooks(recurse=True)
+            diffusers_private.reset_cache_hooks(self.module)
             raise
 
     def step_cache(self, hooks: dict):
