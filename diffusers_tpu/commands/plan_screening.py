@@ -1,7 +1,7 @@
 """``plan``'s screening: every candidate's step compiled at XLA's quick effort (``tpu_compiler.quick_figures``: a
 real-size step in about a quarter of the time, the same FLOPs and collectives), then, at full effort as the runtime
-builds it, only the candidates that could still win or whose fit is in doubt. Each row says which it is
-(``step_effort``)."""
+builds it, only the candidates whose full-effort figures could change the recommendation, judged by what the effort was
+measured to change. Each row says which it is (``step_effort``)."""
 
 from __future__ import annotations
 
