@@ -41,7 +41,7 @@ from diffusers_tpu.interop.torch_private import pytree
 from diffusers_tpu.planner import abstract_weights, architectures, call_probe, hlo_stats, plan, tpu_compiler
 from diffusers_tpu.planner.chips import CHIPS
 from diffusers_tpu.runtime.call import step_caches
-from diffusers_tpu.runtime.call.denoiser_hooks import active_hooks
+from diffusers_tpu.runtime.call.denoiser_hooks import active_hooks, inner_hooks
 from diffusers_tpu.runtime.config import TPUConfig
 
 
@@ -265,7 +265,7 @@ def _rows(value, half: bool):
 
 
 def _inner_hooks(module) -> dict:
-    return {m: names for m, names in active_hooks(module).items() if m is not module}
+    return inner_hooks(active_hooks(module), module)
 
 
 def _block_hidden(module, pipe, size, batch, dtype, mesh) -> jax.ShapeDtypeStruct:

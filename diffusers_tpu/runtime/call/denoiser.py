@@ -34,7 +34,7 @@ from ...interop.torch_private import pytree
 from .. import diffusers_private
 from ..weights import lora, quantize, stacked_weights
 from . import repeated_blocks, step_caches
-from .denoiser_hooks import active_hooks, batches_pair, check_hooks
+from .denoiser_hooks import active_hooks, batches_pair, check_hooks, inner_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def runs_in_units(module: torch.nn.Module) -> bool:
     """Whether ``module``'s diffusers hooks keep each guidance pass its own call: the unit route, or a step cache whose
     state the two passes share (``step_caches``: Pyramid Attention Broadcast); the others batch the pair."""
     hooks = active_hooks(module)
-    inner = {m: names for m, names in hooks.items() if m is not module}
+    inner = inner_hooks(hooks, module)
     return bool(hooks) and not batches_pair(step_caches.recognize(module, inner) if inner else None, hooks, module)
 
 
@@ -139,7 +139,7 @@ class Denoiser:
             return ""
         if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
             return "units"
-        inner = {m: names for m, names in hooks.items() if m is not self.module}
+        inner = inner_hooks(hooks, self.module)
         return "program" if batches_pair(self.step_cache(inner) if inner else None, hooks, self.module) else "units"
 
     def pair_answered(self) -> None:
@@ -175,7 +175,7 @@ class Denoiser:
         self._partnered = None  # a call that reached the entry: no batched pair's partner pending
         check_hooks(self.module, f"{type(self.module).__name__} call")
         # hooks on the denoiser itself run around this entry; only hooks inside it need units
-        hooks = {m: names for m, names in active_hooks(self.module).items() if m is not self.module}
+        hooks = inner_hooks(active_hooks(self.module), self.module)
         with lora.scale_from_kwargs(self.module, kwargs) as kwargs:
             if not hooks and id(self.module) not in self.eager:
                 try:

@@ -28,6 +28,11 @@ def active_hooks(root: torch.nn.Module) -> dict:
     return found
 
 
+def inner_hooks(hooks: dict, module) -> dict:
+    """``hooks`` (``active_hooks``) below ``module``: those on the module itself run around its compiled entry."""
+    return {m: names for m, names in hooks.items() if m is not module}
+
+
 def batches_pair(cache, hooks: dict, module) -> bool:
     """Whether the pair may share a call under ``cache``: its state kept per context, and any hook on the denoiser
     itself one the cache plays its part around (``StepCache.root_names``)."""
