@@ -23,6 +23,7 @@ MODULES = (
     "hunyuan_video15",
     "ltx",
     "ltx2",
+    "nucleusmoe",
     "qwenimage",
     "unet",
     "wan",

@@ -1,4 +1,5 @@
-"""Tiny offline image pipelines (Flux, Qwen-Image, Z-Image): 2+ layers, 4 heads, prompts of different lengths.
+"""Tiny offline image pipelines (Flux, Qwen-Image, Z-Image, NucleusMoE-Image): 2+ layers, 4 heads, prompts of
+different lengths.
 ``(pipe, call arguments)`` like ``tiny_families``."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from diffusers import (
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model
 
 from .tiny import char_tokenizer
-from .tiny_parts import tiny_clip, tiny_t5
+from .tiny_parts import seeded, tiny_clip, tiny_t5, vl_processor
 
 PROMPTS = dict(
     prompt=["a cat on the grass", "a red fox jumps over a sleeping dog in the snow"],
@@ -209,7 +210,76 @@ def z_image(seed: int = 0, dim: int = 48, heads: int = 4, axes_dims=(4, 4, 4)):
     )
 
 
-PIPELINES = {"flux": flux, "qwen-image": qwen_image, "z-image": z_image}
+# Qwen3-VL's vision tokens, and a chat template of stock's shape: the system prompt cut to 6 characters (a character
+# tokenizer would make stock's ~300 tokens), then the user's text parts
+QWEN3_VL_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+SHORT_CHAT = (
+    "{% for m in messages %}<{% if m['content'] is string %}{{ m['content'][:6] }}{% else %}"
+    "{% for c in m['content'] %}{{ c['text'] }}{% endfor %}{% endif %}>{% endfor %}"
+)
+
+
+def nucleusmoe_image(seed: int = 0):
+    """NucleusMoE-Image (diffusers 0.42+): a Qwen3-VL text encoder (3 layers; the states of the second-to-last, as
+    ``return_index=-2`` asks: stock's -8 needs 8), three single-stream blocks — one dense, two of 4 experts with
+    expert-choice routing — and grouped-query attention (4 heads, 2 key/value heads); Qwen-Image's VAE."""
+    import diffusers  # noqa: PLC0415 (diffusers < 0.42 has no NucleusMoE-Image; the other builders need none)
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor  # noqa: PLC0415
+
+    tokenizer = char_tokenizer()
+    processor = vl_processor(Qwen3VLProcessor, tokenizer, QWEN3_VL_TOKENS, SHORT_CHAT)
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters=rope,
+    )
+    vision = dict(
+        depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, deepstack_visual_indexes=[0]
+    )
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in zip(names, QWEN3_VL_TOKENS)}
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
+    text_encoder = seeded(seed + 2, lambda: Qwen3VLForConditionalGeneration(config))
+    transformer = seeded(
+        seed,
+        lambda: diffusers.NucleusMoEImageTransformer2DModel(
+            patch_size=2,
+            in_channels=16,
+            out_channels=4,
+            num_layers=3,
+            attention_head_dim=16,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            joint_attention_dim=32,
+            axes_dims_rope=(4, 6, 6),
+            dense_moe_strategy="leave_first_block_dense",
+            num_experts=4,
+            moe_intermediate_dim=32,
+            capacity_factors=2.0,
+        ),
+    )
+    generator = torch.Generator().manual_seed(seed + 3)
+    for name, weight in transformer.named_parameters():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # stock leaves them ``torch.empty``
+            weight.data = torch.randn(weight.shape, generator=generator) * weight.shape[1] ** -0.5
+    pipe = diffusers.NucleusMoEImagePipeline(
+        transformer=transformer,
+        vae=qwen_image(seed)[0].vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder=text_encoder,
+        processor=processor,
+    )
+    call = dict(PROMPTS, height=32, width=32, num_inference_steps=2, guidance_scale=4.0, return_index=-2)
+    return pipe, dict(call, max_sequence_length=48)
+
+
+PIPELINES = {"flux": flux, "nucleusmoe-image": nucleusmoe_image, "qwen-image": qwen_image, "z-image": z_image}
 
 
 def pipeline(name: str, seed: int = 0):

@@ -131,6 +131,20 @@ def tiny_prior(seed: int):
     return PriorTransformer(num_attention_heads=2, attention_head_dim=16, embedding_dim=32, num_layers=2).eval()
 
 
+def vl_processor(cls, tokenizer, vision_tokens: tuple[str, ...], chat_template: str | None = None):
+    """A Qwen-VL processor class ``cls`` over ``tokenizer``, its ``vision_tokens`` added as single tokens; images
+    only, processed with PIL (the video processor needs torchvision, which the text and image pipelines never use)."""
+
+    class ImageProcessorOnly(cls):
+        def check_argument_for_proper_class(self, name, argument):
+            if not (name == "video_processor" and argument is None):
+                return super().check_argument_for_proper_class(name, argument)
+
+    tokenizer.add_special_tokens({"additional_special_tokens": list(vision_tokens)})
+    images = getattr(transformers, "Qwen2VLImageProcessorPil", transformers.Qwen2VLImageProcessor)()
+    return ImageProcessorOnly(image_processor=images, tokenizer=tokenizer, chat_template=chat_template)
+
+
 def test_image(height: int = 32, width: int = 32, seed: int = 0):
     """A deterministic RGB PIL image (for image-to-video)."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)

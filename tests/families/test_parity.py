@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+import diffusers
 import numpy as np
 import pytest
 import torch
@@ -225,6 +226,23 @@ PARITY = {
         if name not in ("svd", "animatediff")
     },
 }
+
+
+def nucleusmoe_in_one_program(run: Run) -> None:
+    """The experts' grouped matmul and the rotary tables traced: every step one program, no module run eagerly."""
+    entry = run.pipe._diffusers_tpu_runtime.denoisers["transformer"]
+    assert not entry.eager and entry.unit_calls == 0 and "cannot be traced" not in run.log
+
+
+if hasattr(diffusers, "NucleusMoEImagePipeline"):  # diffusers 0.42+
+    PARITY["nucleusmoe-image"] = Case(
+        named(tiny_images, "nucleusmoe-image"),
+        "nucleusmoe",
+        config=PAIRED,
+        batched_steps=2,
+        check=nucleusmoe_in_one_program,
+        rerun_on_cpu=True,  # the experts' and the rotary tables' stock methods are back
+    )
 
 
 def call(pipe, arguments, output_type):

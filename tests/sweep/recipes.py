@@ -98,6 +98,7 @@ RECIPES = {
     "FluxPipeline": _named(tiny_images, "flux"),
     "QwenImagePipeline": _named(tiny_images, "qwen-image"),
     "ZImagePipeline": _named(tiny_images, "z-image"),
+    "NucleusMoEImagePipeline": _named(tiny_images, "nucleusmoe-image"),
     **{
         cls: (
             lambda name=name, cls=cls: (

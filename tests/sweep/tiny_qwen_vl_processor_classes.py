@@ -21,17 +21,7 @@ VISION_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 
 def _processor(tokenizer):
-    """Qwen2-VL's processor over the character tokenizer, its vision tokens added as single tokens; images only,
-    processed with PIL (its video processor needs torchvision, which the edit pipelines never use)."""
-
-    class ImageProcessorOnly(transformers.Qwen2VLProcessor):
-        def check_argument_for_proper_class(self, name, argument):
-            if not (name == "video_processor" and argument is None):
-                return super().check_argument_for_proper_class(name, argument)
-
-    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
-    images = getattr(transformers, "Qwen2VLImageProcessorPil", transformers.Qwen2VLImageProcessor)()
-    return ImageProcessorOnly(image_processor=images, tokenizer=tokenizer)
+    return tiny_parts.vl_processor(transformers.Qwen2VLProcessor, tokenizer, VISION_TOKENS)
 
 
 def _small_reference_images():

@@ -1,0 +1,99 @@
+"""NucleusMoE-Image (``NucleusMoEImagePipeline``): the guidance pair as one dp-sharded batch, the experts and the
+rotary tables made jit-safe, sharding as the generic path infers it (experts over ``tp`` by their hidden width).
+
+Jit notes, each fixed on the placed pipeline's own modules (undone by ``pipe.to("cpu")``):
+- ``SwiGLUExperts`` splits its tokens by ``num_tokens_per_expert.tolist()`` (a host read a trace cannot make) or
+  ``F.grouped_mm`` (not lowered by torchax). Both become ``jax.lax.ragged_dot`` — the grouped matmul itself, group
+  sizes read on the devices: the same rows per expert for any counts, padding rows zero as stock's.
+- ``NucleusMoEEmbedRope._compute_video_freqs`` is a plain ``functools.lru_cache``: a trace would leave tracers in it
+  for later programs. While JAX traces it is computed afresh (as diffusers' ``lru_cache_unless_export`` does).
+
+The single-stream blocks use the text only as keys and values (masked where padded), and the experts route each
+sample's image tokens on their own (expert choice over one sample's sequence): the "cond" and "uncond" calls batch
+exactly, the shorter text padded with masked tokens. TextKVCache, which keeps each block's text keys and values per
+prompt, runs inside the whole-step programs (``runtime/call/step_caches/text_kv.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import diffusers
+import jax
+import torch
+
+from ..interop.backend import to_jax_array, wrap
+from ..runtime.registry import CFGBatching, Family, register
+from .generic import infer_rules
+
+try:  # diffusers >= 0.42
+    from diffusers.models.transformers import transformer_nucleusmoe_image as stock
+except ImportError:
+    stock = None
+
+# the experts' weights ([experts, in, out]) split over tp by their hidden width: gate/up column-parallel, down
+# row-parallel, as a dense SwiGLU's
+SHARD_RULES = (
+    (r"^transformer_blocks\.\d+\.img_mlp\.experts\.gate_up_proj$", (None, None, "tp")),
+    (r"^transformer_blocks\.\d+\.img_mlp\.experts\.down_proj$", (None, "tp", None)),
+)
+
+
+def grouped_swiglu(experts, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """``SwiGLUExperts``' product for tokens sorted by expert: rows ``[offset_e, offset_e + n_e)`` through expert
+    ``e``'s SwiGLU, rows past the last group zero (stock's padding)."""
+    sizes = to_jax_array(num_tokens_per_expert).astype(jax.numpy.int32)
+    rows = to_jax_array(x)
+    gate_up = jax.lax.ragged_dot(rows, to_jax_array(experts.gate_up_proj).astype(rows.dtype), sizes)
+    gate, up = jax.numpy.split(gate_up, 2, axis=-1)
+    hidden = jax.nn.silu(gate) * up
+    return wrap(jax.lax.ragged_dot(hidden, to_jax_array(experts.down_proj).astype(rows.dtype), sizes))
+
+
+def _video_freqs(rope, stock_method):
+    """The rope's cached tables outside traces; computed afresh inside one (no tracer left in the cache)."""
+
+    @functools.wraps(stock_method)
+    def video_freqs(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return stock_method.__wrapped__(rope, *args, **kwargs)
+        return stock_method(rope, *args, **kwargs)
+
+    return video_freqs
+
+
+def prepare(pipe, runtime) -> None:
+    for module in pipe.transformer.modules():
+        if isinstance(module, stock.SwiGLUExperts):
+            grouped = functools.partial(grouped_swiglu, module)
+            runtime.overrides.set(module, "_run_experts_for_loop", grouped)
+            runtime.overrides.set(module, "_run_experts_grouped_mm", grouped)
+        elif isinstance(module, stock.NucleusMoEEmbedRope):
+            method = type(module)._compute_video_freqs
+            if hasattr(method, "__wrapped__"):  # stock's lru_cache (diffusers 0.42)
+                runtime.overrides.set(module, "_compute_video_freqs", _video_freqs(module, method))
+
+
+FAMILY = (
+    None
+    if stock is None
+    else register(  # diffusers < 0.42 has no NucleusMoE-Image
+        Family(
+            name="nucleusmoe",
+            pipelines=(diffusers.NucleusMoEImagePipeline,),
+            denoisers=("transformer",),
+            shard_rules=SHARD_RULES,
+            rules_for=infer_rules,
+            activation_rules=((r"^transformer_blocks\.\d+$", ("dp", "sp", None)),),
+            # encode_prompt -> (embeddings, mask); called a second time for the negative prompt
+            cfg=CFGBatching(
+                negative=lambda encoded: (encoded[0], encoded[1]),
+                condition_args=("encoder_hidden_states", "encoder_hidden_states_mask"),
+                negative_call=1,
+                pad_text=True,
+                batched_args=("hidden_states", "timestep"),
+            ),
+            prepare=prepare,
+        )
+    )
+)
