@@ -45,7 +45,7 @@ from diffusers_tpu.runtime.call.denoiser_hooks import active_hooks, inner_hooks
 from diffusers_tpu.runtime.config import TPUConfig
 
 
-def _figures(lowered) -> dict:
+def figures(lowered) -> dict:
     start = time.perf_counter()
     try:
         compiled = lowered.compile()
@@ -250,7 +250,7 @@ def main() -> None:
                     _abstract_state(cache, kind, tokens, decisions)
                     with step_caches.batched_rows(cache.contexts):
                         lowered, _ = entry.cached_program(cache).lowered(call_args, kwargs)
-                rows[f"{kind or 'none'}: {name}"] = dict(_figures(lowered), mesh=mesh, batch=batch)
+                rows[f"{kind or 'none'}: {name}"] = dict(figures(lowered), mesh=mesh, batch=batch)
                 print(json.dumps(rows[f"{kind or 'none'}: {name}"]), flush=True)
     if args.json:
         with open(args.json, "w") as file:

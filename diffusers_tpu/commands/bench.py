@@ -78,6 +78,7 @@ def run(args) -> dict:
     )
     model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
+    check_cache(pipe, args.cache)
     sizes = call_sizes(pipe, args, model)
     sequence = sequence_length(pipe, model)
     call = dict(
@@ -163,11 +164,23 @@ def _loop_seconds(stages: dict) -> float | None:
     return steps["mean_s"] * steps["count"] if steps and steps.get("count") else None
 
 
+def check_cache(pipe, spec: str | None) -> None:
+    """``--cache`` refused before anything runs where diffusers or the pipeline has no such cache."""
+    name = (spec or "").partition(":")[0]
+    if name == "sea" and not hasattr(diffusers, "SeaCacheConfig"):
+        raise ValueError(f"--cache sea: SeaCache is in diffusers 0.42 and later, not {diffusers.__version__}.")
+    if name == "textkv" and type(pipe).__name__ != "NucleusMoEImagePipeline":  # stock hooks only its blocks
+        raise ValueError(
+            f"--cache textkv: TextKVCache keeps NucleusMoE-Image's text keys and values, not "
+            f"{type(pipe).__name__}'s; try --model tiny:nucleusmoe-image."
+        )
+
+
 def enable_cache(pipe, spec: str | None, steps: int) -> None:
     """A diffusers step cache on every denoiser: FirstBlockCache, MagCache with diffusers' FLUX_MAG_RATIOS
     interpolated to the step count (a stand-in: real runs calibrate ratios for their model), TaylorSeer on every
-    block's attention layers (factors in bfloat16), Pyramid Attention Broadcast on the spatial attention, SeaCache or
-    FasterCache (its stock ranges)."""
+    block's attention layers (factors in bfloat16), Pyramid Attention Broadcast on the spatial attention, SeaCache,
+    FasterCache (its stock ranges) or TextKVCache."""
     if not spec:
         return
 
@@ -184,11 +197,11 @@ def enable_cache(pipe, spec: str | None, steps: int) -> None:
             attention = [r"(single_transformer_|transformer_)?blocks\.\d+\.attn\d?"]
             module.enable_cache(TaylorSeerCacheConfig(cache_interval=int(threshold), cache_identifiers=attention))
         elif name == "sea":
-            if not hasattr(diffusers, "SeaCacheConfig"):
-                raise ValueError(f"--cache sea: SeaCache is in diffusers 0.42 and later, not {diffusers.__version__}.")
             module.enable_cache(diffusers.SeaCacheConfig(threshold=threshold))
         elif name == "faster":
             module.enable_cache(_faster_cache(pipe, int(threshold)))
+        elif name == "textkv":
+            module.enable_cache(diffusers.TextKVCacheConfig())
         elif name == "pab":
             module.enable_cache(
                 PyramidAttentionBroadcastConfig(
@@ -275,6 +288,7 @@ def format_table(report: dict) -> str:
         mfu = f"{flops['mfu']:.1%}" if flops.get("mfu") is not None else "n/a on this platform"
         lines.append(f"{flops['per_step']:.3e} FLOP/step, {flops['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}")
     cache = jax_side.get("cache") or {}
+    cache_name = str(report["settings"].get("cache")).partition(":")[0]
     if cache:
         speedup = cache.get("denoise_speedup")
         theirs = (torch_side or {}).get("cache") or {}
@@ -282,6 +296,7 @@ def format_table(report: dict) -> str:
             f"step cache {report['settings'].get('cache')}: {cache['cached_passes']} of "
             f"{cache['denoiser_passes']} denoiser passes cached"
             + (f" (torch: {theirs['cached_passes']} of {theirs['denoiser_passes']})" if theirs else "")
+            + (" (it skips no pass: each block's text projections)" if cache_name == "textkv" else "")
             + (f"; denoising loop {speedup:.2f}x faster than without it" if speedup else "")
         )
     if "max_output_difference_levels" in report:

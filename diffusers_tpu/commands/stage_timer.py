@@ -56,7 +56,11 @@ class StageTimer:
         self._last, self._run = None, None
         self._wrap(pipe, "encode_prompt", self._timed("text_encoding"))
         self._wrap(pipe.vae, "decode", self._timed("vae_decode"))
-        self._wrap(pipe.video_processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
+        processor = getattr(pipe, "video_processor", None)  # image pipelines: their image processor's postprocess
+        if processor is not None:
+            self._wrap(processor, "postprocess_video", self._timed("postprocess", count_bytes=True))
+        else:
+            self._wrap(pipe.image_processor, "postprocess", self._timed("postprocess", count_bytes=True))
         self._wrap(pipe, "progress_bar", self._stepping)
         # how many hooked blocks each denoiser pass computed (step caches skip some): on torch counted per call; on
         # JAX the runtime's count per cache-context pass (a batched guidance pair is two passes in one call)
@@ -219,7 +223,9 @@ def blocks_report(timed: list[list], warmup: list[list]) -> dict:
 
 
 def frames(output) -> np.ndarray:
-    return np.stack([np.stack([np.asarray(f) for f in video]) for video in output.frames]).astype(np.int16)
+    """The output's pictures as ``[videos, frames, H, W, C]`` (an image pipeline's: one frame each)."""
+    videos = output.frames if hasattr(output, "frames") else [[image] for image in output.images]
+    return np.stack([np.stack([np.asarray(f) for f in video]) for video in videos]).astype(np.int16)
 
 
 @contextlib.contextmanager

@@ -20,20 +20,22 @@ DESCRIPTION = """diffusers-tpu: generate a video with a stock diffusers pipeline
 """
 BENCH_MODEL = "tiny:wan"  # the default: the random-weight tiny Wan the CPU tables were recorded with
 # name -> default threshold, interval or skip range
-CACHES = {"fbc": 0.05, "mag": 0.06, "sea": 0.25, "taylor": 5, "pab": 2, "faster": 2}
+CACHES = {"fbc": 0.05, "mag": 0.06, "sea": 0.25, "taylor": 5, "pab": 2, "faster": 2, "textkv": None}
 
 
 def cache_arg(text: str) -> str:
-    """``--cache fbc|mag|sea[:threshold]``, ``taylor[:interval]``, ``pab[:range]``, ``faster[:range]``."""
+    """``--cache fbc|mag|sea[:threshold]``, ``taylor[:interval]``, ``pab[:range]``, ``faster[:range]``, ``textkv``."""
     name, _, value = text.partition(":")
     try:
         whole = name in ("taylor", "pab", "faster")
         if name not in CACHES or value and (float(value) <= 0 or whole and (not value.isdigit() or int(value) < 2)):
             raise ValueError
+        if name == "textkv" and value:
+            raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--cache takes fbc[:threshold], mag[:threshold], sea[:threshold], taylor[:interval], pab[:range] or "
-            f"faster[:range] (whole numbers of at least 2), got {text!r}"
+            f"--cache takes fbc[:threshold], mag[:threshold], sea[:threshold], taylor[:interval], pab[:range], "
+            f"faster[:range] (whole numbers of at least 2) or textkv (no setting), got {text!r}"
         ) from None
     return text
 
@@ -59,9 +61,9 @@ def _bench(parser) -> None:
         type=cache_arg,
         help="a diffusers step cache on the denoiser: fbc[:threshold] (FirstBlockCache), mag[:threshold] (MagCache, "
         "FLUX_MAG_RATIOS as a stand-in), sea[:threshold] (SeaCache), taylor[:interval] (TaylorSeer on the attention "
-        "layers), pab[:range] (Pyramid Attention Broadcast, spatial) or faster[:range] (FasterCache; pipelines that "
-        "batch the guidance pair themselves, as CogVideoX); reports the cached denoiser passes and the speed-up over "
-        "the same JAX run without it",
+        "layers), pab[:range] (Pyramid Attention Broadcast, spatial), faster[:range] (FasterCache; pipelines that "
+        "batch the guidance pair themselves, as CogVideoX) or textkv (TextKVCache, NucleusMoE-Image); reports the "
+        "cached denoiser passes and the speed-up over the same JAX run without it",
     )
 
 

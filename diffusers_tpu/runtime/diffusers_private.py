@@ -159,3 +159,31 @@ def sea_cache_metadata(leader_hook):
     """The step index, sigma, step count and input latents SeaCache's root hook read for the running call (None
     where it runs fail-open). Why private: ``SeaCacheSharedState.forward_metadata`` is set by the root hook only."""
     return leader_hook.shared_state.forward_metadata
+
+
+class _OnePrompt:
+    """What a TextKVCache block hook reads of its two state managers, for one prompt: its key and, when given, the
+    keys and values kept for it (else it computes them and puts them here)."""
+
+    _context = "one prompt"
+    key = 0
+
+    def __init__(self, kept):
+        self.kv_cache = {} if kept is None else {self.key: kept}
+
+    def get_state(self):
+        return self
+
+
+def text_kv_block_call(hook, module, kept, args, kwargs):
+    """A TextKVCache block hook's own call (``TextKVCacheBlockHook.new_forward``: the text keys and values it
+    computes, or ``kept``, handed to the block's attention) for one prompt: ``(output, (keys, values))``. Why
+    private: the hook reads its managers' private ``_context``; stand-in managers are the only way to give it values
+    that are not its state's (a traced program's)."""
+    stand_in, managers = _OnePrompt(kept), (hook.state_manager, hook.block_state_manager)
+    hook.state_manager = hook.block_state_manager = stand_in
+    try:
+        out = hook.new_forward(module, *args, **kwargs)
+    finally:
+        hook.state_manager, hook.block_state_manager = managers
+    return out, stand_in.kv_cache[stand_in.key]

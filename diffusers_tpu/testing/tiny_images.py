@@ -220,10 +220,13 @@ SHORT_CHAT = (
 
 
 def nucleusmoe_image(seed: int = 0):
-    """NucleusMoE-Image (diffusers 0.42+): a Qwen3-VL text encoder (3 layers; the states of the second-to-last, as
-    ``return_index=-2`` asks: stock's -8 needs 8), three single-stream blocks — one dense, two of 4 experts with
+    """NucleusMoE-Image (diffusers 0.42+): a Qwen3-VL text encoder (8 layers: stock reads the states 8 from the
+    last), three single-stream blocks — one dense, two of 4 experts with
     expert-choice routing — and grouped-query attention (4 heads, 2 key/value heads); Qwen-Image's VAE."""
     import diffusers  # noqa: PLC0415 (diffusers < 0.42 has no NucleusMoE-Image; the other builders need none)
+
+    if not hasattr(diffusers, "NucleusMoEImagePipeline"):
+        raise ValueError(f"NucleusMoE-Image is in diffusers 0.42 and later, not {diffusers.__version__}.")
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor  # noqa: PLC0415
 
     tokenizer = char_tokenizer()
@@ -234,7 +237,7 @@ def nucleusmoe_image(seed: int = 0):
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=32,
-        num_hidden_layers=3,
+        num_hidden_layers=8,
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=16,
@@ -275,8 +278,7 @@ def nucleusmoe_image(seed: int = 0):
         text_encoder=text_encoder,
         processor=processor,
     )
-    call = dict(PROMPTS, height=32, width=32, num_inference_steps=2, guidance_scale=4.0, return_index=-2)
-    return pipe, dict(call, max_sequence_length=48)
+    return pipe, dict(PROMPTS, height=32, width=32, num_inference_steps=2, guidance_scale=4.0, max_sequence_length=48)
 
 
 PIPELINES = {"flux": flux, "nucleusmoe-image": nucleusmoe_image, "qwen-image": qwen_image, "z-image": z_image}

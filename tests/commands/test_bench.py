@@ -219,14 +219,36 @@ def test_bench_arch_builds_a_registered_architecture(monkeypatch, tmp_path):
     assert data["jax"]["stages"]["steps"]["count"] == 2
 
 
-@pytest.mark.parametrize("spec", ["fbc", "fbc:0.2", "mag:0.3", "sea:0.5", "taylor", "taylor:3", "pab:2", "faster:3"])
+@pytest.mark.parametrize(
+    "spec", ["fbc", "fbc:0.2", "mag:0.3", "sea:0.5", "taylor", "taylor:3", "pab:2", "faster:3", "textkv"]
+)
 def test_bench_cache_takes_each_cache_form(spec):
     assert subcommand_arguments.cache_arg(spec) == spec
 
 
 @pytest.mark.parametrize(
-    "spec", ["taylor:1", "taylor:2.5", "pab:x", "fbc:-1", "teacache", "mag:0", "faster:1", "sea:0"]
+    "spec", ["taylor:1", "taylor:2.5", "pab:x", "fbc:-1", "teacache", "mag:0", "faster:1", "sea:0", "textkv:2"]
 )
 def test_bench_cache_refuses_nonsense_naming_the_forms(spec):
     with pytest.raises(argparse.ArgumentTypeError, match=r"mag\[:threshold\], sea\[:threshold\], taylor\[:interval\]"):
         subcommand_arguments.cache_arg(spec)
+
+
+@pytest.mark.skipif(not hasattr(__import__("diffusers"), "TextKVCacheConfig"), reason="new in diffusers 0.42")
+def test_bench_an_image_pipeline_with_text_kv_cache(tmp_path, capsys):
+    """An image pipeline (no video processor) benches; ``--cache textkv`` on any other class is refused naming the
+    model it is for, and that model benches with it: every pass computed, both outputs stock's (``--vs torch``)."""
+    wrong = subcommand_arguments.build().parse_args(["bench", "--model", "tiny:flux", "--cache", "textkv"])
+    with pytest.raises(ValueError, match="try --model tiny:nucleusmoe-image"):
+        bench.main(wrong)
+    path = tmp_path / "report.json"
+    argv = ["bench", "--model", "tiny:nucleusmoe-image", "--cache", "textkv", "--steps", "3", "--runs", "1"]
+    args = subcommand_arguments.build().parse_args([*argv, "--vs", "torch", "--json", str(path)])
+    assert bench.main(args) == 0
+    data = json.loads(path.read_text())
+    assert data["pipeline"] == "NucleusMoEImagePipeline" and data["settings"]["cache"] == "textkv"
+    assert data["jax"]["compile"]["recompilations_after_warmup"] == 0
+    cache = data["jax"]["cache"]
+    assert cache["cached_passes"] == 0 and cache["denoiser_passes"] == data["torch"]["cache"]["denoiser_passes"] > 0
+    assert data["max_output_difference_levels"] <= 1
+    assert "it skips no pass" in capsys.readouterr().out

@@ -231,6 +231,18 @@ def test_step_caches_on_the_mesh(report, run):
     assert result["kept_specs"] == [f"P({layers}None, {tokens}, 'tp')"], result
 
 
+def test_text_kv_cache_on_the_mesh(report):
+    """TextKVCache on NucleusMoE-Image over dp2·sp2·tp2: stock's image, the pair batched over dp at every step though
+    the loop names no contexts, the text keys and values computed once a call and kept spread over the mesh."""
+    if not hasattr(diffusers, "TextKVCacheConfig"):
+        pytest.skip("TextKVCache is new in diffusers 0.42")
+    result = report["caches"]["text_kv-dp2-sp2-tp2"]
+    assert result["finite"] and result["np_max_abs"] <= 1e-4, result
+    assert result["warm_compilations"] == 0 and result["unit_calls"] == 0 and result["programs"] == 2
+    assert result["batched_steps"] == 4 and result["computing_calls"] == 2  # one a call, two calls
+    assert result["kept_specs"] == ["P(None, 'dp', 'sp', 'tp')"], result  # layers, rows, text, heads
+
+
 def test_faster_cache_where_the_pipeline_batches_the_pair_keeps_dp(report):
     """CogVideoX concatenates the guidance pair in its one call: under FasterCache (whose state keeps a two-call pair
     as two calls) the automatic mesh still splits that batch over dp; stock's video from whole-step programs."""

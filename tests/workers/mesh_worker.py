@@ -649,6 +649,30 @@ def cache_runs():
         unit_calls=entry.unit_calls,
         programs=sum(len(compiled.programs) for compiled in entry._cached.values()),
     )
+    if hasattr(diffusers, "TextKVCacheConfig"):  # diffusers 0.42+: TextKVCache, on NucleusMoE-Image
+        from tests.runtime.test_text_kv_cache import build
+        from tests.runtime.test_text_kv_cache import run as image
+
+        ref, call = build()
+        expected = image(ref, call)
+        pipe, _ = build()
+        pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 2, "tp": 2}))
+        out = image(pipe, call)
+        runtime = pipe._diffusers_tpu_runtime
+        entry = runtime.denoisers["transformer"]
+        (cache,) = [c for c in entry._caches.values() if c is not None]
+        with compile_accounting.compile_log() as log:
+            image(pipe, call)
+        runs["text_kv-dp2-sp2-tp2"] = dict(
+            kept_specs=sorted({str(array.sharding.spec) for array in cache.inputs}),  # the last step's reads
+            np_max_abs=float(np.abs(out - expected).max()),
+            finite=bool(np.isfinite(out).all()),
+            warm_compilations=log.compilations,
+            unit_calls=entry.unit_calls,
+            batched_steps=runtime.pairing.batched_steps,
+            computing_calls=cache.computing_calls,
+            programs=sum(len(compiled.programs) for compiled in entry._cached.values()),
+        )
     return runs
 
 

@@ -67,9 +67,11 @@ class CFGPairing:
         self.context: dict[int, str | None] = {}
         self.batched_steps = 0
         self._moved: dict[int, tuple] = {}  # id -> (weakref to the host tensor, its device copy)
+        self._joins: dict[str, tuple] = {}  # condition keyword -> (cond array, uncond array, length, the batch's)
 
     def reset(self) -> None:
         self._moved.clear()
+        self._joins.clear()
         self.negative = self.accepted = self.pending = None
         self.batched_steps = self.encodes = 0
 
@@ -95,7 +97,8 @@ class CFGPairing:
     def denoiser_hook(self, module, hooked=lambda: "", answered=lambda: None) -> Hook:
         """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()`` (``Denoiser.hooked``): diffusers hooks keep
         per-context state: "units" — calls stay separate; "program" — a step cache run in whole-step programs, the
-        pair batched when the loop names its contexts (each half's rows keep their context's state); ``answered()``
+        pair batched when the loop names its contexts (each half's rows keep their context's state); "inputs" — one
+        whose state is kept by the call's inputs (TextKVCache), the pair batched whatever the contexts; ``answered()``
         (``Denoiser.pair_answered``): an "uncond" call got its half of the batch."""
         return _PairedCalls(self, module, hooked, answered)
 
@@ -166,11 +169,21 @@ class CFGPairing:
                 batched[name] = value * 2
         length = max(x.shape[1] for x in conditions + negatives) if self.pad_text else None
         for name, condition, negative in zip(self.condition_args, conditions, negatives):
-            pair = [to_jax_array(condition), to_jax_array(negative)]
-            if length is not None:
-                pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
-            batched[name] = wrap(jnp.concatenate(pair))
+            batched[name] = wrap(self._joined(name, to_jax_array(condition), to_jax_array(negative), length))
         return batched, negatives
+
+    def _joined(self, name: str, condition, negative, length):
+        """``[condition; negative]`` (padded to ``length``): one array while both halves are the same arrays, as the
+        loop's text states are from step to step (no copy per step; TextKVCache's key stays the batch's)."""
+        kept = self._joins.get(name)
+        if kept is not None and kept[0] is condition and kept[1] is negative and kept[2] == length:
+            return kept[3]
+        pair = [condition, negative]
+        if length is not None:
+            pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
+        joined = jnp.concatenate(pair)
+        self._joins[name] = (condition, negative, length, joined)
+        return joined
 
     def split(self, module, kwargs, negatives, out):
         """The batched call's output: the cond half returned, the uncond half kept for the loop's next call."""
@@ -226,7 +239,7 @@ class _PairedCalls(Hook):
         context = pairing.context.get(id(self.module))
         name = _ROLES.get(context) or pairing.role(conditions)
         hooked = self.hooked()
-        if hooked and (hooked == "units" or name == "cond" and context not in _PARTNER):
+        if hooked == "units" or hooked == "program" and name == "cond" and context not in _PARTNER:
             pairing.pending = None  # per-context hook state: only named contexts' rows can share a call
         elif call.args or name not in ("cond", "uncond") or conditions is None:
             pairing.pending = None
@@ -237,8 +250,9 @@ class _PairedCalls(Hook):
             if found is not None:
                 call.notes[self.name] = (call.kwargs, found[1])
                 call.kwargs = found[0]
-                if context in _PARTNER:
-                    call.stack.enter_context(step_caches.batched_rows((context, _PARTNER[context])))
+                if context in _PARTNER or hooked == "inputs":
+                    rows = (context, _PARTNER[context]) if context in _PARTNER else ("cond", "uncond")
+                    call.stack.enter_context(step_caches.batched_rows(rows))
         else:
             ahead = pairing.computed_ahead(self.module, call.kwargs, conditions)
             if ahead is not None:

@@ -133,14 +133,18 @@ class Denoiser:
 
     def hooked(self) -> str:
         """How hooks on the denoiser run: "" (none), "program" (a step cache in whole-step programs, the pair batched
-        when its contexts are named), "units" (calls stay separate: units, or a cache whose state both passes share)."""
+        when its contexts are named), "inputs" (one whose state is kept by the call's inputs: the pair batched
+        whatever its contexts), "units" (calls stay separate: units, or a cache whose state both passes share)."""
         hooks = active_hooks(self.module)
         if not hooks:
             return ""
         if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
             return "units"
         inner = inner_hooks(hooks, self.module)
-        return "program" if batches_pair(self.step_cache(inner) if inner else None, hooks, self.module) else "units"
+        cache = self.step_cache(inner) if inner else None
+        if not batches_pair(cache, hooks, self.module):
+            return "units"
+        return "program" if cache.state_per_context else "inputs"
 
     def pair_answered(self) -> None:
         """The loop's "uncond" call got its half of a batched pair: the step cache that planned both is told."""

@@ -1,5 +1,5 @@
 """diffusers' step caches inside the denoiser's whole-step program: FirstBlockCache, MagCache, SeaCache, TaylorSeer,
-Pyramid Attention Broadcast and FasterCache.
+Pyramid Attention Broadcast, FasterCache and TextKVCache.
 
 Stock cache hooks (``transformer.enable_cache(...)``) decide per call, in Python, which blocks run. For the caches
 recognized here the denoiser still runs ONE program per call (``denoiser.Denoiser``): its blocks one loop
@@ -22,11 +22,14 @@ plays their part:
   decision made before the call by stock's own gate on the input latents' filtered spectrum (``magnitude``).
 - **FasterCache**'s attention hooks the same way (compute, or extrapolate from the last two kept outputs; its state
   shared by the passes too); its hook on the denoiser itself stays stock code around the entry (``faster``).
+- **TextKVCache** keeps each block's text keys and values per prompt, stacked over the layers: computed by the first
+  program that sees the prompt, read by the others (``text_kv``); keyed by the text states, not by context, so the
+  pair shares a call even where the loop names no contexts.
 
 Every cache here may span several block lists (Flux's double- and single-stream blocks), each list one loop:
 FirstBlockCache's and MagCache's head in the first list, their tail residual after the last, a skip passing the
 later lists their inputs (stock's block hooks give their inputs back); TaylorSeer's, PAB's and FasterCache's arrays per
-list (or per layer, the blocks unrolled, where they cannot be one loop). Any other hook (TextKVCache, a custom one)
+list (or per layer, the blocks unrolled, where they cannot be one loop). Any other hook (a custom one)
 keeps the unit route (``denoiser``): slower, the same result. MagCache's calibration runs in programs too.
 """
 
@@ -42,6 +45,7 @@ from .first_block import FirstBlock
 from .magnitude import Magnitude, SeaCache
 from .pyramid import PyramidAttention
 from .taylor_seer import TaylorSeer
+from .text_kv import TextKV
 
 __all__ = [
     "Extras",
@@ -53,6 +57,7 @@ __all__ = [
     "PyramidAttention",
     "SeaCache",
     "TaylorSeer",
+    "TextKV",
     "batched_contexts",
     "batched_rows",
     "recognize",
@@ -71,7 +76,7 @@ def recognize(module: torch.nn.Module, hooks: dict):
             if names == [[kind.head_name]] + [[kind.block_name]] * (len(blocks) - 1):
                 found = [diffusers_private.hook_registry(b).hooks[n[0]] for b, n in zip(blocks, names)]
                 return kind(lists, found) if kind.accepts(found[0]) else None
-    for kind in (TaylorSeer, PyramidAttention, FasterCache):
+    for kind in (TaylorSeer, PyramidAttention, FasterCache, TextKV):
         found = kind.recognize(module, hooks)
         if found is not None:
             return found

@@ -35,17 +35,14 @@ class StepCache:
     head_name = block_name = ""
     head_outside = False  # the head block's output decides: it runs outside the block loop
     pairs = True  # the guidance pair may share a call (each half keeps its own cache context's state)
+    state_per_context = True  # False: kept by the call's inputs, so rows share a call whatever their contexts
     root_names: frozenset = frozenset()  # its hooks on the denoiser itself, whose part for a paired call it plays
 
     def __init__(self, lists: list, hooks: list):
         """``lists``: ``(path, blocks)`` of the block lists it plays a part in, in the order the forward calls them."""
         self.paths = tuple(path for path, _ in lists)
-        self.path, self.blocks, self.head, self.tail = (
-            self.paths[0],
-            [b for _, bs in lists for b in bs],
-            hooks[0],
-            hooks[-1],
-        )
+        self.path, self.head, self.tail = self.paths[0], hooks[0], hooks[-1]
+        self.blocks = [b for _, bs in lists for b in bs]
         self.manager = getattr(self.head, "state_manager", None)  # Pyramid Attention Broadcast keeps none
         self.metadata = diffusers_private.block_metadata(self.head) if self.head_name else None
         # a block hook's view of each list's calls (which output is which), and each later list's inputs when traced
