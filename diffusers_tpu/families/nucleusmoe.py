@@ -17,6 +17,7 @@ prompt, runs inside the whole-step programs (``runtime/call/step_caches/text_kv.
 from __future__ import annotations
 
 import functools
+import types
 
 import diffusers
 import jax
@@ -32,8 +33,11 @@ except ImportError:
     stock = None
 
 # the experts' weights ([experts, in, out]) split over tp by their hidden width: gate/up column-parallel, down
-# row-parallel, as a dense SwiGLU's
+# row-parallel, as a dense SwiGLU's; each block's projection of the text states column-parallel (replicated, every
+# tp device made all of it: 90 of a v6e-8 device's 1,572 GFLOP a step at 1024² with 256 text tokens, BENCHMARKS)
 SHARD_RULES = (
+    (r"^transformer_blocks\.\d+\.encoder_proj\.weight$", ("tp", None)),
+    (r"^transformer_blocks\.\d+\.encoder_proj\.bias$", ("tp",)),
     (r"^transformer_blocks\.\d+\.img_mlp\.experts\.gate_up_proj$", (None, None, "tp")),
     (r"^transformer_blocks\.\d+\.img_mlp\.experts\.down_proj$", (None, "tp", None)),
 )
@@ -44,10 +48,13 @@ def grouped_swiglu(experts, x: torch.Tensor, num_tokens_per_expert: torch.Tensor
     ``e``'s SwiGLU, rows past the last group zero (stock's padding)."""
     sizes = to_jax_array(num_tokens_per_expert).astype(jax.numpy.int32)
     rows = to_jax_array(x)
-    gate_up = jax.lax.ragged_dot(rows, to_jax_array(experts.gate_up_proj).astype(rows.dtype), sizes)
+    # 16-bit operands: their products are exact at the default precision, the one TPU's grouped-matmul kernel takes
+    # for them (the configured "highest" is refused by its compiler); float32 ones follow the configured precision
+    precision = jax.lax.Precision.DEFAULT if rows.dtype.itemsize == 2 else None
+    grouped = functools.partial(jax.lax.ragged_dot, group_sizes=sizes, precision=precision)
+    gate_up = grouped(rows, to_jax_array(experts.gate_up_proj).astype(rows.dtype))
     gate, up = jax.numpy.split(gate_up, 2, axis=-1)
-    hidden = jax.nn.silu(gate) * up
-    return wrap(jax.lax.ragged_dot(hidden, to_jax_array(experts.down_proj).astype(rows.dtype), sizes))
+    return wrap(grouped(jax.nn.silu(gate) * up, to_jax_array(experts.down_proj).astype(rows.dtype)))
 
 
 def _video_freqs(rope, stock_method):
@@ -65,7 +72,7 @@ def _video_freqs(rope, stock_method):
 def prepare(pipe, runtime) -> None:
     for module in pipe.transformer.modules():
         if isinstance(module, stock.SwiGLUExperts):
-            grouped = functools.partial(grouped_swiglu, module)
+            grouped = types.MethodType(grouped_swiglu, module)  # bound: the blocks' signatures stay equal
             runtime.overrides.set(module, "_run_experts_for_loop", grouped)
             runtime.overrides.set(module, "_run_experts_grouped_mm", grouped)
         elif isinstance(module, stock.NucleusMoEEmbedRope):

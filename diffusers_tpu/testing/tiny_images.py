@@ -219,10 +219,10 @@ SHORT_CHAT = (
 )
 
 
-def nucleusmoe_image(seed: int = 0):
+def nucleusmoe_image(seed: int = 0, dense_moe_strategy: str = "leave_first_block_dense"):
     """NucleusMoE-Image (diffusers 0.42+): a Qwen3-VL text encoder (8 layers: stock reads the states 8 from the
-    last), three single-stream blocks — one dense, two of 4 experts with
-    expert-choice routing — and grouped-query attention (4 heads, 2 key/value heads); Qwen-Image's VAE."""
+    last), three single-stream blocks — one dense, two of 4 experts with expert-choice routing (``"all_moe"``: three
+    of experts, one loop) — and grouped-query attention (4 heads, 2 key/value heads); Qwen-Image's VAE."""
     import diffusers  # noqa: PLC0415 (diffusers < 0.42 has no NucleusMoE-Image; the other builders need none)
 
     if not hasattr(diffusers, "NucleusMoEImagePipeline"):
@@ -261,7 +261,7 @@ def nucleusmoe_image(seed: int = 0):
             num_key_value_heads=2,
             joint_attention_dim=32,
             axes_dims_rope=(4, 6, 6),
-            dense_moe_strategy="leave_first_block_dense",
+            dense_moe_strategy=dense_moe_strategy,
             num_experts=4,
             moe_intermediate_dim=32,
             capacity_factors=2.0,

@@ -11,6 +11,7 @@ import torch
 
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import compile_accounting
+from diffusers_tpu.planner import hlo_stats
 from diffusers_tpu.testing import tiny_images
 from tests.conftest import assert_np_matches
 
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.skipif(not hasattr(diffusers, "TextKVCacheConfig"), rea
 STEPS = 4
 
 
-def build(cached: bool = True):
-    pipe, call = tiny_images.nucleusmoe_image()
+def build(cached: bool = True, strategy: str = "leave_first_block_dense"):
+    pipe, call = tiny_images.nucleusmoe_image(dense_moe_strategy=strategy)
     if cached:
         pipe.transformer.enable_cache(diffusers.TextKVCacheConfig())
     return pipe, dict(call, num_inference_steps=STEPS, output_type="np")
@@ -30,9 +31,9 @@ def run(pipe, call, **extra):
     return pipe(**copy.deepcopy(call), **extra, generator=torch.Generator().manual_seed(0)).images
 
 
-def flops(program) -> float:
-    analysis = program.executable.cost_analysis()
-    return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+def stats(program) -> dict:
+    """The program's FLOPs (loop bodies times their trip counts) and loops (``planner.hlo_stats``)."""
+    return hlo_stats.stats(program.executable.as_text()).as_dict()
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,12 @@ def expected():
     return run(pipe, call)
 
 
-def test_text_kv_cache_runs_in_two_programs_with_the_pair_batched(expected, caplog):
-    pipe, call = build()
+# a dense block then two of experts: unlike blocks, traced unrolled; three of experts: one loop
+@pytest.mark.parametrize("strategy", ["leave_first_block_dense", "all_moe"])
+def test_text_kv_cache_runs_in_two_programs_with_the_pair_batched(strategy, caplog):
+    ref, call = build(strategy=strategy)
+    expected = run(ref, call)
+    pipe, _ = build(strategy=strategy)
     pipe.to("jax", config=TPUConfig(batch_cfg=True))
     runtime = pipe._diffusers_tpu_runtime
     entry = runtime.denoisers["transformer"]
@@ -56,7 +61,12 @@ def test_text_kv_cache_runs_in_two_programs_with_the_pair_batched(expected, capl
     layers, rows, text, heads, dim = keys.shape
     config = pipe.transformer.config
     assert (layers, rows, heads, dim) == (config.num_layers, 4, config.num_key_value_heads, config.attention_head_dim)
-    reusing, computing = sorted(flops(p) for p in next(iter(entry._cached.values())).programs.values())
+    programs = [stats(p) for p in next(iter(entry._cached.values())).programs.values()]
+    for found in programs:  # the blocks' loop (block 0 in it when its call fits), or none: dense and expert blocks
+        blocks = pipe.transformer.config.num_layers
+        looped = any(loop["trip_count"] in (blocks - 1, blocks) for loop in found["loops"])
+        assert looped == (strategy == "all_moe"), found["loops"]
+    reusing, computing = sorted(found["total"]["flops"] + found["total"]["attention_flops"] for found in programs)
     # the reusing program skips every block's text projections (the text's own, then its keys' and values')
     width = config.num_attention_heads * config.attention_head_dim
     projections = layers * 2 * rows * text * width * (config.joint_attention_dim + 2 * heads * dim)
