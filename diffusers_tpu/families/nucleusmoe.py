@@ -43,18 +43,21 @@ SHARD_RULES = (
 )
 
 
-def grouped_swiglu(experts, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """``SwiGLUExperts``' product for tokens sorted by expert: rows ``[offset_e, offset_e + n_e)`` through expert
-    ``e``'s SwiGLU, rows past the last group zero (stock's padding)."""
-    sizes = to_jax_array(num_tokens_per_expert).astype(jax.numpy.int32)
-    rows = to_jax_array(x)
-    # 16-bit operands: their products are exact at the default precision, the one TPU's grouped-matmul kernel takes
+def swiglu_experts(rows, sizes, gate_up, down):
+    """Rows sorted by expert (``sizes[e]`` rows each, in order) through their expert's SwiGLU, ``silu(x @ gate) *
+    (x @ up) @ down`` (``gate_up``: ``[experts, in, 2 * hidden]``, gate then up); rows past the last group zero."""
+    # bfloat16 operands: their products are exact at the default precision, the one TPU's grouped-matmul kernel takes
     # for them (the configured "highest" is refused by its compiler); float32 ones follow the configured precision
-    precision = jax.lax.Precision.DEFAULT if rows.dtype.itemsize == 2 else None
-    grouped = functools.partial(jax.lax.ragged_dot, group_sizes=sizes, precision=precision)
-    gate_up = grouped(rows, to_jax_array(experts.gate_up_proj).astype(rows.dtype))
-    gate, up = jax.numpy.split(gate_up, 2, axis=-1)
-    return wrap(grouped(jax.nn.silu(gate) * up, to_jax_array(experts.down_proj).astype(rows.dtype)))
+    precision = jax.lax.Precision.DEFAULT if rows.dtype == jax.numpy.bfloat16 else None
+    grouped = functools.partial(jax.lax.ragged_dot, group_sizes=sizes.astype(jax.numpy.int32), precision=precision)
+    gate, up = jax.numpy.split(grouped(rows, gate_up.astype(rows.dtype)), 2, axis=-1)
+    return grouped(jax.nn.silu(gate) * up, down.astype(rows.dtype))
+
+
+def grouped_swiglu(experts, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """``SwiGLUExperts._run_experts_for_loop`` (and its grouped-matmul twin) on JAX: ``swiglu_experts``."""
+    weights = (to_jax_array(experts.gate_up_proj), to_jax_array(experts.down_proj))
+    return wrap(swiglu_experts(to_jax_array(x), to_jax_array(num_tokens_per_expert), *weights))
 
 
 def _video_freqs(rope, stock_method):
