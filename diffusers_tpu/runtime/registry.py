@@ -37,7 +37,8 @@ class CFGBatching:
     # both; 1: a second call made for the negative prompt only)
     negative_call: int = 0
     # the cond and uncond text lengths may differ: batch them padded to the longer one with masked tokens (only where
-    # the model masks padded text keys exactly)
+    # the model masks padded text keys exactly); the condition keywords after the first are then masks, which the
+    # pipeline may leave None (all ones)
     pad_text: bool = False
 
     @property

@@ -4,10 +4,15 @@ inputs are the batched ones (anything else runs as it came: the pairing can neve
 import contextlib
 import types
 
+import diffusers
+import pytest
 import torch
 
+from diffusers_tpu import TPUConfig
 from diffusers_tpu.interop import backend
 from diffusers_tpu.runtime.call import cfg, hook_chain
+from diffusers_tpu.testing import tiny_images
+from tests.conftest import assert_np_matches
 
 SPEC = types.SimpleNamespace(
     negative_call=0,
@@ -91,3 +96,37 @@ def test_without_a_cache_context_or_a_negative_every_call_runs_as_it_came():
         assert calls == [1] and pairing.batched_steps == 0
         pairing.reset()
         assert pairing.negative is None and pairing.pending is None
+
+
+def _all_valid(pipe, prompt: str) -> bool:
+    """Whether ``prompt``'s text states come without a mask (stock drops an all-ones one)."""
+    return pipe.encode_prompt(prompt=prompt, device=torch.device("cpu"), max_sequence_length=48)[1] is None
+
+
+@pytest.mark.parametrize(
+    "name,negative",
+    [
+        ("qwen-image", "longer, no mask"),
+        ("qwen-image", "as long, no mask"),
+        ("nucleusmoe-image", "longer, no mask"),
+        ("nucleusmoe-image", "masked"),
+    ],
+)
+def test_a_pair_whose_masks_stock_dropped_runs_as_one_batch(name, negative):
+    """A single prompt has no padding, and Qwen-Image and NucleusMoE-Image drop an all-ones mask: the pair is still one
+    batch (a dropped mask made again as ones where the other half's text is longer), stock's image."""
+    if name == "nucleusmoe-image" and not hasattr(diffusers, "NucleusMoEImagePipeline"):
+        pytest.skip("new in diffusers 0.42")
+    pipe, call = tiny_images.pipeline(name)
+    candidates = [f"a red fox{'!' * k}" for k in range(24)]  # NucleusMoE-Image pads to a multiple of 8 tokens
+    prompt = next(p for p in candidates if _all_valid(pipe, p))
+    if negative == "as long, no mask":
+        other = prompt.replace("fox", "box")
+    else:
+        other = next(p for p in candidates if len(p) > len(prompt) and _all_valid(pipe, p) == (negative != "masked"))
+    call = dict(call, prompt=prompt, negative_prompt=other, output_type="np")
+    expected = pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    pipe.to("jax", config=TPUConfig(batch_cfg=True))
+    out = pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    assert_np_matches(out, expected)
+    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == call["num_inference_steps"]

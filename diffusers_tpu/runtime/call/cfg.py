@@ -67,7 +67,7 @@ class CFGPairing:
         self.context: dict[int, str | None] = {}
         self.batched_steps = 0
         self._moved: dict[int, tuple] = {}  # id -> (weakref to the host tensor, its device copy)
-        self._joins: dict[str, tuple] = {}  # condition keyword -> (cond array, uncond array, length, the batch's)
+        self._joins: dict[str, tuple] = {}  # condition keyword -> (cond, uncond, length, lengths, the batch's array)
 
     def reset(self) -> None:
         self._moved.clear()
@@ -104,10 +104,13 @@ class CFGPairing:
 
     # -- the pairing --------------------------------------------------------------------------------------
     def conditions_of(self, kwargs):
+        """The call's condition values; a padded-text family's mask may be None (stock drops an all-ones one)."""
         values = tuple(kwargs.get(name) for name in self.condition_args)
-        if not all(isinstance(v, torch.Tensor) for v in values):
+        if not isinstance(values[0], torch.Tensor) or not all(
+            isinstance(v, torch.Tensor) or self.pad_text and v is None for v in values[1:]
+        ):
             return None
-        return tuple(v if is_jax_tensor(v) else self.on_device(v) for v in values)
+        return tuple(v if v is None or is_jax_tensor(v) else self.on_device(v) for v in values)
 
     def on_device(self, tensor):
         """A condition the pipeline left on the host (HunyuanVideo's pooled CLIP embeddings), moved once per object
@@ -136,7 +139,12 @@ class CFGPairing:
         if candidates is None or len(candidates) != len(conditions):
             return None
         negatives = []
-        for candidate, condition in zip(candidates, conditions):
+        for index, (candidate, condition) in enumerate(zip(candidates, conditions)):
+            if index and self.pad_text and (candidate is None or condition is None):  # an all-ones mask, dropped
+                if candidate is not None and not is_jax_tensor(candidate):
+                    return None
+                negatives.append(candidate)
+                continue
             if not is_jax_tensor(candidate) or candidate.ndim != condition.ndim:
                 return None
             if candidate.shape != condition.shape and not (
@@ -167,22 +175,28 @@ class CFGPairing:
                 batched[name] = wrap(jnp.concatenate([to_jax_array(value)] * 2))
             elif isinstance(value, list) and len(value) == batch:  # per-sample Python values (SkyReels' fps)
                 batched[name] = value * 2
-        length = max(x.shape[1] for x in conditions + negatives) if self.pad_text else None
+        texts = (conditions[0].shape[:2], negatives[0].shape[:2])  # each half's [rows, text length]
+        length = max(texts[0][1], texts[1][1]) if self.pad_text else None
         for name, condition, negative in zip(self.condition_args, conditions, negatives):
-            batched[name] = wrap(self._joined(name, to_jax_array(condition), to_jax_array(negative), length))
+            if condition is None and negative is None and texts[0] == texts[1]:
+                continue  # no mask, none needed: the call's None stays
+            arrays = [None if x is None else to_jax_array(x) for x in (condition, negative)]
+            batched[name] = wrap(self._joined(name, *arrays, length, texts))
         return batched, negatives
 
-    def _joined(self, name: str, condition, negative, length):
-        """``[condition; negative]`` (padded to ``length``): one array while both halves are the same arrays, as the
-        loop's text states are from step to step (no copy per step; TextKVCache's key stays the batch's)."""
+    def _joined(self, name: str, condition, negative, length, texts):
+        """``[condition; negative]`` (padded to ``length``; a mask stock dropped as all ones made again, ``texts``
+        long): one array while both halves are the same, as the loop's text states are from step to step (no copy
+        per step; TextKVCache's key stays the batch's)."""
         kept = self._joins.get(name)
-        if kept is not None and kept[0] is condition and kept[1] is negative and kept[2] == length:
-            return kept[3]
-        pair = [condition, negative]
+        if kept is not None and kept[0] is condition and kept[1] is negative and kept[2:4] == (length, texts):
+            return kept[4]
+        dtype = next((x.dtype for x in (condition, negative) if x is not None), jnp.int32)
+        pair = [jnp.ones(shape, dtype) if x is None else x for x, shape in zip((condition, negative), texts)]
         if length is not None:
             pair = [jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)) for x in pair]
         joined = jnp.concatenate(pair)
-        self._joins[name] = (condition, negative, length, joined)
+        self._joins[name] = (condition, negative, length, texts, joined)
         return joined
 
     def split(self, module, kwargs, negatives, out):
@@ -302,6 +316,8 @@ def _split(out, batch):
 
 
 def _equal(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(jnp.array_equal(to_jax_array(a), to_jax_array(b)))
