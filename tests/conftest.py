@@ -25,9 +25,21 @@ for _flag in xla_flags.fast_compile():
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import diffusers_tpu  # noqa: E402,F401  (registers the backend before any test builds a pipeline)
+from diffusers_tpu.runtime import diffusers_private  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _attention_backend_restored():
+    """Stock's ``set_attention_backend`` makes its backend the process's active one for good (tests/runtime/
+    test_porting.py calls it): put back after each test, so a later test's stock reference runs stock's default."""
+    before = diffusers_private.active_attention_backend()
+    yield
+    diffusers_private.make_active(before)
+
 
 # Two prompts of different lengths (and different negative prompts) in one batch: both get padded to
 # max_sequence_length, so padding and batching bugs show.

@@ -49,7 +49,7 @@ class TextKV(LayerOutputs):
     def plan(self, contexts: tuple) -> None:
         self.contexts, self.states, self._saved = contexts, [], []
         entry = self._store().get((_KEPT, id(self.text[0])))
-        if entry is not None and (entry[0][0] is not self.text[0] or entry[0][1:] != self.text[1:]):
+        if entry is not None and entry[0][1:] != self.text[1:]:  # (the entry holds the object: its id is its own)
             entry = None  # a host tensor edited in place since
         self.compute = entry is None
         self.order, self.inputs = ((), []) if entry is None else (entry[1], list(entry[2]))
@@ -79,9 +79,8 @@ class TextKV(LayerOutputs):
         """The block through its stock hook: the text keys and values it computes (this layer's), or the kept ones."""
         hook, module = self.calling
         given = None if self.compute else (wrap(kept[(site, 0)]), wrap(kept[(site, 1)]))
-        attention = dict(
-            kwargs.get("attention_kwargs") or {}
-        )  # stock writes into it: the caller's dict stays as it was
+        # stock's hook writes the keys and values into the block's attention keywords: a copy, the caller's untouched
+        attention = dict(kwargs.get("attention_kwargs") or {})
         out, (keys, values) = diffusers_private.text_kv_block_call(
             hook, module, given, args, dict(kwargs, attention_kwargs=attention)
         )
