@@ -119,7 +119,9 @@ def test_a_pair_whose_masks_stock_dropped_runs_as_one_batch(name, negative):
         pytest.skip("new in diffusers 0.42")
     pipe, call = tiny_images.pipeline(name)
     candidates = [f"a red fox{'!' * k}" for k in range(24)]  # NucleusMoE-Image pads to a multiple of 8 tokens
-    prompt = next(p for p in candidates if _all_valid(pipe, p))
+    prompt = next((p for p in candidates if _all_valid(pipe, p)), None)
+    if prompt is None:
+        pytest.skip("this diffusers keeps an all-ones text mask")
     if negative == "as long, no mask":
         other = prompt.replace("fox", "box")
     else:
