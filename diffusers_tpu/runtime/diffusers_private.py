@@ -165,7 +165,7 @@ class _OnePrompt:
     """What a TextKVCache block hook reads of its two state managers, for one prompt: its key and, when given, the
     keys and values kept for it (else it computes them and puts them here)."""
 
-    _context = "one prompt"
+    _context = _current_context = "one prompt"  # diffusers 0.39+ / 0.38
     key = 0
 
     def __init__(self, kept):

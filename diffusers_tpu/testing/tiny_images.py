@@ -232,7 +232,8 @@ def nucleusmoe_image(seed: int = 0, dense_moe_strategy: str = "leave_first_block
     tokenizer = char_tokenizer()
     processor = vl_processor(Qwen3VLProcessor, tokenizer, QWEN3_VL_TOKENS, SHORT_CHAT)
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}  # transformers 5
+    legacy = dict(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, rope_theta=1e6)  # 4.x
     text = dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -242,6 +243,7 @@ def nucleusmoe_image(seed: int = 0, dense_moe_strategy: str = "leave_first_block
         num_key_value_heads=2,
         head_dim=16,
         rope_parameters=rope,
+        **legacy,
     )
     vision = dict(
         depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, deepstack_visual_indexes=[0]

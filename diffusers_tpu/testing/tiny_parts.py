@@ -133,11 +133,12 @@ def tiny_prior(seed: int):
 
 def vl_processor(cls, tokenizer, vision_tokens: tuple[str, ...], chat_template: str | None = None):
     """A Qwen-VL processor class ``cls`` over ``tokenizer``, its ``vision_tokens`` added as single tokens; images
-    only, processed with PIL (the video processor needs torchvision, which the text and image pipelines never use)."""
+    only, processed with PIL (the video processor needs torchvision, which the text and image pipelines never use).
+    transformers 4.x also names the tokenizer class it takes (Qwen2's): the character tokenizer stands in for it."""
 
     class ImageProcessorOnly(cls):
         def check_argument_for_proper_class(self, name, argument):
-            if not (name == "video_processor" and argument is None):
+            if not (name == "video_processor" and argument is None or name == "tokenizer"):
                 return super().check_argument_for_proper_class(name, argument)
 
     tokenizer.add_special_tokens({"additional_special_tokens": list(vision_tokens)})
