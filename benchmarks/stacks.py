@@ -3,11 +3,12 @@
     python benchmarks/stacks.py cell CELL -- PIP_ARGS   # pip install PIP_ARGS, then the checks: into docs/stacks.json
     python benchmarks/stacks.py table                   # docs/stacks.md's table from docs/stacks.json
 
-The checks, each a process of its own, timed: ``--help``; the demo command (README's first); the parity table
-(``tests/families/test_parity.py``: every family against stock torch on one device); the 8-device mesh
+The checks, each a process of its own, timed: ``pip check``; ``--help``; the demo command (README's first); the parity
+table (``tests/families/test_parity.py``: every family against stock torch on one device); the 8-device mesh
 (``tests/runtime/test_mesh.py``, its slow family cases included: Wan on five meshes, CogVideoX, Wan 2.2,
 HunyuanVideo-1.5 and causal Wan against stock); the TPU compiler (libtpu, no TPU) building a denoiser step and a
-video VAE decoder for v5e and v6e. Standard library only: a cell whose install was refused still records why.
+video VAE decoder for v5e and v6e; the private device shared with TorchTPU. Standard library only: a cell whose install
+was refused still records why.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from importlib import metadata
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs", "stacks.json")
 PAGE = os.path.join(ROOT, "docs", "stacks.md")
-PACKAGES = ("torch", "jax", "jaxlib", "libtpu", "torchax", "diffusers", "transformers")
+PACKAGES = ("torch", "jax", "jaxlib", "libtpu", "torchax", "diffusers", "transformers", "torch-tpu")
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
 TPU = [
     "tests/planner/test_tpu_families.py::test_every_family_compiles_for_tpu[wan-v6e-4]",
@@ -35,6 +36,7 @@ TPU = [
     "tests/planner/test_tpu_vae.py::test_every_3d_vae_decoder_compiles_for_tpu[wan-v6e-4-default]",
 ]
 CHECKS = {
+    "pip check": [sys.executable, "-m", "pip", "check"],
     "--help": [sys.executable, "-m", "diffusers_tpu.commands.cli", "--help"],
     "demo": [sys.executable, "-m", "diffusers_tpu.commands.cli", "generate", "--output", "{tmp}/video.mp4"],
     "parity, 1 device": [*PYTEST, "-n", "2", "tests/families/test_parity.py"],
@@ -49,6 +51,8 @@ CHECKS = {
         "tests/runtime/test_mesh.py",
     ],
     "TPU compiler: step + video VAE, v5e/v6e": [*PYTEST, "-n", "2", "-m", "tpu_slow", *TPU],
+    # TorchTPU's device named first (its own set-up where torch-tpu is installed, else the rename that stands in)
+    "beside TorchTPU": [*PYTEST, "-n", "2", "tests/interop/test_shared_device.py"],
 }
 
 

@@ -75,6 +75,7 @@ def deactivate() -> None:
 
 
 versions.warn_outside()  # one warning naming the tested span, for any version outside it
+versions.warn_broken()  # one warning for packages that cannot work together (TorchTPU's libtpu replaced)
 startup.quiet_absent_libtpu()  # libtpu installed on a host without TPU chips: before JAX may load it
 startup.torchax_importable()  # torchax imports on torch 2.13, whoever imports it first
 startup.quiet_known_noise()

@@ -39,31 +39,27 @@ class Target:
 
     @property
     def torch_device(self) -> torch.device:
-        return torch.device("jax", 0)
+        return jax_torch_device()
 
 
-def _torch_has_native_device(device_type: str) -> bool:
-    try:
-        torch.device(device_type)
-    except RuntimeError:
-        return False
-    return True
+def jax_torch_device() -> torch.device:
+    """The torch device JAX tensors report: torch's private backend as named now, torchax's "jax" or, beside TorchTPU,
+    its "tpu" (``shared_device``: the one device shared)."""
+    return torch.device(torch_private.private_use1_name(), 0)
 
 
 def parse_device(device) -> str | None:
     """Return "tpu" or "jax" when ``device`` names a JAX target, else None (a torch device for stock diffusers)."""
     if device is None or isinstance(device, torch.dtype):
         return None
-    if isinstance(device, torch.device):
-        return "jax" if device.type in ("jax", "privateuseone") else None
+    if isinstance(device, torch.device):  # torchax's device, or TorchTPU's "tpu" it shares (``shared_device``)
+        return "jax" if device.type in ("jax", "privateuseone") else "tpu" if device.type == "tpu" else None
     if not isinstance(device, str):
         return None
     kind, _, index = device.partition(":")
     kind = kind.strip().lower()
-    if kind not in JAX_DEVICE_TYPES:
+    if kind not in JAX_DEVICE_TYPES:  # (beside TorchTPU too: a pipeline's "tpu" is the JAX path, ``shared_device``)
         return None
-    if kind == "tpu" and _torch_has_native_device("tpu"):
-        return None  # another package registered a real torch "tpu" device: leave it to stock diffusers
     if index not in ("", "0"):
         raise ValueError(
             f"pipe.to({device!r}): a JAX pipeline spans the whole device mesh, so a device index is not "

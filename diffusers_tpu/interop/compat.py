@@ -239,13 +239,13 @@ def _patch_outside_math():
                     raise
                 held = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)), None)
                 copy = func is torch.ops.aten._to_copy.default and held is args[0]
-                target = torch.device((kwargs or {}).get("device") or "jax").type if copy else None
+                target = torch.device((kwargs or {}).get("device") or held.device).type if copy else None
                 if target == "cpu":  # .cpu(), .to("cpu")
                     with warnings.catch_warnings():  # a read-only view of JAX's buffer: cloned at once
                         warnings.simplefilter("ignore", UserWarning)
                         host = mappings.j2t(held.jax()).clone()
                     return host.to((kwargs or {}).get("dtype") or host.dtype)
-                if target == "jax" and (kwargs or {}).get("dtype") in (None, held.dtype):  # already there
+                if target == held.device.type and (kwargs or {}).get("dtype") in (None, held.dtype):  # already there
                     return Tensor(
                         held.jax(), torchax_private.environment_of(held)
                     )  # a new wrapper of the same (immutable) buffer

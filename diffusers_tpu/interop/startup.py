@@ -64,10 +64,19 @@ TORCHAX_MODULES_NAMING_REMOVED_OPS = ("torchax.amp", "torchax.decompositions", "
 
 
 def torchax_importable() -> None:
-    """Have torchax's modules that name removed aten ops run inside ``torch_compat``'s tolerance when imported."""
+    """Have torchax's modules that name removed aten ops run inside ``torch_compat``'s tolerance when imported, and
+    torchax itself share torch's private device where TorchTPU named it first (``shared_device``)."""
     for name in TORCHAX_MODULES_NAMING_REMOVED_OPS:
         if name not in sys.modules:
             import_hooks.while_importing(name, _removed_names_tolerated)
+    if "torchax" not in sys.modules:
+        import_hooks.while_importing("torchax", _device_shared)
+
+
+def _device_shared():
+    from . import shared_device  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
+
+    return shared_device.torchax_import()
 
 
 def _removed_names_tolerated():

@@ -165,6 +165,8 @@ def _forget_detected_device() -> None:
 # takes the 'jax' device before any of this. Guard: a Python device guard for the PrivateUse1 key torchax renamed to
 # 'jax' (``torch._C._acc.register_python_privateuseone_device_guard``, torch >= 2.5) and the two ``empty`` kernels
 # every factory and copy reaches; without the guard API, the factories are refused with ``JaxDeviceOutsideCall``.
+# Guard too: only while the private backend is torchax's "jax" (beside TorchTPU it is TorchTPU's "tpu", with its own
+# kernels: ``shared_device``).
 class JaxDeviceOutsideCall(RuntimeError):
     """A tensor made on the 'jax' device outside a pipeline call, where this torch cannot hold one on the host."""
 
@@ -207,7 +209,7 @@ class _HostDeviceGuard(getattr(getattr(torch._C, "_acc", None), "DeviceGuard", o
 
 
 def _patch_jax_factories() -> None:
-    if _FACTORY_KERNELS:
+    if _FACTORY_KERNELS or torch_private.private_use1_name() != "jax":  # beside TorchTPU: its kernels and guard
         return
     register_guard = getattr(getattr(torch._C, "_acc", None), "register_python_privateuseone_device_guard", None)
     library = torch.library.Library("aten", "IMPL")  # a kernel for an existing op on one more key

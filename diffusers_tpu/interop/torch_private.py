@@ -49,6 +49,13 @@ def reparametrized(module: torch.nn.Module, tensors: dict):
     return _reparametrize_module(module, tensors)
 
 
+def private_use1_name() -> str:
+    """The name torch's private backend has now: ``"privateuseone"`` until a package renames it (torchax: ``"jax"``,
+    TorchTPU: ``"tpu"``; torch allows one rename). Why private: torch reads it only internally
+    (``torch._C._get_privateuse1_backend_name``, what ``rename_privateuse1_backend`` checks)."""
+    return torch._C._get_privateuse1_backend_name()
+
+
 def private_use1():
     """The ``DeviceType`` torchax registers its device under (``torch._C._autograd.DeviceType.PrivateUse1``)."""
     return torch._C._autograd.DeviceType.PrivateUse1

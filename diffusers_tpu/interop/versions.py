@@ -1,7 +1,8 @@
 """The versions diffusers_tpu is tested with, and one warning at import for any installed version outside them.
 
-``TESTED`` is the version matrix's span (``noxfile.py``, docs/stacks.md); ``setup.cfg`` declares the same specifiers
-(``tests/interop/test_versions.py`` keeps the three equal). Standard library only: it runs before torch or JAX load.
+``TESTED`` is the version matrix's span (``noxfile.py``, docs/stacks.md); ``setup.cfg`` declares its lower bounds and
+no upper bound but for a known incompatibility (``tests/interop/test_versions.py``). Standard library only: it runs
+before torch or JAX load.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ TESTED = {
     "jax": ">=0.10.2,<0.13",
     "torchax": "==0.0.13",
     "diffusers": ">=0.38,<0.43",
-    "transformers": ">=4.57,<5.25",
+    "transformers": ">=4.57,<5.26",
+    "torch-tpu": ">=0.2,<0.3",  # beside it: the ``torchtpu`` extra, ``interop.shared_device``
 }
 
 
@@ -40,11 +42,13 @@ def _padded(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], tu
 
 
 def satisfies(version: str, specifier: str) -> bool:
-    """Whether ``version`` meets every clause of ``specifier`` (clauses ``>=``, ``<``, ``==``, comma-separated)."""
+    """Whether ``version`` meets every clause of ``specifier`` (clauses ``>=``, ``<=``, ``>``, ``<``, ``==``,
+    comma-separated)."""
     for clause in specifier.split(","):
-        operator, bound = re.fullmatch(r"\s*(>=|<|==)\s*([\w.]+)\s*", clause).groups()
+        operator, bound = re.fullmatch(r"\s*(>=|<=|==|<|>)\s*([\w.]+)\s*", clause).groups()
         have, need = _padded(release(version), release(bound))
-        if not {">=": have >= need, "<": have < need, "==": have == need}[operator]:
+        met = {">=": have >= need, "<=": have <= need, ">": have > need, "<": have < need, "==": have == need}
+        if not met[operator]:
             return False
     return True
 
@@ -83,4 +87,37 @@ def warn_outside(versions: dict[str, str | None] | None = None) -> bool:
             UntestedVersionWarning,
             stacklevel=3,
         )
+    return bool(found)
+
+
+class BrokenCombinationWarning(UserWarning):
+    """Installed packages that cannot work together (one's requirement on another unmet)."""
+
+
+# Beside TorchTPU its libtpu serves JAX too; the ``tpu`` extra on Python 3.11 (jax[tpu] 0.10.2) pins libtpu 0.0.42.1,
+# which pip installs over TorchTPU's (it needs >=0.0.50) and TorchTPU cannot start with. JAX 0.10.2 compiles with
+# either (docs/stacks.md), so the fix is TorchTPU's libtpu again.
+def torchtpu_libtpu_unmet() -> str | None:
+    """A one-line fix when torch-tpu's requirement on libtpu is unmet, else None."""
+    try:
+        required = importlib.metadata.requires("torch-tpu") or []
+        have = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in required:
+        found = re.fullmatch(r"libtpu\s*\(?\s*([<>=][^;)]*?)\s*\)?\s*(;.*)?", requirement.strip())
+        if found and not satisfies(have, found.group(1)):
+            return (
+                f"TorchTPU (torch-tpu) needs libtpu{found.group(1)}, but libtpu {have} is installed (jax[tpu]'s pin: "
+                f"the [tpu] extra on Python 3.11), so TorchTPU cannot start; pip install 'libtpu{found.group(1)}' "
+                "gives it back (JAX uses it too), and beside TorchTPU install diffusers-tpu[torchtpu], not [tpu]."
+            )
+    return None
+
+
+def warn_broken() -> bool:
+    """One ``BrokenCombinationWarning`` for a combination of installed packages that cannot work; whether it warned."""
+    found = torchtpu_libtpu_unmet()
+    if found:
+        warnings.warn(found, BrokenCombinationWarning, stacklevel=3)
     return bool(found)

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from ..interop import backend, compat, import_hooks, patching, startup, torch_compat
+from ..interop import backend, compat, import_hooks, patching, shared_device, startup, torch_compat
 from . import diffusers_compat, stock_patches, to_arguments
 from .attach import moves, pipeline_runtime
 from .attention import sdpa
@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 # "jax" parses only after torchax renamed the private backend, and moving modules with ``module.to("jax")``
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
 # to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
-# previous JAX placement. A native "tpu" torch device registered by another package is left alone.
+# previous JAX placement. Beside TorchTPU, whose "tpu" is a torch device, a pipeline's "tpu" is still the JAX path
+# (``interop.shared_device``).
 # Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on the declared span (``interop.versions``; outside it
 # ``import diffusers_tpu`` warns).
 # Applied when diffusers' ``pipeline_utils`` finishes importing (``import_hooks``): importing it costs seconds.
@@ -118,14 +119,11 @@ def catch_up(pipe):
 # generator's device and moves them, so the TPU equivalent is a CPU generator: same stream as
 # ``torch.Generator()``, the same latents stock torch CPU draws. ``torch.Generator`` becomes a subclass that maps
 # those two device strings and leaves every other one (and isinstance checks on any generator) as they were.
-# Guard: replaced once; a torch whose Generator already accepts "tpu" is left alone.
+# Guard: replaced once; beside TorchTPU, whose "tpu" is a torch device (``interop.shared_device``), torch.Generator
+# stays TorchTPU's (asked by parsing the name: making a TorchTPU generator would start its runtime).
 def _patch_generator():
-    try:
-        torch.Generator("tpu")
-        return  # a native "tpu" generator exists (torch_xla or similar), or ours is in
-    except RuntimeError:
-        pass
-    patching.wrap(torch, "Generator", _tpu_generator, "torch.Generator('tpu')")
+    if not shared_device.shared():
+        patching.wrap(torch, "Generator", _tpu_generator, "torch.Generator('tpu')")
 
 
 def _tpu_generator(stock):
@@ -267,6 +265,7 @@ def apply() -> None:
     """Apply every patch (idempotent): torch's and torchax's now, diffusers' and peft's when each is imported.
     Called by ``import diffusers_tpu``. Pipeline classes get their ``__call__`` wrapped by their first ``to("tpu")``."""
     torch_compat.apply()  # first: library code may ask torch for the accelerator as soon as torchax is in
+    shared_device.apply()
     compat.apply()
     compat.route_sdpa(sdpa.scaled_dot_product_attention)
     _patch_generator()

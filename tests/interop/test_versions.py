@@ -4,6 +4,7 @@ version outside it gets one warning at import (inside: silence)."""
 import ast
 import configparser
 import os
+import re
 import subprocess
 import sys
 
@@ -33,23 +34,50 @@ def test_a_version_meets_a_specifier(version, specifier, expected):
     assert versions.satisfies(version, specifier) is expected
 
 
-def _declared() -> dict[str, str]:
-    config = configparser.ConfigParser()
-    config.read(os.path.join(ROOT, "setup.cfg"))
-    found = {"python": config["options"]["python_requires"]}
-    for line in config["options"]["install_requires"].split("\n"):
-        name = line.split(">")[0].split("=")[0].split("<")[0].strip()
-        if name in versions.TESTED:
-            found[name] = line[len(name) :].strip()
+def _declared() -> dict[str, list[tuple[str, str]]]:
+    """setup.cfg's install_requires and extras, raw: each requirement line with the line above it."""
+    found, section, above = {}, None, ""
+    for line in open(os.path.join(ROOT, "setup.cfg")).read().splitlines():
+        if line and not line[0].isspace():
+            section = line.split("=")[0].strip() if line.rstrip().endswith("=") else None
+            found.setdefault(section, [])
+        elif section and line.strip() and not line.strip().startswith("#"):
+            found[section].append((line.strip(), above.strip()))
+        above = line
     return found
 
 
-def test_setup_cfg_declares_the_tested_span():
-    declared = _declared()
-    python = declared.pop("python")
-    tested = dict(versions.TESTED)
-    assert python == tested.pop("python").split(",")[0]  # python_requires: the lower bound; the upper one warns
-    assert declared == tested
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=~!\[;]", requirement, maxsplit=1)[0].strip()
+
+
+def test_setup_cfg_declares_the_tested_lower_bounds():
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"))
+    assert config["options"]["python_requires"] == versions.TESTED["python"].split(",")[0]
+    sections = _declared()
+    declared = {
+        _name(line): line for lines in (sections["torchtpu"], sections["install_requires"]) for line, _ in lines
+    }
+    for name, tested in versions.TESTED.items():
+        if name != "python":
+            lower = tested.split(",")[0]
+            assert lower.startswith((">=", "==")) and ">=" + lower.lstrip(">=") in declared[name], (
+                name,
+                declared[name],
+            )
+
+
+def test_no_upper_bound_without_its_reason():
+    """A cap makes pip replace a user's newer library with an older one (transformers<5.25 took 5.25.0 back to 5.24.0):
+    one stands only for a known incompatibility, said on the line above it."""
+    capped = [
+        (line, above)
+        for lines in _declared().values()
+        for line, above in lines
+        if re.search(r"<|==|~=", line.split(";")[0]) and not line.startswith("jax[tpu]")
+    ]
+    assert [line for line, above in capped if not above.startswith("# known incompatibility:")] == []
 
 
 def _cells() -> dict:
@@ -114,3 +142,17 @@ def test_import_warns_once_for_a_version_outside_the_span(fake, expected):
     assert len(messages) == expected, messages
     if expected:
         assert "diffusers 0.44.0 (tested: >=0.38,<0.43)" in messages[0]
+
+
+@pytest.mark.parametrize("libtpu, unmet", [("0.0.42.1", True), ("0.0.52", False)])
+def test_torchtpu_without_its_libtpu_is_named_with_the_fix(monkeypatch, libtpu, unmet):
+    """The [tpu] extra on Python 3.11 replaces TorchTPU's libtpu (>=0.0.50) with jax 0.10.2's 0.0.42.1: named once at
+    import, with the install that gives it back (checked by doing it: docs/stacks.md)."""
+    requires = {"torch-tpu": ["numpy>=2", "libtpu>=0.0.50", "torch<=2.15.0,>=2.11.0"]}
+    monkeypatch.setattr(versions.importlib.metadata, "requires", lambda name: requires[name])
+    monkeypatch.setattr(versions.importlib.metadata, "version", lambda name: {"libtpu": libtpu}[name])
+    found = versions.torchtpu_libtpu_unmet()
+    if unmet:
+        assert f"libtpu {libtpu} is installed" in found and "pip install 'libtpu>=0.0.50'" in found
+    else:
+        assert found is None

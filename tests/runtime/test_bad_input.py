@@ -135,11 +135,10 @@ def test_frame_count_rounding_is_stocks(pipe_and_reference, caplog):
         pipe.to("cpu")
 
 
-def test_a_native_torch_tpu_device_is_left_to_stock_diffusers(monkeypatch):
-    assert backend.parse_device("tpu") == "tpu"
-    monkeypatch.setattr(backend, "_torch_has_native_device", lambda kind: kind == "tpu")
-    assert backend.parse_device("tpu") is None
-    assert backend.parse_device("jax") == "jax"
+def test_a_pipelines_tpu_is_the_jax_path():
+    """Beside TorchTPU too, whose "tpu" is a torch device (tests/interop/test_shared_device.py runs that process)."""
+    assert backend.parse_device("tpu") == "tpu" and backend.parse_device("jax") == "jax"
+    assert backend.parse_device("cpu") is None and backend.parse_device(torch.device("jax")) == "jax"
 
 
 @pytest.mark.parametrize(

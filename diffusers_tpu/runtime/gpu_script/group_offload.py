@@ -60,9 +60,9 @@ def apply_function(stock):
     @functools.wraps(stock)
     def apply_group_offloading(module, onload_device, *args, **kwargs):
         target = backend.parse_device(onload_device)
-        if target is not None:  # ("tpu" is no torch device: stock's config holds torch's "jax")
+        if target is not None:  # (stock's config holds torch's name of the JAX device: "jax", or TorchTPU's)
             vars(module)[_TARGET] = target
-            onload_device = torch.device("jax")
+            onload_device = backend.jax_torch_device()
             kwargs.update(use_stream=False, record_stream=False)
         return stock(module, onload_device, *args, **kwargs)
 
@@ -104,9 +104,9 @@ def pipeline_method(stock):
             target = runtime.target.requested
             moves.detach(self)  # stock's part meets host modules (excluded ones: ``.to(onload)``)
         if "onload_device" in kwargs:
-            kwargs["onload_device"] = torch.device("jax")
+            kwargs["onload_device"] = backend.jax_torch_device()
         else:
-            args = (torch.device("jax"), *args[1:])
+            args = (backend.jax_torch_device(), *args[1:])
         stock(self, *args, **kwargs)
         for name in _marked(self):
             vars(getattr(self, name))[_TARGET] = target

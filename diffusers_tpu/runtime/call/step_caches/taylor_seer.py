@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ....interop.backend import jax_dtype, to_jax_array, wrap
+from ....interop.backend import jax_dtype, jax_torch_device, to_jax_array, wrap
 from ... import diffusers_private
 from .base import LayerOutputs, NotInProgram, hooked_layers
 
@@ -176,7 +176,7 @@ class TaylorSeer(LayerOutputs):
                 shapes, dtypes = zip(*meta[site])
                 for layer, state in enumerate(self.at(row, site)):
                     state.module_dtypes = tuple(dtypes)
-                    state.device = torch.device("jax")
+                    state.device = jax_torch_device()
                     if state.is_inactive:
                         state.inactive_shapes = tuple(torch.Size(s) for s in shapes)
                     else:
