@@ -10,6 +10,7 @@ import contextvars
 import functools
 import logging
 import sys
+import warnings
 
 import torch
 
@@ -203,6 +204,14 @@ def _refuse_factory(*args, **kwargs):
     )
 
 
+def _on_the_host(op):
+    def host(*args, **kwargs):
+        _tell_once()
+        return op(*args, **{**kwargs, "device": torch.device("cpu")})
+
+    return host
+
+
 class _HostDeviceGuard(getattr(getattr(torch._C, "_acc", None), "DeviceGuard", object)):
     def type_(self):
         return torch_private.private_use1()
@@ -217,6 +226,14 @@ def _patch_jax_factories() -> None:
         register_guard(_HostDeviceGuard())
         library.impl("empty.memory_format", _host_empty, "PrivateUse1")
         library.impl("empty_strided", _host_empty_strided, "PrivateUse1")
+        # TorchTPU installed on a host without TPU chips registers its kernels for the key at import but never names
+        # the device (torchax does): its factories and copies would run for "jax" ("to_copy(): expected at least one
+        # of the inputs to be on 'tpu' device"). Those that take a device make host tensors instead, as above.
+        with warnings.catch_warnings():  # torch warns that a kernel is overridden: that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            for name, op in torch_private.private_use1_kernels_taking_a_device():
+                if name not in ("aten::empty.memory_format", "aten::empty_strided"):
+                    library.impl(name.removeprefix("aten::"), _on_the_host(op), "PrivateUse1")
     else:
         for op in ("empty.memory_format", "empty_strided"):
             library.impl(op, _refuse_factory, "PrivateUse1")

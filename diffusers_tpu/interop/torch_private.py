@@ -56,6 +56,19 @@ def private_use1_name() -> str:
     return torch._C._get_privateuse1_backend_name()
 
 
+def private_use1_kernels_taking_a_device() -> list[tuple[str, object]]:
+    """The aten ops with a kernel registered for the private key that take a ``device`` argument, as (name, op). Why
+    private: ``_dispatch_get_registrations_for_dispatch_key`` is torch's only listing of a key's kernels."""
+    found = []
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"):
+        namespace, _, rest = name.partition("::")
+        packet, _, overload = rest.partition(".")
+        op = getattr(getattr(getattr(torch.ops, namespace, None), packet, None), overload or "default", None)
+        if namespace == "aten" and op is not None and any(a.name == "device" for a in op._schema.arguments):
+            found.append((name, op))
+    return found
+
+
 def private_use1():
     """The ``DeviceType`` torchax registers its device under (``torch._C._autograd.DeviceType.PrivateUse1``)."""
     return torch._C._autograd.DeviceType.PrivateUse1

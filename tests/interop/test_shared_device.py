@@ -33,6 +33,10 @@ def _shared(found: dict) -> None:
     assert found["device_after_deactivate"] == "tpu"
 
 
+TORCHTPU = importlib.util.find_spec("torch_tpu") is not None
+
+
+@pytest.mark.skipif(TORCHTPU, reason="torch-tpu is installed: its own set-up runs (test_beside_torchtpu)")
 def test_a_device_named_tpu_first_is_shared(tmp_path):
     _shared(_run("tpu", tmp_path))
 
@@ -81,7 +85,7 @@ def test_its_fix_works(tmp_path):
     assert fixed.returncode == 0 and fixed.stdout.strip() == "jax", fixed.stderr[-2000:]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None, reason="torch-tpu is not installed (nox cell)")
+@pytest.mark.skipif(not TORCHTPU, reason="torch-tpu is not installed (the beside-torchtpu nox cell)")
 def test_beside_torchtpu(tmp_path):
     found = _run("torchtpu", tmp_path)
     _shared(found)
