@@ -7,7 +7,8 @@ Every stage waits for the device (``block_until_ready`` / ``cuda.synchronize``) 
 time is not compute time. Warm-up calls are reported apart (they include compilation); any compilation during
 the timed calls is a recompilation, which is a bug, and is reported as such.
 
-The timer and one measured run are ``stage_timer``; this module runs the comparison and prints the report.
+The timer and one measured run are ``stage_timer``; the loop's host work per step (``host_work``) comes from one more
+call; this module runs the comparison and prints the report.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
-from . import stage_timer
+from . import host_work, stage_timer
 from .arguments import call_sizes, device_for, load_pipeline, sequence_length
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import versions as _versions
@@ -146,6 +147,7 @@ def run(args) -> dict:
     measured["flops"] = flops_report(pipe, call, measured["stages"], len(devices), devices[0].device_kind)
     if attached.target.platform == "cpu" and measured["flops"]:
         measured["flops"]["mfu"] = None  # CPU: no meaningful peak
+    measured["loop"] = host_work.loop_figures(pipe, dict(call))  # one more call, its programs timed apart
     report["jax"] = measured
     if torch_frames is not None:
         diff = np.abs(frames - torch_frames)
@@ -266,6 +268,7 @@ def format_table(report: dict) -> str:
             row += f"{torch_side['stages'][stage]['median_s']:>14.4f}{report['speedup_torch_over_jax'][stage]:>10.2f}"
         lines.append(row)
     lines.extend(_block_lines(jax_side.get("blocks"), (torch_side or {}).get("blocks")))
+    lines.extend(host_work.format_loop(report))
     warm, compiled = jax_side["warmup"], jax_side.get("compile", {})
     lines.append(
         f"first step (cold) {warm.get('first_step_s', 0):.3f} s; compile {compiled.get('seconds', 0):.2f} s, "

@@ -17,6 +17,7 @@ compiled program per transformer pass serves every block, and no block after the
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
@@ -167,13 +168,16 @@ class CausalWanPipeline(DiffusionPipeline):
         device = self._execution_device
         offset = torch.tensor(index * shape[2], dtype=torch.int32)  # a tensor: one program for every block
         latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
-        self.scheduler.set_timesteps(sigmas=sigmas, device=device)
-        self.scheduler.set_begin_index(0)  # no timestep lookup (a host sync) in step()
-        timesteps = self.scheduler.timesteps
+        # each block's loop starts from the same scheduler state (a copy: what a block's steps leave, e.g.
+        # FlowMatchLCM's ``_init_size``, would make the next block's first step another program on JAX)
+        scheduler = copy.deepcopy(self.scheduler)
+        scheduler.set_timesteps(sigmas=sigmas, device=device)
+        scheduler.set_begin_index(0)  # no timestep lookup (a host sync) in step()
+        timesteps = scheduler.timesteps
         for i, t in enumerate(timesteps):
             write = not refresh and i == len(timesteps) - 1
             flow, written = self._forward(timing, latents, t, inputs, cache, offset, write)
-            latents = self.scheduler.step(flow, t, latents, generator=generator, return_dict=False)[0]
+            latents = scheduler.step(flow, t, latents, generator=generator, return_dict=False)[0]
             cache = written if write else cache
         if refresh:  # the clean block at the context timestep writes the cache
             context = torch.full((), float(context_noise), device=device)

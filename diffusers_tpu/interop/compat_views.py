@@ -75,8 +75,16 @@ def written_through_view(env, func, args) -> bool:
 # ``View.jax`` (0.0.10 - 0.0.13) once.
 def patch_glue_views():
 
+    shapes: dict = {}  # (source shape, dtype, the slice) -> the view's shape: a loop's views are the same each step
+
     def calculate_output_shape(self, source):
-        return list(jax.eval_shape(self.transform_tensor, source).shape)
+        key = _slice_key(self.slices)
+        if key is None:
+            return list(jax.eval_shape(self.transform_tensor, source).shape)
+        key = (tuple(source.shape), str(source.dtype), key)
+        if key not in shapes:
+            shapes[key] = list(jax.eval_shape(self.transform_tensor, source).shape)
+        return list(shapes[key])
 
     def view_jax(stock):
         def jax_array(self):
@@ -92,6 +100,22 @@ def patch_glue_views():
         "torchax view shapes without running the slice",
     )
     patching.wrap(View, "jax", view_jax, "views of host scalars and vectors read on the host")
+
+
+def _slice_key(slices):
+    """A view's index as a hashable key (slices as their bounds), or None when it holds arrays."""
+    parts = slices if isinstance(slices, tuple) else (slices,)
+    key = []
+    for part in parts:
+        if isinstance(part, slice):
+            key.append(("slice", part.start, part.stop, part.step))
+        elif part is None or part is Ellipsis or type(part) is int:
+            key.append(part)
+        else:
+            return None
+    if any(not isinstance(v, (int, type(None))) for p in key if isinstance(p, tuple) for v in p[1:]):
+        return None
+    return tuple(key)
 
 
 # --- 12. Strided slice assignment without a scatter -------------------------------------------------------------

@@ -243,10 +243,10 @@ def getitem(env, tensor, indexes):
     return Tensor(_placed(host_numpy(result), like), env)
 
 
-_DRAWS = (torch.randn, torch.rand, torch.randint, torch.randperm)
-_DRAWS_LIKE = (torch.randn_like, torch.rand_like, torch.randint_like)
-_DRAWS_IN_PLACE = (torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.random_, torch.Tensor.exponential_)
-RANDOM_DRAWS = frozenset(_DRAWS + _DRAWS_LIKE + _DRAWS_IN_PLACE)
+DRAWS = (torch.randn, torch.rand, torch.randint, torch.randperm)
+DRAWS_LIKE = (torch.randn_like, torch.rand_like, torch.randint_like)
+DRAWS_IN_PLACE = (torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.random_, torch.Tensor.exponential_)
+RANDOM_DRAWS = frozenset(DRAWS + DRAWS_LIKE + DRAWS_IN_PLACE)
 
 
 def draw(env, func, args, kwargs):
@@ -260,7 +260,7 @@ def draw(env, func, args, kwargs):
     if not jax_private.trace_state_clean() or (generator is not None and generator.device.type != "cpu"):
         return NOT_GLUE
     like = None
-    if func in _DRAWS:
+    if func in DRAWS:
         # no device: in the environment's mode a factory makes a device tensor (AnimateDiff's FreeNoise shuffles
         # frames with ``torch.randperm(n, generator=...)``: torchax's own key gave another order than stock's)
         device = kwargs.get("device")
@@ -269,7 +269,7 @@ def draw(env, func, args, kwargs):
     elif not args or type(args[0]) is not Tensor or isinstance(torchax_private.array(args[0]), jax.core.Tracer):
         return NOT_GLUE  # a view, or a host tensor: torchax's or torch's own
     elif (
-        func in _DRAWS_LIKE
+        func in DRAWS_LIKE
         and kwargs.get("device") is not None
         and not torchax_private.routes_to_jax(env, kwargs["device"])
     ):
@@ -283,7 +283,7 @@ def draw(env, func, args, kwargs):
             args = (torch.empty(like.shape, dtype=target.dtype), *args[1:])
         result = func(*args, **host_kwargs)
     array = _placed(host_numpy(result), like)
-    if func in _DRAWS_IN_PLACE:  # torchax's in-place ops replace the wrapped array too
+    if func in DRAWS_IN_PLACE:  # torchax's in-place ops replace the wrapped array too
         torchax_private.set_array(target, array)
         return target
     return Tensor(array, env)

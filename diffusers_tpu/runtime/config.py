@@ -60,6 +60,9 @@ class TPUConfig:
     # denormalize, quantize and lay out frames on the device, so "pil" output moves uint8 (a quarter of the float bytes)
     # to the host.
     postprocess_on_device: bool = True
+    # run ``scheduler.step`` (and ``scale_model_input``) as compiled programs, the scheduler's state carried through
+    # them (``runtime/call/scheduler_steps.py``); False: op by op, as before. Within the parity bounds either way.
+    compile_scheduler: bool = True
     # JAX persistent compilation cache directory; ``None`` means the default user cache dir (or
     # ``$DIFFUSERS_TPU_CACHE_DIR``), ``False`` disables it.
     compile_cache_dir: str | bool | None = None
@@ -186,6 +189,8 @@ class TPUConfig:
             raise ValueError(f"TPUConfig(batch_cfg={self.batch_cfg!r}) must be True, False or 'auto'.")
         if not isinstance(self.postprocess_on_device, bool):
             raise ValueError(f"TPUConfig(postprocess_on_device={self.postprocess_on_device!r}) must be a bool.")
+        if not isinstance(self.compile_scheduler, bool):
+            raise ValueError(f"TPUConfig(compile_scheduler={self.compile_scheduler!r}) must be a bool.")
         for name in ("vae_decode_chunk", "vae_encode_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -12,6 +12,7 @@ import inspect
 import logging
 import time
 import weakref
+from contextlib import nullcontext
 
 import diffusers
 import jax
@@ -99,6 +100,9 @@ class PipelineRuntime(Placing):
         self._compiled: dict = {}  # (id(module), method name) -> its CompiledFunction (``compiled_of``)
         self.overrides = Overrides(lambda: self.attached)  # undone by ``undo`` (``pipe.to("cpu")``)
         self.recorded = None  # the denoiser's last output (``hook_chain.Recording``)
+        # user code ran since (a call began, a callback returned): the denoiser checks what it may have changed
+        self.user_code_runs = 0
+        self.scheduler_programs: dict = {}  # id(scheduler) -> (scheduler, its compiled methods): kept between calls
         self.compile_log: compile_accounting.CompileLog | None = None  # the running call's
         self.placing_programs = 0  # programs ``place`` built (``CallStats.placing_programs``)
         self._depth = 0  # > 0 inside a pipeline call or a public entry point: JAX tensors flow freely
@@ -136,9 +140,11 @@ class PipelineRuntime(Placing):
     @contextlib.contextmanager
     def call_scope(self):
         """Like a pipeline call (JAX tensors flow between entry points), for a pipeline's own generator methods."""
+        self.user_code_runs += 1  # entered from user code, which may have changed a model since
+        outermost = self._depth == 0  # (a generator method's loop steps the schedulers as a call's does)
         self._depth += 1
         try:
-            with self.active(), self.weights_shown():
+            with self.active(), self.weights_shown(), self._schedulers_on_device() if outermost else nullcontext():
                 yield
         finally:
             self._depth -= 1
@@ -152,6 +158,7 @@ class PipelineRuntime(Placing):
                 yield
         finally:
             self._depth = depth
+            self.user_code_runs += 1
 
     def _guider_runs_the_pair(self) -> bool:
         """A diffusers guider (``pipe.guider``) set to the step about to run has an unconditional pass at it
@@ -175,6 +182,7 @@ class PipelineRuntime(Placing):
             self.family.check_call(pipe, checked.arguments)
         self._host_callback(bound)
         self._depth, self.last_call = 1, CallStats()
+        self.user_code_runs += 1
         if self.pairing:
             self.pairing.reset()
         start = time.perf_counter()
@@ -245,6 +253,8 @@ class PipelineRuntime(Placing):
         undo = []
         for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
             undo.extend(schedulers.place(scheduler))
+            if self.config.compile_scheduler:
+                undo.extend(schedulers.compile_steps(scheduler, self.scheduler_programs))
             if self.config.scheduler_dtype is not None:
                 undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
         try:

@@ -91,6 +91,7 @@ class Denoiser:
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
         self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
         self._lora_key = lora.structure_key(module)
+        self._synced_at = -1  # the runtime's ``user_code_runs`` at the last sync
         self._units: dict[int, object] = {}  # id(submodule) -> compiled unit
         self._plans: dict = {}
         self._active: set[int] = set()  # units of the current plan
@@ -124,7 +125,11 @@ class Denoiser:
         return state
 
     def sync(self) -> None:
-        """Unmerge disabled merged adapters (stock does it inside forward) and place adapters added since."""
+        """Unmerge disabled merged adapters (stock does it inside forward) and place adapters added since: once
+        after user code ran (``PipelineRuntime.user_code_runs``), not at every step (each check walks the model)."""
+        if self._synced_at == self.runtime.user_code_runs:
+            return
+        self._synced_at = self.runtime.user_code_runs
         lora.prepare(self.module)
         key = lora.structure_key(self.module)
         if key != self._lora_key or sharding.needs_resync(self.module):

@@ -13,6 +13,7 @@ import torch
 
 from ...interop.backend import host_to_jax, is_jax_tensor, jax_to_host, wrap
 from ...interop.torch_private import pytree
+from .scheduler_steps import METHODS, CompiledSchedulerMethod, ScheduleReset, Shared
 
 # scheduler class name -> tensor attributes indexed or mixed with device timesteps
 DEVICE_TABLES = {
@@ -37,6 +38,32 @@ def place(scheduler) -> list:
             setattr(scheduler, name, wrap(host_to_jax(value)))
             undo.append(lambda name=name, value=value: setattr(scheduler, name, value))
     return undo
+
+
+def compile_steps(scheduler, held: dict) -> list:
+    """Install the scheduler's methods as compiled programs (``scheduler_steps``) for a call; ``held`` keeps each
+    scheduler's programs from call to call (by identity). Returns undo callables."""
+    methods = held.get(id(scheduler))
+    if methods is None or methods[0] is not scheduler:
+        shared = Shared()
+        installed = {
+            name: CompiledSchedulerMethod(scheduler, name, shared)
+            for name in METHODS
+            if callable(getattr(scheduler, name, None))
+        }
+        if callable(getattr(scheduler, "set_timesteps", None)):
+            installed["set_timesteps"] = ScheduleReset(scheduler, shared.created)
+        methods = held[id(scheduler)] = (scheduler, installed)
+    held_now = vars(scheduler)
+    ours = {name: method for name, method in methods[1].items() if name not in held_now}  # a user's override stays
+    held_now.update(ours)
+
+    def undo():
+        for name, method in ours.items():
+            if held_now.get(name) is method:
+                del held_now[name]
+
+    return [undo]
 
 
 def _on_host(value):
