@@ -26,7 +26,7 @@ import sys
 
 from .interop import import_hooks, startup, versions
 
-_active = False
+_activated = False
 _deactivated = False
 
 
@@ -35,13 +35,13 @@ def activate() -> None:
     first lookup. ``import diffusers_tpu`` calls it at once when torch is already imported (any script
     holding a pipeline); otherwise (``diffusers-tpu --help``) when diffusers imports its pipelines or a name below is
     first used, so that a command can read its arguments before torch and JAX load."""
-    global _active
-    if _active:
+    global _activated
+    if _activated:
         return
     if _deactivated:  # on again: what the import settled once
         startup.quiet_absent_libtpu()
         startup.quiet_known_noise()
-    _active = True
+    _activated = True
     from .interop import distributed
 
     distributed.initialize_from_env()  # a multi-host run: before anything touches a JAX backend
@@ -62,7 +62,7 @@ def deactivate() -> None:
     first, and no patch waits for a module's import any more. Stock code then runs as in a process that never
     imported ``diffusers_tpu`` (tested bit for bit); ``activate()`` switches it on again. What stays: torchax and JAX
     themselves, once imported, and JAX's compilation-cache setting."""
-    global _active, _deactivated
+    global _activated, _deactivated
     if "diffusers_tpu.runtime.attach.moves" in sys.modules:
         from .runtime.attach import moves
 
@@ -71,7 +71,7 @@ def deactivate() -> None:
 
     import_hooks.forget_all()
     patching.undo_all()
-    _active, _deactivated = False, True
+    _activated, _deactivated = False, True
 
 
 versions.warn_outside()  # one warning naming the tested span, for any version outside it
@@ -84,8 +84,8 @@ if "torch" in sys.modules or startup.in_a_cluster():  # a cluster starts before 
 else:
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", lambda module: activate())
 
-# The public names, and module paths from before the layered layout that README and the notebooks use
-# (``from diffusers_tpu import tiny``, ``diffusers_tpu.lowering.export_method``): resolved on first use.
+# The public names, and the submodules users reach from the package (``from diffusers_tpu import tiny`` in the
+# notebooks, ``diffusers_tpu.stages.generate``, ``diffusers_tpu.lowering.export_method``): resolved on first use.
 _NAMES = {
     "CausalWanTransformer3DModel": "families.causal_wan",
     "CausalWanPipeline": "families.causal_wan_pipeline",
@@ -99,9 +99,9 @@ _NAMES = {
     "TPUConfig": "runtime.config",
     "from_pretrained": "runtime.weights.loading",
     "supported_pipelines": "runtime.support",
-    "warm_up": "runtime.programs.warmup",
+    "warm_up": "runtime.attach.warmup",
 }
-_MOVED = {
+_SUBMODULES = {
     "tiny": "testing.tiny",
     "stages": "runtime.files.stages",
     "lowering": "planner.lowering",
@@ -110,19 +110,19 @@ _MOVED = {
 
 
 def __getattr__(name: str):
-    if name in _NAMES or name in _MOVED:
+    if name in _NAMES or name in _SUBMODULES:
         activate()
     if name in _NAMES:
         value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
         globals()[name] = value
         return value
-    if name in _MOVED:
-        return importlib.import_module(f"{__name__}.{_MOVED[name]}")
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{_SUBMODULES[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_NAMES) | set(_MOVED))
+    return sorted(set(globals()) | set(_NAMES) | set(_SUBMODULES))
 
 
 __all__ = sorted(_NAMES) + ["__version__", "activate", "deactivate"]

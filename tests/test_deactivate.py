@@ -1,10 +1,51 @@
 """``diffusers_tpu.deactivate()``: every patch undone, every pipeline back on the host, and stock code then gives bit
 for bit what a process that never imported ``diffusers_tpu`` gives."""
 
+import json
+
 import numpy as np
 import pytest
 
 from tests.conftest import run_fresh
+
+# How an attribute is named across processes: its owner (a module or class) by import path, the value it holds in the
+# owner's own namespace by its defining module and qualified name
+DESCRIBE = """
+import importlib, types
+ABSENT = object()
+def owner_path(owner):
+    if isinstance(owner, types.ModuleType):
+        return [owner.__name__, ""]
+    if isinstance(owner, type):
+        return [owner.__module__, owner.__qualname__]
+    return None
+def describe(owner, name):
+    value = vars(owner).get(name, ABSENT)
+    if value is ABSENT:
+        return "absent"
+    inner = getattr(value, "__func__", value)
+    qualname = getattr(inner, "__qualname__", None)
+    if isinstance(qualname, str):
+        return f"{{getattr(inner, '__module__', None)}}.{{qualname}}"
+    return f"{{type(value).__module__}}.{{type(value).__qualname__}}"
+"""
+
+STOCK_ATTRIBUTES = (
+    DESCRIBE
+    + """
+import json, functools
+import diffusers, torch
+found = []
+for module, qualname, name in json.loads({touched!r}):
+    try:
+        owner = functools.reduce(getattr, qualname.split(".") if qualname else [], importlib.import_module(module))
+    except Exception:  # torchax and the package's own modules: not importable without diffusers_tpu
+        found.append(None)
+        continue
+    found.append(describe(owner, name))
+print(json.dumps({{"found": found}}))
+"""
+)
 
 STOCK = """
 import json, sys, numpy as np, torch
@@ -16,7 +57,9 @@ np.save({out!r}, np.asarray(frames))
 print(json.dumps({{"diffusers_tpu": "diffusers_tpu" in sys.modules}}))
 """
 
-DEACTIVATED = """
+DEACTIVATED = (
+    DESCRIBE
+    + """
 import json, numpy as np, torch
 import torch.nn.functional as F
 from diffusers import DiffusionPipeline, WanPipeline
@@ -44,6 +87,11 @@ report = {{
     "on_jax_vs_kept": float(np.abs(on_jax - kept).max()),
     "kept_vs_fresh": float(np.abs(kept - np.load({out!r})).max()),
     "labels": patching.labels(DiffusionPipeline.to),
+    "touched": [
+        [*path, name, describe(owner, name)]
+        for owner, name in patching.touched()
+        if (path := owner_path(owner)) is not None
+    ],
 }}
 try:
     torch.Generator("tpu")
@@ -59,6 +107,7 @@ report["reapplied"] = sorted(set(changed) - set(patching.applied()) - {{"torchax
 pipe.to("cpu")
 print(json.dumps(report))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +140,17 @@ def test_a_deactivated_process_runs_stock_code_as_a_stock_process(folder, tmp_pa
     assert report["on_jax_vs_kept"] <= 1e-4
     np.testing.assert_array_equal(np.load(tmp_path / "deactivated.npy"), np.load(tmp_path / "stock.npy"))
     assert report["reapplied"] == [] and report["again_vs_on_jax"] == 0.0  # every patch back, the same video
+    # every attribute a patch set holds what a process that never imported diffusers_tpu holds there
+    touched = [row[:3] for row in report["touched"]]
+    stock_values = run_fresh(STOCK_ATTRIBUTES.format(touched=json.dumps(touched)))["found"]
+    compared = [(row, there) for row, there in zip(report["touched"], stock_values) if there is not None]
+    differ = [
+        f"{m}:{q}.{n} is {here}, in a stock process {there}" for (m, q, n, here), there in compared if here != there
+    ]
+    assert differ == []
+    names = {f"{m}:{q}.{n}" for (m, q, n, _), _ in compared}
+    assert {
+        "diffusers.hooks:.apply_group_offloading",
+        "diffusers.pipelines.pipeline_utils:DiffusionPipeline.to",
+    } <= names
+    assert len(compared) >= 20, names

@@ -160,8 +160,43 @@ def test_compat_at_the_bottom_patches_at_the_top():
     assert p + "commands.cli" not in edges[p + "commands.bench"]
 
 
-def test_fewer_floors_than_the_flat_layout():
-    assert floors(graph()) < 15  # the flat package had 15 floors (and 5 circles)
+def rooms_of(edges, package: str) -> dict[str, set[str]]:
+    """The import graph between ``package``'s rooms: each sub-folder and each module directly in it is one room."""
+    prefix = package + "."
+
+    def room(module):
+        return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    rooms: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        here = room(module)
+        if here is None:
+            continue
+        rooms.setdefault(here, set())
+        rooms[here] |= {there for t in targets if (there := room(t)) not in (None, here)}
+    return rooms
+
+
+def _packages_with_rooms() -> list[str]:
+    """Every folder below the layers (the layers themselves: ``test_imports_run_down_the_layers``)."""
+    return sorted(m for m, path in _modules().items() if path.endswith("__init__.py") and m.count(".") >= 1)
+
+
+@pytest.mark.parametrize("package", _packages_with_rooms())
+def test_no_two_rooms_of_a_folder_import_each_other(package):
+    """Inside a layer the sub-folders are layered too (``runtime/attach``, ``call``, ``weights``...): no two import
+    each other, directly or round a longer circle."""
+    assert _cycles(rooms_of(graph(), package)) == []
+
+
+def test_room_knots_are_caught():
+    p = "diffusers_tpu.runtime."
+    edges = {p + "call.denoiser": {p + "weights.lora"}, p + "weights.lora": {p + "call.block"}, p + "call.block": set()}
+    assert _cycles(rooms_of(edges, "diffusers_tpu.runtime")) == [["call", "weights"]]
+
+
+def test_floors_stay_few():
+    assert floors(graph()) < 15
 
 
 @pytest.mark.parametrize(

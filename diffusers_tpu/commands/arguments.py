@@ -164,3 +164,35 @@ def call_sizes(pipe, args, model: str) -> dict:
             f"{type(pipe).__name__} has no default for {', '.join(missing)}: pass them to diffusers-tpu bench."
         )
     return sizes
+
+
+def pipeline_to_compile(args, dtype):
+    """The pipeline ``plan``, ``cost`` and ``ready`` compile for: ``--arch`` built without weights, a diffusers
+    folder from its configs alone (no weight read), else the model as ``load_pipeline`` loads it."""
+    import os
+
+    import torch
+
+    from ..planner import architectures
+
+    if args.arch:
+        return architectures.build(args.arch, dtype or torch.float32, weights=False)
+    if os.path.isfile(os.path.join(args.model, "model_index.json")):
+        return architectures.folder_pipeline(args.model, dtype)
+    return load_pipeline(args.model)
+
+
+def timing_config(args, dtype):
+    """The ``TPUConfig`` of the commands that time a pipeline (``bench``, ``profile``), from their shared arguments."""
+    import torch
+
+    from ..runtime.config import TPUConfig
+
+    return TPUConfig(
+        mesh=args.mesh,
+        attention=args.attention,
+        dtype=dtype if dtype == torch.bfloat16 else None,
+        text_encoder=args.text_encoder,
+        matmul_precision=args.matmul_precision,
+        quantize=getattr(args, "quantize", None),
+    )

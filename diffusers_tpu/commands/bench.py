@@ -30,12 +30,11 @@ from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
 from ..planner import architectures
 from ..runtime.attach import pipeline_runtime
-from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
 from . import host_work, stage_timer
-from .arguments import call_sizes, device_for, load_pipeline, sequence_length
+from .arguments import call_sizes, device_for, load_pipeline, sequence_length, timing_config
 from .measures import PEAK_TFLOPS, peak_tflops  # noqa: F401
 from .measures import versions as _versions
 from .pipeline_call import call_arguments
@@ -69,14 +68,7 @@ def run(args) -> dict:
     """The whole benchmark for parsed ``diffusers-tpu bench`` arguments; returns the JSON-able report."""
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)  # a bad platform fails before any weight is built
-    config = TPUConfig(
-        mesh=args.mesh,
-        attention=args.attention,
-        dtype=dtype if args.dtype == "bfloat16" else None,
-        text_encoder=args.text_encoder,
-        matmul_precision=args.matmul_precision,
-        quantize=args.quantize,
-    )
+    config = timing_config(args, dtype)
     model = args.arch or args.model or BENCH_MODEL
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     check_cache(pipe, args.cache)

@@ -24,9 +24,10 @@ import torch
 from ..interop import program_figures
 from ..planner import architectures, plan, tpu_compiler
 from ..planner.chips import CHIPS
+from ..runtime.attach import warmup
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
-from ..runtime.programs import program_store, warmup
+from ..runtime.programs import program_store
 from .arguments import load_pipeline
 from .program_table import programs_of, render, text_tokens
 

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import time
 
 import torch
 
-from ..planner import architectures, compiler_estimate, kernel_work, plan, step_estimate, tpu_compiler
+from ..planner import compiler_estimate, kernel_work, plan, step_estimate, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.registry import family_of
-from .arguments import load_pipeline
+from .arguments import pipeline_to_compile
 
 GIB = 1 << 30
 
@@ -46,12 +45,7 @@ def main(args) -> int:
     chip = CHIPS[args.chips]
     devices = tpu_compiler.devices(chip)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    if args.arch:
-        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
-    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
-        pipe = architectures.folder_pipeline(args.model, dtype)
-    else:
-        pipe = load_pipeline(args.model)
+    pipe = pipeline_to_compile(args, dtype)
     if args.max_sequence_length is None:
         parameter = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
         args.max_sequence_length = parameter.default if parameter is not None else None

@@ -18,7 +18,6 @@ import torch
 from ..interop import backend
 from ..planner import architectures, compiler_estimate, tpu_compiler
 from ..planner import plan as plan_module
-from ..planner.architectures import folder_pipeline
 from ..planner.chips import CHIPS, GIB, candidate_meshes
 from ..planner.plan import plan_all
 from ..planner.step_estimate import describe, estimable, rank
@@ -28,7 +27,7 @@ from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.registry import family_of
 from . import plan_lines, plan_screening
-from .arguments import load_pipeline
+from .arguments import load_pipeline, pipeline_to_compile
 
 # XLA's CPU compiler otherwise schedules for concurrency — every block's timestep-only ops (modulation broadcasts
 # over all tokens) run up front, all their buffers live at once — and materializes broadcasts in its YNNPACK
@@ -93,12 +92,7 @@ def main(args, argv: list[str] | None = None) -> int:
     devices = tpu_compiler.devices(chip) if compilers[0] == "tpu" else simulated
     compared = simulated if compilers == ("tpu", "cpu") else None  # --compiler both: the CPU estimate beside
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    if args.arch:
-        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
-    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
-        pipe = folder_pipeline(args.model, dtype)
-    else:
-        pipe = load_pipeline(args.model)
+    pipe = pipeline_to_compile(args, dtype)
 
     heads = family_of(pipe).num_heads(pipe)
     if args.max_sequence_length is None:  # HunyuanVideo-1.5 has fixed text lengths instead

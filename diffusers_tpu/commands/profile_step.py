@@ -25,12 +25,11 @@ from ..interop.compile_accounting import compile_log
 from ..interop.torch_private import pytree
 from ..planner import architectures
 from ..runtime.attach import pipeline_runtime
-from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.files.stages import call_defaults
 from ..runtime.registry import family_of
 from . import kernel_breakdown
-from .arguments import call_sizes, device_for, load_pipeline, sequence_length
+from .arguments import call_sizes, device_for, load_pipeline, sequence_length, timing_config
 from .measures import peak_memory, peak_tflops, versions
 
 
@@ -150,13 +149,7 @@ def _step_flops(pipe, call: dict, calls: list) -> int | None:
 def run(args) -> dict:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     device = device_for(args.platform)
-    config = TPUConfig(
-        mesh=args.mesh,
-        attention=args.attention,
-        dtype=dtype if args.dtype == "bfloat16" else None,
-        text_encoder=args.text_encoder,
-        matmul_precision=args.matmul_precision,
-    )
+    config = timing_config(args, dtype)
     model = args.arch or args.model or "tiny:wan"
     pipe = architectures.build(args.arch, dtype) if args.arch else load_pipeline(model)
     sizes = call_sizes(pipe, args, model)

@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..planner import architectures, compiler_estimate, hlo_stats, plan, tpu_compiler
+from ..planner import compiler_estimate, hlo_stats, plan, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
-from .arguments import load_pipeline
+from .arguments import pipeline_to_compile
 from .program_table import programs_of, render, text_tokens
 
 
@@ -52,12 +52,7 @@ def main(args) -> int:
     chip = CHIPS[args.chips]
     devices = tpu_compiler.devices(chip)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    if args.arch:
-        pipe = architectures.build(args.arch, dtype or torch.float32, weights=False)
-    elif os.path.isfile(os.path.join(args.model, "model_index.json")):
-        pipe = architectures.folder_pipeline(args.model, dtype)
-    else:
-        pipe = load_pipeline(args.model)
+    pipe = pipeline_to_compile(args, dtype)
     if args.vae_tiling:
         pipe.vae.enable_tiling()  # the decode a call runs after pipe.vae.enable_tiling(): per tile
     config = TPUConfig(

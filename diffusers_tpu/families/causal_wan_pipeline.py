@@ -30,7 +30,7 @@ from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
 from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
-from ..interop import backend
+from ..interop import backend, user_tensors
 from ..interop.compile_accounting import compile_log
 from ..runtime.attach import pipeline_runtime
 from ..runtime.registry import Family, register
@@ -259,7 +259,7 @@ class CausalWanPipeline(DiffusionPipeline):
                         if decoder.rehearsal is not None:  # later blocks' frame count: postprocess compiles now
                             self.video_processor.postprocess_video(decoder.rehearsal, output_type)
                             decoder.rehearsal = None
-                    frames = pipeline_runtime.to_host(frames)
+                    frames = user_tensors.to_host(frames)
                 record.seconds, record.compilations = time.perf_counter() - start, log.compilations
                 self.block_timings.append(record)
                 bar.update()

@@ -256,7 +256,7 @@ def _prepare(pipe, runtime) -> None:
     for module in transformer.modules():
         if isinstance(getattr(module, "processor", None), HunyuanVideo15AttnProcessor2_0):
             runtime.overrides.set(module, "processor", processor)
-    runtime.chain_of(transformer).register(TokenOrder())
+    runtime.chain(transformer).register(TokenOrder())
     for module in pipe.vae.modules():
         if isinstance(module, HunyuanVideo15AttnBlock):
             runtime.overrides.set(module, "prepare_causal_attention_mask", frame_causal_mask)

@@ -239,14 +239,16 @@ class _Tiles:
     def __init__(self, vae, runtime, decode_frames, encode_frames):
         self.vae, self.runtime = vae, runtime
         self.decode_frames, self.encode_frames = decode_frames, encode_frames
-        self.assemble = CompiledFunction(vae, functools.partial(_assemble, vae), state=dict, activate=runtime.active)
+        self.assemble = CompiledFunction(
+            vae, functools.partial(_assemble, vae), state=dict, jax_context=runtime.jax_context
+        )
 
     def decode(self, z, return_dict: bool = True):
         vae, ratio, patch = self.vae, self.vae.spatial_compression_ratio, self.vae.config.patch_size or 1
         _, _, _, height, width = z.shape
         tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
         stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
-        with self.runtime.active():
+        with self.runtime.jax_context():
             rows = [
                 [self.decode_frames(z[:, :, :, i : i + tile_h, j : j + tile_w]) for j in range(0, width, stride_w)]
                 for i in range(0, height, stride_h)
@@ -269,7 +271,7 @@ class _Tiles:
         min_h, min_w = vae.tile_sample_min_height, vae.tile_sample_min_width
         latent_min_h, latent_min_w = min_h // ratio, min_w // ratio
         stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
-        with self.runtime.active():
+        with self.runtime.jax_context():
             rows = [
                 [
                     self.encode_frames(x[:, :, :, i : i + min_h, j : j + min_w])
@@ -342,7 +344,7 @@ def install(vae, runtime, state, place_input) -> None:
         tile_w = vae.tile_sample_min_width // vae.spatial_compression_ratio
         if vae.use_tiling and (width > tile_w or height > tile_h):
             return stock_decode(z, return_dict=return_dict)  # -> vae.tiled_decode: compiled tiles below
-        with runtime.active():
+        with runtime.jax_context():
             out = _finish(vae, decode_frames(z))
         return (out,) if not return_dict else DecoderOutput(sample=out)
 
@@ -350,7 +352,7 @@ def install(vae, runtime, state, place_input) -> None:
         _, _, frames, height, width = x.shape
         if vae.use_tiling and (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
             return stock_encode(x)  # -> vae.tiled_encode: compiled tiles below
-        with runtime.active():
+        with runtime.jax_context():
             if vae.config.patch_size is not None:
                 x = patchify(x, patch_size=vae.config.patch_size)
             return encode_frames(x)

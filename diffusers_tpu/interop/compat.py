@@ -1,8 +1,8 @@
 """Compatibility of torchax with torch's semantics and JAX: the patches of torchax's behaviour the backend needs,
 each with its reason and version guard, each set through ``patching.wrap``, one numbered section per patch. This
 module holds the general ones and ``apply``, which applies every section in order; views and indexing are in
-``compat_views``, the mesh in ``compat_mesh``, op results in ``compat_ops``. The patches of torch itself (sections 1,
-7 and 13 until they moved) are in ``torch_compat``; ``runtime/entry_points.py`` holds the diffusers-level hooks at
+``compat_views``, the mesh in ``compat_mesh``, op results in ``compat_ops``. The patches of torch itself are in
+``torch_compat``; ``runtime/entry_points.py`` holds the diffusers-level hooks at
 the top. These modules import nothing of the package but ``host_scalars``, ``patching`` and the doors (all at the
 bottom of the import graph).
 """

@@ -96,7 +96,7 @@ class CompiledFunction:
     programs (``Program``, one per call key), the key that picks them, their lowering and the state found to carry.
 
     ``state()`` returns the module's current weights as {qualified name: jax.Array} (they become program
-    arguments); ``activate()`` is the context calls run in (torchax environment, mesh, attention settings);
+    arguments); ``jax_context()`` is the context calls run in (torchax environment, mesh, attention settings);
     ``place_input`` shards each tensor argument before the call (e.g. the batch over ``dp``); ``place_output``, if
     given, constrains every tensor the program returns (its result, list arguments it changed, carried attributes)
     while tracing: left free, the partitioner may pick a sharding the mesh cannot name. One program is
@@ -113,7 +113,7 @@ class CompiledFunction:
         method: Callable,
         *,
         state: Callable[[], dict],
-        activate: Callable[[], contextlib.AbstractContextManager],
+        jax_context: Callable[[], contextlib.AbstractContextManager],
         place_input: Callable[[jax.Array], jax.Array] = lambda a: a,
         compute_dtype=None,
         donate: int | None = None,
@@ -122,7 +122,7 @@ class CompiledFunction:
         place_output=None,
         build=None,
     ):
-        self.module, self.state, self.activate = module, state, activate
+        self.module, self.state, self.jax_context = module, state, jax_context
         self.place_input, self.compute_dtype, self.donate = place_input, compute_dtype, donate
         self.extras, self.trace_hook, self.place_output, self.build = extras, trace_hook, place_output, build
         self.__wrapped__ = method  # what it compiles (``inspect.signature`` and unwrapping see through)
@@ -143,7 +143,7 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         # One frame from the caller to the executable (the project keeps at most five between stock code and any
         # compiled program): the steady path is inline; building, state discovery and eager fallbacks branch off.
-        with self.activate():
+        with self.jax_context():
             if self.eager:
                 return self.__wrapped__(*args, **kwargs)
             self._hold()
@@ -284,7 +284,7 @@ class CompiledFunction:
         # placed abstractly (``place_input`` gives a ShapeDtypeStruct its sharding): no argument is copied to devices
         dynamic = place_arguments(self.place_input, [_abstract(x) for x in call.leaves if isinstance(x, torch.Tensor)])
         extra = self.extras.values() if self.extras is not None else []
-        with self.activate():
+        with self.jax_context():
             lowered = program.without_hook_if_needed(
                 program.jitted.lower, *program.arguments(self.state(), dynamic, extra, carried_in)
             )

@@ -8,12 +8,14 @@ is in. Every patch is recorded with how to undo it: ``undo_all`` puts every attr
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 _LABELS = "_diffusers_tpu_patches"  # the labels of the wrappers an attribute's current value is made of
 _MISSING = object()  # the attribute was not in the owner's own namespace (inherited, or absent)
 _applied: list[str] = []
 _undo: list[tuple[str, Callable[[], None]]] = []
+_touched: dict[tuple[int, str], tuple[object, str]] = {}  # every (owner, name) ever set, kept through ``undo_all``
 
 
 def labels(value) -> tuple[str, ...]:
@@ -36,6 +38,7 @@ def replace(owner, name: str, value, label: str) -> None:
     """``owner.<name> = value``, recorded with its undo (the owner's own previous value, or none)."""
     previous = vars(owner).get(name, _MISSING)
     setattr(owner, name, value)
+    _touched.setdefault((id(owner), name), (owner, name))
     record(label, lambda: _restore(owner, name, value, previous))
 
 
@@ -46,6 +49,22 @@ def _restore(owner, name: str, value, previous) -> None:
         delattr(owner, name)
     else:
         setattr(owner, name, previous)
+
+
+@contextlib.contextmanager
+def temporarily(changes: dict):
+    """``{(owner, name): value}`` set for the block, then put back as ``undo_all`` puts a patch back (the owner's own
+    previous value, or none; a value someone replaced since stays theirs): a change that does not outlive the block
+    (``plan`` standing in for a pipeline's methods while it probes a call)."""
+    undo = []
+    try:
+        for (owner, name), value in changes.items():
+            undo.append((owner, name, value, vars(owner).get(name, _MISSING)))
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value, previous in reversed(undo):
+            _restore(owner, name, value, previous)
 
 
 def record(label: str, undo: Callable[[], None] | None = None) -> None:
@@ -71,3 +90,9 @@ def undo_all() -> list[str]:
 def applied() -> list[str]:
     """Every patch applied in this process, in the order applied."""
     return list(_applied)
+
+
+def touched() -> list[tuple[object, str]]:
+    """Every ``(owner, name)`` a patch of this process has set, undone or not (what ``deactivate``'s test compares
+    with a process that never imported the package)."""
+    return list(_touched.values())

@@ -28,8 +28,8 @@ import dataclasses
 
 import torch
 
-from ..runtime.call import block_signature
 from ..runtime.registry import family_of
+from ..runtime.weights import block_signature
 from . import plan, tpu_compiler
 from .chips import Chip
 

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ..interop import backend, program_figures
 from ..runtime import decision
-from ..runtime.attach.pipeline_runtime import PipelineRuntime
+from ..runtime.attach import moves
 from ..runtime.registry import family_of
 from ..runtime.weights import host_memory
 from . import abstract_weights, call_probe, program_memory, step_estimate, tpu_compiler
@@ -75,7 +75,7 @@ def denoiser_memory(
 def attached(pipe, config, devices):
     """The runtime ``pipe.to`` would attach for ``config`` on ``devices`` (its ``decision``: mesh built, nothing
     placed), undone after."""
-    runtime = PipelineRuntime(pipe, _decided(pipe, config, devices), None)
+    runtime = moves.unplaced(pipe, _decided(pipe, config, devices))
     if tpu_compiler.is_tpu(devices) and not tpu_compiler.is_attached(devices):
         # compiling for a TPU slice without one: no default device (nothing can be placed on a described device;
         # an array committed to one, or to this host, does not mix with the program's sharded values)

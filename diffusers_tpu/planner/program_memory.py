@@ -4,7 +4,6 @@ as the runtime compiles it and analysed by ``plan``'s ``submit`` (a background c
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from concurrent.futures import Future
 
@@ -12,8 +11,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..families import wan_vae
-from ..interop import jit, program_figures, sharding
-from ..runtime.attach import placement
+from ..interop import jit, patching, program_figures, sharding
+from ..runtime import text_encoder_placement
 from ..runtime.programs import program_builds
 from ..runtime.weights import host_memory
 from . import call_probe, lowering
@@ -141,7 +140,7 @@ def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict,
         owned = {name[len(prefix) :]: value for name, value in state.items() if name.startswith(prefix)}
         compiled = runtime.compiled_vae_method(owner, method, lambda owned=owned: owned)
         stand_ins[(owner, method)] = _zero_answers(compiled, programs, submit)
-    with _standing_in(stand_ins), torch.no_grad():
+    with patching.temporarily(stand_ins), torch.no_grad():
         family.decode_latents(pipe, latents, size["num_frames"])
 
     def finish() -> dict | None:
@@ -149,23 +148,6 @@ def vae_method_started(pipe, config, runtime, latents: torch.Tensor, size: dict,
         return {"programs": analyses, "peak_bytes": max(a["peak_bytes"] for a in analyses)} if analyses else None
 
     return functools.cache(finish)
-
-
-@contextlib.contextmanager
-def _standing_in(stand_ins: dict):
-    """``{(owner, method name): function}`` installed for a while (each compiled from the method it replaces,
-    which must not be an earlier stand-in)."""
-    previous = {key: vars(key[0]).get(key[1]) for key in stand_ins}
-    for (owner, method), function in stand_ins.items():
-        setattr(owner, method, function)
-    try:
-        yield
-    finally:
-        for (owner, method), function in previous.items():
-            if function is None:
-                vars(owner).pop(method, None)
-            else:
-                setattr(owner, method, function)
 
 
 def _zero_answers(compiled, programs: dict, submit=None):
@@ -193,7 +175,7 @@ def text_encoder_memory(pipe, config, runtime, size: dict, text_tokens: int, dty
 
 def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dtype: torch.dtype, submit):
     """``text_encoder_memory`` lowered here, compiled by ``submit``: returns the function that gives the report."""
-    names = placement.text_encoder_names(pipe)
+    names = text_encoder_placement.text_encoder_names(pipe)
     if not names or getattr(pipe, "tokenizer", None) is None:
         return lambda: None
     programs, weights, stand_ins = {}, 0, {}
@@ -202,9 +184,11 @@ def text_encoder_started(pipe, config, runtime, size: dict, text_tokens: int, dt
         state, submitted = held_weights(config, runtime, name, submit)
         if not config.in_host_memory(name):  # host-memory weights are on the devices only inside their programs
             weights += sum(state[n].size * state[n].dtype.itemsize for n, _ in module.named_parameters())  # tied once
-        compiled = jit.compiled_method(module, "forward", state=lambda state=state: state, activate=runtime.active)
+        compiled = jit.compiled_method(
+            module, "forward", state=lambda state=state: state, jax_context=runtime.jax_context
+        )
         stand_ins[(module, "forward")] = _zero_answers(compiled, programs, submitted)
-    with _standing_in(stand_ins):
+    with patching.temporarily(stand_ins):
         call_probe.probe_denoiser_call(pipe, size, text_tokens, dtype, prompt=call_probe.PLAN_PROMPT)
 
     def finish() -> dict:

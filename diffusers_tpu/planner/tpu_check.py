@@ -24,7 +24,7 @@ import inspect
 import torch
 from torch.utils import _pytree as pytree
 
-from ..interop import program_figures
+from ..interop import patching, program_figures
 from ..runtime.call.denoiser import TRACE_ERRORS
 from ..runtime.config import TPUConfig
 from ..runtime.registry import family_of
@@ -43,7 +43,7 @@ def _keywords(pipe, call: dict) -> dict:
 @contextlib.contextmanager
 def _recording(targets: list, seen: dict):
     """``(owner, method name)`` pairs wrapped to record each call's tensors as shapes (first call per shape)."""
-    saved = []
+    recorders = {}
     for owner, name in targets:
         original = getattr(owner, name)
 
@@ -60,16 +60,9 @@ def _recording(targets: list, seen: dict):
                 )
             return _original(*args, **kwargs)
 
-        saved.append((owner, name, vars(owner).get(name)))
-        setattr(owner, name, recorder)
-    try:
+        recorders[(owner, name)] = recorder
+    with patching.temporarily(recorders):
         yield
-    finally:
-        for owner, name, previous in saved:
-            if previous is None:
-                vars(owner).pop(name, None)
-            else:
-                setattr(owner, name, previous)
 
 
 def _vae_targets(pipe, family) -> list:

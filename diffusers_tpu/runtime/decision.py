@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from ..interop import backend, sharding
-from .attach import placement
+from . import text_encoder_placement
 from .call.denoiser import runs_in_units
 from .call.denoiser_hooks import check_hooks
 from .config import TPUConfig
@@ -38,7 +38,7 @@ class ComponentPlan:
     role: str  # "denoiser", "vae", "text encoder" (on the devices), "module"
 
     def weight_bytes_per_device(self, mesh_shape: dict, one_byte: frozenset = frozenset()) -> int:
-        return placement.per_device_bytes(list(self.slots), mesh_shape, one_byte)
+        return text_encoder_placement.per_device_bytes(list(self.slots), mesh_shape, one_byte)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ def decide(
     if config.weights_in_host_memory:
         host_memory.check_devices(devices)
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-    text_encoders = placement.text_encoder_names(pipe)
+    text_encoders = text_encoder_placement.text_encoder_names(pipe)
     for name, module in modules.items():
         if name not in text_encoders or config.text_encoder == "jax":
             check_hooks(module, "pipe.to('tpu')")
@@ -110,7 +110,7 @@ def decide(
         mesh_shape = next((shape for shape in shapes if splits_weights(pipe, shape, family)), shapes[0])
     else:
         mesh_shape = backend.validate_mesh_shape(config.mesh, len(devices), heads)
-    limit = placement.device_memory_limit(devices) if memory_limit is _FROM_DEVICES else memory_limit
+    limit = text_encoder_placement.device_memory_limit(devices) if memory_limit is _FROM_DEVICES else memory_limit
     encoders = _encoders(pipe, family, config, target, modules, mesh_shape, dtype, text_encoders, limit)
     placed = {n: m for n, m in modules.items() if encoders == "jax" or n not in text_encoders}
     components = tuple(_component_plans(family, config, target, placed, mesh_shape, dtype, text_encoders))
@@ -149,7 +149,7 @@ def weights_per_device(pipe, config: TPUConfig, platform: str, mesh_shape: dict,
     family = family_of(pipe)
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     target = backend.Target("tpu", platform)
-    encoders = placement.text_encoder_names(pipe)
+    encoders = text_encoder_placement.text_encoder_names(pipe)
     total, encoding = 0, 0
     for plan in _component_plans(family, config, target, modules, mesh_shape, dtype, ()):
         quantized = config.quantize and plan.role == "denoiser"
@@ -170,7 +170,7 @@ def _encoders(pipe, family, config, target, modules, mesh_shape, dtype, text_enc
         return config.text_encoder
     if limit is None or not text_encoders:
         return "host"
-    choice = placement.choose(weights_per_device(pipe, config, target.platform, mesh_shape, dtype), limit)
+    choice = text_encoder_placement.choose(weights_per_device(pipe, config, target.platform, mesh_shape, dtype), limit)
     if choice == "jax":
         try:
             for name in text_encoders:

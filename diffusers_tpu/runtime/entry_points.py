@@ -14,15 +14,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 
 import torch
 
 from ..interop import backend, compat, import_hooks, patching, shared_device, startup, torch_compat
 from . import diffusers_compat, stock_patches, to_arguments
-from .attach import moves, pipeline_runtime
+from .attach import gpu_script_calls, moves, pipeline_runtime
 from .attention import sdpa
-from .gpu_script import gpu_script_calls, group_offload
+from .gpu_script import group_offload
 from .weights import loading
 
 logger = logging.getLogger(__name__)
@@ -228,9 +227,14 @@ def _patch_group_offloading(group_offloading) -> None:
         functools.partial(group_offload.apply_config, wrap_calls=_wrap_every_pipeline_call),
         "_apply_group_offloading",
     )
-    hooks = sys.modules.get("diffusers.hooks")
-    if hooks is not None and "apply_group_offloading" in vars(hooks):  # bound there when the package imported it
-        hooks.apply_group_offloading = group_offloading.apply_group_offloading
+    # the package binds it too (``from .group_offloading import apply_group_offloading``), once its body has run
+    import_hooks.when_imported("diffusers.hooks", functools.partial(_bind_in_hooks, group_offloading))
+
+
+def _bind_in_hooks(group_offloading, hooks) -> None:
+    ours = group_offloading.apply_group_offloading
+    if vars(hooks).get("apply_group_offloading", ours) is not ours:
+        patching.replace(hooks, "apply_group_offloading", ours, "diffusers.hooks binding")
 
 
 def _wrap_every_pipeline_call() -> None:

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu.families.causal_wan import CausalWanTransformer3DModel, visible_frames
-from diffusers_tpu.interop import backend, compile_accounting, jit
-from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.interop import backend, compile_accounting, jit, user_tensors
 from diffusers_tpu.runtime.attention import sdpa
 from diffusers_tpu.testing import tiny
 
@@ -38,9 +37,9 @@ def _blockwise(forward, model, x, t, text, per_block, tokens_per_frame, as_offse
     for start in range(0, x.shape[2], per_block):
         with compile_accounting.compile_log() as log:
             out, cache = forward(x[:, :, start : start + per_block], t, text, cache, as_offset(start))
-        outs.append(pipeline_runtime.to_host(out))
+        outs.append(user_tensors.to_host(out))
         logs.append(log.compilations)
-    return torch.cat(outs, 2), pipeline_runtime.to_host(cache), logs
+    return torch.cat(outs, 2), user_tensors.to_host(cache), logs
 
 
 @pytest.mark.parametrize("per_block, sink, local, frames", CASES)
@@ -83,7 +82,7 @@ def _on_jax(model, implementation="splash_exp2", dtype=None):
         model,
         lambda x, t, e, cache, offset: model(x, t, e, kv_cache=cache, frame_offset=offset, write_cache=True),
         state=lambda: weights,
-        activate=active,
+        jax_context=active,
     )
 
 
@@ -133,9 +132,9 @@ def test_bf16_cache_path():
         return stack
 
     full = jit.CompiledFunction(
-        model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, activate=active
+        model, lambda *a: model(*a, return_dict=False)[0], state=lambda: weights, jax_context=active
     )
-    reference = pipeline_runtime.to_host(full(xb, t, textb)).float()
+    reference = user_tensors.to_host(full(xb, t, textb)).float()
     cached = _blockwise(_on_jax(model, "xla", torch.bfloat16), model, xb, t, textb, 2, 6, as_offset=offset)[0].float()
     assert cached.dtype == reference.dtype and (cached - reference).abs().max() <= 1e-2
     assert (cached - reference).abs().mean() <= 1e-3

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diffusers_tpu.families import wan_vae
-from diffusers_tpu.interop import compile_accounting
+from diffusers_tpu.interop import compile_accounting, user_tensors
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, assert_pil_matches, stock_pil
 
@@ -79,8 +79,8 @@ def test_streaming_decode_equals_one_stock_decode(pipes):
     for per_block in (1, 3):
         decoder, pieces, compilations = wan_vae.StreamingDecoder(pipe.vae), [], []
         for i in range(0, 6, per_block):
-            with attached.active(), compile_accounting.compile_log() as log:
-                pieces.append(pipeline_runtime.to_host(decoder.decode(latents[:, :, i : i + per_block])))
+            with attached.jax_context(), compile_accounting.compile_log() as log:
+                pieces.append(user_tensors.to_host(decoder.decode(latents[:, :, i : i + per_block])))
             compilations.append(log.compilations)
         assert (torch.cat(pieces, 2) - whole).abs().max() <= 1e-4
         assert compilations[1:] == [0] * (len(compilations) - 1), compilations

@@ -11,7 +11,7 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 import diffusers_tpu
 from diffusers_tpu import TPUConfig
 from diffusers_tpu.families import hunyuan_video15
-from diffusers_tpu.interop import backend, jit
+from diffusers_tpu.interop import backend, jit, user_tensors
 from diffusers_tpu.interop.program import Program
 from diffusers_tpu.runtime import decision
 from diffusers_tpu.runtime.attach import pipeline_runtime
@@ -53,7 +53,7 @@ def _traced_shapes(pipe):
     finally:
         Program.arguments = arguments
     program, state, dynamic = [c for c in calls if c[0] in compiled.programs.values()][-1]
-    with compiled.activate():
+    with compiled.jax_context():
         jaxpr = jax.make_jaxpr(program.jitted)(state, dynamic, [], []).jaxpr
     return {tuple(v.aval.shape) for eqn in all_equations(jaxpr) for v in eqn.outvars if hasattr(v.aval, "shape")}
 
@@ -167,9 +167,9 @@ def test_key_mask_processor_matches_stock_and_zeroes_padded_rows(attention):
     for mode in ("mask", "zero_kv"):
         processor = hunyuan_video15.KeyMaskProcessor(mode)
         run = jit.CompiledFunction(
-            attn, lambda h, e, m: processor(attn, h, e, attention_mask=m), state=lambda: weights, activate=active
+            attn, lambda h, e, m: processor(attn, h, e, attention_mask=m), state=lambda: weights, jax_context=active
         )
-        got = pipeline_runtime.to_host(run(video, text, mask))
+        got = user_tensors.to_host(run(video, text, mask))
         assert all(torch.isfinite(x).all() for x in got)
         if mode == "mask":
             torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-5)
@@ -218,12 +218,12 @@ def test_vae_tiling_encode_and_batch_two_decode(stock):
     pipe.to("jax")
     try:
         with torch.no_grad():
-            assert_np_matches(pipeline_runtime.to_host(vae.encode(video).latent_dist.mean).numpy(), encoded.numpy())
+            assert_np_matches(user_tensors.to_host(vae.encode(video).latent_dist.mean).numpy(), encoded.numpy())
             # stock decodes one latent at a time (batch 2 fails its mask broadcast); here both in one call
-            assert_np_matches(pipeline_runtime.to_host(vae.decode(latents, return_dict=False)[0]).numpy(), each.numpy())
+            assert_np_matches(user_tensors.to_host(vae.decode(latents, return_dict=False)[0]).numpy(), each.numpy())
             vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16, tile_overlap_factor=0.25)
             assert_np_matches(
-                pipeline_runtime.to_host(vae.decode(latents[:1], return_dict=False)[0]).numpy(), tiled.numpy()
+                user_tensors.to_host(vae.decode(latents[:1], return_dict=False)[0]).numpy(), tiled.numpy()
             )
     finally:
         pipe.to("cpu")
@@ -364,8 +364,8 @@ def test_a_guider_enabled_for_part_of_the_steps_runs_the_pair_then_the_single_pr
             **{k: v for k, v in call.items() if k not in ("height", "width", "num_frames")},
         )
         batches = []
-        inner = runtime.chain_of(pipe.transformer).inner
-        runtime.chain_of(pipe.transformer).inner = lambda *a, **k: (
+        inner = runtime.chain(pipe.transformer).inner
+        runtime.chain(pipe.transformer).inner = lambda *a, **k: (
             batches.append(k["hidden_states"].shape[0]) or inner(*a, **k)
         )
         pipe.guider = half.new()

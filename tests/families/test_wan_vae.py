@@ -32,7 +32,7 @@ def unchunked(pipe, method):
         vae,
         functools.partial(getattr(type(vae), method), vae),
         state=lambda: {s.qualified: sharding.tensor_of(s).jax() for s in vae._diffusers_tpu_placement},
-        activate=attached.active,
+        jax_context=attached.jax_context,
         place_input=attached.place_vae_input,
     )
 

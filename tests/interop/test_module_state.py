@@ -56,7 +56,7 @@ def active():
 
 def on_jax(module):
     weights = {name: backend.host_to_jax(value.detach()) for name, value in module.named_parameters()}
-    return jit.CompiledFunction(module, module.forward, state=lambda: weights, activate=active)
+    return jit.CompiledFunction(module, module.forward, state=lambda: weights, jax_context=active)
 
 
 def test_state_between_calls_is_carried_and_a_cache_is_not():
@@ -149,9 +149,11 @@ def test_easyanimate_magvit_decode_matches_stock_through_the_runtime(frames=9):
     weights.update({name: backend.host_to_jax(value.detach()) for name, value in vae.decoder.named_buffers()})
     post_weights = {name: backend.host_to_jax(value.detach()) for name, value in vae.post_quant_conv.named_parameters()}
 
-    vae.decoder.forward = jit.CompiledFunction(vae.decoder, vae.decoder.forward, state=lambda: weights, activate=active)
+    vae.decoder.forward = jit.CompiledFunction(
+        vae.decoder, vae.decoder.forward, state=lambda: weights, jax_context=active
+    )
     vae.post_quant_conv.forward = jit.CompiledFunction(
-        vae.post_quant_conv, vae.post_quant_conv.forward, state=lambda: post_weights, activate=active
+        vae.post_quant_conv, vae.post_quant_conv.forward, state=lambda: post_weights, jax_context=active
     )
     with torch.no_grad(), backend.jax_mode():
         got = vae.decode(backend.wrap(backend.host_to_jax(latents))).sample

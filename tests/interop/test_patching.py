@@ -55,3 +55,22 @@ def test_undo_all_puts_back_what_was_there_and_leaves_what_others_set_since():
     )
     assert report["undone"][:4] == ["taken", "added", "excited", "loud"]  # then what the import itself set
     assert report["stock"] and not report["added"] and report["taken"] == "theirs" and report["left"] == []
+
+
+def test_temporarily_sets_for_the_block_and_puts_back_even_on_failure():
+    class Model:
+        def forward(self):
+            return "class"
+
+    model, other = Model(), Model()
+    other.forward = lambda: "own"
+    stock_own = other.forward
+    try:
+        with patching.temporarily({(model, "forward"): lambda: "stand-in", (other, "forward"): lambda: "stand-in"}):
+            assert model.forward() == other.forward() == "stand-in"
+            raise KeyError("a probe failed")
+    except KeyError:
+        pass
+    assert "forward" not in vars(model) and model.forward() == "class"  # the class's method again, nothing left over
+    assert other.forward is stock_own  # its own previous value restored
+    assert patching.touched() == [] or all(owner not in (model, other) for owner, _ in patching.touched())

@@ -199,15 +199,15 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
     import json
 
     from diffusers_tpu.commands import cli
-    from diffusers_tpu.runtime import decision
-    from diffusers_tpu.runtime.attach import pipeline_runtime, placement
+    from diffusers_tpu.runtime import decision, text_encoder_placement
+    from diffusers_tpu.runtime.attach import pipeline_runtime
 
     config = TPUConfig(dtype=torch.bfloat16)  # plan's --dtype default
     weights = decision.weights_per_device(tiny.wan_pipeline("wan-4head"), config, "tpu", {"dp": 1, "sp": 1, "tp": 1})
     rows = {}
     for label, hbm_bytes in (
-        ("room", weights / placement.WEIGHT_SHARE * 1.01),
-        ("tight", weights / placement.WEIGHT_SHARE * 0.99),
+        ("room", weights / text_encoder_placement.WEIGHT_SHARE * 1.01),
+        ("tight", weights / text_encoder_placement.WEIGHT_SHARE * 0.99),
     ):
         out = tmp_path / f"{label}.json"
         assert (
@@ -235,7 +235,9 @@ def test_plan_places_text_encoders_as_pipe_to_would(tmp_path, monkeypatch):
             == 0
         )
         rows[label] = json.loads(out.read_text())["candidates"][0]
-        monkeypatch.setattr(placement, "device_memory_limit", lambda devices, _limit=hbm_bytes: int(_limit))
+        monkeypatch.setattr(
+            text_encoder_placement, "device_memory_limit", lambda devices, _limit=hbm_bytes: int(_limit)
+        )
         pipe = tiny.wan_pipeline("wan-4head").to("jax", config=config)
         assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == rows[label]["text_encoder"]
         pipe.to("cpu")
@@ -276,7 +278,7 @@ def test_plan_reports_the_runtime_vae_decode_programs():
     programs = pipe.vae._diffusers_tpu_programs
     frames = (SIZE["num_frames"] - 1) // 4 + 1  # latent frames of the call
     head = torch.zeros(1, 16, wan_vae.FIRST_FRAMES, SIZE["height"] // 8, SIZE["width"] // 8)
-    with pipeline_runtime.runtime_of(pipe).active():
+    with pipeline_runtime.runtime_of(pipe).jax_context():
         _, cache = programs["decode_first"](head)
     chunk = torch.zeros(1, 16, 2, SIZE["height"] // 8, SIZE["width"] // 8)
     assert frames > 2

@@ -1,10 +1,10 @@
-"""``runtime.gpu_script.context_parallel``: diffusers' parallel configs read as a ``(dp, sp, tp)`` mesh (the 8-device
+"""``runtime.attach.context_parallel``: diffusers' parallel configs read as a ``(dp, sp, tp)`` mesh (the 8-device
 run is in ``tests/runtime/test_mesh.py``)."""
 
 import pytest
 from diffusers import ContextParallelConfig, ParallelConfig
 
-from diffusers_tpu.runtime.gpu_script import context_parallel
+from diffusers_tpu.runtime.attach import context_parallel
 
 
 def test_ulysses_and_ring_degrees_become_sp_and_the_rest_dp():

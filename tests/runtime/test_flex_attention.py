@@ -81,7 +81,7 @@ def test_an_equal_block_mask_made_anew_compiles_nothing_and_another_mask_its_own
         return stack
 
     module = MaskedSum()
-    compiled = jit.CompiledFunction(module, module.forward, state=lambda: {}, activate=active)
+    compiled = jit.CompiledFunction(module, module.forward, state=lambda: {}, jax_context=active)
     x = torch.ones(LENGTH)
 
     def run(real):  # a fresh mask object every call, as the pipeline makes it

@@ -1,11 +1,11 @@
-"""``runtime.gpu_script.gpu_script_calls``: GPU-script calls given their meaning on JAX."""
+"""``runtime.attach.gpu_script_calls``: GPU-script calls given their meaning on JAX."""
 
 import logging
 import types
 
 import torch
 
-from diffusers_tpu.runtime.gpu_script import gpu_script_calls
+from diffusers_tpu.runtime.attach import gpu_script_calls
 
 
 def test_a_generator_on_a_jax_device_draws_on_the_cpu():

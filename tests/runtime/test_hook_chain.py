@@ -15,15 +15,15 @@ def test_a_moved_pipeline_lists_the_hooks_of_its_denoiser_encode_prompt_and_vae(
     pipe = tiny.wan_pipeline("wan").to("jax", config=TPUConfig(batch_cfg=True))
     try:
         runtime = pipeline_runtime.runtime_of(pipe)
-        chain = runtime.chain_of(pipe.transformer)
+        chain = runtime.chain(pipe.transformer)
         assert (
             repr(chain) == "HookChain(WanTransformer3DModel.forward: user_entry > cfg_pairing > recording > Denoiser)"
         )
         assert chain.inner is runtime.denoisers["transformer"]  # what runs inside the hooks: the compiled entry
         assert pipe.transformer.forward is chain  # what a call meets first
         assert runtime.compiled_of(pipe.transformer) is chain.inner.whole
-        assert runtime.chain_of(pipe, "encode_prompt").names == ["user_entry", "cfg_pairing", "on_host"]
-        assert runtime.chain_of(pipe.vae, "decode").names == ["user_entry", "onto_mesh"]
+        assert runtime.chain(pipe, "encode_prompt").names == ["user_entry", "cfg_pairing", "on_host"]
+        assert runtime.chain(pipe.vae, "decode").names == ["user_entry", "onto_mesh"]
         with pytest.raises(KeyError, match="no 'family' hook"):
             chain.get("family")
     finally:
@@ -34,7 +34,7 @@ def test_a_moved_pipeline_lists_the_hooks_of_its_denoiser_encode_prompt_and_vae(
 def test_hunyuanvideo15_adds_its_family_hook_inside_the_pair():
     pipe = tiny.hunyuan15_pipeline().to("jax", config=TPUConfig(batch_cfg=True))
     try:
-        chain = pipeline_runtime.runtime_of(pipe).chain_of(pipe.transformer)
+        chain = pipeline_runtime.runtime_of(pipe).chain(pipe.transformer)
         assert list(chain.hooks) != ["user_entry", "cfg_pairing", "family", "recording"]  # registered in another order
         assert chain.names == ["user_entry", "cfg_pairing", "family", "recording"]
     finally:

@@ -6,7 +6,8 @@ from torchax.tensor import Tensor
 
 import diffusers_tpu
 from diffusers_tpu.interop import sharding
-from diffusers_tpu.runtime.attach import pipeline_runtime, placement
+from diffusers_tpu.runtime import text_encoder_placement
+from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -48,9 +49,9 @@ def test_the_default_is_auto_and_keeps_encoders_on_the_host_with_cpu_devices(pip
 def test_auto_places_encoders_on_accelerators_by_their_weights(pipe, reference, monkeypatch, room):
     """An accelerator's memory limit (patched in: CPU devices report none) decides, at the rule's boundary."""
     total = _weight_bytes(pipe.transformer, pipe.vae, pipe.text_encoder)
-    boundary = int(total / placement.WEIGHT_SHARE)
-    limit = boundary + 1 if room == "fits" else boundary - int(1 / placement.WEIGHT_SHARE) - 1
-    monkeypatch.setattr(placement, "device_memory_limit", lambda devices: limit)
+    boundary = int(total / text_encoder_placement.WEIGHT_SHARE)
+    limit = boundary + 1 if room == "fits" else boundary - int(1 / text_encoder_placement.WEIGHT_SHARE) - 1
+    monkeypatch.setattr(text_encoder_placement, "device_memory_limit", lambda devices: limit)
     pipe.to("jax")
     try:
         on_devices = room == "fits"
@@ -63,7 +64,7 @@ def test_auto_places_encoders_on_accelerators_by_their_weights(pipe, reference, 
 
 
 def test_explicit_placements_override_the_rule(pipe, monkeypatch):
-    monkeypatch.setattr(placement, "device_memory_limit", lambda devices: 1 << 50)
+    monkeypatch.setattr(text_encoder_placement, "device_memory_limit", lambda devices: 1 << 50)
     pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="host"))
     try:
         assert pipeline_runtime.runtime_of(pipe).text_encoder_placement == "host"
@@ -78,17 +79,17 @@ def test_per_device_bytes_follow_the_sharding_and_the_weight_format(pipe):
 
     transformer = pipe.transformer
     whole = _weight_bytes(transformer)
-    one = placement.per_device_bytes(sharding.plan(transformer, {"dp": 1, "sp": 1, "tp": 1}), {"tp": 1})
+    one = text_encoder_placement.per_device_bytes(sharding.plan(transformer, {"dp": 1, "sp": 1, "tp": 1}), {"tp": 1})
     assert one == whole
     mesh = {"dp": 1, "sp": 1, "tp": 2}
     rules = family_of(pipe).rules(transformer, mesh)
-    split = placement.per_device_bytes(sharding.plan(transformer, mesh, rules), mesh)
+    split = text_encoder_placement.per_device_bytes(sharding.plan(transformer, mesh, rules), mesh)
     assert whole / 2 <= split < whole  # the linear weights halve, norms and biases of replicated parts do not
     names = frozenset(quantize.targets(transformer))
-    int8 = placement.per_device_bytes(sharding.plan(transformer, mesh, rules), mesh, names)
+    int8 = text_encoder_placement.per_device_bytes(sharding.plan(transformer, mesh, rules), mesh, names)
     assert int8 < split
-    assert placement.choose(10, None) == "host"
-    assert placement.choose(40, 100) == "jax" and placement.choose(41, 100) == "host"
+    assert text_encoder_placement.choose(10, None) == "host"
+    assert text_encoder_placement.choose(40, 100) == "jax" and text_encoder_placement.choose(41, 100) == "host"
 
 
 def test_bad_placement_names_the_choices():
@@ -103,7 +104,7 @@ def test_auto_keeps_an_encoder_with_a_hook_jax_refuses_on_the_host(monkeypatch):
     pipe = tiny.wan_pipeline("wan")
     # registered under the name enable_layerwise_casting gives its hook (a no-op here, so the host run is stock's)
     HookRegistry.check_if_exists_or_initialize(pipe.text_encoder).register_hook(ModelHook(), "layerwise_casting")
-    monkeypatch.setattr(placement, "device_memory_limit", lambda devices: 1 << 50)
+    monkeypatch.setattr(text_encoder_placement, "device_memory_limit", lambda devices: 1 << 50)
     with pytest.raises(ValueError, match="enable_layerwise_casting"):
         pipe.to("jax", config=diffusers_tpu.TPUConfig(text_encoder="jax"))
     pipe.to("jax")

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from diffusers_tpu import TPUConfig
-from diffusers_tpu.interop import compile_accounting
-from diffusers_tpu.runtime.attach import pipeline_runtime
+from diffusers_tpu.interop import compile_accounting, user_tensors
 from diffusers_tpu.runtime.programs import program_builds
 from diffusers_tpu.testing import tiny
 
@@ -34,26 +33,26 @@ def test_modes_resolve_per_platform_and_bad_ones_are_named():
 def test_tiered_programs_serve_quick_then_full_with_the_same_frames(tmp_path):
     z = latents(3)
     full = tiny.wan_pipeline("wan").to("jax", config=TPUConfig(vae_compile="full", compile_cache_dir=False))
-    expected = pipeline_runtime.to_host(full.vae.decode(z).sample)
+    expected = user_tensors.to_host(full.vae.decode(z).sample)
     assert not any(isinstance(e, program_builds.Tiered) for e in decode_programs(full))
     full.to("cpu")
     config = TPUConfig(vae_compile="tiered", compile_cache_dir=str(tmp_path))
     pipe = tiny.wan_pipeline("wan").to("jax", config=config)
     with compile_accounting.compile_log() as log:
-        first = pipeline_runtime.to_host(pipe.vae.decode(z).sample)
+        first = user_tensors.to_host(pipe.vae.decode(z).sample)
         tiered = decode_programs(pipe)
         assert len(tiered) == 2 and all(isinstance(e, program_builds.Tiered) for e in tiered)
         assert all(e.tier == "quick" for e in tiered)  # served before any full build was asked for
         assert program_builds.wait_for_builds(timeout=300)
     assert log.background == 2  # the two full builds, not counted as the call's compilations
     with compile_accounting.compile_log() as log:
-        second = pipeline_runtime.to_host(pipe.vae.decode(z).sample)
+        second = user_tensors.to_host(pipe.vae.decode(z).sample)
     assert log.compilations == 0 and all(e.tier == "full" for e in tiered)  # swapped in at this call
     assert np.array_equal(first.numpy(), expected.numpy()) and np.array_equal(second.numpy(), expected.numpy())
     pipe.to("cpu")
     # a later pipeline with the same cache finds the full builds noted there: no quick build, no background thread
     again = tiny.wan_pipeline("wan").to("jax", config=config)
-    assert np.array_equal(pipeline_runtime.to_host(again.vae.decode(z).sample).numpy(), expected.numpy())
+    assert np.array_equal(user_tensors.to_host(again.vae.decode(z).sample).numpy(), expected.numpy())
     assert all(e.tier == "full" and e._thread is None for e in decode_programs(again))
     again.to("cpu")
 

@@ -9,7 +9,8 @@ import torch
 import diffusers_tpu
 from diffusers_tpu.interop import backend, compile_accounting, jit, program_figures
 from diffusers_tpu.runtime.attention import sdpa
-from diffusers_tpu.runtime.call import block_signature, repeated_blocks
+from diffusers_tpu.runtime.call import repeated_blocks
+from diffusers_tpu.runtime.weights import block_signature
 
 WIDTH = 8
 
@@ -93,7 +94,7 @@ def on_jax(model, scan=True):
         model,
         model.forward,
         state=lambda: weights,
-        activate=active,
+        jax_context=active,
         trace_hook=repeated_blocks.scanning if scan else None,
     )
 

@@ -20,6 +20,7 @@ from diffusers_tpu import TPUConfig
 from diffusers_tpu.commands import stage_timer
 from diffusers_tpu.interop import backend, compile_accounting
 from diffusers_tpu.runtime import diffusers_private
+from diffusers_tpu.runtime.call.denoiser_hooks import HookRoute
 from diffusers_tpu.testing import tiny
 from tests.conftest import assert_np_matches, generate
 
@@ -202,7 +203,7 @@ def test_a_cache_that_cannot_be_traced_in_one_program_is_refused_once_then_runs_
         run(pipe)
     assert_np_matches(run(pipe), expected)
     entry = pipe._diffusers_tpu_runtime.denoisers["transformer"]
-    assert entry.unit_calls > 0 and entry.hooked() == "units"
+    assert entry.unit_calls > 0 and entry.hook_route() is HookRoute.UNITS
 
 
 def test_a_threshold_that_skips_nothing_computes_every_block():

@@ -43,7 +43,8 @@ def test_on_host_runs_a_module_on_the_host_and_places_its_outputs_only_inside_a_
     expected = linear(x)
     for depth, encoding, on_devices in ((0, 0, False), (1, 0, True), (1, 1, False)):
         runtime = _runtime(depth, encoding)
-        forward = stock_on_host.on_host(linear.forward, runtime)
+        forward = hook_chain.HookChain(linear, "forward", lambda: True)
+        forward.register(stock_on_host.OnHostModule(runtime))
         with backend.jax_mode():
             out = forward(backend.wrap(backend.host_to_jax(x)))
             assert backend.is_jax_tensor(out) is on_devices

@@ -296,7 +296,7 @@ def _guided_half_run(pipe, call):
     ref = generate(pipe, **call)
     pipe.to("jax", config=TPUConfig(mesh={"dp": 2, "sp": 1, "tp": 4}))
     runtime, batches = pipe._diffusers_tpu_runtime, []
-    chain = runtime.chain_of(pipe.transformer)
+    chain = runtime.chain(pipe.transformer)
     inner = chain.inner
     chain.inner = lambda *a, **k: batches.append(k["hidden_states"].shape[0]) or inner(*a, **k)
     pipe.guider = half.new()

@@ -18,9 +18,8 @@ from ...interop import (
 from .. import decision, support
 from ..call.call_stats import CallStats
 from ..config import TPUConfig
-from ..gpu_script import gpu_script_calls
 from ..registry import family_of
-from . import shared_components
+from . import gpu_script_calls, shared_components
 from .pipeline_runtime import PipelineRuntime, attached_pipelines, hold, release, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -67,6 +66,12 @@ def attach(pipe, kind: str, config: TPUConfig | None = None, dtype: torch.dtype 
     hold(pipe, runtime)
     logger.info("%s, attention %s", decided, runtime.attention.implementation)
     return pipe
+
+
+def unplaced(pipe, decided) -> PipelineRuntime:
+    """The runtime ``attach`` would build for ``decided`` (a ``decision.Decision``: its mesh made), nothing placed and
+    nothing held: what ``plan`` traces the call's programs with. ``undo()`` when done."""
+    return PipelineRuntime(pipe, decided, None)
 
 
 def detach(pipe) -> None:

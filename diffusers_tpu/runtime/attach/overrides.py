@@ -17,10 +17,10 @@ _FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial)
 
 
 class Overrides:
-    """What is changed while ``active()`` (the runtime is attached), and the steps that undo it."""
+    """What is changed while ``attached()`` (the runtime is attached), and the steps that undo it."""
 
-    def __init__(self, active: Callable[[], bool]):
-        self._active = active
+    def __init__(self, attached: Callable[[], bool]):
+        self._attached = attached
         self._entries: list[tuple[str, Callable[[], None]]] = []
 
     def set(self, owner, name: str, value) -> None:
@@ -61,7 +61,7 @@ class Overrides:
     def _guarded(self, owner, name, value, previous):
         @functools.wraps(value)
         def guarded(*args, **kwargs):
-            if self._active():
+            if self._attached():
                 return value(*args, **kwargs)
             fallback = previous if previous is not None else getattr(type(owner), name).__get__(owner)
             return fallback(*args, **kwargs)

@@ -32,8 +32,8 @@ from ..attention import sdpa
 from ..call import cfg, hook_chain, oversized_calls, schedulers
 from ..call.call_stats import CallStats
 from ..call.denoiser import Denoiser
-from ..gpu_script import gpu_script_calls
 from ..programs import program_builds, program_store
+from . import gpu_script_calls
 from .overrides import Overrides
 from .placing import Placing
 
@@ -118,7 +118,7 @@ class PipelineRuntime(Placing):
 
     # -- context every JAX call runs in --------------------------------------------------------------------
     @contextlib.contextmanager
-    def active(self, settings: sdpa.AttentionSettings | None = None, mesh=None):
+    def jax_context(self, settings: sdpa.AttentionSettings | None = None, mesh=None):
         """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe);
         ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
         ``compat_mesh.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
@@ -144,7 +144,7 @@ class PipelineRuntime(Placing):
         outermost = self._depth == 0  # (a generator method's loop steps the schedulers as a call's does)
         self._depth += 1
         try:
-            with self.active(), self.weights_shown(), self._schedulers_on_device() if outermost else nullcontext():
+            with self.jax_context(), self.weights_shown(), self._schedulers_on_device() if outermost else nullcontext():
                 yield
         finally:
             self._depth -= 1
@@ -187,7 +187,7 @@ class PipelineRuntime(Placing):
             self.pairing.reset()
         start = time.perf_counter()
         try:
-            with interrupts.watch(), self.active(), self.weights_shown(), compile_accounting.compile_log() as log:
+            with interrupts.watch(), self.jax_context(), self.weights_shown(), compile_accounting.compile_log() as log:
                 with self._schedulers_on_device():
                     self.compile_log = log
                     out = user_tensors.to_host(stock_call(*bound.args, **bound.kwargs))
@@ -268,6 +268,3 @@ class PipelineRuntime(Placing):
     def undo(self) -> None:
         self.attached = False
         self.overrides.undo_all()
-
-
-to_host = user_tensors.to_host  # callers' shorthand

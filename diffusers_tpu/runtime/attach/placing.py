@@ -22,15 +22,14 @@ from ...interop import (
 )
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered
-from .. import diffusers_private
+from .. import diffusers_private, text_encoder_placement
 from ..call import hook_chain, postprocess, stock_on_host
 from ..call.call_stats import timed_progress_bar
 from ..call.denoiser import TRACE_ERRORS, Denoiser, forget_unfinished, innermost_forward
-from ..gpu_script import context_parallel, gpu_script_calls
 from ..programs import program_builds
 from ..registry import vae_methods
 from ..weights import host_memory, quantize, stacked_weights
-from . import placement, shared_components
+from . import context_parallel, gpu_script_calls, shared_components
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,11 @@ class Placing:
             else:
                 self._jit(module, "forward", state)
                 self.chain(module, "forward").register(hook_chain.UserEntry(self))
-        host_encoders = placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
+        host_encoders = text_encoder_placement.text_encoder_names(pipe) if self.text_encoder_placement == "host" else []
         for name in host_encoders:
             module = getattr(pipe, name)
             self.overrides.add_undo(shared_components.claim(self, module))
-            self.overrides.set(module, "forward", stock_on_host.on_host(module.forward, self))
+            self.chain(module, "forward").register(stock_on_host.OnHostModule(self))
             if self.user_dtype is not None:
                 module.to(self.user_dtype)
         on_host = [
@@ -124,9 +123,9 @@ class Placing:
         if family.prepare is not None:
             family.prepare(pipe, self)
         for entry in self.denoisers.values():
-            module, chain = entry.module, self.chain_of(entry.module)
+            module, chain = entry.module, self.chain(entry.module)
             if self.pairing is not None:  # around the family's own hook: it sees the batched pair
-                chain.register(self.pairing.denoiser_hook(module, entry.hooked, entry.pair_answered))
+                chain.register(self.pairing.denoiser_hook(module, entry.hook_route, entry.pair_answered))
                 self.overrides.set(module, "cache_context", self.pairing.track_context(module, module.cache_context))
             chain.register(hook_chain.UserEntry(self))  # outermost: direct calls get host tensors
 
@@ -173,17 +172,13 @@ class Placing:
         self.chain(module, "forward").register(hook_chain.Recording(self))
         context_parallel.install(self, module)
 
-    def chain(self, owner, method: str) -> hook_chain.HookChain:
+    def chain(self, owner, method: str = "forward") -> hook_chain.HookChain:
         """The hooks around ``owner.<method>`` (``hook_chain``), installed over it at the first request."""
         key = (id(owner), method)
         if key not in self.chains:
             chain = self.chains[key] = hook_chain.HookChain(owner, method, lambda: self.attached)
             self.overrides.set(owner, method, chain)
         return self.chains[key]
-
-    def chain_of(self, module, method: str = "forward") -> hook_chain.HookChain:
-        """The hooks around ``module.<method>`` (a denoiser's ``forward`` by default)."""
-        return self.chain(module, method)
 
     def _install_forward(self, module, forward) -> None:
         """Install the innermost ``forward``: inside a diffusers hook chain registered before the move (so the hooks
@@ -217,7 +212,7 @@ class Placing:
         spatially = functools.partial(vae_mesh.spatially, mesh=self.vae_mesh) if self.vae_mesh.size > 1 else None
         config = self.config
         return dict(
-            activate=functools.partial(self.active, None, self.vae_mesh),
+            jax_context=functools.partial(self.jax_context, None, self.vae_mesh),
             place_input=self.place_vae_input,
             place_output=spatially,
             build=program_builds.builder(
@@ -242,13 +237,13 @@ class Placing:
         return self._compiled[(id(module), method)]
 
     def _jit(self, module, method, state, place_input=lambda a: a, settings=None):
-        activate = functools.partial(self.active, settings)
+        jax_context = functools.partial(self.jax_context, settings)
         stock = getattr(module, method)
         compiled = jit.compiled_method(
-            module, method, state=state, activate=activate, place_input=place_input, build=self.program_build
+            module, method, state=state, jax_context=jax_context, place_input=place_input, build=self.program_build
         )
         self._compiled[(id(module), method)] = compiled
-        self.overrides.set(module, method, _EagerIfUntraceable(module, method, compiled, stock, activate))
+        self.overrides.set(module, method, _EagerIfUntraceable(module, method, compiled, stock, jax_context))
 
 
 def _state(slots, prefix: str = "") -> dict:
@@ -275,8 +270,8 @@ class _EagerIfUntraceable:
     on, as the denoiser does (``Denoiser._cannot_trace``) — the same results, op by op. Attributes are the compiled
     method's."""
 
-    def __init__(self, module, method: str, compiled, stock, activate):
-        self.compiled, self._stock, self._activate, self._eager = compiled, stock, activate, False
+    def __init__(self, module, method: str, compiled, stock, jax_context):
+        self.compiled, self._stock, self._jax_context, self._eager = compiled, stock, jax_context, False
         self._name = f"{type(module).__name__}.{method}"
 
     def __call__(self, *args, **kwargs):
@@ -291,7 +286,7 @@ class _EagerIfUntraceable:
                     self._name,
                     type(error).__name__,
                 )
-        with self._activate():
+        with self._jax_context():
             return self._stock(*user_tensors.to_device(args), **user_tensors.to_device(kwargs))
 
     def __getattr__(self, name):

@@ -1,6 +1,6 @@
 """Interleaved rotary embeddings on the mesh: torchax tensors -> ``kernels.rotary`` under ``shard_map``.
 
-Inside a denoiser call whose attention runs the project's kernel (``sdpa.active()`` is ``splash_exp2``), q and
+Inside a denoiser call whose attention runs the project's kernel (``sdpa.current_settings()`` is ``splash_exp2``), q and
 k of shape ``[B, S, H, D]`` with tables ``[1, S, 1, D]`` go through the Pallas rotary kernel, each device rotating its
 own batch rows, tokens and heads (sharded as the projections leave them: batch over dp, tokens over sp, heads over
 tp). Everywhere else (XLA attention, cuDNN, calls outside a pipeline, other table shapes) the pure-jnp reference runs:
@@ -22,7 +22,7 @@ def rotate(*tensors, freqs_cos, freqs_sin, tables: str = "pairs"):
     """Each of ``tensors`` (torchax ``[B, S, H, D]``, one shape) rotated by ``freqs_cos``/``freqs_sin`` (``[S, D]``
     or ``[1, S, 1, D]``) under ``tables`` (``kernels.rotary``: "pairs" is Wan's rule, "lanes" diffusers'
     ``apply_rotary_emb``'s); returns torchax tensors of the inputs' dtype."""
-    settings = sdpa.active() or sdpa.SAFE
+    settings = sdpa.current_settings() or sdpa.SAFE
     arrays = tuple(to_jax_array(t) for t in tensors)
     cos, sin = to_jax_array(freqs_cos), to_jax_array(freqs_sin)
     if cos.ndim == 2:

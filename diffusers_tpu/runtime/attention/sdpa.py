@@ -71,23 +71,23 @@ class AttentionSettings:
 SAFE = AttentionSettings(mesh=None, implementation="xla")
 
 
-_active: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[AttentionSettings | None] = contextvars.ContextVar(
     "diffusers_tpu_attention", default=None
 )
 
 
-def active() -> AttentionSettings | None:
+def current_settings() -> AttentionSettings | None:
     """The settings of the denoiser call being traced or run (None outside one)."""
-    return _active.get()
+    return _current.get()
 
 
 @contextlib.contextmanager
 def use(settings: AttentionSettings):
-    token = _active.set(settings)
+    token = _current.set(settings)
     try:
         yield
     finally:
-        _active.reset(token)
+        _current.reset(token)
 
 
 def _fits(size: int, mesh: Mesh, axes) -> bool:
@@ -187,7 +187,7 @@ def scaled_dot_product_attention(
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on torchax tensors."""
     if dropout_p:  # training-time dropout: torchax's own implementation has it
         return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    settings = _active.get() or SAFE
+    settings = _current.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
     if settings is SAFE and (mesh := _rows_split_mesh(q)) is not None:
         settings = dataclasses.replace(SAFE, mesh=mesh, implementation=ROWS_SPLIT)

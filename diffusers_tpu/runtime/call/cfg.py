@@ -22,6 +22,7 @@ import torch
 from ...interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
 from ...interop.torch_private import pytree
 from . import step_caches
+from .denoiser_hooks import HookRoute
 from .hook_chain import Call, Hook
 
 logger = logging.getLogger(__name__)
@@ -94,13 +95,11 @@ class CFGPairing:
         tracked.__wrapped__ = cache_context
         return tracked
 
-    def denoiser_hook(self, module, hooked=lambda: "", answered=lambda: None) -> Hook:
-        """The ``cfg_pairing`` hook of ``module.forward``. ``hooked()`` (``Denoiser.hooked``): diffusers hooks keep
-        per-context state: "units" — calls stay separate; "program" — a step cache run in whole-step programs, the
-        pair batched when the loop names its contexts (each half's rows keep their context's state); "inputs" — one
-        whose state is kept by the call's inputs (TextKVCache), the pair batched whatever the contexts; ``answered()``
-        (``Denoiser.pair_answered``): an "uncond" call got its half of the batch."""
-        return _PairedCalls(self, module, hooked, answered)
+    def denoiser_hook(self, module, hook_route=lambda: HookRoute.NONE, answered=lambda: None) -> Hook:
+        """The ``cfg_pairing`` hook of ``module.forward``. ``hook_route()`` (``Denoiser.hook_route``): how diffusers
+        hooks keep per-context state (under ``PROGRAM`` each half's rows keep their context's state; ``INPUTS`` is
+        TextKVCache's); ``answered()`` (``Denoiser.pair_answered``): an "uncond" call got its half of the batch."""
+        return _PairedCalls(self, module, hook_route, answered)
 
     # -- the pairing --------------------------------------------------------------------------------------
     def conditions_of(self, kwargs):
@@ -244,16 +243,16 @@ class _PairedCalls(Hook):
 
     name = "cfg_pairing"
 
-    def __init__(self, pairing: CFGPairing, module, hooked, answered):
-        self.pairing, self.module, self.hooked, self.answered = pairing, module, hooked, answered
+    def __init__(self, pairing: CFGPairing, module, hook_route, answered):
+        self.pairing, self.module, self.hook_route, self.answered = pairing, module, hook_route, answered
 
     def pre_call(self, call: Call) -> None:
         pairing = self.pairing
         conditions = pairing.conditions_of(call.kwargs)
         context = pairing.context.get(id(self.module))
         name = _ROLES.get(context) or pairing.role(conditions)
-        hooked = self.hooked()
-        if hooked == "units" or hooked == "program" and name == "cond" and context not in _PARTNER:
+        route = self.hook_route()
+        if route is HookRoute.UNITS or route is HookRoute.PROGRAM and name == "cond" and context not in _PARTNER:
             pairing.pending = None  # per-context hook state: only named contexts' rows can share a call
         elif call.args or name not in ("cond", "uncond") or conditions is None:
             pairing.pending = None
@@ -264,7 +263,7 @@ class _PairedCalls(Hook):
             if found is not None:
                 call.notes[self.name] = (call.kwargs, found[1])
                 call.kwargs = found[0]
-                if context in _PARTNER or hooked == "inputs":
+                if context in _PARTNER or route is HookRoute.INPUTS:
                     rows = (context, _PARTNER[context]) if context in _PARTNER else ("cond", "uncond")
                     call.stack.enter_context(step_caches.batched_rows(rows))
         else:

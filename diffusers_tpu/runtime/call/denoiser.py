@@ -34,7 +34,7 @@ from ...interop.torch_private import pytree
 from .. import diffusers_private
 from ..weights import lora, quantize, stacked_weights
 from . import repeated_blocks, step_caches
-from .denoiser_hooks import active_hooks, batches_pair, check_hooks, inner_hooks
+from .denoiser_hooks import HookRoute, active_hooks, batches_pair, check_hooks, inner_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +82,19 @@ class Denoiser:
             module,
             forward,
             state=state or self._state(""),
-            activate=self._activate,
+            jax_context=self._jax_context,
             place_input=place_input,
             extras=self.scalings,
             trace_hook=scan,
             build=runtime.program_build,
         )
         # the whole-forward program's handles, as on any compiled function (memory analysis, lowering, tests)
-        self.programs, self.activate, self.state = self.whole.programs, self.whole.activate, self.whole.state
+        self.programs, self.jax_context, self.state = self.whole.programs, self.whole.jax_context, self.whole.state
         self._lora_key = lora.structure_key(module)
         self._synced_at = -1  # the runtime's ``user_code_runs`` at the last sync
         self._units: dict[int, object] = {}  # id(submodule) -> compiled unit
         self._plans: dict = {}
-        self._active: set[int] = set()  # units of the current plan
+        self._active_units: set[int] = set()  # units of the current plan
         self._hooks: dict = {}
         self.eager: set[int] = set()  # modules whose forward a trace cannot take: run eagerly, children as units
         self.unit_calls = 0  # compiled unit programs run (hooked calls): a skipped block is not counted
@@ -104,8 +104,8 @@ class Denoiser:
         self._cached: dict[int, CompiledFunction] = {}  # id(step cache) -> its whole-step programs
         self.passes = step_caches.PassLog()  # hooked calls' passes: blocks computed, programs run
 
-    def _activate(self):
-        return self.runtime.active(self.settings)
+    def _jax_context(self):
+        return self.runtime.jax_context(self.settings)
 
     def _state(self, prefix: str):
         cache: dict = {}
@@ -136,20 +136,18 @@ class Denoiser:
             sharding.resync(self.module, self.runtime.mesh, self.rules)
             self._lora_key = key
 
-    def hooked(self) -> str:
-        """How hooks on the denoiser run: "" (none), "program" (a step cache in whole-step programs, the pair batched
-        when its contexts are named), "inputs" (one whose state is kept by the call's inputs: the pair batched
-        whatever its contexts), "units" (calls stay separate: units, or a cache whose state both passes share)."""
+    def hook_route(self) -> HookRoute:
+        """How the hooks on the denoiser run (``HookRoute``)."""
         hooks = active_hooks(self.module)
         if not hooks:
-            return ""
+            return HookRoute.NONE
         if self.eager:  # the unit route (``__call__``): stock's hooks see one context per call
-            return "units"
+            return HookRoute.UNITS
         inner = inner_hooks(hooks, self.module)
         cache = self.step_cache(inner) if inner else None
         if not batches_pair(cache, hooks, self.module):
-            return "units"
-        return "program" if cache.state_per_context else "inputs"
+            return HookRoute.UNITS
+        return HookRoute.PROGRAM if cache.state_per_context else HookRoute.INPUTS
 
     def pair_answered(self) -> None:
         """The loop's "uncond" call got its half of a batched pair: the step cache that planned both is told."""
@@ -215,7 +213,7 @@ class Denoiser:
                     self.module,
                     cache.step(self.forward),
                     state=self.whole.state,
-                    activate=self._activate,
+                    jax_context=self._jax_context,
                     place_input=self.place_input,
                     extras=step_caches.Extras(self.scalings, cache),
                     trace_hook=cache.trace_hook(repeated_blocks.scanning),
@@ -267,7 +265,7 @@ class Denoiser:
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         token, before, units = _units_on.set(True), self.hooked_calls, self.unit_calls
         try:
-            with self._activate():
+            with self._jax_context():
                 return self.forward(*args, **kwargs)
         finally:
             _units_on.reset(token)
@@ -280,7 +278,7 @@ class Denoiser:
             frozenset(self.eager),
         )
         if signature in self._plans:
-            self._active = self._plans[signature]
+            self._active_units = self._plans[signature]
             return
         names = {id(m): name for name, m in self.module.named_modules()}
         hooked = {names[id(m)] for m in hooks}
@@ -307,7 +305,7 @@ class Denoiser:
                     visit(child, f"{name}.")
 
         visit(self.module, "")
-        self._active = self._plans[signature] = units
+        self._active_units = self._plans[signature] = units
 
     def _unit(self, module, name: str, hooked: bool) -> int:
         """Make ``module`` run as its own compiled program in unit mode (its stock forward otherwise)."""
@@ -322,14 +320,14 @@ class Denoiser:
             module,
             stock,
             state=self._state(f"{name}."),
-            activate=self._activate,
+            jax_context=self._jax_context,
             extras=lora.Scalings(module),
             build=self.runtime.program_build,
         )
         entry, key = self, id(module)
 
         def unit(*args, **kwargs):
-            if not _units_on.get() or key not in entry._active or not entry.runtime.attached:
+            if not _units_on.get() or key not in entry._active_units or not entry.runtime.attached:
                 return stock(*args, **kwargs)
             entry.unit_calls += 1
             entry.hooked_calls += hooked

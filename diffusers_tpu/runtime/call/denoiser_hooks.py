@@ -3,9 +3,21 @@ whether the guidance pair may still share one call under a step cache that keeps
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
 from .. import diffusers_private
+
+
+class HookRoute(enum.Enum):
+    """How the diffusers hooks on a denoiser run, and so whether the guidance pair may share a call."""
+
+    NONE = "no hooks"
+    PROGRAM = "a step cache in whole-step programs: the pair batched when the loop names its contexts"
+    INPUTS = "a step cache whose state the call's inputs carry: the pair batched whatever its contexts"
+    UNITS = "calls stay separate: block units, or a cache whose state both passes share"
+
 
 # Hooks that manage weights or devices themselves: on JAX the mesh, TPUConfig dtypes and the runtime do that.
 REFUSED_HOOKS = {

@@ -1,5 +1,6 @@
 """One chain of named hooks around each method of a moved pipeline that users or stock code call: the denoiser's
-``forward``, the pipeline's ``encode_prompt``, the VAE's ``encode`` / ``decode``, a compiled encoder's ``forward``.
+``forward``, the pipeline's ``encode_prompt`` and host helpers, the VAE's ``encode`` / ``decode``, a compiled
+encoder's ``forward``, a host text encoder's ``forward``.
 
 In diffusers' ``HookRegistry`` style: hooks are registered and removed by name, run in one declared order
 (``ORDER``, outermost first) whatever order they were registered in, and ``repr`` lists them. Unlike a stack of
@@ -13,7 +14,8 @@ The hooks, outermost first:
 - ``cfg_pairing``: the guidance pair's two denoiser calls run as one batch over ``dp``; on ``encode_prompt``, the
   negative embeddings are kept for it (``runtime.call.cfg``);
 - ``family``: a family's own step (HunyuanVideo-1.5: its text tokens in the order the program takes them);
-- ``on_host``: the method runs with plain torch on the host (``stock_on_host``);
+- ``on_host``: the method (a pipeline helper, a host text encoder) runs with plain torch on the host
+  (``stock_on_host``);
 - ``onto_mesh``: a VAE's outputs join the denoiser's mesh (``vae_mesh``);
 - ``recording``: the denoiser's output is kept for host callbacks, and a dropped Ctrl-C stops the call here.
 

@@ -40,7 +40,7 @@ from ...interop.backend import to_jax_array, wrap
 from ...interop.program import Retrace
 from ...interop.torch_private import pytree
 from ...interop.weights import LayerOf, gathered, materialized
-from .block_signature import MIN_SCANNED, block_lists, traced_dict
+from ..weights.block_signature import MIN_SCANNED, block_lists, traced_dict
 
 logger = logging.getLogger(__name__)
 

@@ -76,16 +76,21 @@ def _on_host(value):
     return pytree.tree_map(user_tensors.to_cpu, value)
 
 
-def on_host(forward, runtime):
-    """Run a module with plain torch on the host, whatever device its inputs sit on. Inside a pipeline call its
-    outputs go to the devices, as a GPU text encoder's outputs are on the GPU (pipeline code mixes them with device
-    tensors, e.g. Qwen-Image's masked selection); called by the user, it returns host tensors."""
+class OnHostModule(Hook):
+    """The ``on_host`` hook of a host text encoder's ``forward``: plain torch on the host, whatever device its inputs
+    sit on. Inside a pipeline call its outputs go to the devices, as a GPU text encoder's outputs are on the GPU
+    (pipeline code mixes them with device tensors, e.g. Qwen-Image's masked selection), unless an ``OnHost`` method
+    is running it (its glue wants them on the host); called by the user, it returns host tensors."""
 
-    def host_forward(*args, **kwargs):
-        with backend.torch_mode():
-            args, kwargs = pytree.tree_map(user_tensors.to_cpu, (args, kwargs))
-            out = forward(*args, **kwargs)
-        return user_tensors.to_device(out) if runtime.inside_call() and not runtime.encoding_on_host else out
+    name = "on_host"
 
-    host_forward.__wrapped__ = forward
-    return host_forward
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def pre_call(self, call) -> None:
+        call.stack.enter_context(backend.torch_mode())
+        call.args, call.kwargs = pytree.tree_map(user_tensors.to_cpu, (call.args, call.kwargs))
+
+    def post_call(self, call, output):
+        placed = self.runtime.inside_call() and not self.runtime.encoding_on_host
+        return user_tensors.to_device(output) if placed else output

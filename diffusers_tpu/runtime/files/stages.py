@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ...interop import backend
+from ...interop import backend, user_tensors
 from ..attach import pipeline_runtime
 from ..call import postprocess
 from ..registry import family_of
@@ -159,7 +159,7 @@ def call_defaults(pipe) -> dict:
 @contextlib.contextmanager
 def _on_pipeline_device(pipe):
     attached = pipeline_runtime.runtime_of(pipe)
-    with attached.active() if attached is not None else contextlib.nullcontext():
+    with attached.jax_context() if attached is not None else contextlib.nullcontext():
         yield attached
 
 
@@ -209,7 +209,7 @@ def encode(
                 device=pipe._execution_device,
             )
             tensors = {"prompt_embeds": positive, "negative_prompt_embeds": negative}
-        tensors = pipeline_runtime.to_host(tensors)
+        tensors = user_tensors.to_host(tensors)
     stages.save("encode", tensors, settings)
     return stages.load("encode")
 

@@ -16,8 +16,7 @@ from accelerate.hooks import CpuOffload, UserCpuOffloadHook, add_hook_to_module,
 from diffusers.utils.torch_utils import get_device
 
 from ...interop import backend, sharding
-from ..attach import pipeline_runtime
-from . import gpu_script_calls
+from ..attach import gpu_script_calls, pipeline_runtime
 
 
 class DeviceOffload(CpuOffload):

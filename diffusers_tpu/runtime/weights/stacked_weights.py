@@ -34,7 +34,7 @@ from ...interop import sharding
 from ...interop.backend import host_to_jax, is_jax_tensor, wrap
 from ...interop.host_stored import program_array
 from ...interop.weights import Gathered, Stacked
-from ..call import block_signature
+from . import block_signature
 
 
 class Stack:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ...interop import compile_accounting, compile_only
-from ..attach.pipeline_runtime import is_attached
+from .pipeline_runtime import is_attached
 
 
 def warm_up(pipe, sizes: list[dict], execute: bool = False, workers: int | None = None, **call) -> dict:

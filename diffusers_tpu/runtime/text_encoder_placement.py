@@ -21,7 +21,7 @@ import math
 import jax
 import torch
 
-from ...interop import processes, sharding
+from ..interop import processes, sharding
 
 # The rest (60%) is for the steps' activations and the VAE decode. Wan2.1-1.3B with UMT5-XXL holds 15.6 GiB of
 # weights: 26% of an H100's JAX pool (59.7 GiB; the last measured run with the encoder there peaked at 25.7 GiB);
