@@ -4,6 +4,7 @@ A real Ctrl-C during a compile often lands in JAX's garbage-collector callback, 
 KeyboardInterrupt (``interop.interrupts``); ``tests/workers/interrupt_worker.py`` makes that happen on purpose."""
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -56,16 +57,19 @@ def test_a_ctrl_c_python_drops_still_stops_the_run_within_a_step(tmp_path, momen
     assert _left_as_it_was(output)
 
 
-def _read_until(process, text: str, seen: list, timeout: float = 300) -> None:
+def _read_until(process, pattern: str, seen: list, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while text not in "".join(seen):
+    while not re.search(pattern, "".join(seen)):
         assert time.monotonic() < deadline and process.poll() is None, "".join(seen)[-3000:]
         ready, _, _ = select.select([process.stderr], [], [], 0.1)
         if ready:
             seen.append(os.read(process.stderr.fileno(), 65536).decode(errors="replace"))
 
 
-@pytest.mark.parametrize("moment, shown, delay", [("compile", f" 0/{STEPS}", 0.3), ("loop", f" 5/{STEPS}", 0.0)])
+# the bar redraws at most every 0.1 s: a fast loop shows some step counts, not each one (5 to 99 steps done)
+@pytest.mark.parametrize(
+    "moment, shown, delay", [("compile", f" 0/{STEPS}", 0.3), ("loop", rf" ([5-9]|[1-9][0-9])/{STEPS}", 0.0)]
+)
 def test_ctrl_c_from_a_terminal_stops_the_run(tmp_path, moment, shown, delay):
     """SIGINT to the process group, as a terminal sends it: during the first step's compile, and between steps."""
     output = _previous(tmp_path)

@@ -254,7 +254,7 @@ class PipelineRuntime(Placing):
         for scheduler in (c for c in self.pipe.components.values() if isinstance(c, diffusers.SchedulerMixin)):
             undo.extend(schedulers.place(scheduler))
             if self.config.compile_scheduler:
-                undo.extend(schedulers.compile_steps(scheduler, self.scheduler_programs))
+                undo.extend(schedulers.compile_steps(scheduler, self.scheduler_programs, self.program_build))
             if self.config.scheduler_dtype is not None:
                 undo.extend(schedulers.keep_dtype(scheduler, self.config.scheduler_dtype))
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -63,6 +64,8 @@ class Shared:
     # a lowered program's text -> its executable: a state that differs only in what the program never reads (a flag
     # a last loop left) traces again but compiles nothing
     executables: dict = dataclasses.field(default_factory=dict)
+    # lowered -> executable: the runtime's builder (``TPUConfig(programs=DIR)`` loads and stores them as the others)
+    build: Callable = compile_now
 
 
 class CompiledSchedulerMethod:
@@ -116,20 +119,25 @@ class CompiledSchedulerMethod:
         if isinstance(found, str):  # no program runs this state
             return self.stock(*args, **kwargs)
         program = next((p for p in found or () if p.guards.hold(counter)), None)
+        arrays = None  # the program's inputs, made here: a view's slice runs within few of the project's frames
         if program is None:
-            call = _Call(state, state_tensors, tensors, args, kwargs, counter, like)
             per_step = (key, counter, digest(tables(state_tensors) + tables(tensors)))
-            program = self.programs.get(per_step) or self._trace(key, per_step, call)
+            program = self.programs.get(per_step)
+            if program is None:
+                arrays = self._arrays(state_tensors + tensors, like)
+                call = _Call(state, state_tensors, tensors, args, kwargs, counter, like, arrays)
+                program = self._trace(key, per_step, call)
             if isinstance(program, str):
                 return self.stock(*args, **kwargs)
-        return self._run(program, state_tensors, tensors, leaves, counter, like)
+        if arrays is None and program.executable is not None and not compile_only.compiling_only():
+            arrays = self._arrays(state_tensors + tensors, like)
+        return self._run(program, arrays, state_tensors, tensors, leaves, counter, like)
 
-    def _run(self, program, state_tensors, tensors, leaves, counter, like):
+    def _run(self, program, arrays, state_tensors, tensors, leaves, counter, like):
         outputs = []
         if program.executable is not None and compile_only.compiling_only():  # a warm-up: built, nothing runs
             outputs = compile_only.zeros_of(program.out_info)
         elif program.executable is not None:  # (a method that only passes its inputs through runs no program)
-            arrays = self._arrays(state_tensors + tensors, like)
             generators = [x for x in leaves if isinstance(x, torch.Generator)]
             draws = [placed(draw_now(d, generators), like) for d in program.draws]
             counter_in = placed(np.int32(counter if type(counter) is int else 0), like)
@@ -188,7 +196,7 @@ class CompiledSchedulerMethod:
         state_constant = [mode == PER_STEP and is_table(t) for t in call.state_tensors]
         arg_constant = [mode == PER_STEP and is_table(t) for t in tensors]
         generators = [x for x in pytree.tree_leaves((call.args, call.kwargs)) if isinstance(x, torch.Generator)]
-        arrays = self._arrays(call.state_tensors + tensors, call.like)
+        arrays = call.arrays
         state_in, args_in = arrays[: len(call.state_tensors)], arrays[len(call.state_tensors) :]
         counter_in = placed(np.int32(0), call.like)
         recorded, draws_in = [], []
@@ -245,7 +253,7 @@ class CompiledSchedulerMethod:
             executable = None
             if jax.tree_util.tree_leaves(lowered.out_info):  # (nothing to run when it only passes inputs through)
                 text = (lowered.as_text(), lowered.in_tree)  # (unused inputs are pruned from the text)
-                executable = self.shared.executables.get(text) or compile_now(lowered)
+                executable = self.shared.executables.get(text) or self.shared.build(lowered)
                 self.shared.executables[text] = executable
             return Program(
                 guards,
@@ -332,6 +340,7 @@ class _Call:
     kwargs: dict
     counter: object
     like: object
+    arrays: list
 
 
 def _container(value) -> bool:

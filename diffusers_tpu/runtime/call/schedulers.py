@@ -40,12 +40,13 @@ def place(scheduler) -> list:
     return undo
 
 
-def compile_steps(scheduler, held: dict) -> list:
+def compile_steps(scheduler, held: dict, build=None) -> list:
     """Install the scheduler's methods as compiled programs (``scheduler_steps``) for a call; ``held`` keeps each
-    scheduler's programs from call to call (by identity). Returns undo callables."""
+    scheduler's programs from call to call (by identity); ``build``: lowered -> executable (the runtime's builder;
+    default: XLA's compile). Returns undo callables."""
     methods = held.get(id(scheduler))
     if methods is None or methods[0] is not scheduler:
-        shared = Shared()
+        shared = Shared() if build is None else Shared(build=build)
         installed = {
             name: CompiledSchedulerMethod(scheduler, name, shared)
             for name in METHODS
