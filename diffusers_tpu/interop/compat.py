@@ -1,6 +1,6 @@
 """Compatibility of torchax with torch's semantics and JAX: the patches of torchax's behaviour the backend needs,
-each with its reason and version guard, each set through ``patching.wrap``, one numbered section per patch. This
-module holds the general ones and ``apply``, which applies every section in order; views and indexing are in
+each with its reason and version guard, each set through ``patching.wrap``, one section per patch headed by what it
+does. This module holds the general ones and ``apply``, which applies every section in order; views and indexing are in
 ``compat_views``, the mesh in ``compat_mesh``, op results in ``compat_ops``. The patches of torch itself are in
 ``torch_compat``; ``runtime/entry_points.py`` holds the diffusers-level hooks at
 the top. These modules import nothing of the package but ``host_scalars``, ``patching`` and the doors (all at the
@@ -34,7 +34,7 @@ from . import (
 )
 from .torch_private import pytree
 
-# --- 2. SDPA on the torchax default environment -----------------------------------------------------------
+# --- SDPA on the torchax default environment -----------------------------------------------------------
 # Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
 # nothing about the mesh. Inside a JAX pipeline call the project's attention (kernel under shard_map) must run
 # instead, for every caller: diffusers' native dispatch, processors calling F.scaled_dot_product_attention, and
@@ -76,7 +76,7 @@ def torchax_sdpa(*args):
     return _torchax_sdpa_op.func(*args, env=torchax.default_env())
 
 
-# --- 3. torchax Tensor.type_as returns a new tensor -------------------------------------------------------
+# --- torchax Tensor.type_as returns a new tensor -------------------------------------------------------
 # Reason: torchax's ``Tensor.type_as`` casts the wrapped JAX array *in place* and returns self. The wrapper's C++
 # metadata (dtype fixed when the tensor was made) then disagrees with its ``.dtype`` property, and torch's own
 # checks read the former: Wan's VAE ``WanUpsample`` (``interpolate(x.float()).type_as(x)``) then fails in the next
@@ -96,7 +96,7 @@ def _patch_type_as():
     patching.wrap(Tensor, "type_as", lambda stock: type_as, "torchax Tensor.type_as")
 
 
-# --- 4. torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
+# --- torchax Tensor.__setitem__ casts the value to the tensor's dtype ------------------------------------
 # Reason: torch casts an assigned value to the destination's dtype; torchax hands both to ``.at[].set`` as they
 # are, and JAX warns that mixing them (float32 into bfloat16) will become an error. Wan's rotary embedding does
 # exactly that in bfloat16 (``out[..., 0::2] = x1 * cos - x2 * sin`` with float32 ``cos``). torch also drops a
@@ -127,7 +127,7 @@ def _setitem_casting(stock):
     return __setitem__
 
 
-# --- 5. copy.deepcopy of a torchax tensor -----------------------------------------------------------------
+# --- copy.deepcopy of a torchax tensor -----------------------------------------------------------------
 # Reason: torch's ``Tensor.__deepcopy__`` rebuilds storage (``aten::set_.source_Storage``), which torchax cannot
 # lower; pipelines deepcopy their scheduler mid-call (SkyReels-V2 diffusion forcing: one scheduler per frame)
 # while it holds device timesteps. A JAX array is immutable and torchax's in-place ops replace the wrapped
@@ -163,7 +163,7 @@ def _patch_deepcopy():
     patching.replace(torch.Tensor, "__deepcopy__", host_deepcopy, "torchax Tensor.__deepcopy__")
 
 
-# --- 6. A host tensor mixed into a JAX op is moved, as torch moves a CPU index or scalar ------------------------
+# --- A host tensor mixed into a JAX op is moved, as torch moves a CPU index or scalar ------------------------
 # Reason: pipeline code builds small tensors on the CPU (``torch.zeros(n, dtype=torch.long)`` without a device) and
 # uses them with device tensors: ``device_table[cpu_index]`` works on CUDA, while torchax asserts "mixed math between
 # XLATensor and torch.Tensor" (SkyReels-V2 diffusion forcing's timestep matrix). torchax already turns 0-d host
@@ -184,7 +184,7 @@ def _patch_mixed_host_tensors():
     patching.wrap(Environment, "t2j_iso", make, "torchax host tensors in JAX ops")
 
 
-# --- 10. Host tensors enter JAX without a program ------------------------------------------------------------
+# --- Host tensors enter JAX without a program ------------------------------------------------------------
 # Reason: torchax copies a CPU tensor with ``jnp.asarray``, which compiles a program (``stage``) per shape and dtype;
 # ``jax.device_put`` is the same transfer without one. The copy keeps the array from sharing the tensor's memory
 # (JAX on the CPU adopts aligned buffers). A move that also changes the dtype (``torch.from_numpy(t).to(device,
@@ -217,7 +217,7 @@ def _patch_host_transfers():
     patching.wrap(Environment, "_to_copy", make_to_copy, "torchax host transfers cast on the host")
 
 
-# --- 20. Math on a JAX tensor outside the environment names the fix ---------------------------------------------
+# --- Math on a JAX tensor outside the environment names the fix ---------------------------------------------
 # Reason: outside a pipeline call (user code holding a moved module's weight, say) torchax refuses any op on its
 # tensors with "wrap your code with torchax.default_env()", advice about torchax's internals that is wrong for a
 # diffusers user, and even ``.cpu()`` was refused. A copy to the host now works (a transfer, as torch's ``.cpu()``),
@@ -261,10 +261,10 @@ def _patch_outside_math():
     patching.wrap(Tensor, "__torch_dispatch__", make, "torchax math outside the environment names the fix")
 
 
-# --- 23. torchax's environment seeds its random key on the host ----------------------------------------------------
+# --- torchax's environment seeds its random key on the host ----------------------------------------------------
 # Reason: building torchax's environment seeds ``jax.random.key(torch.initial_seed())``: two XLA programs (``stage``,
-# ``threefry_seed``) in every process, for a key the package never draws from outside a trace (draws run on the host:
-# patch 15). A threefry key's data is the seed's two 32-bit words (the high one 0 without x64): made on the host, it
+# ``threefry_seed``) in every process, for a key the package never draws from outside a trace (draws run on the host,
+# ``compat_ops``). A threefry key's data is the seed's two 32-bit words (the high one 0 without x64): made here, it
 # enters JAX as a transfer. Guard: only while the environment is built, only for JAX's default threefry keys (another
 # ``jax_default_prng_impl`` keeps JAX's own seeding); the key data is compared with JAX's in the tests.
 def host_seeded_key(seed: int) -> jax.Array:
@@ -291,7 +291,7 @@ def _keys_seeded_on_host():
         jax.random.key = stock
 
 
-# --- 24. A JAX tensor's data_ptr() tells tensors apart, as torch's does ------------------------------------------
+# --- A JAX tensor's data_ptr() tells tensors apart, as torch's does ------------------------------------------
 # Reason: torchax's Tensor is a wrapper without storage, so ``data_ptr()`` is 0 for every tensor. Code that keys a
 # cache by it then takes two tensors for one: diffusers' TextKVCache keys the text K/V it keeps by
 # ``encoder_hidden_states.data_ptr()``, so the negative prompt's pass would reuse the positive prompt's K/V — a
@@ -316,7 +316,7 @@ def _patch_data_ptr():
 def apply() -> None:
     """Apply the torchax patches (idempotent); ``route_sdpa`` is applied by ``entry_points.apply``."""
     with _keys_seeded_on_host():
-        torchax.default_env()  # built once, before a patch reads its op table (patch 23: its key made on the host)
+        torchax.default_env()  # built once, before a patch reads its op table (its key made on the host, above)
     _patch_type_as()
     _patch_setitem()
     _patch_deepcopy()

@@ -1,4 +1,4 @@
-"""torchax's ops on a device mesh (compat sections 16, 17, 22): convolutions never split a small spatial dimension,
+"""torchax's ops on a device mesh, a section each: convolutions never split a small spatial dimension,
 an eager op on tensors of two meshes, FFTs on a simulated CPU mesh. Each patch with its reason and guard;
 ``compat.apply`` applies them in order."""
 
@@ -15,7 +15,7 @@ from torchax.ops import jaten, ops_registry
 
 from . import patching, torchax_private
 
-# --- 16. Convolutions never split a small spatial dimension over the mesh ---------------------------------------
+# --- Convolutions never split a small spatial dimension over the mesh ---------------------------------------
 # Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a
 # spatial dimension into parts no longer than the kernel (measured on XLA:CPU with plain ``jax.jit``: a 3x3 conv of
 # a 4-row input split over 2 devices, a 4x4 stride-2 conv of 6 or 8 rows, 7x7 up to 6 rows a part; off by up to
@@ -74,7 +74,7 @@ def patch_convolution_inputs():
         )
 
 
-# --- 17. An eager op on tensors of two meshes ----------------------------------------------------------------
+# --- An eager op on tensors of two meshes ----------------------------------------------------------------
 # Reason: a VAE's buffers live on the VAE mesh (batch x spatial), the denoiser's outputs on the pipeline mesh
 # (dp x sp x tp): the same devices, two meshes. An eager op mixing both (LTX-2 DFR normalizes latents with the VAE's
 # statistics, then subtracts a transformer output) lets XLA pick an output sharding that JAX cannot name on the
@@ -95,7 +95,7 @@ def onto_trace_mesh(tensors) -> bool:
     return moved
 
 
-# --- 22. FFTs on a simulated CPU mesh take their input whole ---------------------------------------------------
+# --- FFTs on a simulated CPU mesh take their input whole ---------------------------------------------------
 # Reason: XLA:CPU cannot run an FFT its SPMD partitioner splits (jaxlib 0.10.2: ``RET_CHECK failure ...
 # fft_thunk.cc:168 LayoutUtil::IsMonotonicWithDim0Major``, for any split but the leading batch dim; plain
 # ``jax.jit``), so FreeU's Fourier filter (``enable_freeu``) failed on the 8-device CPU mesh. On CPU meshes only

@@ -1,4 +1,4 @@
-"""torchax's ops made to give torch's results (compat sections 15, 18, 19, 21): random draws outside a program from
+"""torchax's ops made to give torch's results (each section headed by what it does): random draws outside a program from
 torch's generators, aten ops torchax does not lower, group norm run eagerly, zero-dim type promotion. Each patch with
 its reason and guard; ``compat.apply`` applies them in order."""
 
@@ -15,7 +15,7 @@ from torchax.tensor import Tensor
 
 from . import patching, torchax_private
 
-# --- 15. Random draws outside a program follow torch's generators ----------------------------------------------
+# --- Random draws outside a program follow torch's generators ----------------------------------------------
 # Reason: torchax draws ``torch.randn(..., device=jax)``, ``randn_like`` and ``normal_`` from its own key, so
 # ``torch.manual_seed`` changes nothing and a CPU generator passed for a device draw gives the same values at every
 # draw. Stock draws from torch's generators: a pipeline that samples ``latent_dist.sample()`` without a generator
@@ -27,7 +27,7 @@ from . import patching, torchax_private
 # Guard: a step of ``compat``'s one ``Environment.dispatch`` wrapper (0.0.10 - 0.0.13).
 
 
-# --- 18. aten ops torchax does not lower: window and frequency factories, in-place cumulative sums ----------------
+# --- aten ops torchax does not lower: window and frequency factories, in-place cumulative sums ----------------
 # Reason: torchax has no lowering of aten's window factories (hann, hamming, blackman, bartlett, kaiser), of
 # ``fft_fftfreq`` / ``fft_rfftfreq`` nor of ``cumsum_`` / ``cumprod_``; Kandinsky 6 SR (a Hann window blending its
 # tiles, NABLA's ``vals.cumsum_(-1)``) and SeaCache's indicator (``torch.fft.fftfreq``) stopped with
@@ -75,7 +75,7 @@ def patch_missing_ops():
     patching.record("window and frequency factories, in-place cumulative sums", undo)
 
 
-# --- 19. Group norm run eagerly ----------------------------------------------------------------------------------
+# --- Group norm run eagerly ----------------------------------------------------------------------------------
 # Reason: torchax 0.0.10-0.0.13 computes ``aten.native_group_norm`` with ``jax.lax.map`` over a function it defines
 # anew on every call; outside a trace JAX wraps that map in a program keyed by the function, so every eager group
 # norm compiled again (a UNet run eagerly while a pipeline's forward hooks are registered, as SAG's: 124 programs
@@ -102,7 +102,7 @@ def patch_eager_group_norm():
         )
 
 
-# --- 21. A zero-dim tensor does not widen a dimensioned operand -------------------------------------------------
+# --- A zero-dim tensor does not widen a dimensioned operand -------------------------------------------------
 # Reason: torch promotes across dimensioned operands only: a bfloat16 latent times a 0-dim float32 tensor (DDIM's
 # ``alphas_cumprod[t] ** 0.5``) stays bfloat16. JAX promotes the two arrays to float32, so a bfloat16 pipeline whose
 # scheduler does not cast back (DDIM, PNDM; flow matching does) fed float32 latents to its next step: Latte in

@@ -1,4 +1,4 @@
-"""torchax's views and indexing made to behave as torch's (compat sections 8, 9, 11, 12, 14): indexing a view with a
+"""torchax's views and indexing made to behave as torch's, a section each: indexing a view with a
 tensor, in-place ops on views, schedule glue on the host, strided slice writes without a scatter, ``fill_diagonal_``.
 Each patch with its reason and guard; ``compat.apply`` applies them in order."""
 
@@ -16,10 +16,10 @@ from torchax.view import NarrowInfo, View
 from . import host_scalars, patching, torchax_private
 
 
-# --- 8. Indexing a view with a tensor -----------------------------------------------------------------------
+# --- Indexing a view with a tensor -----------------------------------------------------------------------
 # Reason: torchax's ``__getitem__`` reads ``self._elem``, which its lazy ``View`` (what ``x[i]`` returns) does not
 # have: ``embeddings[i][mask[i]]`` (Z-Image's prompt encoding) raised AttributeError. A view is materialized first.
-# A scalar or vector indexed by tensors (a scheduler's table by a timestep) is read on the host (patch 11).
+# A scalar or vector indexed by tensors (a scheduler's table by a timestep) is read on the host (below).
 # Guard: wraps the registered ``Tensor.__getitem__`` operator of the default environment (0.0.10 - 0.0.13) once.
 def patch_view_getitem():
     operator = torchax_private.op_table(torchax.default_env()).get(torch.Tensor.__getitem__)
@@ -39,7 +39,7 @@ def patch_view_getitem():
     patching.wrap(operator, "func", make, "torchax view indexing")
 
 
-# --- 9. In-place ops on a view -----------------------------------------------------------------------------
+# --- In-place ops on a view -----------------------------------------------------------------------------
 # Reason: torchax writes an in-place op's result back through a ``View`` (``out[..., :1, :]``) only for the ops in
 # its own mutation table (``mul_``, ``add_``...); any other in-place op (``addcmul_``, ``addcdiv_``, ``lerp_``...)
 # reaches its lowering with the view materialized as a copy, so the write is lost without a word. LTX-2's split
@@ -66,7 +66,7 @@ def written_through_view(env, func, args) -> bool:
         return False
 
 
-# --- 11. Scalars and vectors between programs are computed on the host ----------------------------------------
+# --- Scalars and vectors between programs are computed on the host ----------------------------------------
 # Reason: every eager op on the devices is an XLA program of its own, compiled once per process, and pipelines run
 # many such ops of schedule glue between their models. Ops whose tensors are all scalars or
 # vectors run in torch on the host and their results are placed on the devices (``host_scalars`` says what qualifies).
@@ -118,7 +118,7 @@ def _slice_key(slices):
     return tuple(key)
 
 
-# --- 12. Strided slice assignment without a scatter -------------------------------------------------------------
+# --- Strided slice assignment without a scatter -------------------------------------------------------------
 # Reason: torchax writes ``x[..., 0::2] = v`` (a view's write-back or ``__setitem__``) as ``x.at[slices].set(v)``,
 # which JAX lowers to a scatter. Wan's rotary embedding writes q and k this way in every block: on an H100 the
 # compiled Wan2.1-1.3B step held 120 scatter kernels per forward (48 GB of traffic) and the transposes feeding them.
@@ -204,7 +204,7 @@ def patch_strided_set():
     patching.wrap(NarrowInfo, "update_tensor", update, "strided slice assignment without scatter (views)")
 
 
-# --- 14. torchax drops ``Tensor.fill_diagonal_`` --------------------------------------------------------------
+# --- torchax drops ``Tensor.fill_diagonal_`` --------------------------------------------------------------
 # Reason: torchax has no lowering of ``fill_diagonal_``; torch decomposes it into ``as_strided(...).fill_()``, and
 # torchax's ``as_strided`` is a copy, so the fill is lost without a word, on a tensor and on a view alike. Diffusers'
 # perturbed-attention guidance (``PAGJointAttnProcessor2_0``: SD3 PAG) builds its identity mask with

@@ -65,7 +65,7 @@ def _glue_view_source(view):
 
 def _host_tensor(value) -> torch.Tensor | None:
     """A torchax tensor or view that is schedule glue, as a host torch tensor; else None."""
-    if type(value) is torch.Tensor and value.device.type == "cpu":  # a host tensor mixed in (``compat`` patch 6)
+    if type(value) is torch.Tensor and value.device.type == "cpu":  # a host tensor mixed in (``compat``)
         glue = value.numel() <= GLUE_ELEMENTS and sum(d > 1 for d in value.shape) <= 1
         return value if glue else None
     if type(value) is Tensor:

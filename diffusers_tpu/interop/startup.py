@@ -58,8 +58,8 @@ def applied() -> set[str]:
     return set(_applied)
 
 
-# torchax 0.0.10-0.0.13's modules that name aten ops and overloads torch 2.13 and 2.14 removed (``torch_compat``
-# section 1).
+# torchax 0.0.10-0.0.13's modules that name aten ops and overloads torch 2.13 and 2.14 removed (``torch_compat``:
+# "torchax imports on torch >= 2.13").
 TORCHAX_MODULES_NAMING_REMOVED_OPS = ("torchax.amp", "torchax.decompositions", "torchax.ops.jaten")
 
 

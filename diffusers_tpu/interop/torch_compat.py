@@ -16,7 +16,7 @@ import torch
 
 from . import patching, torch_private
 
-# --- 1. torchax imports on torch >= 2.13 ------------------------------------------------------------------
+# --- torchax imports on torch >= 2.13 ------------------------------------------------------------------
 # Reason: torchax 0.0.10-0.0.13 name aten ops and overloads that newer torch removed, in tables built when their
 # modules execute: ~22 named-tensor overloads (e.g. ``aten.prod.dim_Dimname``: gone in torch 2.13) in
 # ``torchax/amp.py`` and ``torchax/decompositions.py``, and the deprecated ``aten.cholesky`` and ``aten.qr`` (gone in
@@ -76,7 +76,7 @@ def removed_aten_names_tolerated():
     patching.record("torchax-removed-aten-names")
 
 
-# --- 2. torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
+# --- torch.compiler.is_compiling() is True while JAX traces a program ---------------------------------
 # Reason: a JAX trace is a compilation, and library code already knows what to do then: diffusers bypasses its
 # Python-side caches of tensors (``lru_cache_unless_export``: Qwen-Image's rotary tables, which a trace would leak as
 # tracers into later programs) and transformers avoids data-dependent branches. Outside our traces the stock answer.
@@ -99,7 +99,7 @@ def _patch_is_compiling():
     patching.wrap(compiler, "is_compiling", make, "torch.compiler.is_compiling during JAX traces")
 
 
-# --- 3. torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
+# --- torch.accelerator answers as if torchax had not claimed it ---------------------------------------------
 # Reason: torchax renames torch's private backend to "jax" and registers a device module for it, so torch reports
 # "jax" as the process's accelerator, while the C++ hooks behind ``torch.accelerator`` do not exist for it. Every
 # ``torch.compile`` then fails in dynamo's stream tracking ("PyTorch is not linked with support for jax devices",
@@ -156,7 +156,7 @@ def _forget_detected_device() -> None:
         detect.cache_clear()
 
 
-# --- 4. Outside a pipeline call, the 'jax' device is the host --------------------------------------------------------
+# --- Outside a pipeline call, the 'jax' device is the host --------------------------------------------------------
 # Reason: between calls no torchax environment is active, so torch's own code meets the 'jax' device:
 # ``tensor.to("jax")`` failed in the device guard ("PyTorch is not linked with support for jax devices") and the
 # factories (``torch.randn(..., device="jax")``) in their ``empty`` kernels. GPU scripts and diffusers' own tests make

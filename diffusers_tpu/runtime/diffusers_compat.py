@@ -9,7 +9,7 @@ from ..interop import patching
 from .attach import pipeline_runtime
 
 
-# --- 1. ``pipe.device`` names the accelerator --------------------------------------------------------------------
+# --- ``pipe.device`` names the accelerator --------------------------------------------------------------------
 # Reason: diffusers 0.38-0.40's ``DiffusionPipeline.device`` returns the first component's device; on JAX the text
 # encoders stay on the host (``TPUConfig(text_encoder="host")``), so it said "cpu", ``_execution_device`` too, and the
 # stock loop made its timesteps and latents there: the guidance pair could not be batched and ``pipe.device`` was not

@@ -27,7 +27,7 @@ from .weights import loading
 logger = logging.getLogger(__name__)
 
 
-# --- 1. DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
+# --- DiffusionPipeline.to accepts "tpu" / "jax" --------------------------------------------------------
 # Reason: stock ``to`` calls ``torch.device(arg)`` (pipeline_utils.py, ``to``), and torch has no "tpu" device;
 # "jax" parses only after torchax renamed the private backend, and moving modules with ``module.to("jax")``
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
@@ -74,7 +74,7 @@ def _pipeline_to(stock_to):
     return to
 
 
-# --- 2. Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
+# --- Supported pipelines' __call__ runs inside the torchax environment ------------------------------------
 # Reason: after a JAX placement every tensor the stock ``__call__`` touches (latents, timesteps, embeddings) is a
 # torchax tensor, which only computes inside the torchax environment. Wrapping ``__call__`` lets the stock body
 # run unchanged. Pipelines never moved to JAX take the original path untouched.
@@ -112,7 +112,7 @@ def catch_up(pipe):
     return runtime
 
 
-# --- 4. torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------
+# --- torch.Generator("tpu") / torch.Generator("jax") ----------------------------------------------------
 # Reason: GPU scripts write ``torch.Generator(device="cuda")``; torch rejects "tpu" ("Expected one of cpu, cuda,
 # ... device type") and the "jax" backend has no generator. On JAX pipelines diffusers draws latents on the
 # generator's device and moves them, so the TPU equivalent is a CPU generator: same stream as
@@ -143,7 +143,7 @@ def _tpu_generator(stock):
     return Generator
 
 
-# --- 5. Pipeline calls that mean something else on a TPU ---------------------------------------------------
+# --- Pipeline calls that mean something else on a TPU ---------------------------------------------------
 # Reason: GPU scripts call CPU offloading, attention slicing and xformers; on a moved pipeline they would move
 # sharded weights back and forth or swap the project's attention for a CUDA library. Each maps to its TPU
 # meaning: CPU offloading with a JAX device (or on a moved pipeline) is offloading on JAX (``model_offload``,
@@ -180,10 +180,10 @@ def _ported(name, stock):
     return ported
 
 
-# --- 6. Known noise: silenced at ``import diffusers_tpu`` (``startup.quiet_known_noise``) --------------------------
+# --- Known noise: silenced at ``import diffusers_tpu`` (``startup.quiet_known_noise``) --------------------------
 
 
-# --- 10. DiffusionPipeline.from_pretrained(..., device_map="tpu" / "jax") -------------------------------------------
+# --- DiffusionPipeline.from_pretrained(..., device_map="tpu" / "jax") -------------------------------------------
 # Reason: diffusers' device maps are torch placements ("balanced", a device name); a JAX device name is refused
 # ("jax not supported"). On JAX it means what ``pipe.to`` means: a local folder loads through the sharded loader
 # (the denoisers' weights straight into their device shards, ``loading.from_pretrained``), anything else loads as
@@ -209,7 +209,7 @@ def _patch_device_map(pipeline_utils) -> None:
     )
 
 
-# --- 14. Group offloading onto a JAX device ----------------------------------------------------------------------
+# --- Group offloading onto a JAX device ----------------------------------------------------------------------
 # Reason: stock's hooks move groups of layers to the onload device around their forward; outside a call the 'jax'
 # device is the host, so they would run everything on torch CPU, silently not on JAX. ``_apply_group_offloading``
 # (which ``apply_group_offloading`` and ``ModelMixin.enable_group_offload`` reach after stock's checks, CUDA streams

@@ -19,7 +19,7 @@ from .weights import lora
 logger = logging.getLogger(__name__)
 
 
-# --- 3. peft adapters next to a base layer that lives on JAX ------------------------------------------------
+# --- peft adapters next to a base layer that lives on JAX ------------------------------------------------
 # Reason: peft moves a new adapter to its base layer's device (``_move_adapter_to_device_of_base_layer``), and
 # ``tensor.to("jax")`` fails outside the torchax environment (``aten::empty_strided`` on the 'jax' backend), so a
 # LoRA loaded into a moved pipeline would fail. The adapter stays on the host (cast to the base dtype); the
@@ -63,7 +63,7 @@ def _patch_peft(lora_layer):
                     patching.wrap(cls, name, lora.on_host_copies, f"peft {cls.__name__}.{name} on host copies")
 
 
-# --- 7. Modular pipelines refuse "tpu" / "jax" with the classic pipeline to use ------------------------------------
+# --- Modular pipelines refuse "tpu" / "jax" with the classic pipeline to use ------------------------------------
 # Reason: diffusers' modular pipelines (``WanModularPipeline``, ``FluxModularPipeline``, ...) are not
 # ``DiffusionPipeline``s: their own ``to`` calls ``torch.device("tpu")``, whose error says nothing useful, and the
 # runtime does not run their block graphs. ``to("tpu")`` / ``to("jax")`` now raises before anything moves, naming the
@@ -97,7 +97,7 @@ def _modular_to(stock_to):
     return to
 
 
-# --- 8. FLUX.2 klein's reference-token KV cache crosses program boundaries as arrays ------------------------------
+# --- FLUX.2 klein's reference-token KV cache crosses program boundaries as arrays ------------------------------
 # Reason: ``Flux2Transformer2DModel(kv_cache_mode="extract")`` returns a ``Flux2KVCache`` (per layer, the reference
 # tokens' keys and values) that the next steps pass back in ``"cached"`` mode. A compiled program returned it as an
 # opaque object holding traced values (a tracer leak: ``Flux2KleinKVPipeline`` failed). Registered as pytree nodes,
@@ -136,7 +136,7 @@ def _register_flux2_kv_cache(transformer_flux2) -> None:
     )
 
 
-# --- 9. enable_layerwise_casting on a denoiser that is on JAX ----------------------------------------------------
+# --- enable_layerwise_casting on a denoiser that is on JAX ----------------------------------------------------
 # Reason: stock casts the module's weights with ``module.to(dtype)`` at once and around every layer's forward, which
 # torchax tensors outside its environment refuse (and which a compiled program cannot do to its arguments). On JAX
 # the chosen weights are stored in the storage dtype and cast inside the programs (``layerwise_casting``). Guard:
@@ -162,7 +162,7 @@ def _layerwise_on_jax(stock):
     return enable_layerwise_casting
 
 
-# --- 11. fuse_projections on an attention module that is on JAX ---------------------------------------------------
+# --- fuse_projections on an attention module that is on JAX ---------------------------------------------------
 # Reason: ``fuse_qkv_projections()`` after the move concatenates q/k/v weights living on JAX outside a call
 # (``JaxTensorOutsideCall``) and builds the fused layer on their device. Each module's ``fuse_projections`` (the
 # model classes override it: ``WanAttention``, ...) runs on host copies, as LoRA merging does; the next call's
@@ -174,7 +174,7 @@ def _patch_fuse_projections(module) -> None:
         patching.wrap(module.AttentionMixin, "fuse_qkv_projections", lora.each_fused_on_host, "fuse_qkv_projections")
 
 
-# --- 12. AnimateDiff's FreeNoise switched on or off after the move --------------------------------------------------
+# --- AnimateDiff's FreeNoise switched on or off after the move --------------------------------------------------
 # Reason: ``enable_free_noise()`` / ``disable_free_noise()`` replace each motion module's transformer blocks with new
 # ones loaded from the old blocks' ``state_dict``: on JAX those are device arrays outside a call, which a host module
 # cannot load (and a swap done on host copies gave a moved pipeline another video after ``disable_free_noise``: max-abs
@@ -203,7 +203,7 @@ def _on_host_then_moved_again(stock):
     return run
 
 
-# --- 13. A model built from a moved UNet's weights ---------------------------------------------------------------
+# --- A model built from a moved UNet's weights ---------------------------------------------------------------
 # Reason: ``UNetMotionModel.from_unet2d(unet, ...)`` (AnimateDiff's ``__init__``, so ``AnimateDiffPipeline.from_pipe``
 # of a moved SD pipeline) and ``ControlNetModel.from_unet(unet)`` load the UNet's ``state_dict`` into new host
 # modules: on JAX those are device arrays outside a call. They read host copies of the UNet's tensors (its own stay
@@ -222,7 +222,7 @@ def _patch_from_unet(module, cls_name: str, method: str) -> None:
         patching.replace(cls, method, classmethod(from_unet), f"{cls_name}.{method} on host copies")
 
 
-# --- 14. diffusers' flex attention backend on JAX tensors -----------------------------------------------------------
+# --- diffusers' flex attention backend on JAX tensors -----------------------------------------------------------
 # Reason: models that build a ``BlockMask`` name the ``flex`` backend themselves (AnyFlow FAR, Kandinsky 6 SR); torch's
 # ``flex_attention`` has no JAX lowering. The registry's flex function is served once, for the process: JAX tensors
 # take ``flex_attention.flex_as_sdpa`` (the mask made dense, the project's attention), any other the stock function.

@@ -390,7 +390,7 @@ print("WORST", worst)
 def test_convolutions_of_spatially_split_inputs_match_torch_on_a_mesh():
     """A UNet's deepest levels: image tokens come back from attention split over sp/tp, and a convolution of an
     input split into parts no longer than its kernel came out of XLA's partitioner wrong (the latent upscaler's
-    K-UNet: 0.27 off stock on dp2·tp2). Inside the runtime's programs such dims are kept whole (compat patch 16)."""
+    K-UNet: 0.27 off stock on dp2·tp2). Inside the runtime's programs such dims are kept whole (``compat_mesh``)."""
     import subprocess
     import sys
 
@@ -426,7 +426,7 @@ print("WORST", float(np.abs(got - (a - b).numpy()).max()))
 
 def test_an_eager_op_on_tensors_of_two_meshes_runs_on_the_trace_mesh():
     """Same devices, two meshes (the VAE's and the pipeline's): JAX could not name the output sharding XLA chose for
-    an eager op mixing them (IndivisibleError); compat patch 17 runs it on the trace mesh instead."""
+    an eager op mixing them (IndivisibleError); ``compat_mesh`` runs it on the trace mesh instead."""
     import subprocess
     import sys
 
