@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ...interop import compile_only, torch_compat
-from ...interop.backend import host_to_jax, is_jax_tensor, to_jax_array, wrap
+from ...interop.backend import host_to_jax, is_jax_tensor, jax_dtype, to_jax_array, wrap
 from ...interop.compile_accounting import compile_now
 from ...interop.guarded_index import GuardedIndex, Guards
 from ...interop.torch_private import pytree
@@ -40,7 +40,6 @@ from .scheduler_trace import (
     digest,
     draw_now,
     is_table,
-    numpy_dtype,
     placed,
     tables,
     write_into,
@@ -248,7 +247,7 @@ class CompiledSchedulerMethod:
 
             lowered = jax.jit(traced).lower(state_in, args_in, counter_in, draws_in)
             if recorded and not draws_in:
-                draws_in = [placed(np.zeros(d.shape, numpy_dtype(d.dtype)), call.like) for d in recorded]
+                draws_in = [placed(np.zeros(d.shape, jax_dtype(d.dtype)), call.like) for d in recorded]
                 continue
             executable = None
             if jax.tree_util.tree_leaves(lowered.out_info):  # (nothing to run when it only passes inputs through)

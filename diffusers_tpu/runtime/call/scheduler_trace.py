@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ...interop import host_scalars, processes, torch_private, torchax_private
-from ...interop.backend import is_jax_tensor, jax_to_host, to_jax_array, wrap
+from ...interop.backend import is_jax_tensor, jax_dtype, jax_to_host, to_jax_array, wrap
 from ...interop.guarded_index import GuardedIndex, Guards
 from ...interop.torch_private import pytree
 from .scheduler_state import Uncarried
@@ -76,15 +76,11 @@ class TraceMode(TorchFunctionMode):
         self.recorded.append(Draw(func, tuple(rest), kept, like, slot, tuple(meta.shape), meta.dtype))
         array = next(self.draws, None)
         if array is None:
-            array = jax.numpy.zeros(meta.shape, numpy_dtype(meta.dtype))
+            array = jax.numpy.zeros(meta.shape, jax_dtype(meta.dtype))
         if func in host_scalars.DRAWS_IN_PLACE:
             torchax_private.set_array(target, array)
             return target
         return wrap(array)
-
-
-def numpy_dtype(dtype: torch.dtype):
-    return host_scalars.host_numpy(torch.empty((), dtype=dtype)).dtype
 
 
 def traced_index(tensor, index):
