@@ -50,7 +50,8 @@ def activate() -> None:
 
     compile_accounting.count_programs()  # JAX's own count of the process's programs, from the start (``stats``)
     from . import families
-    from .runtime import entry_points, registry
+    from .runtime import registry
+    from .runtime.patches import entry_points
 
     registry.register_loader(families.load_all)
     entry_points.apply()  # torch/torchax now; DiffusionPipeline and peft when they are imported

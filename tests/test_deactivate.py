@@ -102,7 +102,7 @@ diffusers_tpu.activate()  # on again: the patches are back and a move works as b
 pipe.to("jax")
 again = np.asarray(pipe(**call, generator=torch.Generator().manual_seed(0)).frames)
 report["again_vs_on_jax"] = float(np.abs(again - on_jax).max())
-# (torchax's import ran once, inside torch_compat's tolerance: that label names the import, not a lasting patch)
+# (torchax's import ran once, inside torch_itself's tolerance: that label names the import, not a lasting patch)
 report["reapplied"] = sorted(set(changed) - set(patching.applied()) - {{"torchax-removed-aten-names"}})
 pipe.to("cpu")
 print(json.dumps(report))

@@ -144,20 +144,49 @@ def test_imports_run_down_the_layers():
 
 
 def test_compat_at_the_bottom_patches_at_the_top():
-    """compat imports nothing of the package but its section modules, host_scalars (its policy for eager glue),
-    patching (the one way to patch) and the private-name doors; torch_compat nothing but patching and torch's door;
-    host_scalars nothing but the doors; the doors and patching nothing; nothing but the package's __init__ imports
-    entry_points; and bench / cli share their helpers instead of importing each other."""
+    """interop/compat/ imports nothing of the package but its own modules, host_scalars (its policy for eager glue),
+    patching (the one way to patch) and the private-name doors; host_scalars nothing but the doors; the doors and
+    patching nothing; nothing but the package's __init__ imports runtime/patches/entry_points; and bench / cli share
+    their helpers instead of importing each other."""
     edges, p = graph(), "diffusers_tpu."
     doors = {p + "interop.jax_private", p + "interop.torch_private", p + "interop.torchax_private"}
-    sections = {p + "interop.compat_views", p + "interop.compat_mesh", p + "interop.compat_ops"}
-    assert edges[p + "interop.compat"] <= {p + "interop.host_scalars", p + "interop.patching"} | doors | sections
-    assert all(edges[s] <= {p + "interop.host_scalars", p + "interop.patching"} | doors for s in sections)
-    assert edges[p + "interop.torch_compat"] == {p + "interop.patching", p + "interop.torch_private"}
+    compat = {m for m in edges if m.startswith(p + "interop.compat.")}
+    assert {p + "interop.compat.torchax_tensors", p + "interop.compat.torch_itself"} <= compat
+    assert all(edges[m] <= {p + "interop.host_scalars", p + "interop.patching"} | doors | compat for m in compat)
+    assert edges[p + "interop.compat.torch_itself"] == {p + "interop.patching", p + "interop.torch_private"}
     assert edges[p + "interop.host_scalars"] == doors and edges[p + "interop.patching"] == set()
     assert all(edges[door] == set() for door in doors | {p + "interop.versions", p + "runtime.diffusers_private"})
-    assert {m for m, targets in edges.items() if p + "runtime.entry_points" in targets} == {"diffusers_tpu"}
+    assert {m for m, targets in edges.items() if p + "runtime.patches.entry_points" in targets} == {"diffusers_tpu"}
     assert p + "commands.cli" not in edges[p + "commands.bench"]
+
+
+PATCH_ROOMS = ("diffusers_tpu.interop.compat.", "diffusers_tpu.runtime.patches.")
+
+
+def patchers() -> set[str]:
+    """The modules that patch a third-party attribute for good (``patching.wrap`` / ``replace``)."""
+    found = set()
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("wrap", "replace")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "patching"
+            ):
+                found.add(module)
+    return found
+
+
+def test_every_patch_lives_in_a_patch_room():
+    """torch's and torchax's patches in interop/compat/, diffusers' and peft's in runtime/patches/; elsewhere a
+    stand-in only for the length of a ``with patching.temporarily(...)`` (the planner's)."""
+    found = patchers()
+    assert (
+        "diffusers_tpu.runtime.patches.entry_points" in found and "diffusers_tpu.interop.compat.torch_itself" in found
+    )
+    assert sorted(m for m in found if not m.startswith(PATCH_ROOMS)) == []
 
 
 def rooms_of(edges, package: str) -> dict[str, set[str]]:

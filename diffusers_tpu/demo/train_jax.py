@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from ..interop import backend, torch_compat
+from ..interop import backend
+from ..interop.compat import torch_itself
 from .recipe import CLIP_NORM, LEARNING_RATE, WEIGHT_DECAY, ema_decay, schedule_factor
 
 BETAS, EPSILON = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
@@ -28,7 +29,7 @@ def jax_steps(transformer, steps: int, learning_rate: float = LEARNING_RATE):
     moments = ({k: jnp.zeros_like(v) for k, v in params.items()}, {k: jnp.zeros_like(v) for k, v in params.items()})
 
     def loss_of(weights, noisy, sigma, context, target):
-        token = torch_compat.tracing.set(True)  # library code takes its compile-friendly paths, as in every program
+        token = torch_itself.tracing.set(True)  # library code takes its compile-friendly paths, as in every program
         try:
             with backend.jax_mode(), torch.no_grad():
                 wrapped = {k: backend.wrap(v) for k, v in weights.items()}
@@ -43,7 +44,7 @@ def jax_steps(transformer, steps: int, learning_rate: float = LEARNING_RATE):
                     ),
                 )[0]
         finally:
-            torch_compat.tracing.reset(token)
+            torch_itself.tracing.reset(token)
         return jnp.mean((backend.to_jax_array(out) - target) ** 2)
 
     @jax.jit

@@ -1,7 +1,7 @@
 """The torch <-> JAX layer: model-agnostic, the floor every other layer stands on.
 
 Holds what any torch module needs to run on JAX through torchax and nothing about diffusers pipelines: the
-torch/torchax/JAX compatibility shims (``compat``), multi-host start-up (``distributed``), device strings, the
+patches of torch and torchax (``compat/``), multi-host start-up (``distributed``), device strings, the
 torchax environment and the mesh (``backend``), weight placement (``sharding``), compiled module methods
 (``jit``) and what crosses back to the user's torch code (``user_tensors``).
 

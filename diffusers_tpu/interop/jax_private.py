@@ -28,7 +28,7 @@ def trace_state_clean() -> bool:
 
 def indivisible_error() -> type[Exception]:
     """The exception JAX raises when an operand's shape does not divide over a mesh axis
-    (``jax._src.sharding.IndivisibleError``). Why private: not exported; ``interop.compat``'s mixed-mesh retry
+    (``jax._src.sharding.IndivisibleError``). Why private: not exported; ``compat.torchax_tensors``'s mixed-mesh retry
     catches exactly it and nothing broader."""
     from jax._src.sharding import IndivisibleError  # noqa: PLC0415
 

@@ -67,6 +67,10 @@ def temporarily(changes: dict):
             _restore(owner, name, value, previous)
 
 
+class Property(property):
+    """A property ``wrap`` can label (a plain ``property`` takes no attributes): what a patch of a property makes."""
+
+
 def record(label: str, undo: Callable[[], None] | None = None) -> None:
     """A patch applied (by ``wrap``/``replace``, or some other way: an op table entry, a registration), with the
     function that undoes it (None: nothing of it outlives the call that applied it)."""

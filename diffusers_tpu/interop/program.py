@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import compile_only, module_state, torch_compat, torch_private
+from . import compile_only, module_state, torch_private
 from .backend import to_jax_array, wrap
+from .compat import torch_itself
 from .compile_accounting import compile_now
 from .torch_private import pytree
 from .weights import Rebuilt, expand_stacked, materialized
@@ -97,7 +98,7 @@ class Program:
             before = {key: list(value) for key, value in lists.items()}
             weights = {name: wrap(value) for name, value in state.items()}
             bound = extras.bound(extra) if extras is not None else contextlib.nullcontext()
-            token = torch_compat.tracing.set(True)  # library code takes its compile-friendly paths
+            token = torch_itself.tracing.set(True)  # library code takes its compile-friendly paths
             attributes = module_state.snapshot(module)
             carried_in = iter(carried_in)
             for (owner, name), is_tensor in zip(self.carried, self.carried_tensor):
@@ -117,7 +118,7 @@ class Program:
                     for owner, name, before in module_state.changes(attributes, skip=carried)
                 ]
             finally:
-                torch_compat.tracing.reset(token)
+                torch_itself.tracing.reset(token)
                 # traced values (and carried attributes) go back: the caller sets state; plain values a trace assigns
                 # stay (a one-time set-up, e.g. transformers' output-capturing hooks flag) unless this is an analysis
                 reassigned = module_state.changes(attributes)

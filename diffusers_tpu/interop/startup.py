@@ -58,13 +58,13 @@ def applied() -> set[str]:
     return set(_applied)
 
 
-# torchax 0.0.10-0.0.13's modules that name aten ops and overloads torch 2.13 and 2.14 removed (``torch_compat``:
+# torchax 0.0.10-0.0.13's modules that name aten ops and overloads torch 2.13 and 2.14 removed (``torch_itself``:
 # "torchax imports on torch >= 2.13").
 TORCHAX_MODULES_NAMING_REMOVED_OPS = ("torchax.amp", "torchax.decompositions", "torchax.ops.jaten")
 
 
 def torchax_importable() -> None:
-    """Have torchax's modules that name removed aten ops run inside ``torch_compat``'s tolerance when imported, and
+    """Have torchax's modules that name removed aten ops run inside ``torch_itself``'s tolerance when imported, and
     torchax itself share torch's private device where TorchTPU named it first (``shared_device``)."""
     for name in TORCHAX_MODULES_NAMING_REMOVED_OPS:
         if name not in sys.modules:
@@ -74,15 +74,15 @@ def torchax_importable() -> None:
 
 
 def _device_shared():
-    from . import shared_device  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
+    from .compat import shared_device  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
 
     return shared_device.torchax_import()
 
 
 def _removed_names_tolerated():
-    from . import torch_compat  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
+    from .compat import torch_itself  # noqa: PLC0415 - imports torch: only once torchax loads, never at import
 
-    return torch_compat.removed_aten_names_tolerated()
+    return torch_itself.removed_aten_names_tolerated()
 
 
 # Known noise, silenced at its source and nowhere else, before anything can log it.

@@ -1,6 +1,6 @@
 """Every private name of torch the project uses, behind one door: each says why no public API serves and was checked on
 torch 2.13.0, 2.14.1 and 2.15.0 (``CHECKED_ON``); ``tests/interop/test_private_apis.py`` fails when a release changes
-one. Patches of torch itself are in ``torch_compat``.
+one. Patches of torch itself are in ``torch_itself``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 CHECKED_ON = ("2.13.0", "2.14.1", "2.15.0")
 
 # An aten operator overload, packet and namespace (``torch._ops``). Why private: torch exports no public name for the
-# types, and the host-side glue (``host_scalars``) and torchax's tables (``torch_compat``) dispatch on them.
+# types, and the host-side glue (``host_scalars``) and torchax's tables (``torch_itself``) dispatch on them.
 OpOverload = torch._ops.OpOverload
 OpOverloadPacket = torch._ops.OpOverloadPacket
 OpNamespace = torch._ops._OpNamespace

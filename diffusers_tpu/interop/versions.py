@@ -20,7 +20,7 @@ TESTED = {
     "torchax": "==0.0.13",
     "diffusers": ">=0.38,<0.43",
     "transformers": ">=4.57,<5.26",
-    "torch-tpu": ">=0.2,<0.3",  # beside it: the ``torchtpu`` extra, ``interop.shared_device``
+    "torch-tpu": ">=0.2,<0.3",  # beside it: the ``torchtpu`` extra, ``interop.compat.shared_device``
 }
 
 

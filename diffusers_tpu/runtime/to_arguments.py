@@ -1,6 +1,6 @@
 """What a ``to(...)`` call's arguments ask for, read as torch's own signatures read them: (device, dtype) in either
 form, and whether the device is a JAX target (``"tpu"``, ``"jax"``). Read by ``pipe.to`` (``entry_points``) and by
-the modular pipelines' refusal (``stock_patches``)."""
+the modular pipelines' refusal (``stock_classes``)."""
 
 from __future__ import annotations
 

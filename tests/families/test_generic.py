@@ -78,7 +78,7 @@ def test_modular_pipelines_are_refused_naming_the_classic_pipeline_which_then_ru
 
 def test_flux2_kv_cache_crosses_programs_as_its_tensors():
     """FLUX.2 klein's reference KV cache is a program output and the next program's input: its tensors are pytree
-    leaves (``stock_patches``: the KV cache crosses program boundaries as arrays), its reference-token count static."""
+    leaves (``stock_classes``: the KV cache crosses program boundaries as arrays), its reference-token count static."""
     import torch.utils._pytree as pytree
     from diffusers.models.transformers.transformer_flux2 import Flux2KVCache
 

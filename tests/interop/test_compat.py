@@ -8,7 +8,7 @@ import torch
 import torchax
 
 from diffusers_tpu.interop import compile_accounting, patching
-from diffusers_tpu.runtime import entry_points
+from diffusers_tpu.runtime.patches import entry_points
 
 
 def test_patches_are_idempotent_and_listed():
@@ -365,7 +365,8 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat, compat_mesh, patching
+from diffusers_tpu.interop import patching
+from diffusers_tpu.interop.compat import torchax_mesh, torchax_tensors
 import torchax
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
 env = torchax.default_env()
@@ -380,7 +381,7 @@ for channels, rows, kernel, stride, padding in [(64, 6, 4, 2, 0), (8, 4, 3, 1, 0
             out = torch.nn.functional.conv2d(env.j2t_iso(a), env.j2t_iso(b), stride=stride, padding=padding)
             return env.t2j_iso(out)
     split = jax.device_put(x.numpy(), NamedSharding(mesh, P("dp", None, "tp", None)))
-    with compat_mesh.mesh_of_traces(mesh):
+    with torchax_mesh.mesh_of_traces(mesh):
         got = np.asarray(jax.jit(conv)(split, w.numpy()))
     worst = max(worst, float(np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max()))
 print("WORST", worst)
@@ -390,7 +391,7 @@ print("WORST", worst)
 def test_convolutions_of_spatially_split_inputs_match_torch_on_a_mesh():
     """A UNet's deepest levels: image tokens come back from attention split over sp/tp, and a convolution of an
     input split into parts no longer than its kernel came out of XLA's partitioner wrong (the latent upscaler's
-    K-UNet: 0.27 off stock on dp2·tp2). Inside the runtime's programs such dims are kept whole (``compat_mesh``)."""
+    K-UNet: 0.27 off stock on dp2·tp2). Inside the runtime's programs such dims are kept whole (``torchax_mesh``)."""
     import subprocess
     import sys
 
@@ -406,7 +407,8 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import compat, compat_mesh, patching
+from diffusers_tpu.interop import patching
+from diffusers_tpu.interop.compat import torchax_mesh, torchax_tensors
 import torchax
 devices = np.array(jax.devices())
 vae_mesh = Mesh(devices.reshape(1, 8), ("batch", "spatial"))
@@ -418,7 +420,7 @@ with env:
     # a VAE statistic's product on the VAE mesh, a transformer output on the pipeline mesh (LTX-2 DFR's latents)
     x = env.j2t_iso(jax.device_put(a.numpy(), NamedSharding(vae_mesh, P())))
     y = env.j2t_iso(jax.device_put(b.numpy(), NamedSharding(mesh, P("dp", ("sp", "tp")))))
-    with compat_mesh.mesh_of_traces(mesh):
+    with torchax_mesh.mesh_of_traces(mesh):
         got = np.asarray(env.t2j_iso(x - y))
 print("WORST", float(np.abs(got - (a - b).numpy()).max()))
 """
@@ -426,7 +428,7 @@ print("WORST", float(np.abs(got - (a - b).numpy()).max()))
 
 def test_an_eager_op_on_tensors_of_two_meshes_runs_on_the_trace_mesh():
     """Same devices, two meshes (the VAE's and the pipeline's): JAX could not name the output sharding XLA chose for
-    an eager op mixing them (IndivisibleError); ``compat_mesh`` runs it on the trace mesh instead."""
+    an eager op mixing them (IndivisibleError); ``torchax_mesh`` runs it on the trace mesh instead."""
     import subprocess
     import sys
 
@@ -460,7 +462,7 @@ def test_group_norm_run_eagerly_compiles_once_per_shape_and_matches_torch():
 def test_math_on_a_moved_weight_outside_a_call_names_the_fix_and_the_fix_works():
     """diffusers' tests (and users) touch a moved pipeline's weights from plain torch: a host copy works, other math
     is refused with the project's error naming the two ways that work."""
-    from diffusers_tpu.interop.compat import JaxTensorOutsideCall
+    from diffusers_tpu.interop.compat.torchax_tensors import JaxTensorOutsideCall
     from diffusers_tpu.testing import tiny
 
     pipe = tiny.wan_pipeline("wan")
@@ -480,10 +482,10 @@ def test_the_jax_device_outside_a_call_is_the_host_and_a_pipeline_takes_its_tens
     """Between calls (a GPU script's ``.to(device)``, diffusers' tests' ``torch.randn(..., device=torch_device)``):
     factories and ``.to("jax")`` give host tensors with stock's values (a CPU generator's draws), said once; a moved
     pipeline takes them and gives stock's output. Before: torch's "not linked with support for jax devices"."""
-    from diffusers_tpu.interop import torch_compat
+    from diffusers_tpu.interop.compat import torch_itself
     from diffusers_tpu.testing import tiny
 
-    torch_compat._told.clear()
+    torch_itself._told.clear()
     with caplog.at_level(logging.WARNING, logger="diffusers_tpu"):
         drawn = torch.randn(1, 16, 32, device="jax", generator=torch.Generator().manual_seed(0))
         zeros, moved = torch.zeros(3, device="jax"), torch.arange(4).to("jax")
@@ -549,14 +551,14 @@ def test_torchax_key_seeded_on_the_host_is_jax_own(x64):
     program."""
     import jax
 
-    from diffusers_tpu.interop import compat
+    from diffusers_tpu.interop.compat import torchax_tensors
 
     assert entry_points.applied()  # the environment exists: it was built under the patch
     compile_accounting.count_programs()
     with jax.enable_x64(x64):
         for seed in (0, 5, 2**31 - 1, 2**31, 67280421310721, 2**62 + 12345, torch.initial_seed() % (1 << 63)):
             before = compile_accounting.process_programs().compilations
-            made = compat.host_seeded_key(seed)
+            made = torchax_tensors.host_seeded_key(seed)
             assert compile_accounting.process_programs().compilations == before
             expected = jax.random.key(seed)
             assert made.dtype == expected.dtype

@@ -2,7 +2,8 @@
 
 import types
 
-from diffusers_tpu.interop import compat, patching
+from diffusers_tpu.interop import patching
+from diffusers_tpu.interop.compat import torchax_tensors
 
 
 def test_wrap_once_stacks_with_labels_and_records():
@@ -27,9 +28,9 @@ def test_torchax_dispatch_is_wrapped_once_with_every_step_named():
     """One wrapper (one frame per eager op) naming its steps in the declared order; applying again adds nothing."""
     from torchax.tensor import Environment
 
-    compat.apply()
+    torchax_tensors.apply()
     (label,) = patching.labels(Environment.dispatch)
-    assert label == "torchax dispatch: " + "; ".join(compat.DISPATCH_STEPS)
+    assert label == "torchax dispatch: " + "; ".join(torchax_tensors.DISPATCH_STEPS)
 
 
 def test_undo_all_puts_back_what_was_there_and_leaves_what_others_set_since():

@@ -1,4 +1,4 @@
-"""The patches of torch itself (``torch_compat``): torchax importable on torch 2.13+, whoever imports it first."""
+"""The patches of torch itself (``torch_itself``): torchax importable on torch 2.13+, whoever imports it first."""
 
 import subprocess
 import sys
@@ -6,14 +6,15 @@ import sys
 import pytest
 import torch
 
-from diffusers_tpu.interop import import_hooks, patching, torch_compat
+from diffusers_tpu.interop import import_hooks, patching
+from diffusers_tpu.interop.compat import torch_itself
 from tests.conftest import run_fresh
 
 
 def _names_removed() -> list[str]:
     """What this torch removed of the names torchax 0.0.13 uses (named-tensor overloads, ``REMOVED_OPS``)."""
     removed = [] if hasattr(torch.ops.aten.prod, "dim_Dimname") else ["dim_Dimname"]
-    return removed + [op for op in torch_compat.REMOVED_OPS if not hasattr(torch.ops.aten, op)]
+    return removed + [op for op in torch_itself.REMOVED_OPS if not hasattr(torch.ops.aten, op)]
 
 
 @pytest.mark.parametrize("first", ["", "import torch", "import torch, diffusers"])
@@ -50,11 +51,11 @@ def test_torchax_does_not_import_on_this_torch_without_the_tolerance():
 
 def test_placeholders_only_inside_the_tolerance():
     packet, removed = torch.ops.aten.prod, _names_removed()
-    with torch_compat.removed_aten_names_tolerated():
-        assert isinstance(packet.dim_Dimname, torch_compat._RemovedOverload) or "dim_Dimname" not in removed
-        for op in torch_compat.REMOVED_OPS:
+    with torch_itself.removed_aten_names_tolerated():
+        assert isinstance(packet.dim_Dimname, torch_itself._RemovedOverload) or "dim_Dimname" not in removed
+        for op in torch_itself.REMOVED_OPS:
             found = getattr(torch.ops.aten, op)
-            assert isinstance(found.default, torch_compat._RemovedOverload) == (op in removed)
+            assert isinstance(found.default, torch_itself._RemovedOverload) == (op in removed)
         with pytest.raises(AttributeError):
             packet.not_an_overload  # other missing names still fail
         with pytest.raises(AttributeError):

@@ -129,7 +129,7 @@ def test_bf16_denoiser_step_multiplies_in_bf16(mesh):
 def test_denoiser_step_has_no_scatter(mesh):
     """Guard for the GPU profile's finding (issue 27): Wan's rotary embedding writes q and k through strided slices
     (``out[..., 0::2] = ...``); lowered as scatters they were 120 kernels per forward of the real-size step on an
-    H100. They must stay elementwise (``compat_views.strided_set``)."""
+    H100. They must stay elementwise (``torchax_views.strided_set``)."""
     transformer = tiny.wan_pipeline("wan").transformer
     inputs = step_inputs(mesh, 1, 3, 4, 4, 512, 32, jnp.bfloat16)
     text = lowering.export_method(

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from diffusers_tpu.interop import compat_views
+from diffusers_tpu.interop.compat import torchax_views
 from diffusers_tpu.planner import chips, hlo_stats, kernel_work, tpu_compiler
 
 needs_libtpu = pytest.mark.skipif(not tpu_compiler.available(), reason="libtpu (the TPU compiler) not installed")
@@ -98,8 +98,8 @@ def test_wan_rotary_write_compiles_to_little_tpu_code():
     def rotary(x, cos, sin):
         out = jnp.zeros_like(x)
         x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = compat_views.strided_set(out, (Ellipsis, slice(0, None, 2)), (x1 * cos - x2 * sin).astype(x.dtype))
-        return compat_views.strided_set(out, (Ellipsis, slice(1, None, 2)), (x1 * sin + x2 * cos).astype(x.dtype))
+        out = torchax_views.strided_set(out, (Ellipsis, slice(0, None, 2)), (x1 * cos - x2 * sin).astype(x.dtype))
+        return torchax_views.strided_set(out, (Ellipsis, slice(1, None, 2)), (x1 * sin + x2 * cos).astype(x.dtype))
 
     tokens = (1, 32760, 6, 128)
     half = (1, 32760, 1, 64)

@@ -133,13 +133,14 @@ import jax, numpy as np, torch
 import torch.nn.functional as F
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import diffusers_tpu
-from diffusers_tpu.interop import backend, compat_mesh
+from diffusers_tpu.interop import backend
+from diffusers_tpu.interop.compat import torchax_mesh
 vae_mesh = Mesh(np.array(jax.devices()).reshape(1, 8), ("batch", "spatial"))
 def mid_block(x, side):  # a VAE's attention over every pixel of a frame: [B, C, H, W] -> one head of H*W tokens
     def attend(a):
         t = backend.wrap(a).permute(0, 2, 3, 1).reshape(a.shape[0], 1, side * side, a.shape[1])
         return F.scaled_dot_product_attention(t, t * 0.5, t * 2.0).jax()
-    with backend.jax_mode(), compat_mesh.mesh_of_traces(vae_mesh):
+    with backend.jax_mode(), torchax_mesh.mesh_of_traces(vae_mesh):
         split = jax.device_put(x.numpy(), NamedSharding(vae_mesh, P(None, None, None, "spatial")))
         program = jax.jit(attend).lower(split).compile()
         return np.asarray(program(split)), program.as_text()

@@ -373,7 +373,7 @@ def odd_width_run():
 
 def freeu_run():
     """SD 1.5 with FreeU (a Fourier filter of the UNet's skip features: FFTs inside the step) on dp2·sp2·tp2, the
-    safety checker left out: the images against stock (XLA:CPU cannot run a split FFT: ``compat_mesh``)."""
+    safety checker left out: the images against stock (XLA:CPU cannot run a split FFT: ``torchax_mesh``)."""
     from diffusers_tpu.testing import tiny_unet
 
     pipe, call = tiny_unet.sd(0)

@@ -151,7 +151,7 @@ def install_module_overrides(runtime, module: torch.nn.Module) -> None:
 def _native_backend(module) -> dict:
     """Name diffusers' native backend (SDPA, which runs the project's kernel on JAX) on every attention processor of
     ``module`` with the public ``set_attention_backend``, once; processors built around a ``BlockMask`` keep ``flex``
-    (served on JAX, ``stock_patches``). Returns {processor: the backend it named before (None: none)} for the others."""
+    (served on JAX, ``stock_classes``). Returns {processor: the backend it named before (None: none)} for the others."""
     processors = [owner.processor for owner in _attention_modules(module)]
     before = {p: diffusers_private.processor_backend(p) for p in processors if hasattr(p, "_attention_backend")}
     active = diffusers_private.active_attention_backend()

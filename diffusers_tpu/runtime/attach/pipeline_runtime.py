@@ -21,12 +21,12 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
 from ...interop import (
     backend,
-    compat_mesh,
     compile_accounting,
     interrupts,
     sharding,
     user_tensors,
 )
+from ...interop.compat import torchax_mesh
 from .. import decision
 from ..attention import sdpa
 from ..call import cfg, hook_chain, oversized_calls, schedulers
@@ -121,7 +121,7 @@ class PipelineRuntime(Placing):
     def jax_context(self, settings: sdpa.AttentionSettings | None = None, mesh=None):
         """The context JAX calls run in; ``settings``: the attention of the module being called (default: safe);
         ``mesh``: the one its programs run on (default: the pipeline's; convolutions are guarded against it,
-        ``compat_mesh.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
+        ``torchax_mesh.mesh_of_traces``). The matmul precision is part of every program's trace (TPU and GPU would
         otherwise run float32 products in bfloat16 / TF32 and leave stock's results)."""
         with (
             backend.jax_mode(),
@@ -129,7 +129,7 @@ class PipelineRuntime(Placing):
             gpu_script_calls.attention_dispatch_on_jax(),
             jax.default_device(self.home_device),
             jax.default_matmul_precision(self.config.matmul_precision),
-            compat_mesh.mesh_of_traces(mesh or self.mesh),
+            torchax_mesh.mesh_of_traces(mesh or self.mesh),
         ):
             yield
 

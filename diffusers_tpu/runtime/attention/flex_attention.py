@@ -109,7 +109,7 @@ def flex_as_sdpa(
 
 def serving_jax(stock):
     """diffusers' ``flex`` backend function: ``flex_as_sdpa`` for JAX tensors, ``stock`` for any other (registered
-    once, ``stock_patches``)."""
+    once, ``stock_classes``)."""
 
     @functools.wraps(stock)
     def flex(query, *args, **kwargs):

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from ...interop import compat, compat_mesh
 from ...interop.backend import to_jax_array, wrap
+from ...interop.compat import torchax_mesh, torchax_tensors
 from ...interop.sharding import axis_size
 from ...kernels import (
     BlockSizes,
@@ -143,7 +143,7 @@ ROWS_SPLIT, _ROWS_SPLIT_LOGITS = "xla_rows_split", 1 << 22
 def _rows_split_mesh(q):
     """The trace mesh when it has several devices and ``q`` is traced in a program on it or spread over its
     devices; else None."""
-    mesh = compat_mesh.trace_mesh()
+    mesh = torchax_mesh.trace_mesh()
     if mesh is None or mesh.size == 1:
         return None
     return mesh if isinstance(q, jax.core.Tracer) or len(q.sharding.device_set) == mesh.size else None
@@ -186,7 +186,7 @@ def scaled_dot_product_attention(
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on torchax tensors."""
     if dropout_p:  # training-time dropout: torchax's own implementation has it
-        return compat.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return torchax_tensors.torchax_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     settings = _current.get() or SAFE
     q, k, v = (to_jax_array(x) for x in (query, key, value))
     if settings is SAFE and (mesh := _rows_split_mesh(q)) is not None:

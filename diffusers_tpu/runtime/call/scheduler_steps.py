@@ -26,8 +26,9 @@ import jax
 import numpy as np
 import torch
 
-from ...interop import compile_only, torch_compat
+from ...interop import compile_only
 from ...interop.backend import host_to_jax, is_jax_tensor, jax_dtype, to_jax_array, wrap
+from ...interop.compat import torch_itself
 from ...interop.compile_accounting import compile_now
 from ...interop.guarded_index import GuardedIndex, Guards
 from ...interop.torch_private import pytree
@@ -221,7 +222,7 @@ class CompiledSchedulerMethod:
                 vars(scheduler).update(scheduler_state.rebuild(state, iter(state_wrapped)))
                 if mode == GUARDED and type(counter) is int:
                     vars(scheduler)[COUNTER] = GuardedIndex.start(counter, lambda: counter_array, guards)
-                token = torch_compat.tracing.set(True)
+                token = torch_itself.tracing.set(True)
                 recorded.clear()
                 try:
                     # values known now (the timestep and tables per step, the schedule's glue) stay concrete: the
@@ -231,7 +232,7 @@ class CompiledSchedulerMethod:
                             result = stock(*call_args, **call_kwargs)
                     after = dict(vars(scheduler))
                 finally:
-                    torch_compat.tracing.reset(token)
+                    torch_itself.tracing.reset(token)
                     vars(scheduler).clear()
                     vars(scheduler).update(before)
                 found["state"] = {

@@ -5,8 +5,8 @@ does for a pipeline on JAX: each entry with its reason, the versions it was chec
 
 from __future__ import annotations
 
-from ..interop import patching
-from .attach import pipeline_runtime
+from ...interop import patching
+from ..attach import pipeline_runtime
 
 
 # --- ``pipe.device`` names the accelerator --------------------------------------------------------------------
@@ -29,11 +29,7 @@ def _device(stock):
                 return placed
         return found
 
-    return _Property(device, doc=stock.__doc__)
-
-
-class _Property(property):
-    """A property that carries ``patching``'s labels (a plain ``property`` takes no attributes)."""
+    return patching.Property(device, doc=stock.__doc__)
 
 
 def apply(pipeline_utils) -> None:

@@ -13,7 +13,7 @@ import torchax
 from torchax.tensor import Tensor
 from torchax.view import NarrowInfo, View
 
-from . import host_scalars, patching, torchax_private
+from .. import host_scalars, patching, torchax_private
 
 
 # --- Indexing a view with a tensor -----------------------------------------------------------------------

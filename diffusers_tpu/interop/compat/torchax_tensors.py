@@ -1,10 +1,9 @@
 """Compatibility of torchax with torch's semantics and JAX: the patches of torchax's behaviour the backend needs,
 each with its reason and version guard, each set through ``patching.wrap``, one section per patch headed by what it
 does. This module holds the general ones and ``apply``, which applies every section in order; views and indexing are in
-``compat_views``, the mesh in ``compat_mesh``, op results in ``compat_ops``. The patches of torch itself are in
-``torch_compat``; ``runtime/entry_points.py`` holds the diffusers-level hooks at
-the top. These modules import nothing of the package but ``host_scalars``, ``patching`` and the doors (all at the
-bottom of the import graph).
+``torchax_views``, the mesh in ``torchax_mesh``, op results in ``torchax_ops``. The patches of torch itself are in
+``torch_itself``; ``runtime/patches/`` holds the diffusers-level ones at the top. This room imports nothing of
+the package but ``host_scalars``, ``patching`` and the doors (all at the bottom of the import graph).
 """
 
 from __future__ import annotations
@@ -22,17 +21,15 @@ from torchax.ops import mappings
 from torchax.tensor import Environment, Tensor
 from torchax.view import View
 
-from . import (
-    compat_mesh,
-    compat_ops,
-    compat_views,
+from .. import (
     host_scalars,
     jax_private,
     patching,
     torch_private,
     torchax_private,
 )
-from .torch_private import pytree
+from ..torch_private import pytree
+from . import torchax_mesh, torchax_ops, torchax_views
 
 # --- SDPA on the torchax default environment -----------------------------------------------------------
 # Reason: torchax's SDPA materializes the whole attention matrix, returns NaN for fully masked rows, and knows
@@ -264,7 +261,7 @@ def _patch_outside_math():
 # --- torchax's environment seeds its random key on the host ----------------------------------------------------
 # Reason: building torchax's environment seeds ``jax.random.key(torch.initial_seed())``: two XLA programs (``stage``,
 # ``threefry_seed``) in every process, for a key the package never draws from outside a trace (draws run on the host,
-# ``compat_ops``). A threefry key's data is the seed's two 32-bit words (the high one 0 without x64): made here, it
+# ``torchax_ops``). A threefry key's data is the seed's two 32-bit words (the high one 0 without x64): made here, it
 # enters JAX as a transfer. Guard: only while the environment is built, only for JAX's default threefry keys (another
 # ``jax_default_prng_impl`` keeps JAX's own seeding); the key data is compared with JAX's in the tests.
 def host_seeded_key(seed: int) -> jax.Array:
@@ -321,15 +318,15 @@ def apply() -> None:
     _patch_setitem()
     _patch_deepcopy()
     _patch_mixed_host_tensors()
-    compat_views.patch_view_getitem()
+    torchax_views.patch_view_getitem()
     _patch_host_transfers()
-    compat_views.patch_glue_views()
-    compat_views.patch_strided_set()
-    compat_views.patch_fill_diagonal()
-    compat_mesh.patch_convolution_inputs()
-    compat_mesh.patch_ffts()
-    compat_ops.patch_eager_group_norm()
-    compat_ops.patch_missing_ops()
+    torchax_views.patch_glue_views()
+    torchax_views.patch_strided_set()
+    torchax_views.patch_fill_diagonal()
+    torchax_mesh.patch_convolution_inputs()
+    torchax_mesh.patch_ffts()
+    torchax_ops.patch_eager_group_norm()
+    torchax_ops.patch_missing_ops()
     _patch_outside_math()
     _patch_data_ptr()
     _patch_dispatch()
@@ -341,11 +338,11 @@ def apply() -> None:
 # JAX's IndivisibleError with the operands on one mesh. The random draws and the glue never both answer a call
 # (torch tags draws ``nondeterministic_seeded``).
 DISPATCH_STEPS = (
-    "random draws from torch's generators",  # 15 (compat_ops, host_scalars.draw)
-    "schedule glue on the host",  # 11 (compat_views, host_scalars.run)
-    "torchax in-place ops on views",  # 9 (compat_views.written_through_view)
-    "zero-dim operands promote as in torch",  # 21 (compat_ops.promote_zero_dim)
-    "eager ops on two meshes",  # 17 (compat_mesh.onto_trace_mesh)
+    "random draws from torch's generators",  # 15 (torchax_ops, host_scalars.draw)
+    "schedule glue on the host",  # 11 (torchax_views, host_scalars.run)
+    "torchax in-place ops on views",  # 9 (torchax_views.written_through_view)
+    "zero-dim operands promote as in torch",  # 21 (torchax_ops.promote_zero_dim)
+    "eager ops on two meshes",  # 17 (torchax_mesh.onto_trace_mesh)
 )
 
 
@@ -360,16 +357,16 @@ def _dispatch(stock):
                     result = host_scalars.run(self, func, args, kwargs or {})
                 if result is not host_scalars.NOT_GLUE:
                     return result
-                if compat_views.written_through_view(self, func, args):
+                if torchax_views.written_through_view(self, func, args):
                     view, copy = args[0], args[0].torch()
                     stock(self, func, types, (copy, *args[1:]), kwargs)
                     view.update(copy)
                     return view
                 out = stock(self, func, types, args, kwargs)
-                return compat_ops.promote_zero_dim(stock, self, func, types, args, kwargs, out)
+                return torchax_ops.promote_zero_dim(stock, self, func, types, args, kwargs, out)
             except jax_private.indivisible_error():
                 operands = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
-                if again or not compat_mesh.onto_trace_mesh(operands):
+                if again or not torchax_mesh.onto_trace_mesh(operands):
                     raise
 
     return dispatch

@@ -13,7 +13,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 from torchax.ops import jaten, ops_registry
 
-from . import patching, torchax_private
+from .. import patching, torchax_private
 
 # --- Convolutions never split a small spatial dimension over the mesh ---------------------------------------
 # Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a

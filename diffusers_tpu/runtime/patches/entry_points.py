@@ -1,12 +1,12 @@
 """Where the project enters stock code: ``DiffusionPipeline.to`` takes ``"tpu"`` / ``"jax"`` (the product's entry
 point), a moved pipeline's ``__call__`` runs in its runtime, ``torch.Generator("tpu")``, the GPU-script methods that
 mean something else on a TPU, group offloading onto JAX, and ``apply``, which applies every patch of diffusers', peft's
-and torch's public API (the rest in ``stock_patches``), each with its reason and guard.
+and torch's public API (the rest in ``stock_classes``), each with its reason and guard.
 
-This module sits at the top of the import graph (it imports the runtime); the low-level torch/torchax
-compatibility patches live in ``compat`` at the bottom. Nothing else in the package modifies a third-party class:
-family modules and the runtime only install per-instance overrides on the pipelines and modules a user moved to
-JAX (undone by ``pipe.to("cpu")``).
+This room sits at the top of the runtime (it imports the rest); torch's and torchax's patches live in
+``interop/compat/`` at the bottom. Nothing else in the package modifies a third-party class: family modules and the
+runtime only install per-instance overrides on the pipelines and modules a user moved to JAX (undone by
+``pipe.to("cpu")``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import os
 
 import torch
 
-from ..interop import backend, compat, import_hooks, patching, shared_device, startup, torch_compat
-from . import diffusers_compat, stock_patches, to_arguments
-from .attach import gpu_script_calls, moves, pipeline_runtime
-from .attention import sdpa
-from .gpu_script import group_offload
-from .weights import loading
+from ...interop import backend, import_hooks, patching, startup
+from ...interop.compat import shared_device, torch_itself, torchax_tensors
+from .. import to_arguments
+from ..attach import gpu_script_calls, moves, pipeline_runtime
+from ..attention import sdpa
+from ..gpu_script import group_offload
+from ..weights import loading
+from . import older_diffusers, stock_classes
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ logger = logging.getLogger(__name__)
 # leaves unsharded weights that only work inside the torchax environment. The patched method hands JAX targets
 # to the runtime (which places, shards and compiles) and everything else to the stock method, after undoing a
 # previous JAX placement. Beside TorchTPU, whose "tpu" is a torch device, a pipeline's "tpu" is still the JAX path
-# (``interop.shared_device``).
+# (``interop.compat.shared_device``).
 # Guard: diffusers' ``to(*args, **kwargs)`` seam, tested on the declared span (``interop.versions``; outside it
 # ``import diffusers_tpu`` warns).
 # Applied when diffusers' ``pipeline_utils`` finishes importing (``import_hooks``): importing it costs seconds.
@@ -118,7 +120,7 @@ def catch_up(pipe):
 # generator's device and moves them, so the TPU equivalent is a CPU generator: same stream as
 # ``torch.Generator()``, the same latents stock torch CPU draws. ``torch.Generator`` becomes a subclass that maps
 # those two device strings and leaves every other one (and isinstance checks on any generator) as they were.
-# Guard: replaced once; beside TorchTPU, whose "tpu" is a torch device (``interop.shared_device``), torch.Generator
+# Guard: replaced once; beside TorchTPU, whose "tpu" is a torch device (``compat.shared_device``), torch.Generator
 # stays TorchTPU's (asked by parsing the name: making a TorchTPU generator would start its runtime).
 def _patch_generator():
     if not shared_device.shared():
@@ -169,7 +171,7 @@ def _ported(name, stock):
     def ported(self, *args, **kwargs):
         if name in ("enable_model_cpu_offload", "enable_sequential_cpu_offload"):
             # accelerate's hooks: loaded when a script offloads
-            from .gpu_script import model_offload, sequential_offload  # noqa: PLC0415
+            from ..gpu_script import model_offload, sequential_offload  # noqa: PLC0415
 
             if model_offload.handles(self, args, kwargs):
                 offload = model_offload if name == "enable_model_cpu_offload" else sequential_offload
@@ -262,20 +264,20 @@ def _patch_pipelines(pipeline_utils) -> None:
     _patch_pipeline_to(pipeline_utils)
     _patch_ported_methods(pipeline_utils)
     _patch_device_map(pipeline_utils)
-    diffusers_compat.apply(pipeline_utils)
+    older_diffusers.apply(pipeline_utils)
 
 
 def apply() -> None:
     """Apply every patch (idempotent): torch's and torchax's now, diffusers' and peft's when each is imported.
     Called by ``import diffusers_tpu``. Pipeline classes get their ``__call__`` wrapped by their first ``to("tpu")``."""
-    torch_compat.apply()  # first: library code may ask torch for the accelerator as soon as torchax is in
+    torch_itself.apply()  # first: library code may ask torch for the accelerator as soon as torchax is in
     shared_device.apply()
-    compat.apply()
-    compat.route_sdpa(sdpa.scaled_dot_product_attention)
+    torchax_tensors.apply()
+    torchax_tensors.route_sdpa(sdpa.scaled_dot_product_attention)
     _patch_generator()
     import_hooks.when_imported("diffusers.pipelines.pipeline_utils", _patch_pipelines)
     import_hooks.when_imported("diffusers.hooks.group_offloading", _patch_group_offloading)
-    stock_patches.register()
+    stock_classes.register()
 
 
 def applied() -> list[str]:

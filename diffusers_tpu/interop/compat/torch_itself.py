@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from . import patching, torch_private
+from .. import patching, torch_private
 
 # --- torchax imports on torch >= 2.13 ------------------------------------------------------------------
 # Reason: torchax 0.0.10-0.0.13 name aten ops and overloads that newer torch removed, in tables built when their

@@ -13,7 +13,7 @@ import torchax
 from torchax.ops import jaten, mappings, op_base, ops_registry
 from torchax.tensor import Tensor
 
-from . import patching, torchax_private
+from .. import patching, torchax_private
 
 # --- Random draws outside a program follow torch's generators ----------------------------------------------
 # Reason: torchax draws ``torch.randn(..., device=jax)``, ``randn_like`` and ``normal_`` from its own key, so

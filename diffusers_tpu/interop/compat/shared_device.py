@@ -23,7 +23,7 @@ import contextlib
 
 import torch
 
-from . import patching, torch_private
+from .. import patching, torch_private
 
 CHECKED_ON = ("0.2.0",)
 TORCHAX_NAME = "jax"
@@ -85,7 +85,7 @@ def apply() -> None:
         patching.wrap(
             cls,
             "device",
-            lambda stock: _LabelledProperty(lambda self: torch.device(shared_name, 0)),
+            lambda stock: patching.Property(lambda self: torch.device(shared_name, 0)),
             "JAX tensors report TorchTPU's device",
         )
 
@@ -99,7 +99,3 @@ def apply() -> None:
         return should_use_torchax_tensor
 
     patching.wrap(Environment, "_should_use_torchax_tensor", routes, "the shared device is JAX's inside a call")
-
-
-class _LabelledProperty(property):
-    """A property that can carry ``patching``'s labels (a plain ``property`` takes no attributes)."""

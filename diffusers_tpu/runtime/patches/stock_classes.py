@@ -10,11 +10,11 @@ import logging
 
 import torch
 
-from ..interop import import_hooks, patching, torch_private
-from ..interop.torch_private import pytree
-from . import diffusers_private, registry, support, to_arguments
-from .attach import moves, pipeline_runtime, shared_components
-from .weights import lora
+from ...interop import import_hooks, patching, torch_private
+from ...interop.torch_private import pytree
+from .. import diffusers_private, registry, support, to_arguments
+from ..attach import moves, pipeline_runtime, shared_components
+from ..weights import lora
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _layerwise_on_jax(stock):
         runtime = shared_components.owner(self)
         if runtime is None or not runtime.attached:
             return stock(self, *args, **kwargs)
-        from .gpu_script import layerwise_casting  # noqa: PLC0415 - diffusers' casting hooks load peft: only when used here
+        from ..gpu_script import layerwise_casting  # noqa: PLC0415 - diffusers' casting hooks load peft: only when used here
 
         return layerwise_casting.enable(runtime, self, stock, args, kwargs)
 
@@ -229,7 +229,7 @@ def _patch_from_unet(module, cls_name: str, method: str) -> None:
 # Guard: replaces the one registered ``AttentionBackendName.FLEX`` function (diffusers 0.38 - 0.42) once; undone by
 # ``deactivate``.
 def _serve_flex_on_jax(attention_dispatch) -> None:
-    from .attention import flex_attention  # noqa: PLC0415 - imports torch's flex attention: only with the dispatch
+    from ..attention import flex_attention  # noqa: PLC0415 - imports torch's flex attention: only with the dispatch
 
     if "flex attention on JAX tensors" not in patching.applied():
         undo = diffusers_private.serve_backend(attention_dispatch.AttentionBackendName.FLEX, flex_attention.serving_jax)
