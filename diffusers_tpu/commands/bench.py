@@ -43,14 +43,14 @@ from .subcommand_arguments import BENCH_MODEL, CACHES
 
 def flops_report(pipe, call: dict, stages: dict, num_devices: int, device_kind: str) -> dict:
     family = family_of(pipe)
-    if family.forward_flops is None or "steps" not in stages:
+    if family.planning.forward_flops is None or "steps" not in stages:
         return {}
     prompts = call["prompt"] if isinstance(call["prompt"], list) else [call["prompt"]]
     guider = getattr(pipe, "guider", None)
     scale = call.get("guidance_scale", getattr(guider, "guidance_scale", 1.0))
     cfg = 2 if scale is not None and scale > 1.0 else 1
     text = call.get("max_sequence_length") or 0  # families with fixed text lengths count their own
-    per_forward = family.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text)
+    per_forward = family.planning.forward_flops(pipe, call["height"], call["width"], call["num_frames"], text)
     per_step = per_forward * len(prompts) * cfg
     achieved = per_step / stages["steps"]["median_s"]
     peak = peak_tflops(device_kind)

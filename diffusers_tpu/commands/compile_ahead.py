@@ -17,19 +17,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from ..interop import program_figures
-from ..planner import architectures, plan, tpu_compiler
+from ..planner import architectures, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.attach import warmup
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from ..runtime.programs import program_store
-from .arguments import load_pipeline
-from .program_table import programs_of, render, text_tokens
+from .arguments import load_pipeline, pipeline_to_compile
+from .program_table import every_program, render
 
 
 def main(args) -> int:
@@ -63,13 +62,8 @@ def _for_slice(args, dtype, size, store) -> dict:
     tpu_compiler.require("diffusers-tpu compile --chips")
     chip = CHIPS[args.chips]
     devices = tpu_compiler.devices(chip)
-    pipe = (
-        architectures.build(args.arch, dtype or torch.float32, weights=False)
-        if args.arch
-        else load_pipeline(args.model)
-    )
+    pipe = pipeline_to_compile(args, dtype)  # weights abstract: a program's key does not read them
     config = TPUConfig(mesh=args.mesh, dtype=dtype, vae_compile=args.vae_compile, compile_cache_dir=False)
-    tokens = args.max_sequence_length or text_tokens(pipe)
 
     def build_and_write(lowered) -> dict:  # each build as the runtime makes it, written under the runtime's key
         options = getattr(lowered, "options", {})
@@ -86,24 +80,11 @@ def _for_slice(args, dtype, size, store) -> dict:
             saved=saved,
         )
 
-    print(
-        f"building every program of a call for {args.chips} ({devices[0].device_kind}) into {args.output} ...",
-        flush=True,
+    head, rows = every_program(
+        args, pipe, size, config, devices, build_and_write, f"building every program of a call into {args.output}"
     )
-    workers = args.workers or min(os.cpu_count() or 1, 8)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        report = plan.start_denoiser_memory(
-            pipe, size, config, devices, tokens, vae=True, compiler=pool, analyse=build_and_write
-        )()
-    rows = programs_of(report)
     return {
-        "model": args.arch or args.model,
-        "chips": args.chips,
-        "device_kind": devices[0].device_kind,
-        "size": dict(size, text_tokens=tokens),
-        "mesh": report["mesh"],
-        "vae_compile": args.vae_compile,
-        "workers": workers,
+        **head,
         "programs": [
             {"program": name, **{k: a[k] for k in ("compile_seconds", "generated_code_bytes", "temp_bytes", "saved")}}
             for name, a in rows

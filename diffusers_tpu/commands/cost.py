@@ -73,8 +73,8 @@ def main(args) -> int:
     )()
     family = family_of(pipe)
     analytic = (
-        family.forward_flops(pipe, args.height, args.width, args.frames, args.max_sequence_length)
-        if family.forward_flops is not None
+        family.planning.forward_flops(pipe, args.height, args.width, args.frames, args.max_sequence_length)
+        if family.planning.forward_flops is not None
         else None
     )
     result = {

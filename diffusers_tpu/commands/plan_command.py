@@ -372,7 +372,7 @@ def check(args, argv: list[str] | None, count: int) -> int:
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
     with plan_module.guidance(pipe, args.guidance):
         tokens = report["size"]["text_tokens"]
-        keywords = family_of(pipe).plan_call(pipe, size, tokens, pipe.transformer.dtype)
+        keywords = family_of(pipe).planning.call(pipe, size, tokens, pipe.transformer.dtype)
         prompt = plan_module.PLAN_PROMPT if chosen["text_encoder"] == "jax" else None  # as planned: encoders too
         pipe(**plan_module.call_keywords(pipe, keywords, tokens, prompt), output_type="latent")
     stats = [d.memory_stats() or {} for d in pipeline_runtime.runtime_of(pipe).mesh.devices.flat]

@@ -134,9 +134,9 @@ def jax_step(pipe, name: str, calls: list, runs: int, trace: str | None = None) 
 
 def _step_flops(pipe, call: dict, calls: list) -> int | None:
     family = family_of(pipe)
-    if family.forward_flops is None:
+    if family.planning.forward_flops is None:
         return None
-    per_sample = family.forward_flops(
+    per_sample = family.planning.forward_flops(
         pipe, call["height"], call["width"], call["num_frames"], call.get("max_sequence_length") or 0
     )
     batch = 0

@@ -1,8 +1,13 @@
-"""The table ``ready`` and ``compile`` print: every program of a first call, a row each."""
+"""Every program of a first call on a TPU slice, built as ``plan`` lowers them, and the table ``ready`` and ``compile``
+print of them, a row each."""
 
 from __future__ import annotations
 
 import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from ..planner import plan
 
 GIB = 1 << 30
 
@@ -28,6 +33,29 @@ def programs_of(report: dict) -> list[tuple[str, dict]]:
             for build in analysis.get("tiers", [analysis]):  # a tiered program: both builds
                 rows.append((f"{label} [{build.get('tier', 'full')}]", build))
     return rows
+
+
+def every_program(args, pipe, size: dict, config, devices, analyse, doing: str) -> tuple[dict, list[tuple[str, dict]]]:
+    """Every program of a first call of ``pipe`` on ``args.chips``'s slice, built ``--workers`` at a time by
+    ``analyse(lowered)`` (XLA compiles without the GIL, as ``warm_up`` builds them); the report's head (model, slice,
+    size, mesh, workers) and its rows ``(name, analysis)``."""
+    tokens = args.max_sequence_length or text_tokens(pipe)
+    workers = args.workers or min(os.cpu_count() or 1, 8)
+    print(f"{doing} for {args.chips} ({devices[0].device_kind}), {workers} at a time ...", flush=True)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        report = plan.start_denoiser_memory(
+            pipe, size, config, devices, tokens, vae=True, compiler=pool, analyse=analyse
+        )()
+    head = {
+        "model": args.arch or args.model,
+        "chips": args.chips,
+        "device_kind": devices[0].device_kind,
+        "size": dict(size, text_tokens=tokens),
+        "mesh": report["mesh"],
+        "vae_compile": args.vae_compile,
+        "workers": workers,
+    }
+    return head, programs_of(report)
 
 
 def _estimate(row: dict) -> str:

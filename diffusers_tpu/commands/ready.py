@@ -13,18 +13,16 @@ them (scheduler steps, guidance, postprocessing; tens of them, milliseconds each
 from __future__ import annotations
 
 import json
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..planner import compiler_estimate, hlo_stats, plan, tpu_compiler
+from ..planner import compiler_estimate, hlo_stats, tpu_compiler
 from ..planner.chips import CHIPS
 from ..runtime.config import TPUConfig
 from ..runtime.files import outputs
 from .arguments import pipeline_to_compile
-from .program_table import programs_of, render, text_tokens
+from .program_table import every_program, render
 
 
 def timed(lowered) -> dict:
@@ -64,28 +62,13 @@ def main(args) -> int:
         compile_cache_dir=False,  # cold: nothing remembered
     )
     size = dict(height=args.height, width=args.width, num_frames=args.frames, guidance_scale=args.guidance)
-    tokens = args.max_sequence_length or text_tokens(pipe)
-    workers = args.workers or min(os.cpu_count() or 1, 8)
-    print(
-        f"compiling every program of a first call for {args.chips} ({devices[0].device_kind}) with the TPU compiler, "
-        f"{workers} at a time ...",
-        flush=True,
-    )
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        report = plan.start_denoiser_memory(
-            pipe, size, config, devices, tokens, vae=True, compiler=pool, analyse=timed
-        )()
+    head, rows = every_program(
+        args, pipe, size, config, devices, timed, "compiling every program of a first call with the TPU compiler"
+    )
     wall = time.perf_counter() - start
-    rows = programs_of(report)
     result = {
-        "model": args.arch or args.model,
-        "chips": args.chips,
-        "device_kind": devices[0].device_kind,
-        "size": dict(size, text_tokens=tokens),
-        "mesh": report["mesh"],
-        "vae_compile": args.vae_compile,
-        "workers": workers,
+        **head,
         "programs": [
             {
                 "program": name,

@@ -33,7 +33,7 @@ from diffusers.video_processor import VideoProcessor
 from ..interop import backend, user_tensors
 from ..interop.compile_accounting import compile_log
 from ..runtime.attach import pipeline_runtime
-from ..runtime.registry import Family, register
+from ..runtime.registry import Family, Planning, register
 from . import wan, wan_vae
 from .causal_wan import CausalWanTransformer3DModel
 
@@ -349,9 +349,11 @@ FAMILY = register(
         vae_install=wan_vae.install,
         vae_programs=wan_vae.PROGRAMS,
         check_call=_check_call,
-        plan_call=_plan_call,
-        # the clean block's cache-writing pass is a second program (it returns the cache)
-        plan_passes=lambda kwargs: [dict(kwargs, write_cache=True)] if not kwargs.get("write_cache") else [],
-        forward_flops=forward_flops,
+        planning=Planning(
+            call=_plan_call,
+            # the clean block's cache-writing pass is a second program (it returns the cache)
+            passes=lambda kwargs: [dict(kwargs, write_cache=True)] if not kwargs.get("write_cache") else [],
+            forward_flops=forward_flops,
+        ),
     )
 )

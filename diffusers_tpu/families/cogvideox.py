@@ -16,7 +16,7 @@ import logging
 
 import diffusers
 
-from ..runtime.registry import Family, register, zero_text_call
+from ..runtime.registry import Family, Planning, register, zero_text_call
 from . import cogvideox_attention
 
 logger = logging.getLogger(__name__)
@@ -143,14 +143,16 @@ FAMILY = register(
         vae_methods=("decoder.forward",),
         check_call=_check_call,
         decode_latents=decode_latents,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config,
-            latent_frames(pipe, f),
-            h // pipe.vae_scale_factor_spatial,
-            w // pipe.vae_scale_factor_spatial,
-            text,
-        ),
-        plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_embed_dim),
         prepare=lambda pipe, runtime: cogvideox_attention.install(runtime, pipe.transformer),
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config,
+                latent_frames(pipe, f),
+                h // pipe.vae_scale_factor_spatial,
+                w // pipe.vae_scale_factor_spatial,
+                text,
+            ),
+            call=zero_text_call(lambda pipe: pipe.transformer.config.text_embed_dim),
+        ),
     )
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import CFGBatching, Family, register
+from ..runtime.registry import CFGBatching, Family, Planning, register
 from . import hunyuan_video
 
 
@@ -41,11 +41,13 @@ FAMILY = register(
             negative_call=1,
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config,
-            2 * (h // (pipe.vae_scale_factor * 2)),
-            2 * (w // (pipe.vae_scale_factor * 2)),
-            text,
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config,
+                2 * (h // (pipe.vae_scale_factor * 2)),
+                2 * (w // (pipe.vae_scale_factor * 2)),
+                text,
+            )
         ),
     )
 )

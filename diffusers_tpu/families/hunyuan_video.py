@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import CFGBatching, Family, register
+from ..runtime.registry import CFGBatching, Family, Planning, register
 
 _DOUBLE, _SINGLE = r"^transformer_blocks\.\d+\.", r"^single_transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k norms are shared by all heads.
@@ -73,8 +73,10 @@ FAMILY = register(
             negative_call=1,
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config, *_latent_size(pipe, h, w, f), text
+            )
         ),
     )
 )

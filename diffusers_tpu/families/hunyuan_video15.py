@@ -40,7 +40,7 @@ from ..interop.backend import is_jax_tensor, jax_to_host, torch_mode
 from ..runtime.attention import rotary
 from ..runtime.call.hook_chain import Hook
 from ..runtime.config import TEXT_PADDING_MODES
-from ..runtime.registry import CFGBatching, Family, register
+from ..runtime.registry import CFGBatching, Family, Planning, Staging, register
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); the per-head-dim q/k RMS norms are shared by all heads.
@@ -378,16 +378,17 @@ FAMILY = register(
             negative_call=1,
             batched_args=("hidden_states", "timestep", "image_embeds"),
         ),
-        stage_encode=stage_encode,
-        stage_inputs=stage_inputs,
         decode_latents=decode_latents,
-        plan_call=plan_call,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config,
-            (f - 1) // pipe.vae_scale_factor_temporal + 1,
-            h // pipe.vae_scale_factor_spatial,
-            w // pipe.vae_scale_factor_spatial,
-            _text_tokens(pipe),
+        staging=Staging(encode=stage_encode, inputs=stage_inputs),
+        planning=Planning(
+            call=plan_call,
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config,
+                (f - 1) // pipe.vae_scale_factor_temporal + 1,
+                h // pipe.vae_scale_factor_spatial,
+                w // pipe.vae_scale_factor_spatial,
+                _text_tokens(pipe),
+            ),
         ),
     )
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import Family, register
+from ..runtime.registry import Family, Planning, register
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # Megatron-style tp over whole heads (see wan.py); q/k RMS norms span all heads and follow their columns.
@@ -63,8 +63,10 @@ FAMILY = register(
         denoisers=("transformer",),
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *latent_size(pipe, h, w, f), text
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config, *latent_size(pipe, h, w, f), text
+            )
         ),
     )
 )

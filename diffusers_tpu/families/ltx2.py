@@ -16,7 +16,7 @@ import math
 
 import diffusers
 
-from ..runtime.registry import Family, register
+from ..runtime.registry import Family, Planning, register
 from .ltx import latent_size  # same VAE compression attributes as LTX-Video
 
 _ATTENTION = (
@@ -71,8 +71,10 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=num_heads,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *latent_size(pipe, h, w, f), text
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config, *latent_size(pipe, h, w, f), text
+            )
         ),
     )
 )

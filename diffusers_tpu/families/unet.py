@@ -22,7 +22,7 @@ import math
 import torch
 from diffusers import ModelMixin
 
-from ..runtime.registry import Family, register_fallback, vae_methods
+from ..runtime.registry import Family, Planning, register_fallback, vae_methods
 from . import generic
 
 # Block inputs are NCHW (NCFHW for AnimateDiff and SVD's [B*F, C, H, W]): only the batch splits.
@@ -47,7 +47,7 @@ def family_for(pipe) -> Family | None:
         pipelines=(type(pipe),),
         vae_methods=vae_methods(vae),
         decode_latents=decode_latents if image_vae else None,
-        plan_call=plan_call,
+        planning=Planning(call=plan_call),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import diffusers
 import torch
 
-from ..runtime.registry import CFGBatching, Family, register, zero_text_call
+from ..runtime.registry import CFGBatching, Family, Planning, register, zero_text_call
 from . import wan_attention, wan_vae
 
 _BLOCK = r"^(blocks|vace_blocks)\.\d+\."  # VACE's control blocks are Wan blocks too
@@ -180,9 +180,11 @@ FAMILY = register(
         prepare=prepare,
         check_call=check_frames,
         decode_latents=decode_latents,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, *latent_size(pipe, h, w, f), text
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config, *latent_size(pipe, h, w, f), text
+            ),
+            call=zero_text_call(lambda pipe: pipe.transformer.config.text_dim),
         ),
-        plan_call=zero_text_call(lambda pipe: pipe.transformer.config.text_dim),
     )
 )

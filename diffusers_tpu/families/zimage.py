@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import diffusers
 
-from ..runtime.registry import Family, register
+from ..runtime.registry import Family, Planning, register
 
 _LAYER = r"^(layers|noise_refiner|context_refiner)\.\d+\."
 # Megatron-style tp over whole heads; the SwiGLU MLP's w1/w3 are column-parallel, w2 row-parallel
@@ -49,8 +49,10 @@ FAMILY = register(
         shard_rules=SHARD_RULES,
         activation_rules=ACTIVATION_RULES,
         num_heads=lambda pipe: pipe.transformer.config.n_heads,
-        forward_flops=lambda pipe, h, w, f, text: forward_flops(
-            pipe.transformer.config, h // pipe.vae_scale_factor, w // pipe.vae_scale_factor, text
+        planning=Planning(
+            forward_flops=lambda pipe, h, w, f, text: forward_flops(
+                pipe.transformer.config, h // pipe.vae_scale_factor, w // pipe.vae_scale_factor, text
+            )
         ),
     )
 )

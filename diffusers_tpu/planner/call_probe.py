@@ -11,7 +11,7 @@ import torch
 
 from ..runtime.registry import family_of
 
-# pipelines whose family gives ``plan_call`` (image-to-video ones take images, not planned yet)
+# pipelines whose family gives ``Planning.call`` (image-to-video ones take images, not planned yet)
 PLANNED_PIPELINES = (
     "WanPipeline",
     "CogVideoXPipeline",
@@ -41,13 +41,13 @@ def probe_denoiser_call(
 ) -> tuple[tuple, dict, bool]:
     """The positional and keyword arguments of the pipeline's first denoiser call for a video of ``size``
     (``height``, ``width``, ``num_frames``, ``guidance_scale``), text embeddings given as zeros
-    (``Family.plan_call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
+    (``Planning.call``), the denoiser reporting ``dtype`` as it will once placed; and whether the call is
     guided (a second, unconditional pass per step). ``runtime``: its family's ``prepare`` wraps the probe as it
     would the compiled entry (HunyuanVideo-1.5's token order comes in as an argument). ``prompt``: the call takes
     this prompt (and an empty negative one) instead, its text encoders run. ``keywords``: the call's own keywords
-    (prompt included) for any pipeline, instead of the family's ``plan_call`` (``tpu_check``)."""
+    (prompt included) for any pipeline, instead of the family's ``Planning.call`` (``tpu_check``)."""
     family = family_of(pipe)
-    if keywords is None and (family.plan_call is None or type(pipe).__name__ not in PLANNED_PIPELINES):
+    if keywords is None and (family.planning.call is None or type(pipe).__name__ not in PLANNED_PIPELINES):
         raise ValueError(f"plan supports {', '.join(PLANNED_PIPELINES)} so far, not {type(pipe).__name__}.")
     module = getattr(pipe, family.denoisers[0])
     seen = {}
@@ -78,7 +78,7 @@ def probe_denoiser_call(
                 call = (
                     keywords
                     if keywords is not None
-                    else call_keywords(pipe, family.plan_call(pipe, size, text_tokens, dtype), text_tokens, prompt)
+                    else call_keywords(pipe, family.planning.call(pipe, size, text_tokens, dtype), text_tokens, prompt)
                 )
                 pipe(**call, output_type="latent")
             except _FirstCall:
@@ -94,7 +94,7 @@ def probe_denoiser_call(
 
 
 def call_keywords(pipe, keywords: dict, text_tokens: int | None, prompt: str | None) -> dict:
-    """``plan_call``'s keywords, or with ``prompt``: its text embeddings replaced by the prompt (the text
+    """``Planning.call``'s keywords, or with ``prompt``: its text embeddings replaced by the prompt (the text
     encoders' inputs padded to ``text_tokens`` where the pipeline takes ``max_sequence_length``)."""
     if prompt is None:
         return keywords

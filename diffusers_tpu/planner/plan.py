@@ -62,7 +62,7 @@ def denoiser_memory(
     shared: dict | None = None,
 ) -> dict:
     """XLA's memory analysis (bytes per device) of one denoiser step as the runtime would compile it, for a video of
-    ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Family.plan_passes``) reports the
+    ``size`` (``probe_denoiser_call``); a call with several denoiser programs (``Planning.passes``) reports the
     largest, each in ``report["passes"]``. ``vae``: also the VAE decode programs for the latents the call makes
     (``report["vae_decode"]``, None without them); a VAE that can tile is planned tiled too
     (``report["vae_decode_tiled"]``) when its whole-video decode beside the denoiser's arguments exceeds
@@ -133,7 +133,7 @@ def start_denoiser_memory(
         args, kwargs, guided = call_probe.probe_denoiser_call(pipe, size, text_tokens, reported, runtime)
         batch = 2 if runtime.pairing is not None and guided else 1
         args, kwargs = pytree.tree_map(lambda value: call_probe.concrete(value, batch), (args, kwargs))
-        passes = [kwargs, *(family.plan_passes(kwargs) if family.plan_passes is not None else ())]
+        passes = [kwargs, *(family.planning.passes(kwargs) if family.planning.passes is not None else ())]
         lowered = [program_figures.lowered_output_shapes(entry.whole, *args, **keywords) for keywords in passes]
         for number, (program, _) in enumerate(lowered):
             program.label = "the denoiser step" + (f" (pass {number + 1})" if len(lowered) > 1 else "")
@@ -309,8 +309,8 @@ def start_plan(
     vae_weights = weight_bytes(vae, config.vae_weights_dtype) if vae is not None else 0
     family = family_of(pipe)
     flops = (
-        family.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens)
-        if family.forward_flops is not None
+        family.planning.forward_flops(pipe, size["height"], size["width"], size["num_frames"], text_tokens)
+        if family.planning.forward_flops is not None
         else None
     )
 

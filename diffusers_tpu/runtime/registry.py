@@ -49,9 +49,39 @@ class CFGBatching:
 
 
 @dataclasses.dataclass(frozen=True)
+class Planning:
+    """What the planner and the commands read of a family (``plan``, ``cost``, ``bench``'s MFU); nothing a pipeline
+    call reads. Each field None where the family does not say."""
+
+    # ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of one denoiser forward
+    # for one sample (benchmarks report MFU from it).
+    forward_flops: Callable[..., int] | None = None
+    # ``call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size`` (``height``,
+    # ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the text encoders:
+    # ``plan`` runs the pipeline up to its first denoiser call with them (``zero_text_call`` makes the common one).
+    call: Callable[..., dict] | None = None
+    # ``passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its first call's (causal
+    # Wan's cache-writing pass); ``plan`` analyses each.
+    passes: Callable[[dict], list[dict]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """What a staged run (encode -> denoise -> decode on disk, ``runtime/files/stages.py``) reads of a family beyond
+    its ``decode_latents``; None: stock's ``encode_prompt`` embeddings and keywords."""
+
+    # ``encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the named text tensors a staged
+    # run saves (default: ``encode_prompt``'s positive/negative embeddings).
+    encode: Callable[..., dict] | None = None
+    # ``inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text tensors (default:
+    # ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
+    inputs: Callable[..., dict] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
-    """Everything the generic runtime needs to know about one model family; what each field means is written
-    beside it."""
+    """What the runtime needs to know to run one model family, each field's meaning beside it; what the planner and
+    staged runs read are records of their own (``planning``, ``staging``)."""
 
     # short name, e.g. "wan".
     name: str
@@ -77,18 +107,8 @@ class Family:
     # ``check_call(pipe, arguments)`` validates a call's bound arguments before anything runs.
     check_call: Callable[[object, dict], None] | None = None
     # ``decode_latents(pipe, latents, num_frames)``: stock ``__call__``'s tail after the loop (latents as
-    # ``output_type="latent"`` returns them -> decoded video), for staged runs.
+    # ``output_type="latent"`` returns them -> decoded video): staged runs decode with it, ``plan`` analyses it.
     decode_latents: Callable[[object, object, int], object] | None = None
-    # ``forward_flops(pipe, height, width, num_frames, text_tokens)``: analytic matmul FLOPs of one denoiser forward for
-    # one sample (benchmarks report MFU from it).
-    forward_flops: Callable[..., int] | None = None
-    # ``plan_call(pipe, size, text_tokens, dtype)`` -> the pipeline call's keywords for a video of ``size`` (``height``,
-    # ``width``, ``num_frames``, ``guidance_scale``) with zero text embeddings standing in for the text encoders:
-    # ``plan`` runs the pipeline up to its first denoiser call with them.
-    plan_call: Callable[..., dict] | None = None
-    # ``plan_passes(kwargs)`` -> the keywords of the denoiser's other programs in a call, given its first call's (causal
-    # Wan's cache-writing pass); ``plan`` analyses each.
-    plan_passes: Callable[[dict], list[dict]] | None = None
     # ``vae_install(vae, runtime, state, place_input)`` installs the family's own compiled VAE (instead of compiling
     # ``vae_methods``), e.g. Wan's temporal chunks.
     vae_install: Callable[..., None] | None = None
@@ -103,12 +123,10 @@ class Family:
     # ``rules_for(module, mesh_shape)``: sharding rules inferred from a denoiser's structure, after ``shard_rules`` (the
     # generic path's whole table).
     rules_for: Callable[..., tuple] | None = None
-    # ``stage_encode(pipe, prompt, negative_prompt, guidance_scale, max_sequence_length)`` -> the named text tensors a
-    # staged run saves (default: ``encode_prompt``'s positive/negative embeddings).
-    stage_encode: Callable[..., dict] | None = None
-    # ``stage_inputs(pipe, tensors, guidance_scale)`` -> the pipeline call's keywords for saved text tensors (default:
-    # ``prompt_embeds``, ``negative_prompt_embeds``, ``guidance_scale``).
-    stage_inputs: Callable[..., dict] | None = None
+    # what ``plan``, ``cost`` and ``bench`` read of the family (``Planning``).
+    planning: Planning = dataclasses.field(default_factory=lambda: Planning())
+    # what a staged run reads of the family (``Staging``).
+    staging: Staging = dataclasses.field(default_factory=lambda: Staging())
 
     def rules(self, module, mesh_shape) -> tuple:
         """Sharding rules of a denoiser: the family's table, then rules inferred from the module (``rules_for``)."""
@@ -147,7 +165,7 @@ def vae_methods(vae) -> tuple[str, ...]:
 
 
 def zero_text_call(width_of: Callable[[object], int]) -> Callable[..., dict]:
-    """``plan_call`` of a text-to-video pipeline taking ``prompt_embeds`` / ``negative_prompt_embeds`` (zeros
+    """``Planning.call`` of a text-to-video pipeline taking ``prompt_embeds`` / ``negative_prompt_embeds`` (zeros
     ``[1, text_tokens, width_of(pipe)]``), ``num_frames`` and ``guidance_scale``."""
 
     def call(pipe, size: dict, tokens: int, dtype) -> dict:

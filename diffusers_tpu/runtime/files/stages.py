@@ -195,8 +195,8 @@ def encode(
     if not force and stages.done("encode", settings):
         return stages.load("encode")
     with _on_pipeline_device(pipe), torch.no_grad():  # as in stock __call__: grad mode changes CPU kernels
-        if family.stage_encode is not None:
-            tensors = family.stage_encode(
+        if family.staging.encode is not None:
+            tensors = family.staging.encode(
                 pipe, prompt, negative_prompt, settings["guidance_scale"], settings["max_sequence_length"]
             )
         else:
@@ -246,8 +246,8 @@ def denoise(
         return stages.load("denoise")["latents"]
     attached = pipeline_runtime.runtime_of(pipe)
     call = {k: v for k, v in settings.items() if k not in ("seed", "encode_sha256") and v is not None}
-    if family.stage_inputs is not None:
-        text = family.stage_inputs(pipe, embeddings, encoded["guidance_scale"])
+    if family.staging.inputs is not None:
+        text = family.staging.inputs(pipe, embeddings, encoded["guidance_scale"])
     else:
         text = dict(
             prompt_embeds=embeddings["prompt_embeds"],
