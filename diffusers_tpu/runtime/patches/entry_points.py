@@ -182,9 +182,6 @@ def _ported(name, stock):
     return ported
 
 
-# --- Known noise: silenced at ``import diffusers_tpu`` (``startup.quiet_known_noise``) --------------------------
-
-
 # --- DiffusionPipeline.from_pretrained(..., device_map="tpu" / "jax") -------------------------------------------
 # Reason: diffusers' device maps are torch placements ("balanced", a device name); a JAX device name is refused
 # ("jax not supported"). On JAX it means what ``pipe.to`` means: a local folder loads through the sharded loader
