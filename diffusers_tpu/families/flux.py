@@ -27,6 +27,17 @@ def forward_flops(config, latent_height: int, latent_width: int, text_tokens: in
     return config.num_layers * double + config.num_single_layers * single + edges
 
 
+def on_packed_latents(flops):
+    """``Planning.forward_flops`` of a pipeline that packs 2x2 patches of its latents (Flux, Qwen-Image):
+    ``flops(config, latent_height, latent_width, text_tokens)`` at the latent size the VAE makes of ``h`` x ``w``."""
+
+    def forward_flops(pipe, h, w, f, text):
+        packed = pipe.vae_scale_factor * 2
+        return flops(pipe.transformer.config, 2 * (h // packed), 2 * (w // packed), text)
+
+    return forward_flops
+
+
 FAMILY = register(
     Family(
         name="flux",
@@ -41,13 +52,6 @@ FAMILY = register(
             negative_call=1,
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
-        planning=Planning(
-            forward_flops=lambda pipe, h, w, f, text: forward_flops(
-                pipe.transformer.config,
-                2 * (h // (pipe.vae_scale_factor * 2)),
-                2 * (w // (pipe.vae_scale_factor * 2)),
-                text,
-            )
-        ),
+        planning=Planning(forward_flops=on_packed_latents(forward_flops)),
     )
 )

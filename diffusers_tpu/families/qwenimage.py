@@ -1,7 +1,8 @@
 """Qwen-Image (``QwenImagePipeline``): sharding, the true-CFG pair as one dp-sharded batch, FLOPs.
 
-Jit notes: the rotary tables are cached with ``lru_cache`` in stock code; while JAX traces, ``torch.compiler.
-is_compiling()`` is True (``compat``), so stock bypasses the cache instead of leaking tracers into it. The text
+Jit notes: the rotary tables are cached with ``lru_cache`` in stock code; while JAX traces,
+``torch.compiler.is_compiling()`` is True (``compat.torch_itself``), so stock bypasses the cache instead of leaking
+tracers into it. The text
 padding reaches attention as a joint ``[B, 1, 1, N]`` key mask (the kernel's key mask). With a negative prompt
 and ``true_cfg_scale > 1`` the model runs twice per step ("cond"/"uncond"); the two prompts are padded to their own
 lengths, so the pair is batched with the shorter text padded by masked tokens (exact: masked keys get no weight and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import diffusers
 
 from ..runtime.registry import CFGBatching, Family, Planning, register
+from . import flux
 
 _BLOCK = r"^transformer_blocks\.\d+\."
 # the double-stream MMDiT layout: image and text q/k/v column-parallel, both outputs row-parallel, both MLPs
@@ -54,13 +56,6 @@ FAMILY = register(
             pad_text=True,
             batched_args=("hidden_states", "timestep", "guidance"),
         ),
-        planning=Planning(
-            forward_flops=lambda pipe, h, w, f, text: forward_flops(
-                pipe.transformer.config,
-                2 * (h // (pipe.vae_scale_factor * 2)),
-                2 * (w // (pipe.vae_scale_factor * 2)),
-                text,
-            )
-        ),
+        planning=Planning(forward_flops=flux.on_packed_latents(forward_flops)),
     )
 )

@@ -64,11 +64,13 @@ def torchax_import():
         if device_type != TORCHAX_NAME:
             register(device_type, module)
 
-    utils.rename_privateuse1_backend, torch._register_device_module = rename_unless_torchax, register_unless_torchax
-    try:
+    with patching.temporarily(
+        {
+            (utils, "rename_privateuse1_backend"): rename_unless_torchax,
+            (torch, "_register_device_module"): register_unless_torchax,
+        }
+    ):
         yield
-    finally:
-        utils.rename_privateuse1_backend, torch._register_device_module = rename, register
     patching.record("torchax imported beside TorchTPU")
 
 

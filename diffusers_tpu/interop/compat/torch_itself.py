@@ -68,11 +68,10 @@ def removed_aten_names_tolerated():
                 return _RemovedOverload(f"aten.{key}")
             raise
 
-    packet_cls.__getattr__, namespace_cls.__getattr__ = overload_or_placeholder, op_or_placeholder
-    try:
+    with patching.temporarily(
+        {(packet_cls, "__getattr__"): overload_or_placeholder, (namespace_cls, "__getattr__"): op_or_placeholder}
+    ):
         yield
-    finally:
-        packet_cls.__getattr__, namespace_cls.__getattr__ = packet_getattr, namespace_getattr
     patching.record("torchax-removed-aten-names")
 
 

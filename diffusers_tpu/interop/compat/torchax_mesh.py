@@ -1,6 +1,6 @@
 """torchax's ops on a device mesh, a section each: convolutions never split a small spatial dimension,
 an eager op on tensors of two meshes, FFTs on a simulated CPU mesh. Each patch with its reason and guard;
-``compat.apply`` applies them in order."""
+``torchax_tensors.apply`` applies them in order."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import functools
 import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
-from torchax.ops import jaten, ops_registry
 
-from .. import patching, torchax_private
+from .. import torchax_private
+from . import torchax_ops
 
 # --- Convolutions never split a small spatial dimension over the mesh ---------------------------------------
 # Reason: XLA's SPMD partitioner (jax/jaxlib 0.10.2) computes a convolution wrongly when its input is split along a
@@ -65,13 +65,7 @@ def patch_convolution_inputs():
         return convolution
 
     label = "convolutions keep small spatial dims whole"
-    if patching.wrap(jaten, "_aten_convolution", make, label):
-        patching.wrap(
-            ops_registry.all_aten_ops[torch.ops.aten.convolution],
-            "func",
-            lambda registered: jaten._aten_convolution,
-            label,
-        )
+    torchax_ops.wrap_lowering("_aten_convolution", torch.ops.aten.convolution, make, label)
 
 
 # --- An eager op on tensors of two meshes ----------------------------------------------------------------
@@ -121,6 +115,4 @@ def patch_ffts():
 
     label = "FFTs take their input whole on CPU meshes"
     for lowering, op in _FFTS.items():
-        if patching.wrap(jaten, lowering, make, label):
-            registered = ops_registry.all_aten_ops[getattr(torch.ops.aten, op)]
-            patching.wrap(registered, "func", lambda stock, lowering=lowering: getattr(jaten, lowering), label)
+        torchax_ops.wrap_lowering(lowering, getattr(torch.ops.aten, op), make, label)

@@ -1,6 +1,6 @@
 """torchax's ops made to give torch's results (each section headed by what it does): random draws outside a program from
 torch's generators, aten ops torchax does not lower, group norm run eagerly, zero-dim type promotion. Each patch with
-its reason and guard; ``compat.apply`` applies them in order."""
+its reason and guard; ``torchax_tensors.apply`` applies them in order."""
 
 from __future__ import annotations
 
@@ -93,13 +93,14 @@ def patch_eager_group_norm():
         return group_norm
 
     label = "group norm compiled once per shape when run eagerly"
-    if patching.wrap(jaten, "_aten_native_group_norm", make, label):
-        patching.wrap(
-            ops_registry.all_aten_ops[torch.ops.aten.native_group_norm],
-            "func",
-            lambda registered: jaten._aten_native_group_norm,
-            label,
-        )
+    wrap_lowering("_aten_native_group_norm", torch.ops.aten.native_group_norm, make, label)
+
+
+def wrap_lowering(lowering: str, op, make, label: str) -> None:
+    """torchax's lowering ``jaten.<lowering>`` wrapped by ``make``, and the op table's entry for ``op`` pointed at the
+    wrapper (the table holds the function itself, taken when torchax registered it)."""
+    if patching.wrap(jaten, lowering, make, label):
+        patching.wrap(ops_registry.all_aten_ops[op], "func", lambda registered: getattr(jaten, lowering), label)
 
 
 # --- A zero-dim tensor does not widen a dimensioned operand -------------------------------------------------
