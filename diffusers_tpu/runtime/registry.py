@@ -124,9 +124,9 @@ class Family:
     # generic path's whole table).
     rules_for: Callable[..., tuple] | None = None
     # what ``plan``, ``cost`` and ``bench`` read of the family (``Planning``).
-    planning: Planning = dataclasses.field(default_factory=lambda: Planning())
+    planning: Planning = Planning()  # frozen: one shared empty record is safe
     # what a staged run reads of the family (``Staging``).
-    staging: Staging = dataclasses.field(default_factory=lambda: Staging())
+    staging: Staging = Staging()
 
     def rules(self, module, mesh_shape) -> tuple:
         """Sharding rules of a denoiser: the family's table, then rules inferred from the module (``rules_for``)."""
