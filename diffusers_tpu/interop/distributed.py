@@ -13,7 +13,7 @@ Failing fast and clearly (docs/faults.md): process 0 checks the coordinator's po
 JAX binds it; processes that do not all join within ``DIFFUSERS_TPU_INIT_TIMEOUT`` seconds (default 60) get an error
 naming the expected count; a process that stops sending heartbeats for ``DIFFUSERS_TPU_HEARTBEAT_TIMEOUT`` seconds
 (default 20) is declared dead and every other process exits non-zero naming it (a heartbeat through the
-cluster's key-value store, watched by a thread; JAX's own heartbeat, at twice the time, is the backstop).
+cluster's key-value store, watched by a thread; JAX's own heartbeat, at four times the time, is the backstop).
 
 After that ``jax.devices()`` is every process's devices and the mesh spans them all (``backend.build_mesh``);
 arrays cross the host boundary through ``processes``.
@@ -138,13 +138,15 @@ def initialize_from_env() -> bool:
         f"the number you start; check that {COORDINATOR_ENV} is process 0's address, reachable from every host."
     )
     # JAX aborts the process (a C++ fatal error, no Python exception) when its own deadlines pass: ours come first,
-    # with a message that says what happened (JAX's own heartbeat is the backstop, at twice ours).
+    # with a message that says what happened. JAX's own heartbeat is the backstop, at four times ours: JAX's client
+    # beats every half timeout, so JAX may call a peer dead anywhere from half to all of its timeout after it died,
+    # and at twice ours it sometimes came first (an abort, exit -6, on a loaded 2-core machine).
     watchdog = threading.Timer(init_timeout, _exit_with, (missing,))
     watchdog.daemon = True
     watchdog.start()
     try:
         jax.distributed.initialize(
-            **kwargs, initialization_timeout=init_timeout + 30, heartbeat_timeout_seconds=2 * heartbeat_timeout
+            **kwargs, initialization_timeout=init_timeout + 30, heartbeat_timeout_seconds=4 * heartbeat_timeout
         )
     except (RuntimeError, ValueError) as error:
         arguments = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
