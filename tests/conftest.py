@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 import diffusers_tpu  # noqa: E402,F401  (registers the backend before any test builds a pipeline)
 from diffusers_tpu.runtime import diffusers_private  # noqa: E402
+from diffusers_tpu.testing import tiny  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -41,20 +42,8 @@ def _attention_backend_restored():
     diffusers_private.make_active(before)
 
 
-# Two prompts of different lengths (and different negative prompts) in one batch: both get padded to
-# max_sequence_length, so padding and batching bugs show.
-CALL = dict(
-    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
-    negative_prompt=["blurry", "low quality, static, deformed"],
-    height=32,
-    width=32,
-    num_frames=9,
-    num_inference_steps=3,
-)
-
-
 def generate(pipe, seed=0, **overrides):
-    kwargs = dict(CALL, **overrides)
+    kwargs = dict(tiny.WAN_CALL, **overrides)
     return pipe(**kwargs, generator=torch.Generator().manual_seed(seed)).frames
 
 

@@ -162,6 +162,19 @@ COGVIDEOX_VAE = dict(
 )
 
 
+# Two prompts of different lengths (and different negative prompts) in one batch: both get padded to
+# max_sequence_length, so padding and batching bugs show. The tiny Wan's call in the tests and in the installed
+# wheel's parity check (tests/workers/shared_device_worker.py).
+WAN_CALL = dict(
+    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
+    negative_prompt=["blurry", "low quality, static, deformed"],
+    height=32,
+    width=32,
+    num_frames=9,
+    num_inference_steps=3,
+)
+
+
 def wan_components(variant: str = "wan", seed: int = 0, scheduler: str = "flow_match") -> dict:
     """Components for ``diffusers.WanPipeline(**components)``; ``scheduler``: "flow_match" or "unipc"."""
     if variant not in WAN_TRANSFORMERS:

@@ -21,7 +21,6 @@ from diffusers_tpu.commands import cli
 from diffusers_tpu.runtime.files import outputs, stages
 from diffusers_tpu.runtime.weights import loading
 from diffusers_tpu.testing import tiny
-from tests.conftest import CALL
 
 CLI = [sys.executable, "-m", "diffusers_tpu.commands.cli"]
 SMALL = ["--height", "32", "--width", "32", "--frames", "9", "--steps", "2"]
@@ -151,7 +150,7 @@ def pipe():
 
 
 def test_a_deleted_stage_file_is_remade_by_the_command_the_error_names(pipe, tmp_path):
-    prompts = dict(prompt=CALL["prompt"], negative_prompt=CALL["negative_prompt"])
+    prompts = dict(prompt=tiny.WAN_CALL["prompt"], negative_prompt=tiny.WAN_CALL["negative_prompt"])
     stages.generate(pipe, tmp_path, seed=0, stop_after="denoise", **prompts, **SIZES)
     reference = stages.decode(pipe, tmp_path)
     (tmp_path / "latents.safetensors").unlink()

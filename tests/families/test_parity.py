@@ -22,7 +22,7 @@ import torch
 import diffusers_tpu
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.testing import tiny, tiny_families, tiny_generic, tiny_images, tiny_parts, tiny_unet
-from tests.conftest import CALL, assert_np_matches, assert_pil_matches, compiled_method, stock_pil
+from tests.conftest import assert_np_matches, assert_pil_matches, compiled_method, stock_pil
 
 
 @dataclasses.dataclass
@@ -49,19 +49,19 @@ class Case:
 
 
 def wan(variant, scheduler):
-    return lambda: (tiny.wan_pipeline(variant, scheduler=scheduler), dict(CALL))
+    return lambda: (tiny.wan_pipeline(variant, scheduler=scheduler), dict(tiny.WAN_CALL))
 
 
 def cogvideox(variant, scheduler):
     # 17 frames: 5 latent frames, the VAE decodes 3 chunks
     return lambda: (
         tiny.cogvideox_pipeline(variant, scheduler=scheduler),
-        dict(CALL, max_sequence_length=32, num_frames=17),
+        dict(tiny.WAN_CALL, max_sequence_length=32, num_frames=17),
     )
 
 
 def with_call(make, **call):
-    return lambda: (make(), dict(CALL, num_frames=9, **call))
+    return lambda: (make(), dict(tiny.WAN_CALL, num_frames=9, **call))
 
 
 def named(module, name):

@@ -9,7 +9,7 @@ import diffusers_tpu
 from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.testing import tiny
-from tests.conftest import CALL, assert_np_matches, generate
+from tests.conftest import assert_np_matches, generate
 
 
 def test_second_identical_call_compiles_nothing():
@@ -90,10 +90,10 @@ def test_cfg_pair_runs_as_one_batch():
             batches.append(dynamic[0].shape[0]) or _e(state, dynamic, donated, extra, *carried)
         )
     out = generate(pipe, output_type="np")
-    batch = len(CALL["prompt"])
+    batch = len(tiny.WAN_CALL["prompt"])
     # one denoiser program call per step, with cond and uncond in one batch
-    assert batches == [2 * batch] * CALL["num_inference_steps"], batches
-    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == CALL["num_inference_steps"]
+    assert batches == [2 * batch] * tiny.WAN_CALL["num_inference_steps"], batches
+    assert pipe._diffusers_tpu_runtime.pairing.batched_steps == tiny.WAN_CALL["num_inference_steps"]
     assert_np_matches(out, reference)
 
 
@@ -121,7 +121,7 @@ def test_progress_bar_reports_step_time_and_compile_separately():
     text = stream.getvalue()
     assert "step=" in text and "avg=" in text and "compile=" in text, text
     stats = diffusers_tpu.stats(pipe)
-    assert len(stats.step_seconds) == CALL["num_inference_steps"]
+    assert len(stats.step_seconds) == tiny.WAN_CALL["num_inference_steps"]
     assert stats.compile_seconds > 0 and stats.run_seconds > 0
     assert stats.total_seconds >= stats.compile_seconds
 

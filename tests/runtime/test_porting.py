@@ -13,7 +13,7 @@ from diffusers_tpu.interop import compile_accounting
 from diffusers_tpu.runtime.attach import pipeline_runtime
 from diffusers_tpu.runtime.gpu_script import model_offload
 from diffusers_tpu.testing import tiny
-from tests.conftest import CALL, assert_np_matches, generate
+from tests.conftest import assert_np_matches, generate
 
 STEPS = 2
 
@@ -41,13 +41,15 @@ def moved():
 def test_what_leaves_the_library_is_plain_torch(stock, moved, tmp_path):
     ref, reference = stock
     pipe = moved
-    texts = dict(prompt=CALL["prompt"], negative_prompt=CALL["negative_prompt"], max_sequence_length=512)
+    texts = dict(
+        prompt=tiny.WAN_CALL["prompt"], negative_prompt=tiny.WAN_CALL["negative_prompt"], max_sequence_length=512
+    )
     embeds, negative = pipe.encode_prompt(**texts, device=pipe.device)
     ref_embeds, ref_negative = ref.encode_prompt(**texts)
     assert plain(embeds) and plain(negative) and embeds.numpy().shape == tuple(ref_embeds.shape)
     assert torch.allclose(embeds, ref_embeds, atol=1e-6) and torch.allclose(negative, ref_negative, atol=1e-6)
     # precomputed embeddings go back in: CPU tensors as inputs
-    call = {k: v for k, v in CALL.items() if k not in ("prompt", "negative_prompt")}
+    call = {k: v for k, v in tiny.WAN_CALL.items() if k not in ("prompt", "negative_prompt")}
     out = pipe(
         **dict(call, num_inference_steps=STEPS),
         prompt_embeds=embeds,
@@ -112,7 +114,7 @@ def test_callbacks_see_host_tensors_and_their_edits_count(stock, moved):
         seen.setdefault(id(pipe), []).append((plain(latents), plain(timestep), float(latents.abs().mean())))
         if step == 0:
             preview = pipe.vae.decode(latents[:1], return_dict=False)[0]  # a preview decode inside the callback
-            assert plain(preview) and preview.shape[2] == CALL["num_frames"]
+            assert plain(preview) and preview.shape[2] == tiny.WAN_CALL["num_frames"]
             latents.mul_(0.9)  # edited in place: must reach the device too
             return {"latents": latents}
         return {"latents": latents * 0.5 + 0.1}  # a new tensor
@@ -174,7 +176,8 @@ def test_gpu_calls_get_their_tpu_meaning(stock, monkeypatch, caplog):
         torch.randn(4, generator=generator.manual_seed(7)), torch.randn(4, generator=torch.Generator().manual_seed(7))
     )
     out = pipe(
-        **dict(CALL, num_inference_steps=STEPS, output_type="np"), generator=torch.Generator("tpu").manual_seed(0)
+        **dict(tiny.WAN_CALL, num_inference_steps=STEPS, output_type="np"),
+        generator=torch.Generator("tpu").manual_seed(0),
     ).frames
     assert_np_matches(out, reference)
 

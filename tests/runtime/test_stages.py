@@ -13,10 +13,10 @@ import torch
 
 from diffusers_tpu.runtime.files import stages
 from diffusers_tpu.testing import tiny
-from tests.conftest import CALL, pil_array
+from tests.conftest import pil_array
 
 SIZES = dict(height=32, width=32, num_frames=9, num_inference_steps=3)
-PROMPTS = dict(prompt=CALL["prompt"], negative_prompt=CALL["negative_prompt"])
+PROMPTS = dict(prompt=tiny.WAN_CALL["prompt"], negative_prompt=tiny.WAN_CALL["negative_prompt"])
 
 
 def one_shot(pipe, prompts=PROMPTS, **extra):

@@ -46,24 +46,15 @@ from diffusers_tpu.testing import tiny  # noqa: E402
 
 found["imported_from"] = diffusers_tpu.__file__
 
-CALL = dict(
-    prompt=["a cat walks on the grass", "a red fox jumps over a sleeping dog in the snow"],
-    negative_prompt=["blurry", "low quality, static, deformed"],
-    height=32,
-    width=32,
-    num_frames=9,
-    num_inference_steps=3,
-    output_type="np",
-)
 pipe = tiny.wan_pipeline()
-stock = pipe(**CALL, generator=torch.Generator().manual_seed(0)).frames
+stock = pipe(**tiny.WAN_CALL, generator=torch.Generator().manual_seed(0)).frames
 if mode != "none":  # what pipe.to(torch.device("tpu")) asks for: the JAX path too
     from diffusers_tpu.interop import backend
 
     found["torch_device_target"] = backend.parse_device(torch.device("tpu"))
 pipe.to("tpu")
 found["pipe_device"] = str(pipe.device)
-ours = pipe(**CALL, generator=torch.Generator().manual_seed(0)).frames
+ours = pipe(**tiny.WAN_CALL, generator=torch.Generator().manual_seed(0)).frames
 found["max_abs"] = float(np.abs(np.asarray(ours) - np.asarray(stock)).max())
 found["unchanged_while_active"] = [name for name in OWNED if getattr(torch, name) is owned[name]]
 if mode == "torchtpu":
