@@ -153,3 +153,56 @@ def test_the_signature_is_stocks():
     scheduler = diffusers.CogVideoXDPMScheduler()
     method = CompiledSchedulerMethod(scheduler, "step")
     assert {"eta", "generator"} <= set(inspect.signature(method).parameters)
+
+
+def run_cogvideox_dpm(compiled: bool, held: dict | None = None):
+    """CogVideoX's own loop around its DPM scheduler: the previous step's timestep is ``timesteps[i - 1]``, on JAX a
+    view of the timesteps tensor, and the previous prediction is carried from step to step."""
+    scheduler, held = diffusers.CogVideoXDPMScheduler(), {} if held is None else held
+    undo = schedulers.compile_steps(scheduler, held) if compiled else []
+    scheduler.set_timesteps(STEPS)
+    draw = torch.Generator().manual_seed(0)
+    x, old = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(1)), None
+    with backend.jax_mode() if compiled else torch.no_grad():
+        timesteps = scheduler.timesteps
+        if compiled:
+            x, timesteps = backend.wrap(backend.host_to_jax(x)), backend.wrap(backend.host_to_jax(timesteps))
+        for i, t in enumerate(timesteps):
+            back = timesteps[i - 1] if i > 0 else None
+            x, old = scheduler.step(stand_in_model(x, t), old, t, back, x, generator=draw, return_dict=False)
+        result = np.asarray(backend.to_jax_array(x)) if compiled else x.numpy()
+    for step in undo:
+        step()
+    return result, held[id(scheduler)][1] if compiled else {}
+
+
+def test_cogvideox_dpm_runs_every_step_compiled():
+    """Its steps after the first read ``timestep_back``, a view: the per-step program reads its value on the host
+    before the trace (inside it the slice was staged, every such step fell back to stock's op-by-op step)."""
+    stock, _ = run_cogvideox_dpm(compiled=False)
+    ours, methods = run_cogvideox_dpm(compiled=True)
+    assert close(ours, stock) <= 1e-5
+    step = methods["step"]
+    assert step.eager_reason is None and step.compiled_calls == STEPS
+    assert all(not isinstance(v, str) for v in step.programs.values())  # none eager
+
+
+def test_a_draw_found_by_the_first_trace_is_traced_not_computed():
+    """The trace that finds a step's random draws stands zeros in for them: made from the program's input, so the
+    arithmetic on them is staged too (concrete zeros ran every op on them eagerly, each a program of its own)."""
+    import jax
+
+    from diffusers_tpu.runtime.call.scheduler_trace import TraceMode
+
+    seen = []
+
+    def traced(counter):
+        with jax.ensure_compile_time_eval(), TraceMode([], recorded := [], [], counter):
+            noise = torch.randn(2, 3) * 2.0
+        seen.append((len(recorded), backend.to_jax_array(noise)))
+        return backend.to_jax_array(noise)
+
+    with backend.jax_mode():
+        jax.jit(traced).lower(np.int32(0))
+    ((count, array),) = seen
+    assert count == 1 and isinstance(array, jax.core.Tracer) and array.shape == (2, 3)

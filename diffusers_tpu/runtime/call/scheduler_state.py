@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torchax.ops import mappings
 
+from ...interop.backend import is_jax_tensor, to_jax_array
 from ...interop.guarded_index import GuardedIndex
 from ...interop.torch_private import pytree
 
@@ -92,19 +93,25 @@ class Template:
     """What a trace left: ``fill(outputs, state_in, args_in, base)`` builds it for another call of the same program."""
 
     def __init__(self, inputs: dict, to_array):
-        # id(a traced input's tensor) -> (the tensor, "state" | "arg", index, the array it held when traced)
+        # id(a traced input's tensor) -> (the tensor, "state" | "arg", index, ``held`` when traced)
         self.inputs = inputs
         self.to_array = to_array  # a tensor the trace left -> its array (an output of the program)
         self.outputs: list = []  # the arrays the program returns
         self._output_of: dict = {}
+
+    @staticmethod
+    def held(tensor):
+        """What an in-place op changes: a traced input's array (replaced), a per-step constant's version (a host
+        tensor: torch counts its in-place writes)."""
+        return to_jax_array(tensor) if is_jax_tensor(tensor) else tensor._version
 
     def written(self) -> list:
         """Inputs the traced method changed in place (``x.add_(...)``), as ("state" | "arg", index, output): a call
         writes the program's result into the caller's own tensor, as stock's in-place op does."""
         return [
             (kind, index, self._output(tensor))
-            for tensor, kind, index, array in self.inputs.values()
-            if self.to_array(tensor) is not array
+            for tensor, kind, index, held in self.inputs.values()
+            if (tensor._version != held if isinstance(held, int) else self.to_array(tensor) is not held)
         ]
 
     def _output(self, tensor) -> int:

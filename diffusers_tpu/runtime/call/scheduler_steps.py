@@ -199,20 +199,19 @@ class CompiledSchedulerMethod:
         arrays = call.arrays
         state_in, args_in = arrays[: len(call.state_tensors)], arrays[len(call.state_tensors) :]
         counter_in = placed(np.int32(0), call.like)
+        # the constants read on the host before the trace: inside it, a view's slice (``timesteps[i - 1]``) is staged
+        # into the program, and its value cannot be read
+        state_hosts = [constant_copy(t) if c else None for t, c in zip(call.state_tensors, state_constant)]
+        arg_hosts = [constant_copy(t) if c else None for t, c in zip(tensors, arg_constant)]
         recorded, draws_in = [], []
         while True:  # twice when the first trace finds random draws: they become inputs
             guards, found = Guards(), {}
 
             def traced(state_arrays, arg_arrays, counter_array, draw_arrays):
-                state_wrapped = [wrap(a) for a in state_arrays]
-                state_wrapped = [
-                    constant_copy(t) if c else w for t, c, w in zip(call.state_tensors, state_constant, state_wrapped)
-                ]
-                args_wrapped = [
-                    constant_copy(t) if c else wrap(a) for t, c, a in zip(tensors, arg_constant, arg_arrays)
-                ]
-                passed = {id(t): (t, "state", i, to_jax_array(t)) for i, t in enumerate(state_wrapped)}
-                passed.update({id(t): (t, "arg", i, to_jax_array(t)) for i, t in enumerate(args_wrapped)})
+                state_wrapped = [wrap(a) if h is None else constant_copy(h) for h, a in zip(state_hosts, state_arrays)]
+                args_wrapped = [wrap(a) if h is None else constant_copy(h) for h, a in zip(arg_hosts, arg_arrays)]
+                passed = {id(t): (t, "state", i, Template.held(t)) for i, t in enumerate(state_wrapped)}
+                passed.update({id(t): (t, "arg", i, Template.held(t)) for i, t in enumerate(args_wrapped)})
                 template = Template(passed, to_jax_array)
                 fed = iter(args_wrapped)
                 call_args, call_kwargs = pytree.tree_map_only(
@@ -228,7 +227,7 @@ class CompiledSchedulerMethod:
                     # values known now (the timestep and tables per step, the schedule's glue) stay concrete: the
                     # Python may read them, and the program holds them as constants
                     with jax.ensure_compile_time_eval(), torch.no_grad():
-                        with TraceMode(list(draw_arrays), recorded, generators):
+                        with TraceMode(list(draw_arrays), recorded, generators, counter_array):
                             result = stock(*call_args, **call_kwargs)
                     after = dict(vars(scheduler))
                 finally:

@@ -45,11 +45,13 @@ class Program:
 
 class TraceMode(TorchFunctionMode):
     """Inside a step's trace: a counter indexing a tensor becomes the program's index (every other use of it its exact
-    value), and a random draw becomes the next of ``draws`` (zeros while ``recorded`` first finds them)."""
+    value), and a random draw becomes the next of ``draws`` (zeros while ``recorded`` first finds them: made from
+    ``traced``, one of the program's own inputs, so that the arithmetic on them is traced too, not run op by op on
+    concrete zeros, each op a program of its own, for a trace that is thrown away)."""
 
-    def __init__(self, draws: list, recorded: list, generators: list):
+    def __init__(self, draws: list, recorded: list, generators: list, traced):
         super().__init__()
-        self.draws, self.recorded, self.generators = iter(draws), recorded, generators
+        self.draws, self.recorded, self.generators, self.traced = iter(draws), recorded, generators, traced
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -76,7 +78,7 @@ class TraceMode(TorchFunctionMode):
         self.recorded.append(Draw(func, tuple(rest), kept, like, slot, tuple(meta.shape), meta.dtype))
         array = next(self.draws, None)
         if array is None:
-            array = jax.numpy.zeros(meta.shape, jax_dtype(meta.dtype))
+            array = jax.numpy.broadcast_to((self.traced * 0).astype(jax_dtype(meta.dtype)), meta.shape)
         if func in host_scalars.DRAWS_IN_PLACE:
             torchax_private.set_array(target, array)
             return target
